@@ -1,0 +1,113 @@
+// The one parameter struct every attention kernel takes (reference, CPU, CUDA).
+//
+// It describes a dense attention problem over float32 buffers the caller owns:
+//
+//   out[b, h, i, :] = sum_j softmax_j(s[b, h, i, j]) * v[b, h / group, j, :]
+//   s[b, h, i, j]   = scale * dot(q[b, h, i, :], k[b, h / group, j, :])   if allowed(b, h, i, j)
+//                   = -1e9                                                  otherwise
+//
+// where group = num_heads / num_kv_heads (grouped-query attention) and
+//
+//   allowed(b, h, i, j) = mask(b, h, i, j) != 0            (if a mask is given)
+//                         && j <= i + kv_len - q_len        (if causal; bottom-right aligned)
+//                         && j <  key_lengths[b]           (if key lengths are given).
+//
+// The -1e9 fill mirrors the reference PyTorch module: a blocked weight is exactly 0 whenever a
+// row has at least one allowed key, and a row whose keys are all blocked attends uniformly
+// (every weight 1 / kv_len), never NaN. Kernels implement that as "softmax over the allowed
+// keys, or the uniform average when there are none", which equals the -1e9 fill in float32 and
+// float64 for every score magnitude a real request produces (|s| far below 1e9).
+//
+// All strides are in elements, not bytes. A stride of 0 broadcasts (used for masks).
+// Filled in exactly one place per caller (server/request_builder.cc for the service, the test
+// helpers for tests), so every backend sees the same layout conventions.
+#ifndef ATTNSERVE_KERNELS_ATTENTION_PARAMS_H_
+#define ATTNSERVE_KERNELS_ATTENTION_PARAMS_H_
+
+#include <cstdint>
+
+namespace attnserve::kernels {
+
+// The value a blocked score is replaced with before the softmax (reference semantics).
+inline constexpr float kBlockedScore = -1e9f;
+
+// A boolean mask broadcast to [batch, num_heads, q_len, kv_len]; 0 = blocked, nonzero = allowed.
+// Broadcast dimensions have stride 0.
+struct MaskView {
+  const uint8_t* data = nullptr;  // nullptr: no mask
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;  // per query position
+  int64_t col_stride = 0;  // per key position
+
+  bool present() const { return data != nullptr; }
+  uint8_t at(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return data[b * batch_stride + h * head_stride + i * row_stride + j * col_stride];
+  }
+};
+
+// A [batch, heads, rows, cols]-indexed strided float32 tensor view.
+template <typename T>
+struct StridedView {
+  T* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;  // the last dimension is always contiguous (stride 1)
+
+  T* row(int64_t b, int64_t h, int64_t i) const {
+    return data + b * batch_stride + h * head_stride + i * row_stride;
+  }
+};
+
+struct AttentionParams {
+  // Dimensions. REQUIRES: all >= 1, num_heads % num_kv_heads == 0.
+  int batch = 0;
+  int num_heads = 0;     // query heads (Hq)
+  int num_kv_heads = 0;  // key/value heads (Hkv)
+  int q_len = 0;         // Lq
+  int kv_len = 0;        // Lk
+  int head_dim = 0;      // D, of q and k
+  int v_head_dim = 0;    // Dv, of v and out
+
+  // Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (strided).
+  StridedView<const float> q;
+  StridedView<const float> k;
+  StridedView<const float> v;
+
+  // Output [B, Hq, Lq, Dv] (strided).
+  StridedView<float> out;
+
+  // Optional attention weights, [B, Hq, Lq, Lk] dense row-major; nullptr when not asked for.
+  float* weights = nullptr;
+
+  // Options (combined with AND).
+  MaskView mask;
+  bool causal = false;
+  const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
+  float scale = 1.0f;                    // multiplies q.k before masking
+
+  int group_size() const { return num_heads / num_kv_heads; }
+
+  // Number of key positions that can be allowed for (b, i) before the mask is consulted:
+  // keys at j >= limit are blocked by causality or key length.
+  int key_limit(int b, int i) const {
+    int limit = kv_len;
+    if (causal) {
+      const int causal_limit = i + kv_len - q_len + 1;
+      if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
+    }
+    if (key_lengths != nullptr && key_lengths[b] < limit) limit = key_lengths[b];
+    return limit;
+  }
+};
+
+// Floating-point operations of the attention part (4 * B * Hq * Lq * Lk * D, the figure every
+// benchmark in this project reports, as FlashAttention does).
+inline double AttentionFlops(const AttentionParams& p) {
+  return 2.0 * p.batch * p.num_heads * static_cast<double>(p.q_len) * p.kv_len *
+         (p.head_dim + p.v_head_dim);
+}
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_ATTENTION_PARAMS_H_

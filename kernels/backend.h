@@ -1,0 +1,54 @@
+// The interface the server computes attention through. One implementation per device family:
+// the reference path (kernels/reference.h), the fast CPU path (kernels/cpu/) and CUDA
+// (kernels/cuda/).
+//
+// A call takes a variable-length batch: independent requests of different shapes, computed in
+// one call without padding to the longest. Each item is a complete problem (its own B, lengths,
+// options); items share nothing but the call.
+//
+// Batch invariance: the bits an item produces must not depend on the other items of the batch,
+// their order, or the number of threads. The server promises this to its callers.
+//
+// Thread-safety: implementations are thread-safe; Attend and MultiHead may be called
+// concurrently from several threads.
+#ifndef ATTNSERVE_KERNELS_BACKEND_H_
+#define ATTNSERVE_KERNELS_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/attention_params.h"
+#include "kernels/multi_head.h"
+
+namespace attnserve::kernels {
+
+struct DeviceInfo {
+  std::string name;            // e.g. "cpu: Intel(R) Xeon(R) ... (2 threads, avx512)"
+  int64_t memory_bytes = 0;    // total memory of the device, 0 when unknown
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Short stable name, reported in Timing.backend and metrics labels ("reference", "cpu",
+  // "cuda").
+  virtual std::string name() const = 0;
+  // The devices this backend computes on.
+  virtual std::vector<DeviceInfo> devices() const = 0;
+
+  // Computes every item of `batch`, writing each item's out (and weights when non-null).
+  // REQUIRES: every item is valid (the server validates requests before they get here);
+  // kernels do not re-check what a request controls. Returns non-OK only for failures of the
+  // backend itself (for example a device error); then the contents of the outputs are
+  // unspecified and the caller fails the whole batch.
+  virtual absl::Status Attend(absl::Span<const AttentionParams> batch) = 0;
+  virtual absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) = 0;
+};
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_BACKEND_H_

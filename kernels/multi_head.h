@@ -1,0 +1,88 @@
+// The multi-head attention module (the reference PyTorch module of DEVELOPERS.md):
+//
+//   Q = query · W_qᵀ + b_q,  K = key · W_kᵀ + b_k,  V = value · W_vᵀ + b_v     ([B, L, d_model])
+//   split each into h heads of d_k = d_model / h      (head t uses columns [t·d_k, (t+1)·d_k))
+//   A_t = attention(Q_t, K_t, V_t) with the options of AttentionParams, scale 1/sqrt(d_k) default
+//   out = concat_t(A_t) · W_oᵀ + b_o                                               ([B, Lq, d_model])
+//
+// Weights follow nn.Linear: [out_features, in_features], y = x·Wᵀ + b.
+#ifndef ATTNSERVE_KERNELS_MULTI_HEAD_H_
+#define ATTNSERVE_KERNELS_MULTI_HEAD_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/attention_params.h"
+
+namespace attnserve::kernels {
+
+// Immutable weights of one module. Thread-safe to share once built (all members const in use).
+struct MultiHeadWeights {
+  int d_model = 0;
+  int num_heads = 0;
+  // W_q, W_k and W_v stacked into one [3·d_model, d_model] matrix (rows 0..d-1 are W_q, then
+  // W_k, then W_v), so self-attention projects Q, K and V with one GEMM; biases stacked alike.
+  std::vector<float> w_qkv;
+  std::vector<float> b_qkv;
+  std::vector<float> w_o;  // [d_model, d_model]
+  std::vector<float> b_o;  // [d_model]
+
+  int head_dim() const { return d_model / num_heads; }
+  const float* w_q() const { return w_qkv.data(); }
+  const float* w_k() const { return w_qkv.data() + int64_t{d_model} * d_model; }
+  const float* w_v() const { return w_qkv.data() + 2 * int64_t{d_model} * d_model; }
+  const float* b_q() const { return b_qkv.data(); }
+  const float* b_k() const { return b_qkv.data() + d_model; }
+  const float* b_v() const { return b_qkv.data() + 2 * d_model; }
+  // Bytes held by the weights (for metrics and GetServerInfo).
+  int64_t bytes() const {
+    return static_cast<int64_t>(sizeof(float)) *
+           static_cast<int64_t>(w_qkv.size() + b_qkv.size() + w_o.size() + b_o.size());
+  }
+};
+
+// Checks shapes (d_model >= 1, num_heads >= 1, d_model % num_heads == 0) and vector sizes.
+absl::Status ValidateWeights(const MultiHeadWeights& w);
+
+// One multi-head request. Buffers belong to the caller and outlive the call.
+struct MultiHeadParams {
+  const MultiHeadWeights* module = nullptr;
+  int batch = 0;
+  int q_len = 0;
+  int kv_len = 0;
+  const float* query = nullptr;  // [B, Lq, d_model]
+  const float* key = nullptr;    // [B, Lk, d_model]
+  const float* value = nullptr;  // [B, Lk, d_model]
+  // True when key and value are the query (self-attention): a backend may project all three
+  // with one fused GEMM. REQUIRES key == value == query when set.
+  bool self_attention = false;
+
+  float* out = nullptr;      // [B, Lq, d_model]
+  float* weights = nullptr;  // [B, h, Lq, Lk] or nullptr when not asked for
+
+  // Attention options, as in AttentionParams (mask broadcast over [B, h, Lq, Lk]).
+  MaskView mask;
+  bool causal = false;
+  const int32_t* key_lengths = nullptr;
+  float scale = 1.0f;
+};
+
+// Builds module weights from a safetensors file holding the reference module's state_dict()
+// names: W_q.weight, W_q.bias, W_k.weight, W_k.bias, W_v.weight, W_v.bias, W_o.weight, W_o.bias
+// (weights [d_model, d_model], biases [d_model]; F32, F16 or BF16). `num_heads` > 0 is used as
+// given; 0 takes it from the metadata key "num_heads". Other tensors in the file are ignored.
+// Errors are INVALID_ARGUMENT naming the tensor or key.
+struct SafetensorsFile;
+absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& file,
+                                                        int num_heads);
+
+// Floating-point operations of a multi-head request: four projections (2·B·L·d² each, Q and
+// the output over Lq rows, K and V over Lk rows) plus the attention (4·B·h·Lq·Lk·d_k).
+double MultiHeadFlops(const MultiHeadParams& p);
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_MULTI_HEAD_H_

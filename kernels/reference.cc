@@ -1,0 +1,174 @@
+#include "kernels/reference.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace attnserve::kernels {
+namespace {
+
+// One row of attention in float64: scores over the allowed keys, softmax, weighted sum of v.
+// `p` gives the shape and options; q_row[D] is the query and k_row(j)/v_row(j) the key and value
+// rows of the row's kv head (float or double, so the multi-head path can keep its float64
+// projections). Writes dense out_row[Dv] and weight_row[Lk].
+template <typename T, typename KRow, typename VRow>
+void AttendRow(const AttentionParams& p, int b, int h, int i, const T* q_row, KRow k_row,
+               VRow v_row, double* out_row, double* weight_row) {
+  const int limit = p.key_limit(b, i);
+  std::vector<double> score(p.kv_len);
+  std::vector<bool> allowed(p.kv_len);
+  bool any_allowed = false;
+  double max_score = -INFINITY;
+  for (int j = 0; j < p.kv_len; ++j) {
+    allowed[j] = j < limit && (!p.mask.present() || p.mask.at(b, h, i, j) != 0);
+    if (!allowed[j]) continue;
+    const auto* k = k_row(j);
+    double dot = 0;
+    for (int d = 0; d < p.head_dim; ++d) dot += static_cast<double>(q_row[d]) * k[d];
+    score[j] = dot * static_cast<double>(p.scale);
+    max_score = std::max(max_score, score[j]);
+    any_allowed = true;
+  }
+
+  // Softmax over the allowed keys; with none allowed, every score is the same -1e9 fill, so
+  // the reference softmax is uniform over all keys.
+  double sum = 0;
+  for (int j = 0; j < p.kv_len; ++j) {
+    weight_row[j] = !any_allowed ? 1.0 : (allowed[j] ? std::exp(score[j] - max_score) : 0.0);
+    sum += weight_row[j];
+  }
+  std::fill(out_row, out_row + p.v_head_dim, 0.0);
+  for (int j = 0; j < p.kv_len; ++j) {
+    weight_row[j] /= sum;
+    if (weight_row[j] == 0.0) continue;
+    const auto* v = v_row(j);
+    for (int d = 0; d < p.v_head_dim; ++d) out_row[d] += weight_row[j] * v[d];
+  }
+}
+
+// y[rows, n] = x[rows, n_in] · wᵀ + bias, float64 accumulation; w is [n, n_in].
+template <typename In>
+std::vector<double> Linear(const In* x, int64_t rows, int n_in, const float* w, const float* bias,
+                           int n) {
+  std::vector<double> y(rows * n);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int o = 0; o < n; ++o) {
+      double acc = bias[o];
+      const float* wr = w + int64_t{o} * n_in;
+      for (int c = 0; c < n_in; ++c) acc += static_cast<double>(x[r * n_in + c]) * wr[c];
+      y[r * n + o] = acc;
+    }
+  }
+  return y;
+}
+
+// Attention over float64 projected inputs laid out [B, L, h, d_k] (the layout the Linear
+// produces), returning the concatenated heads [B, Lq, d_model] and weights [B, h, Lq, Lk].
+void MultiHeadAttention64(const MultiHeadParams& p, const std::vector<double>& q,
+                          const std::vector<double>& k, const std::vector<double>& v,
+                          std::vector<double>* concat, std::vector<double>* weights) {
+  const int dm = p.module->d_model;
+  const int h = p.module->num_heads;
+  const int dk = p.module->head_dim();
+  concat->assign(int64_t{p.batch} * p.q_len * dm, 0.0);
+  weights->assign(int64_t{p.batch} * h * p.q_len * p.kv_len, 0.0);
+
+  AttentionParams shape;  // shape and options only; the rows come from the float64 buffers
+  shape.batch = p.batch;
+  shape.num_heads = shape.num_kv_heads = h;
+  shape.q_len = p.q_len;
+  shape.kv_len = p.kv_len;
+  shape.head_dim = shape.v_head_dim = dk;
+  shape.mask = p.mask;
+  shape.causal = p.causal;
+  shape.key_lengths = p.key_lengths;
+  shape.scale = p.scale;
+  for (int b = 0; b < p.batch; ++b) {
+    for (int t = 0; t < h; ++t) {
+      auto k_row = [&](int j) { return &k[(int64_t{b} * p.kv_len + j) * dm + t * dk]; };
+      auto v_row = [&](int j) { return &v[(int64_t{b} * p.kv_len + j) * dm + t * dk]; };
+      for (int i = 0; i < p.q_len; ++i) {
+        const int64_t q_off = (int64_t{b} * p.q_len + i) * dm + t * dk;
+        AttendRow(shape, b, t, i, &q[q_off], k_row, v_row, &(*concat)[q_off],
+                  &(*weights)[((int64_t{b} * h + t) * p.q_len + i) * p.kv_len]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+Reference64 ReferenceAttention64(const AttentionParams& p) {
+  Reference64 r;
+  r.out.resize(int64_t{p.batch} * p.num_heads * p.q_len * p.v_head_dim);
+  r.weights.resize(int64_t{p.batch} * p.num_heads * p.q_len * p.kv_len);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      for (int i = 0; i < p.q_len; ++i) {
+        const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
+        const int kvh = h / p.group_size();
+        AttendRow(
+            p, b, h, i, p.q.row(b, h, i), [&](int j) { return p.k.row(b, kvh, j); },
+            [&](int j) { return p.v.row(b, kvh, j); }, &r.out[row * p.v_head_dim],
+            &r.weights[row * p.kv_len]);
+      }
+    }
+  }
+  return r;
+}
+
+void ReferenceAttention(const AttentionParams& p) {
+  const Reference64 r = ReferenceAttention64(p);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      for (int i = 0; i < p.q_len; ++i) {
+        const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
+        float* o = p.out.row(b, h, i);
+        for (int d = 0; d < p.v_head_dim; ++d) o[d] = static_cast<float>(r.out[row * p.v_head_dim + d]);
+      }
+    }
+  }
+  if (p.weights != nullptr) {
+    for (size_t n = 0; n < r.weights.size(); ++n) p.weights[n] = static_cast<float>(r.weights[n]);
+  }
+}
+
+Reference64 ReferenceMultiHead64(const MultiHeadParams& p) {
+  const MultiHeadWeights& w = *p.module;
+  const int dm = w.d_model;
+  const int64_t q_rows = int64_t{p.batch} * p.q_len;
+  const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
+  const std::vector<double> q = Linear(p.query, q_rows, dm, w.w_q(), w.b_q(), dm);
+  const std::vector<double> k = Linear(p.key, kv_rows, dm, w.w_k(), w.b_k(), dm);
+  const std::vector<double> v = Linear(p.value, kv_rows, dm, w.w_v(), w.b_v(), dm);
+  Reference64 r;
+  std::vector<double> concat;
+  MultiHeadAttention64(p, q, k, v, &concat, &r.weights);
+  r.out = Linear(concat.data(), q_rows, dm, w.w_o.data(), w.b_o.data(), dm);
+  return r;
+}
+
+void ReferenceMultiHead(const MultiHeadParams& p) {
+  const Reference64 r = ReferenceMultiHead64(p);
+  for (size_t n = 0; n < r.out.size(); ++n) p.out[n] = static_cast<float>(r.out[n]);
+  if (p.weights != nullptr) {
+    for (size_t n = 0; n < r.weights.size(); ++n) p.weights[n] = static_cast<float>(r.weights[n]);
+  }
+}
+
+std::vector<DeviceInfo> ReferenceBackend::devices() const {
+  return {DeviceInfo{"cpu (reference, 1 thread)", 0}};
+}
+
+absl::Status ReferenceBackend::Attend(absl::Span<const AttentionParams> batch) {
+  for (const AttentionParams& p : batch) ReferenceAttention(p);
+  return absl::OkStatus();
+}
+
+absl::Status ReferenceBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
+  for (const MultiHeadParams& p : batch) ReferenceMultiHead(p);
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::kernels

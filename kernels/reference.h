@@ -1,0 +1,43 @@
+// The reference path: a plain, obviously correct implementation of attention and of the
+// multi-head module, accumulating in float64. Every faster path is tested against it, and the
+// server can be forced onto it (--backend=reference).
+//
+// It is deliberately simple (no tiling, no vectorisation): loops in the order of the formula
+// in attention_params.h, scores materialised per row, softmax over the allowed keys.
+#ifndef ATTNSERVE_KERNELS_REFERENCE_H_
+#define ATTNSERVE_KERNELS_REFERENCE_H_
+
+#include <vector>
+
+#include "kernels/attention_params.h"
+#include "kernels/backend.h"
+#include "kernels/multi_head.h"
+
+namespace attnserve::kernels {
+
+// Float64 results, for tests that measure the error of faster paths.
+struct Reference64 {
+  std::vector<double> out;      // dense [B, Hq, Lq, Dv] (Attend) or [B, Lq, d_model] (MultiHead)
+  std::vector<double> weights;  // dense [B, Hq, Lq, Lk]
+};
+
+// Computes p in float64 and returns dense float64 results; p.out and p.weights are not touched.
+Reference64 ReferenceAttention64(const AttentionParams& p);
+Reference64 ReferenceMultiHead64(const MultiHeadParams& p);
+
+// Computes p in float64 and writes p.out (and p.weights when non-null), rounded to float32.
+void ReferenceAttention(const AttentionParams& p);
+void ReferenceMultiHead(const MultiHeadParams& p);
+
+// The reference path as a Backend (single-threaded; batch items computed in order).
+class ReferenceBackend final : public Backend {
+ public:
+  std::string name() const override { return "reference"; }
+  std::vector<DeviceInfo> devices() const override;
+  absl::Status Attend(absl::Span<const AttentionParams> batch) override;
+  absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+};
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_REFERENCE_H_

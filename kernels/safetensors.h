@@ -1,0 +1,48 @@
+// A reader for the safetensors format (https://github.com/huggingface/safetensors):
+//   8 bytes: N, the header length, unsigned little-endian
+//   N bytes: a JSON object {name: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]},
+//            ..., "__metadata__": {string: string}}
+//   the rest: the data buffer; offsets are relative to its start.
+//
+// Every offset, size and shape is checked against the buffer before anything is read: a
+// malformed file yields INVALID_ARGUMENT naming the tensor and the problem, never a crash.
+#ifndef ATTNSERVE_KERNELS_SAFETENSORS_H_
+#define ATTNSERVE_KERNELS_SAFETENSORS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include "absl/strings/string_view.h"
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace attnserve::kernels {
+
+struct SafetensorsTensor {
+  std::string dtype;           // as in the file: "F32", "F16", "BF16", "BOOL", "I64", ...
+  std::vector<int64_t> shape;  // empty for a scalar
+  absl::string_view data;       // the tensor's bytes, a view into the parsed buffer
+
+  int64_t num_elements() const;
+  // The data as float32 (F32, F16 and BF16 are converted); INVALID_ARGUMENT for other dtypes.
+  absl::StatusOr<std::vector<float>> ToFloat32(absl::string_view name) const;
+};
+
+struct SafetensorsFile {
+  std::map<std::string, SafetensorsTensor> tensors;  // views into the buffer given to Parse
+  std::map<std::string, std::string> metadata;       // "__metadata__", string values only
+
+  // The tensor named `name`, or NOT_FOUND.
+  absl::StatusOr<const SafetensorsTensor*> Find(absl::string_view name) const;
+};
+
+// Parses `buffer`. The result holds views into `buffer`, which must outlive it.
+absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view buffer);
+
+// Reads a whole file into memory (for start-up module loading and tests).
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_SAFETENSORS_H_

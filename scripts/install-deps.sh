@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs everything attnserve needs to build, run and test on Debian 12 (bookworm).
+# Idempotent: when every package is present it only checks and exits in about a second.
+# Usage: scripts/install-deps.sh            (build + test dependencies)
+set -euo pipefail
+
+PACKAGES=(
+  # toolchain
+  build-essential cmake ninja-build pkg-config git ca-certificates
+  # RPC stack
+  libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
+  libabsl-dev libssl-dev zlib1g-dev libc-ares-dev libre2-dev
+  # metrics
+  prometheus-cpp-dev
+  # kernels: JSON for safetensors headers, BLAS for projections
+  nlohmann-json3-dev libopenblas-dev
+  # tests and benchmarks
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # Python client and its tests (use /usr/bin/python3)
+  python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy
+)
+# proto lint uses buf from npm: Debian's nodejs+npm, unless a node with npm is already on PATH
+# (some images ship NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
+if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
