@@ -1,0 +1,274 @@
+// attnserve-cli: sends one request to an attnserve server and prints a summary and the Timing.
+//
+//   attnserve-cli [--target=localhost:50051] info
+//   attnserve-cli modules
+//   attnserve-cli attend --shape=B,Hq,Lq,D [--kv_heads=H] [--kv_len=L] [--dtype=float16]
+//                        [--causal] [--weights]
+//   attnserve-cli mha [--module=demo] --shape=B,L [--causal] [--weights]
+//   attnserve-cli seed --file=../shared/seed-vectors/causal.safetensors
+//
+// `attend` and `mha` send random tensors (fixed seed); `seed` loads a seed-vector file's module
+// through LoadModule, sends its inputs and mask, and compares the answer with the expected
+// output and weights stored in the file (exit status 1 when the error exceeds --tolerance).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/client.h"
+#include "kernels/safetensors.h"
+
+ABSL_FLAG(std::string, target, "localhost:50051", "server address (gRPC target)");
+ABSL_FLAG(std::string, shape, "", "attend: B,Hq,Lq,D; mha: B,L");
+ABSL_FLAG(int, kv_heads, 0, "attend: key/value heads (default Hq)");
+ABSL_FLAG(int, kv_len, 0, "attend: key length (default Lq)");
+ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
+ABSL_FLAG(bool, causal, false, "causal masking");
+ABSL_FLAG(bool, weights, false, "ask for the attention weights");
+ABSL_FLAG(std::string, module, "demo", "mha: module name");
+ABSL_FLAG(std::string, file, "", "seed: a seed-vector safetensors file");
+ABSL_FLAG(double, tolerance, 1e-5, "seed: largest absolute error accepted");
+ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of the call");
+
+namespace {
+
+namespace v1 = attnserve::v1;
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "error: %s\n", status.ToString().c_str());
+  return 1;
+}
+
+std::vector<float> Random(int64_t n, std::mt19937* rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(*rng);
+  return v;
+}
+
+int64_t Product(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+void PrintTensor(const char* name, const v1::Tensor& t) {
+  auto values = attnserve::TensorToFloats(t);
+  if (!values.ok()) {
+    std::printf("%s: %s\n", name, values.status().ToString().c_str());
+    return;
+  }
+  double sum = 0, abs_max = 0;
+  for (float x : *values) {
+    sum += x;
+    abs_max = std::max(abs_max, std::fabs(static_cast<double>(x)));
+  }
+  std::vector<std::string> head;
+  for (size_t i = 0; i < std::min<size_t>(4, values->size()); ++i) {
+    head.push_back(absl::StrCat((*values)[i]));
+  }
+  std::printf("%s: %s [%s]  mean %.6g  max|x| %.6g  first [%s ...]\n", name,
+              v1::DType_Name(t.dtype()).c_str(), absl::StrJoin(t.shape(), ", ").c_str(),
+              values->empty() ? 0.0 : sum / values->size(), abs_max,
+              absl::StrJoin(head, ", ").c_str());
+}
+
+void PrintTiming(const v1::Timing& t) {
+  std::printf("timing: queued %lld us, compute %lld us, server %lld us, batch of %d, backend %s\n",
+              static_cast<long long>(t.queued_us()), static_cast<long long>(t.compute_us()),
+              static_cast<long long>(t.server_us()), t.batch_size(), t.backend().c_str());
+}
+
+absl::StatusOr<v1::DType> ParseDType(const std::string& s) {
+  if (s == "float32") return v1::DTYPE_FLOAT32;
+  if (s == "float16") return v1::DTYPE_FLOAT16;
+  if (s == "bfloat16") return v1::DTYPE_BFLOAT16;
+  return absl::InvalidArgumentError(absl::StrCat("--dtype must be float32, float16 or "
+                                                 "bfloat16; was '", s, "'"));
+}
+
+absl::StatusOr<std::vector<int64_t>> ParseShape(size_t rank) {
+  std::vector<int64_t> shape;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_shape), ',')) {
+    int64_t d;
+    if (!absl::SimpleAtoi(part, &d)) {
+      return absl::InvalidArgumentError(absl::StrCat("--shape: '", part, "' is not a number"));
+    }
+    shape.push_back(d);
+  }
+  if (shape.size() != rank) {
+    return absl::InvalidArgumentError(absl::StrCat("--shape needs ", rank, " numbers; got '",
+                                                   absl::GetFlag(FLAGS_shape), "'"));
+  }
+  return shape;
+}
+
+void SetOptions(v1::AttentionOptions* options) {
+  options->set_causal(absl::GetFlag(FLAGS_causal));
+  options->set_return_weights(absl::GetFlag(FLAGS_weights));
+}
+
+int Attend(attnserve::Client& client, absl::Duration timeout) {
+  auto shape = ParseShape(4);
+  if (!shape.ok()) return Fail(shape.status());
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return Fail(dtype.status());
+  const int64_t b = (*shape)[0], hq = (*shape)[1], lq = (*shape)[2], d = (*shape)[3];
+  const int64_t hkv = absl::GetFlag(FLAGS_kv_heads) > 0 ? absl::GetFlag(FLAGS_kv_heads) : hq;
+  const int64_t lk = absl::GetFlag(FLAGS_kv_len) > 0 ? absl::GetFlag(FLAGS_kv_len) : lq;
+  std::mt19937 rng(1);
+  v1::AttendRequest request;
+  *request.mutable_query() = attnserve::MakeTensor(*dtype, *shape, Random(Product(*shape), &rng));
+  const std::vector<int64_t> kv_shape = {b, hkv, lk, d};
+  *request.mutable_key() = attnserve::MakeTensor(*dtype, kv_shape, Random(Product(kv_shape), &rng));
+  *request.mutable_value() =
+      attnserve::MakeTensor(*dtype, kv_shape, Random(Product(kv_shape), &rng));
+  SetOptions(request.mutable_options());
+  auto response = client.Attend(request, timeout);
+  if (!response.ok()) return Fail(response.status());
+  PrintTensor("output", response->output());
+  if (response->has_weights()) PrintTensor("weights", response->weights());
+  PrintTiming(response->timing());
+  return 0;
+}
+
+int MultiHead(attnserve::Client& client, absl::Duration timeout) {
+  auto shape = ParseShape(2);
+  if (!shape.ok()) return Fail(shape.status());
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return Fail(dtype.status());
+  auto modules = client.ListModules(timeout);
+  if (!modules.ok()) return Fail(modules.status());
+  int64_t d_model = 0;
+  for (const auto& m : modules->modules()) {
+    if (m.name() == absl::GetFlag(FLAGS_module)) d_model = m.d_model();
+  }
+  if (d_model == 0) {
+    return Fail(absl::NotFoundError(
+        absl::StrCat("no module '", absl::GetFlag(FLAGS_module), "' on the server")));
+  }
+  std::mt19937 rng(1);
+  v1::MultiHeadAttentionRequest request;
+  request.set_module(absl::GetFlag(FLAGS_module));
+  const std::vector<int64_t> q_shape = {(*shape)[0], (*shape)[1], d_model};
+  *request.mutable_query() = attnserve::MakeTensor(*dtype, q_shape, Random(Product(q_shape), &rng));
+  SetOptions(request.mutable_options());
+  auto response = client.MultiHeadAttention(request, timeout);
+  if (!response.ok()) return Fail(response.status());
+  PrintTensor("output", response->output());
+  if (response->has_weights()) PrintTensor("weights", response->weights());
+  PrintTiming(response->timing());
+  return 0;
+}
+
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::fabs(double{a[i]} - b[i]));
+  return m;
+}
+
+int Seed(attnserve::Client& client, absl::Duration timeout) {
+  namespace k = attnserve::kernels;
+  const std::string path = absl::GetFlag(FLAGS_file);
+  auto bytes = k::ReadFileToString(path);
+  if (!bytes.ok()) return Fail(bytes.status());
+  auto file = k::ParseSafetensors(*bytes);
+  if (!file.ok()) return Fail(file.status());
+
+  v1::LoadModuleRequest load;
+  load.set_name("seed");
+  load.set_safetensors(*bytes);
+  load.set_replace(true);
+  auto loaded = client.LoadModule(load, timeout);
+  if (!loaded.ok()) return Fail(loaded.status());
+
+  auto tensor = [&](const char* name) -> absl::StatusOr<v1::Tensor> {
+    auto t = file->Find(name);
+    if (!t.ok()) return t.status();
+    auto values = (*t)->ToFloat32(name);
+    if (!values.ok()) return values.status();
+    return attnserve::MakeTensor(v1::DTYPE_FLOAT32, (*t)->shape, *values);
+  };
+  v1::MultiHeadAttentionRequest request;
+  request.set_module("seed");
+  auto query = tensor("input.query");
+  if (!query.ok()) return Fail(query.status());
+  *request.mutable_query() = *query;
+  for (const char* name : {"input.key", "input.value"}) {
+    auto t = tensor(name);
+    if (!t.ok()) return Fail(t.status());
+    *(std::string(name) == "input.key" ? request.mutable_key() : request.mutable_value()) = *t;
+  }
+  if (auto m = file->Find("input.mask"); m.ok()) {
+    auto values = (*m)->ToFloat32("input.mask");
+    if (!values.ok()) return Fail(values.status());
+    std::vector<uint8_t> mask(values->begin(), values->end());
+    *request.mutable_options()->mutable_mask() = attnserve::MakeMask((*m)->shape, mask);
+  }
+  request.mutable_options()->set_return_weights(true);
+  auto response = client.MultiHeadAttention(request, timeout);
+  if (!response.ok()) return Fail(response.status());
+
+  auto expected = [&](const char* name) -> std::vector<float> {
+    auto t = file->Find(name);
+    if (!t.ok()) return {};
+    auto values = (*t)->ToFloat32(name);
+    return values.ok() ? *values : std::vector<float>{};
+  };
+  const double out_err =
+      MaxAbsDiff(attnserve::TensorToFloats(response->output()).value_or(std::vector<float>{}),
+                 expected("expected.output"));
+  const double w_err =
+      MaxAbsDiff(attnserve::TensorToFloats(response->weights()).value_or(std::vector<float>{}),
+                 expected("expected.weights"));
+  PrintTensor("output", response->output());
+  PrintTiming(response->timing());
+  const double tol = absl::GetFlag(FLAGS_tolerance);
+  std::printf("seed %s: max |output - expected| = %.3g, max |weights - expected| = %.3g (%s)\n",
+              path.c_str(), out_err, w_err, out_err <= tol && w_err <= tol ? "PASS" : "FAIL");
+  return out_err <= tol && w_err <= tol ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attnserve-cli [--target=HOST:PORT] info|modules|attend|mha|seed [flags]");
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  if (args.size() != 2) {
+    std::fprintf(stderr, "usage: attnserve-cli [flags] info|modules|attend|mha|seed\n");
+    return 2;
+  }
+  auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target));
+  if (!client.ok()) return Fail(client.status());
+  const absl::Duration timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  const std::string command = args[1];
+  if (command == "info") {
+    auto info = (*client)->GetServerInfo(timeout);
+    if (!info.ok()) return Fail(info.status());
+    std::printf("%s", info->DebugString().c_str());
+    return 0;
+  }
+  if (command == "modules") {
+    auto modules = (*client)->ListModules(timeout);
+    if (!modules.ok()) return Fail(modules.status());
+    std::printf("%s", modules->DebugString().c_str());
+    return 0;
+  }
+  if (command == "attend") return Attend(**client, timeout);
+  if (command == "mha") return MultiHead(**client, timeout);
+  if (command == "seed") return Seed(**client, timeout);
+  std::fprintf(stderr, "unknown command '%s'\n", command.c_str());
+  return 2;
+}

@@ -1,0 +1,52 @@
+#include "server/executor.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::server {
+
+void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
+  const absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<Job>> live;
+  live.reserve(batch.size());
+  for (auto& job : batch) {
+    job->timing.compute_start = start;
+    if (job->IsCancelled()) {
+      job->Finish(absl::CancelledError("the call was cancelled before it was computed"));
+    } else if (job->deadline <= start) {
+      job->Finish(absl::DeadlineExceededError(
+          absl::StrCat("the deadline passed after ",
+                       absl::FormatDuration(start - job->timing.arrival),
+                       " in the queue, before the request was computed")));
+    } else {
+      live.push_back(std::move(job));
+    }
+  }
+  if (live.empty()) return;
+
+  absl::Status status;
+  if (live.front()->kind == JobKind::kAttend) {
+    std::vector<kernels::AttentionParams> params;
+    params.reserve(live.size());
+    for (const auto& job : live) params.push_back(job->attend);
+    status = backend_->Attend(params);
+  } else {
+    std::vector<kernels::MultiHeadParams> params;
+    params.reserve(live.size());
+    for (const auto& job : live) params.push_back(job->multi_head);
+    status = backend_->MultiHead(params);
+  }
+  if (!status.ok()) {
+    status = absl::InternalError(absl::StrCat("backend ", backend_->name(), " failed: ",
+                                              status.message()));
+  }
+  const absl::Time end = absl::Now();
+  const std::string backend_name = backend_->name();
+  for (auto& job : live) {
+    job->timing.compute_end = end;
+    job->timing.batch_size = static_cast<int>(live.size());
+    job->timing.backend = backend_name;
+    job->Finish(status);
+  }
+}
+
+}  // namespace attnserve::server

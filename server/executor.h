@@ -1,0 +1,33 @@
+// Computes batches of Jobs on a backend and answers each job.
+#ifndef ATTNSERVE_SERVER_EXECUTOR_H_
+#define ATTNSERVE_SERVER_EXECUTOR_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "kernels/backend.h"
+#include "server/job.h"
+
+namespace attnserve::server {
+
+// Thread-safe (the backend is). Does not own the backend.
+class Executor {
+ public:
+  explicit Executor(kernels::Backend* backend) : backend_(backend) {}
+
+  // Computes `batch` (jobs of one signature, so one kind) with one backend call, fills each
+  // job's timing and calls Finish on every job: OK, or the backend's error for all of them.
+  // Jobs whose caller has cancelled or whose deadline has passed are answered CANCELLED or
+  // DEADLINE_EXCEEDED without being computed.
+  void Run(std::vector<std::unique_ptr<Job>> batch);
+
+  kernels::Backend& backend() const { return *backend_; }
+
+ private:
+  kernels::Backend* backend_;
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_EXECUTOR_H_

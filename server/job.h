@@ -1,0 +1,90 @@
+// A validated request on its way to a backend: decoded float32 inputs, output buffers, the
+// kernel parameters pointing into them, and how to answer the caller.
+//
+// A Job is built from a proto request by request_builder.h (which validates everything a
+// caller controls), computed by an Executor as part of a batch, and answered exactly once
+// through `done`.
+#ifndef ATTNSERVE_SERVER_JOB_H_
+#define ATTNSERVE_SERVER_JOB_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "kernels/attention_params.h"
+#include "kernels/dtype.h"
+#include "kernels/multi_head.h"
+#include "server/module_registry.h"
+
+namespace attnserve::server {
+
+// Where a job's time went (filled by the Executor, reported as the proto Timing).
+struct JobTiming {
+  absl::Time arrival;        // request parsed and validated
+  absl::Time compute_start;  // its batch started computing
+  absl::Time compute_end;    // its batch finished
+  int batch_size = 0;
+  std::string backend;
+};
+
+enum class JobKind { kAttend, kMultiHead };
+
+struct Job {
+  JobKind kind = JobKind::kAttend;
+  kernels::DType dtype = kernels::DType::kFloat32;  // of inputs and outputs on the wire
+
+  // Owned buffers; params point into them (and into `module`).
+  std::vector<float> q, k, v;         // decoded inputs (k, v empty for self-attention)
+  std::vector<uint8_t> mask;          // BOOL mask as sent
+  std::vector<int32_t> key_lengths;
+  std::vector<float> out;             // dense output
+  std::vector<float> weights;         // dense [B, H, Lq, Lk] when asked for
+  std::shared_ptr<const Module> module;  // kMultiHead only
+
+  kernels::AttentionParams attend;     // kAttend
+  kernels::MultiHeadParams multi_head;  // kMultiHead
+
+  // Shapes of the outputs, for the response.
+  std::vector<int64_t> out_shape;
+  std::vector<int64_t> weights_shape;  // empty when weights were not asked for
+
+  // Batching signature: jobs may share a batch only when their signatures are equal.
+  std::string signature;
+  int64_t tokens = 0;  // query rows: B·Lq (the unit of max_batch_tokens)
+  int64_t bytes = 0;   // memory the job holds while queued (inputs and outputs)
+  double flops = 0;
+
+  absl::Time deadline = absl::InfiniteFuture();
+  // Polled before computing: true when the caller went away.
+  std::function<bool()> is_cancelled = [] { return false; };
+
+  JobTiming timing;
+
+  // Called exactly once with the outcome; on OK the job's out/weights/timing are final. May run
+  // on any thread; must not block.
+  absl::AnyInvocable<void(Job&, absl::Status)> done;
+
+  bool IsCancelled() const { return is_cancelled(); }
+  absl::Time Deadline() const { return deadline; }
+  int64_t Tokens() const { return tokens; }
+  int64_t Bytes() const { return bytes; }
+
+  // Answers the caller (exactly once; later calls are ignored).
+  void Finish(absl::Status status) {
+    if (finished_.exchange(true)) return;
+    done(*this, std::move(status));
+  }
+
+ private:
+  std::atomic<bool> finished_{false};
+};
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_JOB_H_

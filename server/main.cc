@@ -1,0 +1,104 @@
+// attnserve: the server binary. Flags configure everything; see --help.
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/server_host.h"
+#include "server/version.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port for gRPC; port 0 picks a free one");
+ABSL_FLAG(std::string, port_file, "",
+          "if set, the bound port is written to this file once the server is SERVING");
+ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or reference");
+ABSL_FLAG(int, backend_threads, 0, "threads of the CPU backend; 0 = one per core");
+ABSL_FLAG(std::vector<std::string>, module, {},
+          "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");
+ABSL_FLAG(bool, demo_module, true, "register the built-in 'demo' module (d_model 64, 4 heads)");
+ABSL_FLAG(bool, allow_module_rpc, true, "allow LoadModule/UnloadModule over the API");
+ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20, "largest request message, bytes");
+ABSL_FLAG(int64_t, max_tensor_elements, int64_t{64} << 20, "largest tensor, elements");
+ABSL_FLAG(int64_t, max_sequence_length, 65536, "largest Lq or Lk");
+ABSL_FLAG(int64_t, max_module_bytes, int64_t{1} << 30, "largest module weights, bytes");
+ABSL_FLAG(int, worker_threads, 1, "threads computing requests");
+ABSL_FLAG(int, max_queued_requests, 1024, "requests queued before UNAVAILABLE");
+ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
+          "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
+
+namespace {
+
+int Run() {
+  using attnserve::server::ServerOptions;
+  ServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.backend = absl::GetFlag(FLAGS_backend);
+  options.backend_threads = absl::GetFlag(FLAGS_backend_threads);
+  options.demo_module = absl::GetFlag(FLAGS_demo_module);
+  options.allow_module_rpc = absl::GetFlag(FLAGS_allow_module_rpc);
+  options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
+  options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
+  options.limits.max_module_bytes = absl::GetFlag(FLAGS_max_module_bytes);
+  options.workers.num_threads = absl::GetFlag(FLAGS_worker_threads);
+  options.workers.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_requests);
+  for (const std::string& spec : absl::GetFlag(FLAGS_module)) {
+    auto parsed = attnserve::server::ParseModuleSpec(spec);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "attnserve: %s\n", std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    options.modules.push_back(*parsed);
+  }
+
+  // Block the shutdown signals in every thread (gRPC's start after this), and wait for them
+  // here with sigwait: no async-signal-safety concerns, no self-pipe.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  auto host = attnserve::server::ServerHost::Start(options);
+  if (!host.ok()) {
+    std::fprintf(stderr, "attnserve: cannot start: %s\n", host.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<std::string> modules;
+  for (const auto& m : (*host)->modules().List()) modules.push_back(m->name);
+  std::fprintf(stderr, "attnserve %s: SERVING on port %d, backend %s, modules [%s]\n",
+               attnserve::server::kVersion, (*host)->port(), (*host)->backend().name().c_str(),
+               absl::StrJoin(modules, ", ").c_str());
+  if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
+    // Written to a temporary name and renamed, so a reader never sees a partial file.
+    const std::string tmp = path + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      std::fprintf(f, "%d\n", (*host)->port());
+      std::fclose(f);
+      std::rename(tmp.c_str(), path.c_str());
+    }
+  }
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  std::fprintf(stderr, "attnserve: %s received; draining for up to %s\n", strsignal(signal),
+               absl::FormatDuration(grace).c_str());
+  (*host)->Shutdown(grace);
+  std::fprintf(stderr, "attnserve: stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attnserve: Transformer attention over gRPC.\n"
+      "  attnserve --listen=0.0.0.0:50051 [--module=NAME=PATH[:NUM_HEADS],...]");
+  absl::ParseCommandLine(argc, argv);
+  return Run();
+}

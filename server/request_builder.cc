@@ -1,0 +1,415 @@
+#include "server/request_builder.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace attnserve::server {
+namespace {
+
+using kernels::DType;
+
+std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+template <typename... Args>
+absl::Status Invalid(const Args&... args) {
+  return absl::InvalidArgumentError(absl::StrCat(args...));
+}
+
+absl::StatusOr<DType> WireDType(v1::DType t) {
+  switch (t) {
+    case v1::DTYPE_FLOAT32: return DType::kFloat32;
+    case v1::DTYPE_FLOAT16: return DType::kFloat16;
+    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
+    case v1::DTYPE_BOOL: return DType::kBool;
+    default: return absl::InvalidArgumentError("unknown dtype");
+  }
+}
+
+v1::DType ProtoDType(DType t) {
+  switch (t) {
+    case DType::kFloat32: return v1::DTYPE_FLOAT32;
+    case DType::kFloat16: return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16: return v1::DTYPE_BFLOAT16;
+    case DType::kBool: return v1::DTYPE_BOOL;
+  }
+  return v1::DTYPE_UNSPECIFIED;
+}
+
+// Checks a tensor's rank, dims (>= 1, no overflow, element limit) and byte count, and returns
+// its element count.
+absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& t, absl::string_view field, int rank,
+                                    const Limits& limits) {
+  if (t.shape_size() != rank) {
+    return Invalid(field, ".shape must have ", absl::StrCat(rank), " dimensions; was ",
+                   ShapeString(t.shape()));
+  }
+  int64_t n = 1;
+  for (int i = 0; i < rank; ++i) {
+    const int64_t d = t.shape(i);
+    if (d < 1) {
+      return Invalid(field, absl::StrCat(".shape[", i, "] must be >= 1; was ", d));
+    }
+    if (n > limits.max_tensor_elements / d) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          field, ".shape ", ShapeString(t.shape()), " has more than the limit of ",
+          limits.max_tensor_elements, " elements (--max_tensor_elements)"));
+    }
+    n *= d;
+  }
+  auto dtype = WireDType(t.dtype());
+  if (!dtype.ok()) {
+    return Invalid(field, ".dtype must be FLOAT32, FLOAT16, BFLOAT16 or BOOL; was ",
+                   v1::DType_Name(t.dtype()).empty() ? absl::StrCat(static_cast<int>(t.dtype()))
+                                                     : v1::DType_Name(t.dtype()));
+  }
+  const int64_t want = n * static_cast<int64_t>(kernels::DTypeSize(*dtype));
+  if (static_cast<int64_t>(t.data().size()) != want) {
+    return Invalid(field, absl::StrCat(".data must hold ", want, " bytes (shape ",
+                                       ShapeString(t.shape()), " of ",
+                                       kernels::DTypeName(*dtype), "); was ", t.data().size(),
+                                       " bytes"));
+  }
+  return n;
+}
+
+absl::Status CheckFloatDType(const v1::Tensor& t, absl::string_view field, const v1::Tensor* like,
+                             absl::string_view like_field) {
+  if (t.dtype() != v1::DTYPE_FLOAT32 && t.dtype() != v1::DTYPE_FLOAT16 &&
+      t.dtype() != v1::DTYPE_BFLOAT16) {
+    return Invalid(field, ".dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ",
+                   v1::DType_Name(t.dtype()).empty() ? absl::StrCat(static_cast<int>(t.dtype()))
+                                                     : v1::DType_Name(t.dtype()));
+  }
+  if (like != nullptr && t.dtype() != like->dtype()) {
+    return Invalid(field, ".dtype must equal ", like_field, ".dtype (",
+                   v1::DType_Name(like->dtype()), absl::StrCat("); was ", v1::DType_Name(t.dtype())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDimEqual(const v1::Tensor& t, absl::string_view field, int dim,
+                           const v1::Tensor& ref, absl::string_view ref_field, int ref_dim) {
+  if (t.shape(dim) != ref.shape(ref_dim)) {
+    return Invalid(field, absl::StrCat(".shape[", dim, "] must equal "), ref_field,
+                   absl::StrCat(".shape[", ref_dim, "] (", ref.shape(ref_dim), "); was ",
+                                t.shape(dim)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSequence(int64_t len, absl::string_view what, const Limits& limits) {
+  if (len > limits.max_sequence_length) {
+    return absl::ResourceExhaustedError(absl::StrCat(what, " is ", len,
+                                                     "; the server's limit (--max_sequence_length) is ",
+                                                     limits.max_sequence_length));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHeadDim(int64_t d, absl::string_view what, const Limits& limits) {
+  if (d > limits.max_head_dim) {
+    return Invalid(what, absl::StrCat(" is ", d, "; the kernels support head dimensions up to ",
+                                      limits.max_head_dim));
+  }
+  return absl::OkStatus();
+}
+
+// Validates and decodes the options shared by both rpcs into `job` and `mask`/`params`
+// fields. `b`, `h`, `lq`, `lk`, `head_dim` are the problem's sizes.
+struct OptionFields {
+  kernels::MaskView mask;
+  bool causal = false;
+  const int32_t* key_lengths = nullptr;
+  float scale = 1.0f;
+};
+
+absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b,
+                                          int64_t h, int64_t lq, int64_t lk, int64_t head_dim,
+                                          const Limits& limits, Job* job) {
+  OptionFields f;
+  f.causal = options.causal();
+
+  if (options.has_mask()) {
+    const v1::Tensor& m = options.mask();
+    if (m.dtype() != v1::DTYPE_BOOL) {
+      return Invalid("options.mask.dtype must be BOOL; was ",
+                     v1::DType_Name(m.dtype()).empty() ? absl::StrCat(static_cast<int>(m.dtype()))
+                                                       : v1::DType_Name(m.dtype()));
+    }
+    const int rank = m.shape_size();
+    if (rank < 1 || rank > 4) {
+      return Invalid("options.mask.shape must have 1 to 4 dimensions; was ",
+                     ShapeString(m.shape()));
+    }
+    auto n = CheckTensor(m, "options.mask", rank, limits);
+    if (!n.ok()) return n.status();
+    // Broadcast against [B, H, Lq, Lk], aligned to the right.
+    const int64_t full[4] = {b, h, lq, lk};
+    const char* names[4] = {"B", "H", "Lq", "Lk"};
+    int64_t strides[4] = {0, 0, 0, 0};
+    int64_t stride = 1;
+    for (int i = rank - 1; i >= 0; --i) {
+      const int target = 4 - rank + i;
+      const int64_t d = m.shape(i);
+      if (d != 1 && d != full[target]) {
+        return Invalid("options.mask.shape ", ShapeString(m.shape()),
+                       absl::StrCat(" is not broadcastable to [B, H, Lq, Lk] = [", b, ", ", h,
+                                    ", ", lq, ", ", lk, "]: dimension ", i, " is ", d,
+                                    "; must be 1 or ", names[target], " (", full[target], ")"));
+      }
+      strides[target] = d == 1 ? 0 : stride;
+      stride *= d;
+    }
+    job->mask.assign(m.data().begin(), m.data().end());
+    for (size_t i = 0; i < job->mask.size(); ++i) {
+      if (job->mask[i] > 1) {
+        return Invalid("options.mask.data must hold 0 or 1 per element; element ",
+                       absl::StrCat(i, " was ", job->mask[i]));
+      }
+    }
+    f.mask.data = job->mask.data();
+    f.mask.batch_stride = strides[0];
+    f.mask.head_stride = strides[1];
+    f.mask.row_stride = strides[2];
+    f.mask.col_stride = strides[3];
+  }
+
+  if (options.key_lengths_size() != 0) {
+    if (options.key_lengths_size() != b) {
+      return Invalid(absl::StrCat("options.key_lengths must be empty or hold B (", b,
+                                  ") entries; had ", options.key_lengths_size()));
+    }
+    for (int i = 0; i < options.key_lengths_size(); ++i) {
+      const int32_t len = options.key_lengths(i);
+      if (len < 0 || len > lk) {
+        return Invalid(absl::StrCat("options.key_lengths[", i, "] must be in [0, Lk = ", lk,
+                                    "]; was ", len));
+      }
+    }
+    job->key_lengths.assign(options.key_lengths().begin(), options.key_lengths().end());
+    f.key_lengths = job->key_lengths.data();
+  }
+
+  f.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  if (options.has_scale()) {
+    if (!std::isfinite(options.scale())) {
+      return Invalid(absl::StrCat("options.scale must be finite; was ", options.scale()));
+    }
+    f.scale = options.scale();
+  }
+
+  if (options.return_weights()) {
+    const int64_t n = b * h * lq * lk;  // each factor is bounded, so no overflow
+    if (n > limits.max_tensor_elements) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "options.return_weights: the weights [", b, ", ", h, ", ", lq, ", ", lk, "] would hold ",
+          n, " elements; the server's limit (--max_tensor_elements) is ",
+          limits.max_tensor_elements));
+    }
+    job->weights.resize(n);
+    job->weights_shape = {b, h, lq, lk};
+  }
+  return f;
+}
+
+std::vector<float> Decode(const v1::Tensor& t, int64_t n) {
+  std::vector<float> out(n);
+  kernels::ToFloat32(WireDType(t.dtype()).value(), t.data().data(), n, out.data());
+  return out;
+}
+
+// The signature: what must be equal for jobs to share a kernel launch.
+std::string Signature(const Job& job, absl::string_view extra) {
+  return absl::StrCat(job.kind == JobKind::kAttend ? "attend" : "mha", "/",
+                      kernels::DTypeName(job.dtype), "/", extra, "/w",
+                      job.weights_shape.empty() ? 0 : 1);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& request,
+                                                    const Limits& limits) {
+  const v1::Tensor& q = request.query();
+  const v1::Tensor& k = request.key();
+  const v1::Tensor& v = request.value();
+  if (!request.has_query()) return Invalid("query is required");
+  if (!request.has_key()) return Invalid("key is required");
+  if (!request.has_value()) return Invalid("value is required");
+  if (auto s = CheckFloatDType(q, "query", nullptr, ""); !s.ok()) return s;
+  if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
+  if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
+  auto nq = CheckTensor(q, "query", 4, limits);
+  if (!nq.ok()) return nq.status();
+  auto nk = CheckTensor(k, "key", 4, limits);
+  if (!nk.ok()) return nk.status();
+  auto nv = CheckTensor(v, "value", 4, limits);
+  if (!nv.ok()) return nv.status();
+  // q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]
+  if (auto s = CheckDimEqual(k, "key", 0, q, "query", 0); !s.ok()) return s;
+  if (auto s = CheckDimEqual(v, "value", 0, q, "query", 0); !s.ok()) return s;
+  if (auto s = CheckDimEqual(k, "key", 3, q, "query", 3); !s.ok()) return s;
+  if (auto s = CheckDimEqual(v, "value", 1, k, "key", 1); !s.ok()) return s;
+  if (auto s = CheckDimEqual(v, "value", 2, k, "key", 2); !s.ok()) return s;
+  const int64_t b = q.shape(0), hq = q.shape(1), lq = q.shape(2), d = q.shape(3);
+  const int64_t hkv = k.shape(1), lk = k.shape(2), dv = v.shape(3);
+  if (hq % hkv != 0) {
+    return Invalid(absl::StrCat("query.shape[1] (Hq = ", hq,
+                                ") must be a multiple of key.shape[1] (Hkv = ", hkv, ")"));
+  }
+  if (auto s = CheckHeadDim(d, "query.shape[3] (head dim D)", limits); !s.ok()) return s;
+  if (auto s = CheckHeadDim(dv, "value.shape[3] (head dim Dv)", limits); !s.ok()) return s;
+  if (auto s = CheckSequence(lq, "query.shape[2] (Lq)", limits); !s.ok()) return s;
+  if (auto s = CheckSequence(lk, "key.shape[2] (Lk)", limits); !s.ok()) return s;
+  const int64_t n_out = b * hq * lq * dv;
+  if (n_out > limits.max_tensor_elements) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the output [", b, ", ", hq, ", ", lq, ", ", dv, "] would hold ", n_out,
+        " elements; the server's limit (--max_tensor_elements) is ", limits.max_tensor_elements));
+  }
+
+  auto job = std::make_unique<Job>();
+  job->kind = JobKind::kAttend;
+  job->dtype = WireDType(q.dtype()).value();
+  auto opts = BuildOptions(request.options(), b, hq, lq, lk, d, limits, job.get());
+  if (!opts.ok()) return opts.status();
+
+  job->q = Decode(q, *nq);
+  job->k = Decode(k, *nk);
+  job->v = Decode(v, *nv);
+  job->out.resize(n_out);
+  job->out_shape = {b, hq, lq, dv};
+
+  kernels::AttentionParams& p = job->attend;
+  p.batch = static_cast<int>(b);
+  p.num_heads = static_cast<int>(hq);
+  p.num_kv_heads = static_cast<int>(hkv);
+  p.q_len = static_cast<int>(lq);
+  p.kv_len = static_cast<int>(lk);
+  p.head_dim = static_cast<int>(d);
+  p.v_head_dim = static_cast<int>(dv);
+  p.q = {job->q.data(), hq * lq * d, lq * d, d};
+  p.k = {job->k.data(), hkv * lk * d, lk * d, d};
+  p.v = {job->v.data(), hkv * lk * dv, lk * dv, dv};
+  p.out = {job->out.data(), hq * lq * dv, lq * dv, dv};
+  p.weights = job->weights.empty() ? nullptr : job->weights.data();
+  p.mask = opts->mask;
+  p.causal = opts->causal;
+  p.key_lengths = opts->key_lengths;
+  p.scale = opts->scale;
+
+  job->tokens = b * lq;
+  job->bytes = static_cast<int64_t>(sizeof(float)) *
+               static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
+                                    job->out.size() + job->weights.size());
+  job->flops = kernels::AttentionFlops(p);
+  job->signature = Signature(*job, absl::StrCat("h", hq, "/kv", hkv, "/d", d, "/dv", dv));
+  return job;
+}
+
+absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(
+    const v1::MultiHeadAttentionRequest& request, const ModuleRegistry& modules,
+    const Limits& limits) {
+  if (auto s = ModuleRegistry::ValidateName(request.module(), "module"); !s.ok()) return s;
+  auto module = modules.Get(request.module());
+  if (!module.ok()) return module.status();
+  const kernels::MultiHeadWeights& w = (*module)->weights;
+  const int64_t dm = w.d_model;
+
+  const v1::Tensor& q = request.query();
+  if (!request.has_query()) return Invalid("query is required");
+  if (request.has_key() != request.has_value()) {
+    return Invalid(request.has_key() ? "value is required when key is given"
+                                     : "key is required when value is given");
+  }
+  const bool self_attention = !request.has_key();
+  const v1::Tensor& k = self_attention ? q : request.key();
+  const v1::Tensor& v = self_attention ? q : request.value();
+  if (auto s = CheckFloatDType(q, "query", nullptr, ""); !s.ok()) return s;
+  auto nq = CheckTensor(q, "query", 3, limits);
+  if (!nq.ok()) return nq.status();
+  if (q.shape(2) != dm) {
+    return Invalid(absl::StrCat("query.shape[2] must equal the d_model of module '",
+                                request.module(), "' (", dm, "); was ", q.shape(2)));
+  }
+  int64_t nk = *nq;
+  if (!self_attention) {
+    if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
+    if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
+    auto nk_or = CheckTensor(k, "key", 3, limits);
+    if (!nk_or.ok()) return nk_or.status();
+    auto nv = CheckTensor(v, "value", 3, limits);
+    if (!nv.ok()) return nv.status();
+    nk = *nk_or;
+    if (auto s = CheckDimEqual(k, "key", 0, q, "query", 0); !s.ok()) return s;
+    if (auto s = CheckDimEqual(k, "key", 2, q, "query", 2); !s.ok()) return s;
+    for (int i = 0; i < 3; ++i) {
+      if (auto s = CheckDimEqual(v, "value", i, k, "key", i); !s.ok()) return s;
+    }
+  }
+  const int64_t b = q.shape(0), lq = q.shape(1), lk = k.shape(1), h = w.num_heads;
+  if (auto s = CheckSequence(lq, "query.shape[1] (Lq)", limits); !s.ok()) return s;
+  if (auto s = CheckSequence(lk, "key.shape[1] (Lk)", limits); !s.ok()) return s;
+
+  auto job = std::make_unique<Job>();
+  job->kind = JobKind::kMultiHead;
+  job->dtype = WireDType(q.dtype()).value();
+  job->module = *module;
+  auto opts = BuildOptions(request.options(), b, h, lq, lk, w.head_dim(), limits, job.get());
+  if (!opts.ok()) return opts.status();
+
+  job->q = Decode(q, *nq);
+  if (!self_attention) {
+    job->k = Decode(k, nk);
+    job->v = Decode(v, nk);
+  }
+  job->out.resize(*nq);
+  job->out_shape = {b, lq, dm};
+
+  kernels::MultiHeadParams& p = job->multi_head;
+  p.module = &job->module->weights;
+  p.batch = static_cast<int>(b);
+  p.q_len = static_cast<int>(lq);
+  p.kv_len = static_cast<int>(lk);
+  p.query = job->q.data();
+  p.key = self_attention ? job->q.data() : job->k.data();
+  p.value = self_attention ? job->q.data() : job->v.data();
+  p.self_attention = self_attention;
+  p.out = job->out.data();
+  p.weights = job->weights.empty() ? nullptr : job->weights.data();
+  p.mask = opts->mask;
+  p.causal = opts->causal;
+  p.key_lengths = opts->key_lengths;
+  p.scale = opts->scale;
+
+  job->tokens = b * lq;
+  job->bytes = static_cast<int64_t>(sizeof(float)) *
+               static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
+                                    job->out.size() + job->weights.size());
+  job->flops = kernels::MultiHeadFlops(p);
+  job->signature = Signature(*job, absl::StrCat("m:", request.module(), self_attention ? "/self" : "/cross"));
+  return job;
+}
+
+void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
+                 const std::vector<int64_t>& shape, v1::Tensor* out) {
+  out->set_dtype(ProtoDType(dtype));
+  for (int64_t d : shape) out->add_shape(d);
+  std::string* data = out->mutable_data();
+  data->resize(values.size() * kernels::DTypeSize(dtype));
+  kernels::FromFloat32(dtype, values.data(), values.size(), data->data());
+}
+
+void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out) {
+  out->set_queued_us(absl::ToInt64Microseconds(timing.compute_start - timing.arrival));
+  out->set_compute_us(absl::ToInt64Microseconds(timing.compute_end - timing.compute_start));
+  out->set_server_us(absl::ToInt64Microseconds(now - timing.arrival));
+  out->set_batch_size(timing.batch_size);
+  out->set_backend(timing.backend);
+}
+
+}  // namespace attnserve::server

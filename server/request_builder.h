@@ -1,0 +1,45 @@
+// Turns proto requests into Jobs, validating everything a caller controls, and Jobs back into
+// proto responses. The only place AttentionParams / MultiHeadParams are filled for the server.
+//
+// Every error names the field and the value, e.g.
+//   INVALID_ARGUMENT "key.shape[3] must equal query.shape[3] (64); was 32".
+// Limit violations are RESOURCE_EXHAUSTED (see Limits).
+#ifndef ATTNSERVE_SERVER_REQUEST_BUILDER_H_
+#define ATTNSERVE_SERVER_REQUEST_BUILDER_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "attnserve/v1/attention.pb.h"
+#include "server/job.h"
+#include "server/limits.h"
+#include "server/module_registry.h"
+
+namespace attnserve::server {
+
+absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& request,
+                                                    const Limits& limits);
+
+absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttentionRequest& request,
+                                                       const ModuleRegistry& modules,
+                                                       const Limits& limits);
+
+// Writes a computed job's output, and its weights when they were asked for, into a response
+// (AttendResponse or MultiHeadAttentionResponse).
+template <typename Response>
+void WriteOutputs(const Job& job, Response* response);
+void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
+                 const std::vector<int64_t>& shape, v1::Tensor* out);
+
+template <typename Response>
+void WriteOutputs(const Job& job, Response* response) {
+  WriteTensor(job.dtype, job.out, job.out_shape, response->mutable_output());
+  if (!job.weights_shape.empty()) {
+    WriteTensor(job.dtype, job.weights, job.weights_shape, response->mutable_weights());
+  }
+}
+void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_REQUEST_BUILDER_H_

@@ -1,0 +1,165 @@
+#include "server/server_host.h"
+
+#include <chrono>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_builder.h"
+#include "kernels/reference.h"
+#include "kernels/safetensors.h"
+#include "server/version.h"
+
+namespace attnserve::server {
+
+absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
+  const size_t eq = spec.find('=');
+  if (eq == absl::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--module must be NAME=PATH or NAME=PATH:NUM_HEADS; was '", spec, "'"));
+  }
+  ModuleSpec out;
+  out.name = std::string(spec.substr(0, eq));
+  absl::string_view rest = spec.substr(eq + 1);
+  const size_t colon = rest.rfind(':');
+  if (colon != absl::string_view::npos &&
+      absl::SimpleAtoi(rest.substr(colon + 1), &out.num_heads)) {
+    rest = rest.substr(0, colon);
+  } else {
+    out.num_heads = 0;
+  }
+  out.path = std::string(rest);
+  if (auto s = ModuleRegistry::ValidateName(out.name, "--module NAME"); !s.ok()) return s;
+  if (out.path.empty() || out.num_heads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--module '", spec, "' has no valid PATH"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
+                                                              int threads) {
+  (void)threads;
+  if (name == "reference" || name == "auto" || name == "cpu") {
+    return std::make_unique<kernels::ReferenceBackend>();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("--backend must be auto, cpu or reference; was '", name, "'"));
+}
+
+namespace {
+
+// Runs one tiny request through the backend so the first caller does not pay for lazy
+// initialisation (thread pools, device contexts).
+absl::Status WarmUp(kernels::Backend& backend) {
+  std::vector<float> q(2 * 8, 0.5f), out(2 * 8);
+  kernels::AttentionParams p;
+  p.batch = p.num_heads = p.num_kv_heads = 1;
+  p.q_len = p.kv_len = 2;
+  p.head_dim = p.v_head_dim = 8;
+  p.q = p.k = p.v = {q.data(), 16, 16, 8};
+  p.out = {out.data(), 16, 16, 8};
+  p.scale = 0.35f;
+  return backend.Attend({p});
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options) {
+  std::unique_ptr<ServerHost> host(new ServerHost());
+  auto backend = MakeBackend(options.backend, options.backend_threads);
+  if (!backend.ok()) return backend.status();
+  host->backend_ = *std::move(backend);
+
+  if (options.demo_module) {
+    if (auto s = host->modules_.Add(DemoModule(), false); !s.ok()) return s;
+  }
+  for (const ModuleSpec& spec : options.modules) {
+    auto bytes = kernels::ReadFileToString(spec.path);
+    if (!bytes.ok()) return bytes.status();
+    auto module = ModuleFromSafetensors(spec.name, absl::StrCat("file:", spec.path), *bytes,
+                                        spec.num_heads, options.limits.max_module_bytes);
+    if (!module.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--module ", spec.name, "=", spec.path, ": ", module.status().message()));
+    }
+    if (auto s = host->modules_.Add(*module, /*replace=*/true); !s.ok()) return s;
+  }
+
+  host->executor_ = std::make_unique<Executor>(host->backend_.get());
+  auto dispatcher = WorkerPoolDispatcher::Create(options.workers, host->executor_.get());
+  if (!dispatcher.ok()) return dispatcher.status();
+  host->dispatcher_ = *std::move(dispatcher);
+
+  ServiceInfo info;
+  info.version = kVersion;
+  info.float32_precision = "fp32: float32 inputs, float32 arithmetic (float64 on the reference "
+                           "backend)";
+  info.batching.set_enabled(false);
+  info.batching.set_max_batch_requests(1);
+  info.batching.set_max_queued_requests(options.workers.max_queued_jobs);
+  info.batching.set_worker_threads(options.workers.num_threads);
+  v1::BackendInfo* backend_info = &info.backends.emplace_back();
+  backend_info->set_name(host->backend_->name());
+  backend_info->set_active(true);
+  for (const kernels::DeviceInfo& d : host->backend_->devices()) {
+    v1::DeviceInfo* di = backend_info->add_devices();
+    di->set_name(d.name);
+    di->set_memory_bytes(d.memory_bytes);
+  }
+  AttentionService::Options service_options;
+  service_options.limits = options.limits;
+  service_options.allow_module_rpc = options.allow_module_rpc;
+  host->service_ = std::make_unique<AttentionService>(service_options, &host->modules_,
+                                                      host->dispatcher_.get(), std::move(info));
+
+  if (auto s = WarmUp(*host->backend_); !s.ok()) {
+    return absl::InternalError(absl::StrCat("backend warm-up failed: ", s.message()));
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                           &host->port_);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(options.limits.max_message_bytes, std::numeric_limits<int>::max())));
+  builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+  builder.RegisterService(host->service_.get());
+  host->server_ = builder.BuildAndStart();
+  if (host->server_ == nullptr || host->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on '", options.listen_address, "' (address in use?)"));
+  }
+  host->server_->GetHealthCheckService()->SetServingStatus(true);
+  return host;
+}
+
+void ServerHost::Shutdown(absl::Duration grace) {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ == nullptr) {  // Start failed part-way
+    if (dispatcher_ != nullptr) dispatcher_->Shutdown(absl::ZeroDuration());
+    return;
+  }
+  server_->GetHealthCheckService()->SetServingStatus(false);
+  // gRPC stops accepting calls and waits for those in flight; meanwhile the dispatcher finishes
+  // its queue (or answers it UNAVAILABLE when the grace period ends), which lets them complete.
+  const auto deadline = std::chrono::system_clock::now() +
+                        absl::ToChronoMilliseconds(grace + absl::Seconds(1));
+  std::thread grpc_shutdown([this, deadline] { server_->Shutdown(deadline); });
+  dispatcher_->Shutdown(grace);
+  grpc_shutdown.join();
+  server_->Wait();
+}
+
+void ServerHost::Wait() { server_->Wait(); }
+
+ServerHost::~ServerHost() { Shutdown(absl::ZeroDuration()); }
+
+}  // namespace attnserve::server

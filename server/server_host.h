@@ -1,0 +1,86 @@
+// Assembles and runs a complete attnserve server: backend, module registry, dispatcher, the
+// gRPC service with health checking and reflection. main() uses it, and so do the in-process
+// tests, so both run the same wiring.
+#ifndef ATTNSERVE_SERVER_SERVER_HOST_H_
+#define ATTNSERVE_SERVER_SERVER_HOST_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/server.h"
+#include "kernels/backend.h"
+#include "server/attention_service.h"
+#include "server/dispatcher.h"
+#include "server/limits.h"
+#include "server/module_registry.h"
+
+namespace attnserve::server {
+
+// A module to load at start-up: --module=NAME=PATH[:NUM_HEADS].
+struct ModuleSpec {
+  std::string name;
+  std::string path;
+  int num_heads = 0;  // 0: from the file's metadata
+};
+// Parses "NAME=PATH" or "NAME=PATH:NUM_HEADS"; INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec);
+
+struct ServerOptions {
+  // host:port to listen on; port 0 picks a free port (see ServerHost::port()).
+  std::string listen_address = "0.0.0.0:50051";
+  // "auto" (CPU), "cpu" or "reference".
+  std::string backend = "auto";
+  // Threads of the CPU backend; 0 = one per core.
+  int backend_threads = 0;
+  Limits limits;
+  WorkerPoolOptions workers;
+  bool allow_module_rpc = true;
+  // Register the built-in "demo" module.
+  bool demo_module = true;
+  std::vector<ModuleSpec> modules;
+};
+
+// Thread-safe: Shutdown may be called from any thread, once or more.
+class ServerHost {
+ public:
+  // Builds everything, loads modules, warms the backend up, starts listening and reports
+  // SERVING on grpc.health.v1. Errors: a bad option, an unreadable module file, a port in use.
+  static absl::StatusOr<std::unique_ptr<ServerHost>> Start(const ServerOptions& options);
+  ~ServerHost();
+
+  // The port actually bound.
+  int port() const { return port_; }
+  ModuleRegistry& modules() { return modules_; }
+  kernels::Backend& backend() { return *backend_; }
+
+  // Reports NOT_SERVING, stops accepting calls, finishes queued work for up to `grace`, answers
+  // the rest UNAVAILABLE, and returns when every call has been answered.
+  void Shutdown(absl::Duration grace);
+
+  // Blocks until Shutdown completes.
+  void Wait();
+
+ private:
+  ServerHost() = default;
+
+  std::unique_ptr<kernels::Backend> backend_;
+  ModuleRegistry modules_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  std::unique_ptr<AttentionService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+// The backend named by `name` ("auto", "cpu", "reference"), or INVALID_ARGUMENT.
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
+                                                              int threads);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_SERVER_HOST_H_
