@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/mask.h"
 
 namespace attnserve::server {
 namespace {
@@ -141,30 +142,8 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
                      v1::DType_Name(m.dtype()).empty() ? absl::StrCat(static_cast<int>(m.dtype()))
                                                        : v1::DType_Name(m.dtype()));
     }
-    const int rank = m.shape_size();
-    if (rank < 1 || rank > 4) {
-      return Invalid("options.mask.shape must have 1 to 4 dimensions; was ",
-                     ShapeString(m.shape()));
-    }
-    auto n = CheckTensor(m, "options.mask", rank, limits);
+    auto n = CheckTensor(m, "options.mask", m.shape_size() == 0 ? 1 : m.shape_size(), limits);
     if (!n.ok()) return n.status();
-    // Broadcast against [B, H, Lq, Lk], aligned to the right.
-    const int64_t full[4] = {b, h, lq, lk};
-    const char* names[4] = {"B", "H", "Lq", "Lk"};
-    int64_t strides[4] = {0, 0, 0, 0};
-    int64_t stride = 1;
-    for (int i = rank - 1; i >= 0; --i) {
-      const int target = 4 - rank + i;
-      const int64_t d = m.shape(i);
-      if (d != 1 && d != full[target]) {
-        return Invalid("options.mask.shape ", ShapeString(m.shape()),
-                       absl::StrCat(" is not broadcastable to [B, H, Lq, Lk] = [", b, ", ", h,
-                                    ", ", lq, ", ", lk, "]: dimension ", i, " is ", d,
-                                    "; must be 1 or ", names[target], " (", full[target], ")"));
-      }
-      strides[target] = d == 1 ? 0 : stride;
-      stride *= d;
-    }
     job->mask.assign(m.data().begin(), m.data().end());
     for (size_t i = 0; i < job->mask.size(); ++i) {
       if (job->mask[i] > 1) {
@@ -172,11 +151,11 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
                        absl::StrCat(i, " was ", job->mask[i]));
       }
     }
-    f.mask.data = job->mask.data();
-    f.mask.batch_stride = strides[0];
-    f.mask.head_stride = strides[1];
-    f.mask.row_stride = strides[2];
-    f.mask.col_stride = strides[3];
+    auto view = kernels::BroadcastMask(job->mask.data(),
+                                       absl::MakeConstSpan(m.shape().data(), m.shape_size()), b,
+                                       h, lq, lk);
+    if (!view.ok()) return Invalid("options.", view.status().message());
+    f.mask = *view;
   }
 
   if (options.key_lengths_size() != 0) {

@@ -1,0 +1,168 @@
+// The reference path against the PyTorch seed vectors and against cases small enough to work
+// out by hand.
+#include "kernels/reference.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/mask.h"
+#include "tests/testing/seed_vectors.h"
+
+namespace attnserve::kernels {
+namespace {
+
+using testing::LoadSeedCase;
+using testing::MaxAbsDiff;
+
+class SeedVectorTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(SeedVectorTest, ReferenceMultiHeadReproducesPyTorch) {
+  auto c = LoadSeedCase(GetParam());
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<float> out(c->expected_output.size()), weights(c->expected_weights.size());
+  ReferenceMultiHead(testing::SeedParams(*c, out.data(), weights.data()));
+  EXPECT_LE(MaxAbsDiff(out, c->expected_output), 1e-5);
+  EXPECT_LE(MaxAbsDiff(weights, c->expected_weights), 1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllCases, SeedVectorTest, ::testing::ValuesIn(testing::SeedCaseNames()));
+
+TEST(SeedVectorTest, BlockedRowsCaseHasAFullyBlockedRowThatAttendsUniformly) {
+  auto c = LoadSeedCase("blocked_rows");
+  ASSERT_TRUE(c.ok());
+  std::vector<float> out(c->expected_output.size()), weights(c->expected_weights.size());
+  ReferenceMultiHead(testing::SeedParams(*c, out.data(), weights.data()));
+  for (int j = 0; j < c->kv_len; ++j) {
+    EXPECT_NEAR(weights[j], 1.0 / c->kv_len, 1e-7);  // batch 0, head 0, query row 0
+  }
+}
+
+// A dense problem over owned buffers, q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D].
+struct Problem {
+  std::vector<float> q, k, v, out, weights;
+  AttentionParams p;
+  Problem(int b, int hq, int hkv, int lq, int lk, int d) {
+    auto fill = [](std::vector<float>* x, size_t n, float seed) {
+      x->resize(n);
+      for (size_t i = 0; i < n; ++i) (*x)[i] = std::sin(seed + 0.7f * static_cast<float>(i));
+    };
+    fill(&q, size_t(b) * hq * lq * d, 0.1f);
+    fill(&k, size_t(b) * hkv * lk * d, 1.3f);
+    fill(&v, size_t(b) * hkv * lk * d, 2.9f);
+    out.resize(size_t(b) * hq * lq * d);
+    weights.resize(size_t(b) * hq * lq * lk);
+    p.batch = b;
+    p.num_heads = hq;
+    p.num_kv_heads = hkv;
+    p.q_len = lq;
+    p.kv_len = lk;
+    p.head_dim = p.v_head_dim = d;
+    p.q = {q.data(), int64_t(hq) * lq * d, int64_t(lq) * d, d};
+    p.k = {k.data(), int64_t(hkv) * lk * d, int64_t(lk) * d, d};
+    p.v = {v.data(), int64_t(hkv) * lk * d, int64_t(lk) * d, d};
+    p.out = {out.data(), int64_t(hq) * lq * d, int64_t(lq) * d, d};
+    p.weights = weights.data();
+    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  }
+  const float* v_row(int b, int h, int j) const { return p.v.row(b, h, j); }
+};
+
+TEST(ReferenceAttentionTest, SingleKeyReturnsItsValue) {
+  Problem pr(1, 1, 1, 3, 1, 4);
+  ReferenceAttention(pr.p);
+  for (int i = 0; i < 3; ++i) {
+    for (int d = 0; d < 4; ++d) EXPECT_FLOAT_EQ(pr.out[i * 4 + d], pr.v[d]);
+    EXPECT_EQ(pr.weights[i], 1.0f);
+  }
+}
+
+TEST(ReferenceAttentionTest, SoftmaxMatchesHandComputation) {
+  Problem pr(1, 1, 1, 1, 2, 1);
+  pr.q = {2.0f};
+  pr.k = {1.0f, -1.0f};
+  pr.v = {10.0f, 20.0f};
+  pr.p.scale = 0.5f;
+  ReferenceAttention(pr.p);
+  // scores 1 and -1: weights e/(e + 1/e) and 1/e/(e + 1/e).
+  const double w0 = std::exp(1.0) / (std::exp(1.0) + std::exp(-1.0));
+  EXPECT_NEAR(pr.weights[0], w0, 1e-7);
+  EXPECT_NEAR(pr.weights[1], 1 - w0, 1e-7);
+  EXPECT_NEAR(pr.out[0], 10 * w0 + 20 * (1 - w0), 1e-5);
+}
+
+TEST(ReferenceAttentionTest, FullyBlockedRowAttendsUniformlyToAllKeys) {
+  Problem pr(1, 1, 1, 2, 3, 2);
+  std::vector<uint8_t> mask = {0, 0, 0, 1, 0, 1};  // row 0 fully blocked
+  pr.p.mask = BroadcastMask(mask.data(), {2, 3}, 1, 1, 2, 3).value();
+  ReferenceAttention(pr.p);
+  for (int d = 0; d < 2; ++d) {
+    const double mean = (pr.v[d] + pr.v[2 + d] + pr.v[4 + d]) / 3.0;
+    EXPECT_NEAR(pr.out[d], mean, 1e-6);
+  }
+  EXPECT_EQ(pr.weights[3 + 1], 0.0f);  // row 1, blocked key 1: exactly 0
+  EXPECT_NEAR(pr.weights[3 + 0] + pr.weights[3 + 2], 1.0, 1e-7);
+}
+
+TEST(ReferenceAttentionTest, CausalIsBottomRightAligned) {
+  // Lq 2, Lk 4: query 0 may see keys 0..2, query 1 keys 0..3.
+  Problem pr(1, 1, 1, 2, 4, 3);
+  pr.p.causal = true;
+  ReferenceAttention(pr.p);
+  EXPECT_EQ(pr.weights[3], 0.0f);
+  EXPECT_GT(pr.weights[2], 0.0f);
+  EXPECT_GT(pr.weights[4 + 3], 0.0f);
+  // Lq 3 > Lk 2: query 0 sees no key (j <= 0 + 2 - 3 = -1) and attends uniformly.
+  Problem wide(1, 1, 1, 3, 2, 3);
+  wide.p.causal = true;
+  ReferenceAttention(wide.p);
+  EXPECT_FLOAT_EQ(wide.weights[0], 0.5f);
+  EXPECT_FLOAT_EQ(wide.weights[1], 0.5f);
+  EXPECT_EQ(wide.weights[2 + 1], 0.0f);  // query 1 sees key 0 only
+  EXPECT_FLOAT_EQ(wide.weights[2 + 0], 1.0f);
+}
+
+TEST(ReferenceAttentionTest, KeyLengthsBlockTrailingKeysAndZeroLengthIsUniform) {
+  Problem pr(2, 1, 1, 1, 3, 2);
+  std::vector<int32_t> lengths = {2, 0};
+  pr.p.key_lengths = lengths.data();
+  ReferenceAttention(pr.p);
+  EXPECT_EQ(pr.weights[2], 0.0f);
+  EXPECT_NEAR(pr.weights[0] + pr.weights[1], 1.0, 1e-7);
+  for (int j = 0; j < 3; ++j) EXPECT_FLOAT_EQ(pr.weights[3 + j], 1.0f / 3);
+}
+
+TEST(ReferenceAttentionTest, GroupedQueryHeadsShareKeyValueHeads) {
+  // 4 query heads over 2 kv heads equals 4 heads over the kv heads repeated [0, 0, 1, 1].
+  Problem gqa(1, 4, 2, 3, 5, 4);
+  ReferenceAttention(gqa.p);
+  Problem mha(1, 4, 4, 3, 5, 4);
+  mha.q = gqa.q;
+  for (int h = 0; h < 4; ++h) {
+    for (int n = 0; n < 5 * 4; ++n) {
+      mha.k[h * 20 + n] = gqa.k[(h / 2) * 20 + n];
+      mha.v[h * 20 + n] = gqa.v[(h / 2) * 20 + n];
+    }
+  }
+  ReferenceAttention(mha.p);
+  EXPECT_EQ(gqa.out, mha.out);
+  EXPECT_EQ(gqa.weights, mha.weights);
+}
+
+TEST(ReferenceAttentionTest, OptionsCombineWithAnd) {
+  Problem pr(1, 1, 1, 2, 4, 2);
+  std::vector<uint8_t> mask = {1, 0, 1, 1};  // key 1 blocked for every query
+  pr.p.mask = BroadcastMask(mask.data(), {4}, 1, 1, 2, 4).value();
+  pr.p.causal = true;  // query 0 sees keys 0..2, query 1 keys 0..3
+  std::vector<int32_t> lengths = {3};
+  pr.p.key_lengths = lengths.data();  // key 3 blocked
+  ReferenceAttention(pr.p);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(pr.weights[i * 4 + 1], 0.0f);
+    EXPECT_EQ(pr.weights[i * 4 + 3], 0.0f);
+    EXPECT_NEAR(pr.weights[i * 4 + 0] + pr.weights[i * 4 + 2], 1.0, 1e-7);
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::kernels

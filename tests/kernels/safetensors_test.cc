@@ -1,0 +1,132 @@
+#include "kernels/safetensors.h"
+
+#include <cstring>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/multi_head.h"
+
+namespace attnserve::kernels {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string File(const std::string& header, const std::string& data) {
+  std::string out(8, '\0');
+  uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
+  return out + header + data;
+}
+
+std::string Floats(std::initializer_list<float> values) {
+  std::string s(values.size() * 4, '\0');
+  size_t i = 0;
+  for (float v : values) std::memcpy(&s[4 * i++], &v, 4);
+  return s;
+}
+
+TEST(SafetensorsTest, ParsesTensorsAndMetadata) {
+  const std::string f = File(
+      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+      R"("__metadata__":{"num_heads":"4"}})",
+      Floats({1.5f, -2.0f}));
+  auto parsed = ParseSafetensors(f);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->metadata.at("num_heads"), "4");
+  auto a = parsed->Find("a");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ((*a)->shape, std::vector<int64_t>{2});
+  EXPECT_EQ((*a)->ToFloat32("a").value(), (std::vector<float>{1.5f, -2.0f}));
+  EXPECT_EQ(parsed->Find("b").status().code(), absl::StatusCode::kNotFound);
+}
+
+struct BadCase {
+  const char* name;
+  std::string file;
+  const char* expected;
+};
+
+TEST(SafetensorsTest, MalformedFilesAreRejectedWithClearErrors) {
+  const std::string one = Floats({1.0f});
+  const BadCase cases[] = {
+      {"too short", "abc", "at least 8 needed"},
+      {"header past end", File("{}", "").substr(0, 8) + "{", "exceeds the file"},
+      {"not json", File("{not json", ""), "not valid JSON"},
+      {"not object", File("[1,2]", ""), "not a JSON object"},
+      {"no dtype", File(R"({"a":{"shape":[1],"data_offsets":[0,4]}})", one), "no string 'dtype'"},
+      {"unknown dtype", File(R"({"a":{"dtype":"Q7","shape":[1],"data_offsets":[0,4]}})", one),
+       "unknown dtype Q7"},
+      {"negative dim", File(R"({"a":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", one),
+       "not a non-negative integer"},
+      {"overflowing shape",
+       File(R"({"a":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,4]}})", one),
+       "shape overflows"},
+      {"offsets past data", File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,8]}})", one),
+       "outside the data buffer"},
+      {"offsets reversed", File(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", one),
+       "outside the data buffer"},
+      {"size mismatch", File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,4]}})", one),
+       "need 8"},
+      {"bad metadata", File(R"({"__metadata__":{"k":1}})", ""), "is not a string"},
+  };
+  for (const BadCase& c : cases) {
+    auto parsed = ParseSafetensors(c.file);
+    ASSERT_FALSE(parsed.ok()) << c.name;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.expected)) << c.name;
+  }
+}
+
+// A module file with d_model 2, stacking each tensor after the previous one.
+std::string ModuleFile(int d, const std::string& metadata, const std::string& skip = "") {
+  std::string header = "{";
+  std::string data;
+  for (const char* p : {"W_q", "W_k", "W_v", "W_o"}) {
+    for (const char* kind : {"weight", "bias"}) {
+      const std::string name = std::string(p) + "." + kind;
+      if (name == skip) continue;
+      const bool weight = std::string(kind) == "weight";
+      const size_t n = weight ? d * d : d;
+      const size_t begin = data.size();
+      data += std::string(n * 4, '\0');
+      header += "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" +
+                (weight ? "[" + std::to_string(d) + "," + std::to_string(d) + "]"
+                        : "[" + std::to_string(d) + "]") +
+                ",\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(data.size()) +
+                "]},";
+    }
+  }
+  header += "\"__metadata__\":{" + metadata + "}}";
+  return File(header, data);
+}
+
+TEST(WeightsFromSafetensorsTest, ReadsNumHeadsFromArgumentOrMetadata) {
+  const std::string f = ModuleFile(4, R"("num_heads":"2")");
+  auto parsed = ParseSafetensors(f);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  auto w = WeightsFromSafetensors(*parsed, 0);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->d_model, 4);
+  EXPECT_EQ(w->num_heads, 2);
+  EXPECT_EQ(WeightsFromSafetensors(*parsed, 4).value().num_heads, 4);
+}
+
+TEST(WeightsFromSafetensorsTest, RejectsMissingTensorsAndBadHeads) {
+  auto missing = ParseSafetensors(ModuleFile(4, R"("num_heads":"2")", "W_v.bias"));
+  ASSERT_TRUE(missing.ok());
+  EXPECT_THAT(WeightsFromSafetensors(*missing, 0).status().message(), HasSubstr("W_v.bias"));
+
+  auto f = ParseSafetensors(ModuleFile(4, R"("num_heads":"3")"));
+  ASSERT_TRUE(f.ok());
+  auto bad = WeightsFromSafetensors(*f, 0);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("divisible"));
+
+  auto none = ParseSafetensors(ModuleFile(4, ""));
+  ASSERT_TRUE(none.ok());
+  EXPECT_THAT(WeightsFromSafetensors(*none, 0).status().message(), HasSubstr("num_heads"));
+}
+
+}  // namespace
+}  // namespace attnserve::kernels

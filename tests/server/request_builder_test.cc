@@ -1,0 +1,68 @@
+#include "server/request_builder.h"
+
+#include <vector>
+
+#include "client/client.h"
+#include "gtest/gtest.h"
+
+namespace attnserve::server {
+namespace {
+
+TEST(RequestBuilderTest, AttendJobDescribesTheRequest) {
+  v1::AttendRequest r;
+  *r.mutable_query() = MakeTensor(v1::DTYPE_BFLOAT16, {2, 4, 3, 8}, std::vector<float>(192, 1));
+  *r.mutable_key() = MakeTensor(v1::DTYPE_BFLOAT16, {2, 2, 5, 8}, std::vector<float>(160, 1));
+  *r.mutable_value() = MakeTensor(v1::DTYPE_BFLOAT16, {2, 2, 5, 6}, std::vector<float>(120, 1));
+  r.mutable_options()->set_return_weights(true);
+  r.mutable_options()->add_key_lengths(5);
+  r.mutable_options()->add_key_lengths(0);
+  auto job = BuildAttendJob(r, Limits());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const kernels::AttentionParams& p = (*job)->attend;
+  EXPECT_EQ(p.group_size(), 2);
+  EXPECT_EQ(p.v_head_dim, 6);
+  EXPECT_EQ(p.q.batch_stride, 4 * 3 * 8);
+  EXPECT_EQ(p.v.head_stride, 5 * 6);
+  EXPECT_EQ(p.key_lengths[1], 0);
+  EXPECT_FLOAT_EQ(p.scale, 1.0f / std::sqrt(8.0f));
+  EXPECT_NE(p.weights, nullptr);
+  EXPECT_EQ((*job)->tokens, 2 * 3);
+  EXPECT_EQ((*job)->out_shape, (std::vector<int64_t>{2, 4, 3, 6}));
+  EXPECT_EQ((*job)->weights_shape, (std::vector<int64_t>{2, 4, 3, 5}));
+  EXPECT_EQ((*job)->dtype, kernels::DType::kBFloat16);
+}
+
+TEST(RequestBuilderTest, SignatureSeparatesKernelChangingShapes) {
+  auto make = [](int64_t d, v1::DType dtype) {
+    v1::AttendRequest r;
+    *r.mutable_query() = MakeTensor(dtype, {1, 1, 2, d}, std::vector<float>(2 * d, 1));
+    *r.mutable_key() = MakeTensor(dtype, {1, 1, 3, d}, std::vector<float>(3 * d, 1));
+    *r.mutable_value() = MakeTensor(dtype, {1, 1, 3, d}, std::vector<float>(3 * d, 1));
+    return BuildAttendJob(r, Limits()).value()->signature;
+  };
+  EXPECT_EQ(make(8, v1::DTYPE_FLOAT32), make(8, v1::DTYPE_FLOAT32));
+  EXPECT_NE(make(8, v1::DTYPE_FLOAT32), make(16, v1::DTYPE_FLOAT32));
+  EXPECT_NE(make(8, v1::DTYPE_FLOAT32), make(8, v1::DTYPE_FLOAT16));
+}
+
+TEST(RequestBuilderTest, MultiHeadWithoutKeyAndValueIsSelfAttention) {
+  ModuleRegistry modules;
+  ASSERT_TRUE(modules.Add(DemoModule(), false).ok());
+  v1::MultiHeadAttentionRequest r;
+  r.set_module("demo");
+  *r.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {3, 7, 64}, std::vector<float>(3 * 7 * 64));
+  auto job = BuildMultiHeadJob(r, modules, Limits());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const kernels::MultiHeadParams& p = (*job)->multi_head;
+  EXPECT_TRUE(p.self_attention);
+  EXPECT_EQ(p.key, p.query);
+  EXPECT_EQ(p.kv_len, 7);
+  EXPECT_FLOAT_EQ(p.scale, 1.0f / 4);  // d_k = 64 / 4 = 16
+  EXPECT_EQ((*job)->tokens, 21);
+  // A module unloaded while the job waits stays alive through the job's reference.
+  ASSERT_TRUE(modules.Remove("demo").ok());
+  EXPECT_EQ(p.module->d_model, 64);
+}
+
+}  // namespace
+}  // namespace attnserve::server

@@ -1,0 +1,428 @@
+// An in-process server (the same ServerHost main() runs) called through attnserve::Client.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "gtest/gtest.h"
+#include "kernels/reference.h"
+#include "server/server_host.h"
+#include "tests/testing/seed_vectors.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist;
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(server::ServerOptions options = {}) {
+    options.listen_address = "127.0.0.1:0";
+    auto host = server::ServerHost::Start(options);
+    ASSERT_TRUE(host.ok()) << host.status();
+    host_ = *std::move(host);
+    auto client = Client::Create("127.0.0.1:" + std::to_string(host_->port()));
+    ASSERT_TRUE(client.ok());
+    client_ = *std::move(client);
+  }
+  void SetUp() override { StartServer(); }
+
+  // The grpc.health.v1 status of the whole server: 1 = SERVING, 2 = NOT_SERVING.
+  int HealthStatus() {
+    grpc::GenericStub stub(client_->channel().shared_from_this());
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    grpc::ByteBuffer request, response;  // empty HealthCheckRequest: service ""
+    grpc::Slice empty("");
+    request = grpc::ByteBuffer(&empty, 1);
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+    grpc::Status status;
+    stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                   &response, [&](grpc::Status s) {
+                     std::lock_guard<std::mutex> lock(mu);
+                     status = s;
+                     done = true;
+                     cv.notify_one();
+                   });
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+    if (!status.ok()) return -1;
+    std::vector<grpc::Slice> slices;
+    EXPECT_TRUE(response.Dump(&slices).ok());
+    std::string bytes;
+    for (auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    // HealthCheckResponse { ServingStatus status = 1; } -> bytes 0x08 <status>
+    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
+  }
+
+  std::unique_ptr<server::ServerHost> host_;
+  std::unique_ptr<Client> client_;
+};
+
+// A request, and the float64 reference of what it should return.
+struct AttendCase {
+  v1::AttendRequest request;
+  kernels::Reference64 expected;
+};
+
+AttendCase MakeAttendCase(v1::DType dtype, int b, int hq, int hkv, int lq, int lk, int d, int dv,
+                          bool causal, bool weights) {
+  AttendCase c;
+  std::vector<float> q = Random(size_t(b) * hq * lq * d, 1);
+  std::vector<float> k = Random(size_t(b) * hkv * lk * d, 2);
+  std::vector<float> v = Random(size_t(b) * hkv * lk * dv, 3);
+  *c.request.mutable_query() = MakeTensor(dtype, {b, hq, lq, d}, q);
+  *c.request.mutable_key() = MakeTensor(dtype, {b, hkv, lk, d}, k);
+  *c.request.mutable_value() = MakeTensor(dtype, {b, hkv, lk, dv}, v);
+  c.request.mutable_options()->set_causal(causal);
+  c.request.mutable_options()->set_return_weights(weights);
+  // The server computes on the values as the wire carries them (rounded to dtype).
+  q = TensorToFloats(c.request.query()).value();
+  k = TensorToFloats(c.request.key()).value();
+  v = TensorToFloats(c.request.value()).value();
+  kernels::AttentionParams p;
+  p.batch = b;
+  p.num_heads = hq;
+  p.num_kv_heads = hkv;
+  p.q_len = lq;
+  p.kv_len = lk;
+  p.head_dim = d;
+  p.v_head_dim = dv;
+  p.q = {q.data(), int64_t(hq) * lq * d, int64_t(lq) * d, d};
+  p.k = {k.data(), int64_t(hkv) * lk * d, int64_t(lk) * d, d};
+  p.v = {v.data(), int64_t(hkv) * lk * dv, int64_t(lk) * dv, dv};
+  p.causal = causal;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+  c.expected = kernels::ReferenceAttention64(p);
+  return c;
+}
+
+double MaxAbsError(const std::vector<float>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) return INFINITY;
+  double m = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i])) return INFINITY;
+    m = std::max(m, std::fabs(got[i] - want[i]));
+  }
+  return m;
+}
+
+TEST_F(ServiceTest, AttendMatchesTheFloat64Reference) {
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, 2, 4, 2, 7, 9, 16, 8, true, true);
+  auto response = client_->Attend(c.request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->output().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_THAT(response->output().shape(), ::testing::ElementsAre(2, 4, 7, 8));
+  EXPECT_THAT(response->weights().shape(), ::testing::ElementsAre(2, 4, 7, 9));
+  EXPECT_LE(MaxAbsError(TensorToFloats(response->output()).value(), c.expected.out), 1e-5);
+  EXPECT_LE(MaxAbsError(TensorToFloats(response->weights()).value(), c.expected.weights), 1e-6);
+  const v1::Timing& t = response->timing();
+  EXPECT_EQ(t.batch_size(), 1);
+  EXPECT_FALSE(t.backend().empty());
+  EXPECT_GE(t.server_us(), t.queued_us() + t.compute_us());
+}
+
+TEST_F(ServiceTest, HalfPrecisionRequestsAnswerInTheirOwnDType) {
+  for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+    AttendCase c = MakeAttendCase(dtype, 1, 2, 2, 5, 6, 8, 8, false, false);
+    auto response = client_->Attend(c.request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->output().dtype(), dtype);
+    EXPECT_FALSE(response->has_weights());
+    // Outputs are |x| < 4 here; one rounding to the output dtype is the only error.
+    const double ulp = dtype == v1::DTYPE_FLOAT16 ? 4.0 / 1024 : 4.0 / 128;
+    EXPECT_LE(MaxAbsError(TensorToFloats(response->output()).value(), c.expected.out), ulp / 2);
+  }
+}
+
+TEST_F(ServiceTest, SeedVectorsRoundTripThroughLoadModuleAndMultiHeadAttention) {
+  for (const std::string& name : testing::SeedCaseNames()) {
+    SCOPED_TRACE(name);
+    auto c = testing::LoadSeedCase(name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    v1::LoadModuleRequest load;
+    load.set_name("seed-" + name);
+    load.set_safetensors(c->bytes);
+    auto loaded = client_->LoadModule(load);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->module().d_model(), c->weights.d_model);
+    EXPECT_EQ(loaded->module().num_heads(), c->weights.num_heads);
+    EXPECT_EQ(loaded->module().source(), "rpc");
+
+    v1::MultiHeadAttentionRequest request;
+    request.set_module("seed-" + name);
+    *request.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, c->query_shape, c->query);
+    if (!c->self_attention) {
+      *request.mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, c->key_shape, c->key);
+      *request.mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, c->key_shape, c->value);
+    }
+    if (!c->mask.empty()) {
+      *request.mutable_options()->mutable_mask() = MakeMask(c->mask_shape, c->mask);
+    }
+    request.mutable_options()->set_return_weights(true);
+    auto response = client_->MultiHeadAttention(request);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_LE(testing::MaxAbsDiff(TensorToFloats(response->output()).value(),
+                                  c->expected_output),
+              1e-5);
+    EXPECT_LE(testing::MaxAbsDiff(TensorToFloats(response->weights()).value(),
+                                  c->expected_weights),
+              1e-5);
+  }
+}
+
+TEST_F(ServiceTest, ModulesCanBeListedReplacedAndUnloaded) {
+  auto list = client_->ListModules();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->modules_size(), 1);
+  EXPECT_EQ(list->modules(0).name(), "demo");
+  EXPECT_EQ(list->modules(0).source(), "builtin");
+
+  auto c = testing::LoadSeedCase("cross_padding");
+  ASSERT_TRUE(c.ok());
+  v1::LoadModuleRequest load;
+  load.set_name("m");
+  load.set_safetensors(c->bytes);
+  ASSERT_TRUE(client_->LoadModule(load).ok());
+  EXPECT_EQ(client_->LoadModule(load).status().code(), absl::StatusCode::kAlreadyExists);
+  load.set_replace(true);
+  load.set_num_heads(2);  // overrides the metadata's 4
+  auto replaced = client_->LoadModule(load);
+  ASSERT_TRUE(replaced.ok());
+  EXPECT_EQ(replaced->module().num_heads(), 2);
+  EXPECT_EQ(client_->ListModules()->modules_size(), 2);
+
+  v1::UnloadModuleRequest unload;
+  unload.set_name("m");
+  EXPECT_TRUE(client_->UnloadModule(unload).ok());
+  EXPECT_EQ(client_->UnloadModule(unload).status().code(), absl::StatusCode::kNotFound);
+  v1::MultiHeadAttentionRequest request;
+  request.set_module("m");
+  *request.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 64}, Random(64, 1));
+  auto gone = client_->MultiHeadAttention(request);
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.status().message(), HasSubstr("'m'"));
+}
+
+TEST_F(ServiceTest, ServerInfoDescribesBackendLimitsAndVersion) {
+  auto info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->version().empty());
+  ASSERT_GE(info->backends_size(), 1);
+  int active = 0;
+  for (const auto& b : info->backends()) active += b.active() ? 1 : 0;
+  EXPECT_EQ(active, 1);
+  EXPECT_EQ(info->limits().max_head_dim(), 256);
+  EXPECT_FALSE(info->float32_precision().empty());
+}
+
+TEST_F(ServiceTest, HealthIsServingUntilShutdown) {
+  EXPECT_EQ(HealthStatus(), 1);
+  host_->Shutdown(absl::Seconds(1));
+  EXPECT_NE(HealthStatus(), 1);
+}
+
+TEST_F(ServiceTest, ModuleRpcsCanBeSwitchedOff) {
+  server::ServerOptions options;
+  options.allow_module_rpc = false;
+  host_.reset();
+  StartServer(options);
+  v1::LoadModuleRequest load;
+  load.set_name("x");
+  auto status = client_->LoadModule(load).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(status.message(), HasSubstr("--allow_module_rpc"));
+  v1::UnloadModuleRequest unload;
+  unload.set_name("demo");
+  EXPECT_EQ(client_->UnloadModule(unload).status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+// --- Malformed requests: each gets INVALID_ARGUMENT naming the problem; the server keeps
+// serving.
+
+struct Malformed {
+  const char* name;
+  std::function<void(v1::AttendRequest*)> mutate;
+  absl::StatusCode code;
+  const char* message;
+};
+
+v1::AttendRequest ValidAttend() {
+  return MakeAttendCase(v1::DTYPE_FLOAT32, 2, 4, 2, 3, 5, 8, 8, false, false).request;
+}
+
+TEST_F(ServiceTest, MalformedAttendRequestsGetClearErrors) {
+  using absl::StatusCode;
+  const Malformed cases[] = {
+      {"missing key", [](auto* r) { r->clear_key(); }, StatusCode::kInvalidArgument,
+       "key is required"},
+      {"dtype unspecified", [](auto* r) { r->mutable_query()->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       StatusCode::kInvalidArgument, "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_UNSPECIFIED"},
+      {"dtype unknown number", [](auto* r) { r->mutable_query()->set_dtype(static_cast<v1::DType>(42)); },
+       StatusCode::kInvalidArgument, "was 42"},
+      {"bool query", [](auto* r) { r->mutable_query()->set_dtype(v1::DTYPE_BOOL); },
+       StatusCode::kInvalidArgument, "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_BOOL"},
+      {"mixed dtypes", [](auto* r) { *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT16, {2, 2, 5, 8}, std::vector<float>(160)); },
+       StatusCode::kInvalidArgument, "key.dtype must equal query.dtype (DTYPE_FLOAT32); was DTYPE_FLOAT16"},
+      {"wrong byte count", [](auto* r) { r->mutable_query()->mutable_data()->pop_back(); },
+       StatusCode::kInvalidArgument, "query.data must hold 768 bytes"},
+      {"rank 3", [](auto* r) { r->mutable_query()->mutable_shape()->RemoveLast(); },
+       StatusCode::kInvalidArgument, "query.shape must have 4 dimensions; was [2, 4, 3]"},
+      {"zero dim", [](auto* r) { r->mutable_key()->set_shape(2, 0); },
+       StatusCode::kInvalidArgument, "key.shape[2] must be >= 1; was 0"},
+      {"negative dim", [](auto* r) { r->mutable_value()->set_shape(3, -8); },
+       StatusCode::kInvalidArgument, "value.shape[3] must be >= 1; was -8"},
+      {"overflowing dims", [](auto* r) { r->mutable_query()->set_shape(0, int64_t{1} << 62); },
+       StatusCode::kResourceExhausted, "more than the limit"},
+      {"batch mismatch", [](auto* r) { r->mutable_key()->set_shape(0, 1); r->mutable_key()->mutable_data()->resize(320); },
+       StatusCode::kInvalidArgument, "key.shape[0] must equal query.shape[0] (2); was 1"},
+      {"head dim mismatch", [](auto* r) { *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {2, 2, 5, 4}, std::vector<float>(80)); },
+       StatusCode::kInvalidArgument, "key.shape[3] must equal query.shape[3] (8); was 4"},
+      {"k/v length mismatch", [](auto* r) { *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {2, 2, 6, 8}, std::vector<float>(192)); },
+       StatusCode::kInvalidArgument, "value.shape[2] must equal key.shape[2] (5); was 6"},
+      {"Hq not a multiple of Hkv", [](auto* r) {
+         *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {2, 3, 5, 8}, std::vector<float>(240));
+         *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {2, 3, 5, 8}, std::vector<float>(240)); },
+       StatusCode::kInvalidArgument, "query.shape[1] (Hq = 4) must be a multiple of key.shape[1] (Hkv = 3)"},
+      {"mask not broadcastable", [](auto* r) { *r->mutable_options()->mutable_mask() = MakeMask({2, 1, 1, 4}, std::vector<uint8_t>(8, 1)); },
+       StatusCode::kInvalidArgument, "options.mask shape [2, 1, 1, 4] is not broadcastable to [B, H, Lq, Lk] = [2, 4, 3, 5]"},
+      {"mask not bool", [](auto* r) { *r->mutable_options()->mutable_mask() = MakeTensor(v1::DTYPE_FLOAT32, {5}, std::vector<float>(5, 1)); },
+       StatusCode::kInvalidArgument, "options.mask.dtype must be BOOL; was DTYPE_FLOAT32"},
+      {"mask value 2", [](auto* r) { v1::Tensor m = MakeMask({5}, {1, 1, 1, 1, 1}); (*m.mutable_data())[3] = 2; *r->mutable_options()->mutable_mask() = m; },
+       StatusCode::kInvalidArgument, "element 3 was 2"},
+      {"key_lengths count", [](auto* r) { r->mutable_options()->add_key_lengths(5); },
+       StatusCode::kInvalidArgument, "options.key_lengths must be empty or hold B (2) entries; had 1"},
+      {"key_lengths range", [](auto* r) { r->mutable_options()->add_key_lengths(5); r->mutable_options()->add_key_lengths(6); },
+       StatusCode::kInvalidArgument, "options.key_lengths[1] must be in [0, Lk = 5]; was 6"},
+      {"scale NaN", [](auto* r) { r->mutable_options()->set_scale(std::nanf("")); },
+       StatusCode::kInvalidArgument, "options.scale must be finite; was nan"},
+      {"head dim over 256", [](auto* r) {
+         *r->mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300));
+         *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300));
+         *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300)); },
+       StatusCode::kInvalidArgument, "query.shape[3] (head dim D) is 300; the kernels support head dimensions up to 256"},
+  };
+  ASSERT_GE(std::size(cases), 15u);
+  for (const Malformed& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::AttendRequest request = ValidAttend();
+    c.mutate(&request);
+    auto response = client_->Attend(request);
+    ASSERT_FALSE(response.ok());
+    EXPECT_EQ(response.status().code(), c.code) << response.status();
+    EXPECT_THAT(response.status().message(), HasSubstr(c.message));
+  }
+  // Still serving.
+  EXPECT_TRUE(client_->Attend(ValidAttend()).ok());
+}
+
+TEST_F(ServiceTest, MalformedMultiHeadRequestsGetClearErrors) {
+  auto request = [](const std::string& module, std::vector<int64_t> shape) {
+    v1::MultiHeadAttentionRequest r;
+    r.set_module(module);
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    *r.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, shape, std::vector<float>(n, 0.5f));
+    return r;
+  };
+  auto unknown = client_->MultiHeadAttention(request("nope", {1, 2, 64}));
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.status().message(), HasSubstr("module: no module 'nope'"));
+
+  auto bad_name = client_->MultiHeadAttention(request("a b", {1, 2, 64}));
+  EXPECT_EQ(bad_name.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad_name.status().message(), HasSubstr("module may hold only"));
+
+  auto width = client_->MultiHeadAttention(request("demo", {1, 2, 32}));
+  EXPECT_EQ(width.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(width.status().message(),
+              HasSubstr("query.shape[2] must equal the d_model of module 'demo' (64); was 32"));
+
+  v1::MultiHeadAttentionRequest key_only = request("demo", {1, 2, 64});
+  *key_only.mutable_key() = key_only.query();
+  auto half = client_->MultiHeadAttention(key_only);
+  EXPECT_EQ(half.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(half.status().message(), HasSubstr("value is required when key is given"));
+
+  v1::MultiHeadAttentionRequest mask = request("demo", {1, 2, 64});
+  *mask.mutable_options()->mutable_mask() = MakeMask({3, 2}, std::vector<uint8_t>(6, 1));
+  auto bad_mask = client_->MultiHeadAttention(mask);
+  EXPECT_THAT(bad_mask.status().message(), HasSubstr("[B, H, Lq, Lk] = [1, 4, 2, 2]"));
+
+  EXPECT_TRUE(client_->MultiHeadAttention(request("demo", {1, 2, 64})).ok());
+}
+
+TEST_F(ServiceTest, MalformedLoadModuleRequestsGetClearErrors) {
+  v1::LoadModuleRequest load;
+  load.set_name("");
+  EXPECT_THAT(client_->LoadModule(load).status().message(), HasSubstr("name must be 1 to 128"));
+  load.set_name("ok");
+  load.set_safetensors("garbage!!");
+  auto garbage = client_->LoadModule(load);
+  EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(garbage.status().message(), HasSubstr("safetensors"));
+}
+
+TEST_F(ServiceTest, LimitsAnswerResourceExhausted) {
+  server::ServerOptions options;
+  options.limits.max_sequence_length = 4;
+  options.limits.max_tensor_elements = 1000;
+  host_.reset();
+  StartServer(options);
+  AttendCase long_seq = MakeAttendCase(v1::DTYPE_FLOAT32, 1, 1, 1, 5, 2, 4, 4, false, false);
+  auto r1 = client_->Attend(long_seq.request);
+  EXPECT_EQ(r1.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r1.status().message(), HasSubstr("query.shape[2] (Lq) is 5; the server's limit "
+                                               "(--max_sequence_length) is 4"));
+  AttendCase big = MakeAttendCase(v1::DTYPE_FLOAT32, 20, 1, 1, 4, 4, 16, 16, false, false);
+  auto r2 = client_->Attend(big.request);
+  EXPECT_EQ(r2.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(r2.status().message(), HasSubstr("--max_tensor_elements"));
+}
+
+TEST(ParseModuleSpecTest, ParsesNamePathAndHeads) {
+  auto a = server::ParseModuleSpec("bert=/m/bert.safetensors:12");
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(a->name, "bert");
+  EXPECT_EQ(a->path, "/m/bert.safetensors");
+  EXPECT_EQ(a->num_heads, 12);
+  auto b = server::ParseModuleSpec("x=/a:b/c.safetensors");
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->path, "/a:b/c.safetensors");
+  EXPECT_EQ(b->num_heads, 0);
+  EXPECT_FALSE(server::ParseModuleSpec("no-equals").ok());
+  EXPECT_FALSE(server::ParseModuleSpec("bad name=/x").ok());
+}
+
+TEST(ServerHostTest, StartupModulesLoadFromFilesAndBadFilesFailStartup) {
+  server::ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.modules.push_back(
+      {"causal", testing::SeedVectorsDir() + "/causal.safetensors", 0});
+  auto host = server::ServerHost::Start(options);
+  ASSERT_TRUE(host.ok()) << host.status();
+  auto m = (*host)->modules().Get("causal");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ((*m)->weights.num_heads, 8);
+  EXPECT_EQ((*m)->source, "file:" + testing::SeedVectorsDir() + "/causal.safetensors");
+
+  options.modules = {{"x", "/nonexistent.safetensors", 0}};
+  auto bad = server::ServerHost::Start(options);
+  EXPECT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("/nonexistent.safetensors"));
+}
+
+}  // namespace
+}  // namespace attnserve
