@@ -77,7 +77,7 @@ void PrintTensor(const char* name, const v1::Tensor& t) {
     head.push_back(absl::StrCat((*values)[i]));
   }
   std::printf("%s: %s [%s]  mean %.6g  max|x| %.6g  first [%s ...]\n", name,
-              v1::DType_Name(t.dtype()).c_str(), absl::StrJoin(t.shape(), ", ").c_str(),
+              v1::Dtype_Name(t.dtype()).c_str(), absl::StrJoin(t.shape(), ", ").c_str(),
               values->empty() ? 0.0 : sum / values->size(), abs_max,
               absl::StrJoin(head, ", ").c_str());
 }
@@ -88,7 +88,7 @@ void PrintTiming(const v1::Timing& t) {
               static_cast<long long>(t.server_us()), t.batch_size(), t.backend().c_str());
 }
 
-absl::StatusOr<v1::DType> ParseDType(const std::string& s) {
+absl::StatusOr<v1::Dtype> ParseDType(const std::string& s) {
   if (s == "float32") return v1::DTYPE_FLOAT32;
   if (s == "float16") return v1::DTYPE_FLOAT16;
   if (s == "bfloat16") return v1::DTYPE_BFLOAT16;

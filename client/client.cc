@@ -15,7 +15,7 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-absl::StatusOr<kernels::DType> FloatDType(v1::DType t) {
+absl::StatusOr<kernels::DType> FloatDType(v1::Dtype t) {
   switch (t) {
     case v1::DTYPE_FLOAT32: return kernels::DType::kFloat32;
     case v1::DTYPE_FLOAT16: return kernels::DType::kFloat16;
@@ -23,7 +23,7 @@ absl::StatusOr<kernels::DType> FloatDType(v1::DType t) {
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("tensor dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ",
-                       v1::DType_Name(t)));
+                       v1::Dtype_Name(t)));
   }
 }
 
@@ -85,7 +85,7 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Duration t
   return response;
 }
 
-v1::Tensor MakeTensor(v1::DType dtype, const std::vector<int64_t>& shape,
+v1::Tensor MakeTensor(v1::Dtype dtype, const std::vector<int64_t>& shape,
                       const std::vector<float>& values) {
   v1::Tensor t;
   t.set_dtype(dtype);

@@ -69,7 +69,7 @@ class Client {
 
 // Packs float values into a tensor of `dtype` (FLOAT32, FLOAT16 or BFLOAT16; rounded to
 // nearest even). REQUIRES values.size() == product(shape).
-v1::Tensor MakeTensor(v1::DType dtype, const std::vector<int64_t>& shape,
+v1::Tensor MakeTensor(v1::Dtype dtype, const std::vector<int64_t>& shape,
                       const std::vector<float>& values);
 // A BOOL mask tensor; nonzero values become 1.
 v1::Tensor MakeMask(const std::vector<int64_t>& shape, const std::vector<uint8_t>& values);

@@ -21,7 +21,7 @@ absl::Status Invalid(const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat(args...));
 }
 
-absl::StatusOr<DType> WireDType(v1::DType t) {
+absl::StatusOr<DType> WireDType(v1::Dtype t) {
   switch (t) {
     case v1::DTYPE_FLOAT32: return DType::kFloat32;
     case v1::DTYPE_FLOAT16: return DType::kFloat16;
@@ -31,7 +31,7 @@ absl::StatusOr<DType> WireDType(v1::DType t) {
   }
 }
 
-v1::DType ProtoDType(DType t) {
+v1::Dtype ProtoDType(DType t) {
   switch (t) {
     case DType::kFloat32: return v1::DTYPE_FLOAT32;
     case DType::kFloat16: return v1::DTYPE_FLOAT16;
@@ -39,6 +39,12 @@ v1::DType ProtoDType(DType t) {
     case DType::kBool: return v1::DTYPE_BOOL;
   }
   return v1::DTYPE_UNSPECIFIED;
+}
+
+// The enum name, or the number for values this server does not know.
+std::string DtypeString(v1::Dtype t) {
+  const std::string& name = v1::Dtype_Name(t);
+  return name.empty() ? absl::StrCat(static_cast<int>(t)) : name;
 }
 
 // Checks a tensor's rank, dims (>= 1, no overflow, element limit) and byte count, and returns
@@ -65,8 +71,7 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& t, absl::string_view field
   auto dtype = WireDType(t.dtype());
   if (!dtype.ok()) {
     return Invalid(field, ".dtype must be FLOAT32, FLOAT16, BFLOAT16 or BOOL; was ",
-                   v1::DType_Name(t.dtype()).empty() ? absl::StrCat(static_cast<int>(t.dtype()))
-                                                     : v1::DType_Name(t.dtype()));
+                   DtypeString(t.dtype()));
   }
   const int64_t want = n * static_cast<int64_t>(kernels::DTypeSize(*dtype));
   if (static_cast<int64_t>(t.data().size()) != want) {
@@ -83,12 +88,11 @@ absl::Status CheckFloatDType(const v1::Tensor& t, absl::string_view field, const
   if (t.dtype() != v1::DTYPE_FLOAT32 && t.dtype() != v1::DTYPE_FLOAT16 &&
       t.dtype() != v1::DTYPE_BFLOAT16) {
     return Invalid(field, ".dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ",
-                   v1::DType_Name(t.dtype()).empty() ? absl::StrCat(static_cast<int>(t.dtype()))
-                                                     : v1::DType_Name(t.dtype()));
+                   DtypeString(t.dtype()));
   }
   if (like != nullptr && t.dtype() != like->dtype()) {
     return Invalid(field, ".dtype must equal ", like_field, ".dtype (",
-                   v1::DType_Name(like->dtype()), absl::StrCat("); was ", v1::DType_Name(t.dtype())));
+                   v1::Dtype_Name(like->dtype()), absl::StrCat("); was ", v1::Dtype_Name(t.dtype())));
   }
   return absl::OkStatus();
 }
@@ -139,8 +143,7 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
     const v1::Tensor& m = options.mask();
     if (m.dtype() != v1::DTYPE_BOOL) {
       return Invalid("options.mask.dtype must be BOOL; was ",
-                     v1::DType_Name(m.dtype()).empty() ? absl::StrCat(static_cast<int>(m.dtype()))
-                                                       : v1::DType_Name(m.dtype()));
+                     DtypeString(m.dtype()));
     }
     auto n = CheckTensor(m, "options.mask", m.shape_size() == 0 ? 1 : m.shape_size(), limits);
     if (!n.ok()) return n.status();

@@ -33,7 +33,7 @@ TEST(RequestBuilderTest, AttendJobDescribesTheRequest) {
 }
 
 TEST(RequestBuilderTest, SignatureSeparatesKernelChangingShapes) {
-  auto make = [](int64_t d, v1::DType dtype) {
+  auto make = [](int64_t d, v1::Dtype dtype) {
     v1::AttendRequest r;
     *r.mutable_query() = MakeTensor(dtype, {1, 1, 2, d}, std::vector<float>(2 * d, 1));
     *r.mutable_key() = MakeTensor(dtype, {1, 1, 3, d}, std::vector<float>(3 * d, 1));

@@ -77,7 +77,7 @@ struct AttendCase {
   kernels::Reference64 expected;
 };
 
-AttendCase MakeAttendCase(v1::DType dtype, int b, int hq, int hkv, int lq, int lk, int d, int dv,
+AttendCase MakeAttendCase(v1::Dtype dtype, int b, int hq, int hkv, int lq, int lk, int d, int dv,
                           bool causal, bool weights) {
   AttendCase c;
   std::vector<float> q = Random(size_t(b) * hq * lq * d, 1);
@@ -135,7 +135,7 @@ TEST_F(ServiceTest, AttendMatchesTheFloat64Reference) {
 }
 
 TEST_F(ServiceTest, HalfPrecisionRequestsAnswerInTheirOwnDType) {
-  for (v1::DType dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+  for (v1::Dtype dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
     AttendCase c = MakeAttendCase(dtype, 1, 2, 2, 5, 6, 8, 8, false, false);
     auto response = client_->Attend(c.request);
     ASSERT_TRUE(response.ok()) << response.status();
@@ -270,7 +270,7 @@ TEST_F(ServiceTest, MalformedAttendRequestsGetClearErrors) {
        "key is required"},
       {"dtype unspecified", [](auto* r) { r->mutable_query()->set_dtype(v1::DTYPE_UNSPECIFIED); },
        StatusCode::kInvalidArgument, "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_UNSPECIFIED"},
-      {"dtype unknown number", [](auto* r) { r->mutable_query()->set_dtype(static_cast<v1::DType>(42)); },
+      {"dtype unknown number", [](auto* r) { r->mutable_query()->set_dtype(static_cast<v1::Dtype>(42)); },
        StatusCode::kInvalidArgument, "was 42"},
       {"bool query", [](auto* r) { r->mutable_query()->set_dtype(v1::DTYPE_BOOL); },
        StatusCode::kInvalidArgument, "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_BOOL"},

@@ -1,0 +1,50 @@
+"""Starts an attnserve process on a free loopback port for a test, and stops it."""
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class LiveServer:
+    """attnserve in a child process; `port` is set once it reports SERVING."""
+
+    def __init__(self, *flags):
+        self._dir = tempfile.TemporaryDirectory()
+        self._port_file = os.path.join(self._dir.name, "port")
+        self._log = open(os.path.join(self._dir.name, "log"), "w+")
+        self.process = subprocess.Popen(
+            [os.environ["ATTNSERVE_BIN"], "--listen=127.0.0.1:0",
+             f"--port_file={self._port_file}", *flags],
+            stdout=self._log, stderr=subprocess.STDOUT)
+        self.port = self._wait_for_port(timeout_s=60)
+        self.target = f"127.0.0.1:{self.port}"
+
+    def _wait_for_port(self, timeout_s):
+        # Poll for the port file the server writes once it is SERVING; fail fast if it exits.
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"attnserve exited with {self.process.returncode}: {self.log()}")
+            if os.path.exists(self._port_file):
+                with open(self._port_file) as f:
+                    return int(f.read())
+            time.sleep(0.02)
+        raise TimeoutError(f"attnserve did not report a port within {timeout_s}s: {self.log()}")
+
+    def log(self):
+        self._log.flush()
+        self._log.seek(0)
+        return self._log.read()
+
+    def stop(self, timeout_s=30):
+        """SIGTERM, and the exit code once the process has drained and exited."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout=timeout_s)
+        finally:
+            if self.process.poll() is None:
+                self.process.kill()
+            self._log.close()
+            self._dir.cleanup()
