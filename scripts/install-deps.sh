@@ -12,6 +12,8 @@ PACKAGES=(
   libabsl-dev libssl-dev zlib1g-dev libc-ares-dev libre2-dev
   # metrics
   prometheus-cpp-dev
+  # promtool and a real Prometheus server for the metrics tests
+  prometheus
   # kernels: JSON for safetensors headers, BLAS for projections
   nlohmann-json3-dev libopenblas-dev
   # tests and benchmarks

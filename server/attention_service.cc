@@ -51,7 +51,7 @@ grpc::ServerUnaryReactor* AttentionService::Dispatch(grpc::CallbackServerContext
   std::unique_ptr<Job> job = *std::move(job_or);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   job->timing.arrival = arrival;
-  job->deadline = DeadlineOf(*context);
+  job->deadline_at = DeadlineOf(*context);
   // The context stays valid until the reactor is finished, which only `done` does.
   job->is_cancelled = [context] { return context->IsCancelled(); };
   job->done = [reactor, response](Job& done_job, absl::Status status) {

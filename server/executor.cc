@@ -12,7 +12,7 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     job->timing.compute_start = start;
     if (job->IsCancelled()) {
       job->Finish(absl::CancelledError("the call was cancelled before it was computed"));
-    } else if (job->deadline <= start) {
+    } else if (job->deadline_at <= start) {
       job->Finish(absl::DeadlineExceededError(
           absl::StrCat("the deadline passed after ",
                        absl::FormatDuration(start - job->timing.arrival),

@@ -60,7 +60,7 @@ struct Job {
   int64_t bytes = 0;   // memory the job holds while queued (inputs and outputs)
   double flops = 0;
 
-  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time deadline_at = absl::InfiniteFuture();
   // Polled before computing: true when the caller went away.
   std::function<bool()> is_cancelled = [] { return false; };
 
@@ -70,10 +70,11 @@ struct Job {
   // on any thread; must not block.
   absl::AnyInvocable<void(Job&, absl::Status)> done;
 
+  // The batcher's task concept (server/batching/batch_task.h).
   bool IsCancelled() const { return is_cancelled(); }
-  absl::Time Deadline() const { return deadline; }
-  int64_t Tokens() const { return tokens; }
-  int64_t Bytes() const { return bytes; }
+  absl::Time deadline() const { return deadline_at; }
+  int64_t num_tokens() const { return tokens; }
+  int64_t num_bytes() const { return bytes; }
 
   // Answers the caller (exactly once; later calls are ignored).
   void Finish(absl::Status status) {

@@ -1,0 +1,315 @@
+#include "server/metrics/metrics.h"
+
+#include <exception>
+#include <sstream>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/collectable.h"
+#include "prometheus/counter.h"
+#include "prometheus/exposer.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "server/metrics/host_memory.h"
+
+namespace attnserve::metrics {
+namespace {
+
+constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
+    "Attend", "MultiHeadAttention", "LoadModule", "UnloadModule", "ListModules", "GetServerInfo",
+};
+constexpr std::array<std::string_view, kNumCodes> kCodeNames = {
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+constexpr int kUnknownCode = 2;
+constexpr std::array<std::string_view, kNumDropReasons> kDropReasonNames = {
+    "queue_full", "queue_bytes", "deadline", "cancelled", "shutdown",
+};
+
+std::vector<double> PowersOf2(double first, int count) {
+  std::vector<double> bounds;
+  bounds.reserve(count);
+  for (int i = 0; i < count; ++i) bounds.push_back(first * static_cast<double>(int64_t{1} << i));
+  return bounds;
+}
+
+template <typename T>
+prometheus::Family<T>& Build(prometheus::Registry& registry, const std::string& name,
+                             const std::string& help) {
+  if constexpr (std::is_same_v<T, prometheus::Counter>) {
+    return prometheus::BuildCounter().Name(name).Help(help).Register(registry);
+  } else if constexpr (std::is_same_v<T, prometheus::Gauge>) {
+    return prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+  } else {
+    return prometheus::BuildHistogram().Name(name).Help(help).Register(registry);
+  }
+}
+
+}  // namespace
+
+std::string_view RpcName(Rpc rpc) { return kRpcNames[static_cast<int>(rpc)]; }
+
+std::string_view CodeName(int code) {
+  return code >= 0 && code < kNumCodes ? kCodeNames[code] : kCodeNames[kUnknownCode];
+}
+
+std::string_view DropReasonName(DropReason reason) {
+  return kDropReasonNames[static_cast<int>(reason)];
+}
+
+std::vector<double> DurationBucketsSeconds() { return PowersOf2(25e-6, 21); }
+std::vector<double> BatchRequestsBuckets() { return PowersOf2(1, 11); }
+std::vector<double> BatchTokensBuckets() { return PowersOf2(1, 23); }
+
+// What the Exposer reads on each scrape: the refresh, then the registry. Exposer keeps only a
+// weak_ptr, and Metrics destroys the Exposer before this, so `metrics_` is always alive here.
+class Metrics::Scraped : public prometheus::Collectable {
+ public:
+  explicit Scraped(const Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override { return metrics_->Collect(); }
+
+ private:
+  const Metrics* metrics_;
+};
+
+absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options) {
+  if (options.http_threads < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http_threads must be at least 1; was ", options.http_threads));
+  }
+  std::unique_ptr<Metrics> metrics(new Metrics(options));
+  if (!options.listen_address.empty()) {
+    try {
+      metrics->exposer_ = std::make_unique<prometheus::Exposer>(
+          options.listen_address, static_cast<size_t>(options.http_threads));
+    } catch (const std::exception& e) {
+      // civetweb throws when it cannot bind; a status lets main print it and exit cleanly.
+      return absl::UnavailableError(
+          absl::StrCat("cannot serve /metrics on ", options.listen_address, ": ", e.what()));
+    }
+    metrics->exposer_->RegisterCollectable(metrics->scraped_);
+    const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
+    metrics->listening_port_ = ports.empty() ? 0 : ports.front();
+  }
+  return metrics;
+}
+
+Metrics::Metrics(const MetricsOptions& options)
+    : registry_(std::make_shared<prometheus::Registry>()),
+      scraped_(std::make_shared<Scraped>(this)) {
+  using prometheus::Counter;
+  using prometheus::Gauge;
+  using prometheus::Histogram;
+  prometheus::Registry& r = *registry_;
+
+  auto& request_duration = Build<Histogram>(
+      r, "attnserve_request_duration_seconds",
+      "Server time per request, from arrival in the handler to the response handed to gRPC.");
+  for (int i = 0; i < kNumRpcs; ++i) {
+    request_duration_[i] =
+        &request_duration.Add({{"rpc", std::string(kRpcNames[i])}}, DurationBucketsSeconds());
+  }
+  requests_total_ = &Build<Counter>(r, "attnserve_requests_total",
+                                    "Finished requests by rpc and gRPC status code.");
+  auto& dropped = Build<Counter>(
+      r, "attnserve_requests_dropped_total",
+      "Requests not computed: rejected at admission (queue_full, queue_bytes, shutdown), "
+      "expired in the queue (deadline) or cancelled while queued (cancelled).");
+  for (int i = 0; i < kNumDropReasons; ++i) {
+    dropped_[i] = &dropped.Add({{"reason", std::string(kDropReasonNames[i])}});
+  }
+  in_flight_ = &Build<Gauge>(r, "attnserve_requests_in_flight",
+                             "Requests inside an rpc handler (queued or computing).")
+                    .Add({});
+  queued_requests_ =
+      &Build<Gauge>(r, "attnserve_queued_requests", "Requests waiting in the batcher's queue.")
+           .Add({});
+  queued_bytes_ = &Build<Gauge>(r, "attnserve_queued_bytes",
+                                "Tensor bytes of the requests waiting in the batcher's queue.")
+                       .Add({});
+  queue_duration_ = &Build<Histogram>(r, "attnserve_queue_duration_seconds",
+                                      "Time a request waited in the batcher's queue.")
+                         .Add({}, DurationBucketsSeconds());
+  batch_requests_ = &Build<Histogram>(r, "attnserve_batch_size_requests",
+                                      "Requests per batch handed to the backend.")
+                         .Add({}, BatchRequestsBuckets());
+  batch_tokens_ = &Build<Histogram>(r, "attnserve_batch_size_tokens",
+                                    "Query rows (B*Lq summed over requests) per batch.")
+                       .Add({}, BatchTokensBuckets());
+  compute_duration_ = &Build<Histogram>(r, "attnserve_compute_duration_seconds",
+                                        "Backend wall time per batch, by backend.");
+  flops_total_ = &Build<Counter>(
+      r, "attnserve_flops_total",
+      "Floating-point operations done, by backend; its rate is the achieved FLOP/s.");
+  device_used_ = &Build<Gauge>(r, "attnserve_device_memory_used_bytes",
+                               "Memory in use on the device, by any process.");
+  device_total_ =
+      &Build<Gauge>(r, "attnserve_device_memory_total_bytes", "Memory capacity of the device.");
+  device_pool_ = &Build<Gauge>(r, "attnserve_device_memory_pool_bytes",
+                               "Device memory held by attnserve's own pool.");
+  host_resident_ = &Build<Gauge>(r, "attnserve_host_resident_memory_bytes",
+                                 "Resident set size of the attnserve process.")
+                        .Add({});
+  host_limit_ =
+      &Build<Gauge>(r, "attnserve_host_memory_limit_bytes",
+                    "Memory the process may use: its cgroup limit, else the host's MemTotal.")
+           .Add({});
+  module_bytes_ =
+      &Build<Gauge>(r, "attnserve_module_bytes", "Bytes held by loaded modules.").Add({});
+  Build<Gauge>(r, "attnserve_build_info", "Always 1; the labels describe the binary.")
+      .Add({{"version", options.version},
+            {"backend", options.backend},
+            {"cuda", options.cuda ? "true" : "false"}})
+      .Set(1);
+  // Every rpc's OK series and the serving backend's series exist from the start, so rate()
+  // has a baseline at the first request and the dashboard shows zeros rather than no data.
+  for (int i = 0; i < kNumRpcs; ++i) RequestCounter(static_cast<Rpc>(i), 0);
+  if (!options.backend.empty()) ForBackend(options.backend);
+}
+
+Metrics::~Metrics() {
+  // Stop the HTTP threads before the families they read are destroyed.
+  exposer_.reset();
+}
+
+prometheus::Counter& Metrics::RequestCounter(Rpc rpc, int code) {
+  if (code < 0 || code >= kNumCodes) code = kUnknownCode;
+  std::atomic<prometheus::Counter*>& slot =
+      request_counters_[static_cast<int>(rpc) * kNumCodes + code];
+  prometheus::Counter* counter = slot.load(std::memory_order_acquire);
+  if (counter == nullptr) {
+    // Racing threads get the same child: Family::Add returns the existing one for equal labels.
+    counter = &requests_total_->Add(
+        {{"rpc", std::string(RpcName(rpc))}, {"code", std::string(kCodeNames[code])}});
+    slot.store(counter, std::memory_order_release);
+  }
+  return *counter;
+}
+
+void Metrics::RequestStarted() { in_flight_->Increment(); }
+
+void Metrics::RequestFinished(Rpc rpc, int code, absl::Duration server_time) {
+  in_flight_->Decrement();
+  request_duration_[static_cast<int>(rpc)]->Observe(absl::ToDoubleSeconds(server_time));
+  RequestCounter(rpc, code).Increment();
+}
+
+void Metrics::RecordDropped(DropReason reason, int64_t count) {
+  dropped_[static_cast<int>(reason)]->Increment(static_cast<double>(count));
+}
+
+void Metrics::SetQueued(int64_t requests, int64_t bytes) {
+  queued_requests_->Set(static_cast<double>(requests));
+  queued_bytes_->Set(static_cast<double>(bytes));
+}
+
+void Metrics::ObserveQueueTime(absl::Duration queued) {
+  queue_duration_->Observe(absl::ToDoubleSeconds(queued));
+}
+
+void Metrics::ObserveBatch(int64_t requests, int64_t tokens) {
+  batch_requests_->Observe(static_cast<double>(requests));
+  batch_tokens_->Observe(static_cast<double>(tokens));
+}
+
+BackendMetrics& Metrics::ForBackend(std::string_view name) {
+  std::lock_guard lock(handles_mu_);
+  auto it = backends_.find(name);
+  if (it != backends_.end()) return *it->second;
+  const prometheus::Labels labels = {{"backend", std::string(name)}};
+  auto handle = std::unique_ptr<BackendMetrics>(new BackendMetrics(
+      &compute_duration_->Add(labels, DurationBucketsSeconds()), &flops_total_->Add(labels)));
+  return *backends_.emplace(std::string(name), std::move(handle)).first->second;
+}
+
+void BackendMetrics::ObserveCompute(absl::Duration elapsed, double flops) {
+  compute_->Observe(absl::ToDoubleSeconds(elapsed));
+  flops_->Increment(flops);
+}
+
+void Metrics::SetModuleBytes(int64_t bytes) { module_bytes_->Set(static_cast<double>(bytes)); }
+
+DeviceMetrics& Metrics::ForDevice(std::string_view device) {
+  std::lock_guard lock(handles_mu_);
+  auto it = devices_.find(device);
+  if (it != devices_.end()) return *it->second;
+  const prometheus::Labels labels = {{"device", std::string(device)}};
+  auto handle = std::unique_ptr<DeviceMetrics>(new DeviceMetrics(
+      &device_used_->Add(labels), &device_total_->Add(labels), &device_pool_->Add(labels)));
+  return *devices_.emplace(std::string(device), std::move(handle)).first->second;
+}
+
+void DeviceMetrics::SetMemory(int64_t used_bytes, int64_t total_bytes, int64_t pool_held_bytes) {
+  used_->Set(static_cast<double>(used_bytes));
+  total_->Set(static_cast<double>(total_bytes));
+  pool_->Set(static_cast<double>(pool_held_bytes));
+}
+
+std::unique_ptr<Metrics::ScrapeHook> Metrics::OnScrape(std::function<void()> callback) {
+  std::lock_guard lock(hooks_mu_);
+  const uint64_t id = next_hook_id_++;
+  hooks_.emplace(id, std::move(callback));
+  return std::unique_ptr<ScrapeHook>(new ScrapeHook(this, id));
+}
+
+Metrics::ScrapeHook::~ScrapeHook() {
+  std::lock_guard lock(metrics_->hooks_mu_);
+  metrics_->hooks_.erase(id_);
+}
+
+void Metrics::RefreshBeforeCollect() const {
+  // Read per scrape rather than by a timer: a few microseconds each, always current, and no
+  // thread of our own to start and stop.
+  host_resident_->Set(static_cast<double>(ReadResidentBytes()));
+  host_limit_->Set(static_cast<double>(ReadMemoryLimitBytes()));
+  std::lock_guard lock(hooks_mu_);
+  for (const auto& [id, callback] : hooks_) callback();
+}
+
+std::vector<prometheus::MetricFamily> Metrics::Collect() const {
+  RefreshBeforeCollect();
+  return registry_->Collect();
+}
+
+std::string Metrics::ExpositionText() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, Collect());
+  return out.str();
+}
+
+RequestScope::RequestScope(Metrics* metrics, Rpc rpc)
+    : metrics_(metrics), rpc_(rpc), start_(std::chrono::steady_clock::now()) {
+  metrics_->RequestStarted();
+}
+
+RequestScope::~RequestScope() { Finish(kUnknownCode); }
+
+void RequestScope::Finish(int code) {
+  if (finished_) return;
+  finished_ = true;
+  metrics_->RequestFinished(rpc_, code,
+                            absl::FromChrono(std::chrono::steady_clock::now() - start_));
+}
+
+}  // namespace attnserve::metrics

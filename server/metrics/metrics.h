@@ -1,0 +1,315 @@
+// Prometheus metrics of attnserve: one Metrics object, made in main and passed down by pointer.
+//
+// Where the server calls it (a handful of calls):
+//
+//   main:           auto metrics = Metrics::Create({.listen_address = flag, .version = ...});
+//                   auto hook = metrics->OnScrape([&] { /* set device memory gauges */ });
+//   rpc handler:    RequestScope scope(metrics, Rpc::kAttend);   // in flight from here
+//                   ...                                          // compute, queue, etc.
+//                   scope.Finish(static_cast<int>(status.error_code()));  // counted and timed
+//   batcher:        metrics->RecordDropped(DropReason::kQueueFull);    // on a rejection
+//                   metrics->SetQueued(requests, bytes);               // after a queue change
+//                   metrics->ObserveQueueTime(dequeued - enqueued);    // per request
+//                   metrics->ObserveBatch(batch_requests, batch_tokens);
+//                   metrics->ForBackend(backend.name()).ObserveCompute(elapsed, flops);
+//   module store:   metrics->SetModuleBytes(total_bytes);              // after load/unload
+//
+// Every family is prefixed `attnserve_`, in base units (seconds, bytes), and labelled only with
+// values from small fixed sets (rpc, gRPC code, drop reason, backend, device): no request ids,
+// no shapes. Distributions are histograms, not summaries, because histograms aggregate across
+// replicas (sum the _bucket series, then histogram_quantile) and summaries cannot.
+//
+// Families (type, labels):
+//   attnserve_request_duration_seconds   histogram {rpc}        server time per request
+//   attnserve_requests_total             counter   {rpc, code}  finished requests
+//   attnserve_requests_in_flight         gauge                  requests inside a handler
+//   attnserve_requests_dropped_total     counter   {reason}     rejected / expired / cancelled
+//   attnserve_queued_requests            gauge                  requests waiting in the batcher
+//   attnserve_queued_bytes               gauge                  their tensor bytes
+//   attnserve_queue_duration_seconds     histogram              time from enqueue to dequeue
+//   attnserve_batch_size_requests        histogram              requests per computed batch
+//   attnserve_batch_size_tokens          histogram              query rows (B*Lq summed) per batch
+//   attnserve_compute_duration_seconds   histogram {backend}    backend time per batch
+//   attnserve_flops_total                counter   {backend}    floating-point operations done
+//   attnserve_device_memory_used_bytes   gauge     {device}     used on the device (by anyone)
+//   attnserve_device_memory_total_bytes  gauge     {device}     capacity of the device
+//   attnserve_device_memory_pool_bytes   gauge     {device}     held by attnserve's own pool
+//   attnserve_host_resident_memory_bytes gauge                  RSS, read at scrape time
+//   attnserve_host_memory_limit_bytes    gauge                  cgroup limit, else MemTotal
+//   attnserve_module_bytes               gauge                  bytes held by loaded modules
+//   attnserve_build_info                 gauge     {version, backend, cuda}  always 1
+//
+// Thread-safety: every method of Metrics and of the handles it returns is thread-safe and
+// non-blocking apart from short internal locks, so it may be called from gRPC handlers, the
+// batcher thread and the exposer's HTTP threads at once. Recording never allocates after the
+// label set has been seen once.
+#ifndef ATTNSERVE_SERVER_METRICS_METRICS_H_
+#define ATTNSERVE_SERVER_METRICS_METRICS_H_
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+struct MetricFamily;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace attnserve::metrics {
+
+// The port of /metrics when the flag gives none: 9464, the port the OpenTelemetry Prometheus
+// exporter registered, so it collides with neither gRPC (50051) nor Prometheus (9090).
+inline constexpr int kDefaultMetricsPort = 9464;
+
+// The rpcs of attnserve.v1.AttentionService; label values are the method names ("Attend").
+enum class Rpc : int {
+  kAttend,
+  kMultiHeadAttention,
+  kLoadModule,
+  kUnloadModule,
+  kListModules,
+  kGetServerInfo,
+};
+inline constexpr int kNumRpcs = 6;
+std::string_view RpcName(Rpc rpc);
+
+// Canonical name of a gRPC / absl status code ("OK", "INVALID_ARGUMENT"); codes outside 0..16
+// read as "UNKNOWN", as gRPC itself treats them. grpc::StatusCode and absl::StatusCode share
+// these numbers, so callers pass static_cast<int>(status.error_code()).
+inline constexpr int kNumCodes = 17;
+std::string_view CodeName(int code);
+
+// Why a request was not computed. Label `reason` of attnserve_requests_dropped_total.
+enum class DropReason : int {
+  kQueueFull,   // "queue_full": rejected at admission, the queue holds its maximum requests
+  kQueueBytes,  // "queue_bytes": rejected at admission, the queue holds its maximum bytes
+  kDeadline,    // "deadline": expired in the queue before it could be computed
+  kCancelled,   // "cancelled": the client cancelled it while it waited
+  kShutdown,    // "shutdown": refused or abandoned because the server is stopping
+};
+inline constexpr int kNumDropReasons = 5;
+std::string_view DropReasonName(DropReason reason);
+
+// Bucket upper bounds, in seconds, of the three duration histograms: 25 us * 2^k for
+// k = 0..20, i.e. 25 us, 50 us, ... 13.1 s, 26.2 s (21 bounds, plus +Inf).
+// Why: the cheapest call (GetServerInfo, a small Attend on the CPU) takes tens of microseconds
+// of server time; the largest (long sequences, big batches, a queue backed up to its deadline)
+// takes seconds to tens of seconds. Doubling keeps the count at 22 series per label set while
+// histogram_quantile's linear interpolation stays within a factor 2 of the truth (in practice
+// far closer); note an estimated p99 can exceed the largest observation by up to the width of
+// its bucket, so checks against client-side timings should compare bucket bounds.
+std::vector<double> DurationBucketsSeconds();
+// Bucket upper bounds of the batch-size histograms: 1, 2, 4, ... 1024 requests and
+// 1, 2, 4, ... 2^22 (about 4.2 M) tokens, a token being one query row (B*Lq per request). Powers
+// of two because batch limits are usually set to powers of two, so a full batch lands exactly
+// on a bound.
+std::vector<double> BatchRequestsBuckets();
+std::vector<double> BatchTokensBuckets();
+
+struct MetricsOptions {
+  // Where /metrics listens, "host:port" (e.g. "0.0.0.0:9464"; port 0 picks a free port, see
+  // Metrics::listening_port()). Empty: no HTTP endpoint; the metrics are still recorded and
+  // readable through Collect()/ExpositionText(), which is what unit tests use.
+  std::string listen_address{};
+  // Labels of attnserve_build_info.
+  std::string version{};  // e.g. "0.1.0"
+  std::string backend{};  // the serving backend's name(): "reference", "cpu", "cuda"
+  bool cuda = false;      // whether this binary was built with the CUDA backend
+  // HTTP threads of the endpoint. Default: 2, enough for one Prometheus plus a human.
+  int http_threads = 2;
+};
+
+// Compute time and FLOPs of one backend. Obtained from Metrics::ForBackend; lives as long as
+// the Metrics object that returned it. Thread-safe.
+class BackendMetrics {
+ public:
+  // One call per Backend::Attend/MultiHead call: its wall time and the floating-point
+  // operations it did (for attention 4*B*H*Lq*Lk*D, halved when causal, plus the projections'
+  // 2*rows*in*out each). rate(attnserve_flops_total[1m]) is then the achieved FLOP/s.
+  void ObserveCompute(absl::Duration elapsed, double flops);
+
+ private:
+  friend class Metrics;
+  BackendMetrics(prometheus::Histogram* compute, prometheus::Counter* flops)
+      : compute_(compute), flops_(flops) {}
+  prometheus::Histogram* compute_;
+  prometheus::Counter* flops_;
+};
+
+// Memory of one device. Obtained from Metrics::ForDevice; lives as long as the Metrics object.
+class DeviceMetrics {
+ public:
+  // Sets all three gauges (bytes). Call it from an OnScrape callback so the values are fresh.
+  void SetMemory(int64_t used_bytes, int64_t total_bytes, int64_t pool_held_bytes);
+
+ private:
+  friend class Metrics;
+  DeviceMetrics(prometheus::Gauge* used, prometheus::Gauge* total, prometheus::Gauge* pool)
+      : used_(used), total_(total), pool_(pool) {}
+  prometheus::Gauge* used_;
+  prometheus::Gauge* total_;
+  prometheus::Gauge* pool_;
+};
+
+class Metrics {
+ public:
+  // Registers every family and, when options.listen_address is set, starts serving /metrics.
+  // Errors: INVALID_ARGUMENT for http_threads < 1; UNAVAILABLE when the address cannot be
+  // bound (in use, bad host), with the address in the message.
+  static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsOptions& options);
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // The port /metrics listens on (the real one when asked for port 0); 0 without an endpoint.
+  int listening_port() const { return listening_port_; }
+
+  // --- Requests (gRPC handlers; RequestScope below does both) ---
+  // A request entered a handler: attnserve_requests_in_flight + 1.
+  void RequestStarted();
+  // A request left its handler with `code` after `server_time`: in flight - 1, the request
+  // counted under {rpc, code} and its time observed under {rpc}.
+  void RequestFinished(Rpc rpc, int code, absl::Duration server_time);
+
+  // --- Batcher ---
+  // A request was not computed; `count` for a batch of them (e.g. the queue at shutdown).
+  void RecordDropped(DropReason reason, int64_t count = 1);
+  // The queue's current content; call after every change (under the batcher's lock is fine:
+  // it only stores two numbers).
+  void SetQueued(int64_t requests, int64_t bytes);
+  // One observation per request taken from the queue: dequeue time - enqueue time.
+  void ObserveQueueTime(absl::Duration queued);
+  // One observation per batch handed to the backend.
+  void ObserveBatch(int64_t requests, int64_t tokens);
+  // The handle of backend `name` (its Backend::name()), made on first use. The reference stays
+  // valid as long as this object; cheap enough to call per batch, cheaper to keep.
+  BackendMetrics& ForBackend(std::string_view name);
+
+  // --- Memory ---
+  // Bytes held by all loaded modules (weights), set after each load and unload.
+  void SetModuleBytes(int64_t bytes);
+  // The handle of device `device`, a short stable id such as "cuda:0" (not the marketing name).
+  DeviceMetrics& ForDevice(std::string_view device);
+
+  // Runs `callback` at the start of every collection (each scrape of /metrics, each Collect()),
+  // before the families are read, so that gauges it sets (device memory) are current. Host
+  // memory needs no callback: Metrics refreshes it itself the same way. The callback runs on an
+  // HTTP thread; it must be quick, thread-safe, and must not call OnScrape or destroy a
+  // ScrapeHook. Destroying the returned hook unregisters the callback and waits for a run in
+  // progress to end, so objects the callback uses may be destroyed after the hook.
+  class ScrapeHook;
+  [[nodiscard]] std::unique_ptr<ScrapeHook> OnScrape(std::function<void()> callback);
+
+  // --- Reading (tests, debugging) ---
+  // What a scrape returns, after the same refresh a scrape does.
+  std::vector<prometheus::MetricFamily> Collect() const;
+  // The same in the Prometheus text exposition format (version 0.0.4).
+  std::string ExpositionText() const;
+
+ private:
+  class Scraped;  // the Collectable that Exposer reads: refresh, then the registry
+  explicit Metrics(const MetricsOptions& options);
+  void RefreshBeforeCollect() const;
+  prometheus::Counter& RequestCounter(Rpc rpc, int code);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  // Families (owned by registry_) and the children of fixed label sets, made once.
+  prometheus::Family<prometheus::Counter>* requests_total_;
+  prometheus::Family<prometheus::Histogram>* compute_duration_;
+  prometheus::Family<prometheus::Counter>* flops_total_;
+  prometheus::Family<prometheus::Gauge>* device_used_;
+  prometheus::Family<prometheus::Gauge>* device_total_;
+  prometheus::Family<prometheus::Gauge>* device_pool_;
+  std::array<prometheus::Histogram*, kNumRpcs> request_duration_;
+  // {rpc, code} children are made on first use so that a scrape is not 102 series of zeros;
+  // the pointer is cached so later requests skip the family's lock and label hashing.
+  std::array<std::atomic<prometheus::Counter*>, kNumRpcs * kNumCodes> request_counters_{};
+  std::array<prometheus::Counter*, kNumDropReasons> dropped_;
+  prometheus::Gauge* in_flight_;
+  prometheus::Gauge* queued_requests_;
+  prometheus::Gauge* queued_bytes_;
+  prometheus::Histogram* queue_duration_;
+  prometheus::Histogram* batch_requests_;
+  prometheus::Histogram* batch_tokens_;
+  prometheus::Gauge* host_resident_;
+  prometheus::Gauge* host_limit_;
+  prometheus::Gauge* module_bytes_;
+
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer,
+  // which then cannot see absl::Mutex and reports false races; it does see pthread mutexes.
+  mutable std::mutex handles_mu_;
+  std::map<std::string, std::unique_ptr<BackendMetrics>, std::less<>> backends_
+      ABSL_GUARDED_BY(handles_mu_);
+  std::map<std::string, std::unique_ptr<DeviceMetrics>, std::less<>> devices_
+      ABSL_GUARDED_BY(handles_mu_);
+
+  // Held while callbacks run, so that ~ScrapeHook waits for a run in progress.
+  mutable std::mutex hooks_mu_;
+  std::map<uint64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
+  uint64_t next_hook_id_ ABSL_GUARDED_BY(hooks_mu_) = 0;
+
+  // Declared last: destroyed first, so no scrape runs while the members above go away.
+  std::shared_ptr<Scraped> scraped_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  int listening_port_ = 0;
+};
+
+// Unregisters its callback when destroyed (see Metrics::OnScrape).
+class Metrics::ScrapeHook {
+ public:
+  ~ScrapeHook();
+  ScrapeHook(const ScrapeHook&) = delete;
+  ScrapeHook& operator=(const ScrapeHook&) = delete;
+
+ private:
+  friend class Metrics;
+  ScrapeHook(Metrics* metrics, uint64_t id) : metrics_(metrics), id_(id) {}
+  Metrics* metrics_;
+  uint64_t id_;
+};
+
+// Times one request and keeps it counted in flight, for a handler or a callback reactor:
+// construct it when the request arrives, call Finish with the final status code when the
+// response is handed to gRPC. Thread-compatible (one request, one owner). Uses the steady
+// clock; tests that need exact times call Metrics::RequestFinished directly.
+class RequestScope {
+ public:
+  // REQUIRES: metrics outlives the scope.
+  RequestScope(Metrics* metrics, Rpc rpc);
+  // Without a Finish, records the request as UNKNOWN: every request that started is counted,
+  // and a path that forgets to finish shows up as an error instead of vanishing.
+  ~RequestScope();
+  RequestScope(const RequestScope&) = delete;
+  RequestScope& operator=(const RequestScope&) = delete;
+
+  // Records the request with its code; later calls do nothing.
+  void Finish(int code);
+
+ private:
+  Metrics* metrics_;
+  Rpc rpc_;
+  std::chrono::steady_clock::time_point start_;
+  bool finished_ = false;
+};
+
+}  // namespace attnserve::metrics
+
+#endif  // ATTNSERVE_SERVER_METRICS_METRICS_H_
