@@ -15,13 +15,6 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
   return absl::FromChrono(deadline);
 }
 
-grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context,
-                                    const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
-
 }  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
@@ -40,28 +33,51 @@ void FillModuleInfo(const Module& module, v1::ModuleInfo* info) {
 }
 
 AttentionService::AttentionService(const Options& options, ModuleRegistry* modules,
-                                   Dispatcher* dispatcher, ServiceInfo info)
-    : options_(options), modules_(modules), dispatcher_(dispatcher), info_(std::move(info)) {}
+                                   Dispatcher* dispatcher, metrics::Metrics* metrics,
+                                   ServiceInfo info)
+    : options_(options),
+      modules_(modules),
+      dispatcher_(dispatcher),
+      metrics_(metrics),
+      info_(std::move(info)) {
+  metrics_->SetModuleBytes(modules_->TotalBytes());
+}
+
+grpc::ServerUnaryReactor* AttentionService::FinishNow(grpc::CallbackServerContext* context,
+                                                      metrics::Rpc rpc, absl::Time arrival,
+                                                      const absl::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  metrics_->RequestFinished(rpc, static_cast<int>(status.code()), absl::Now() - arrival);
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
 
 template <typename Response>
 grpc::ServerUnaryReactor* AttentionService::Dispatch(grpc::CallbackServerContext* context,
+                                                     metrics::Rpc rpc,
                                                      absl::StatusOr<std::unique_ptr<Job>> job_or,
                                                      absl::Time arrival, Response* response) {
-  if (!job_or.ok()) return FinishNow(context, job_or.status());
+  if (!job_or.ok()) return FinishNow(context, rpc, arrival, job_or.status());
   std::unique_ptr<Job> job = *std::move(job_or);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   job->timing.arrival = arrival;
   job->deadline_at = DeadlineOf(*context);
   // The context stays valid until the reactor is finished, which only `done` does.
   job->is_cancelled = [context] { return context->IsCancelled(); };
-  job->done = [reactor, response](Job& done_job, absl::Status status) {
+  job->done = [this, reactor, response, rpc](Job& done_job, absl::Status status) {
+    const absl::Time now = absl::Now();
     if (status.ok()) {
       WriteOutputs(done_job, response);
-      WriteTiming(done_job.timing, absl::Now(), response->mutable_timing());
+      WriteTiming(done_job.timing, now, response->mutable_timing());
     }
+    metrics_->RequestFinished(rpc, static_cast<int>(status.code()),
+                              now - done_job.timing.arrival);
     reactor->Finish(ToGrpcStatus(status));
   };
-  if (absl::Status s = dispatcher_->Submit(&job); !s.ok()) reactor->Finish(ToGrpcStatus(s));
+  if (absl::Status s = dispatcher_->Submit(&job); !s.ok()) {
+    metrics_->RequestFinished(rpc, static_cast<int>(s.code()), absl::Now() - arrival);
+    reactor->Finish(ToGrpcStatus(s));
+  }
   return reactor;
 }
 
@@ -69,57 +85,75 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
                                                    const v1::AttendRequest* request,
                                                    v1::AttendResponse* response) {
   const absl::Time arrival = absl::Now();
-  return Dispatch(context, BuildAttendJob(*request, options_.limits), arrival, response);
+  metrics_->RequestStarted();
+  return Dispatch(context, metrics::Rpc::kAttend, BuildAttendJob(*request, options_.limits),
+                  arrival, response);
 }
 
 grpc::ServerUnaryReactor* AttentionService::MultiHeadAttention(
     grpc::CallbackServerContext* context, const v1::MultiHeadAttentionRequest* request,
     v1::MultiHeadAttentionResponse* response) {
   const absl::Time arrival = absl::Now();
-  return Dispatch(context, BuildMultiHeadJob(*request, *modules_, options_.limits), arrival,
-                  response);
+  metrics_->RequestStarted();
+  return Dispatch(context, metrics::Rpc::kMultiHeadAttention,
+                  BuildMultiHeadJob(*request, *modules_, options_.limits), arrival, response);
 }
 
 grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerContext* context,
                                                        const v1::LoadModuleRequest* request,
                                                        v1::LoadModuleResponse* response) {
+  const absl::Time arrival = absl::Now();
+  metrics_->RequestStarted();
+  constexpr metrics::Rpc kRpc = metrics::Rpc::kLoadModule;
   if (!options_.allow_module_rpc) {
-    return FinishNow(context, absl::PermissionDeniedError(
-                                  "LoadModule is switched off on this server "
-                                  "(--allow_module_rpc=false)"));
+    return FinishNow(context, kRpc, arrival,
+                     absl::PermissionDeniedError("LoadModule is switched off on this server "
+                                                 "(--allow_module_rpc=false)"));
   }
   if (auto s = ModuleRegistry::ValidateName(request->name(), "name"); !s.ok()) {
-    return FinishNow(context, s);
+    return FinishNow(context, kRpc, arrival, s);
   }
   auto module = ModuleFromSafetensors(request->name(), "rpc", request->safetensors(),
                                       request->num_heads(), options_.limits.max_module_bytes);
-  if (!module.ok()) return FinishNow(context, module.status());
-  if (auto s = modules_->Add(*module, request->replace()); !s.ok()) return FinishNow(context, s);
+  if (!module.ok()) return FinishNow(context, kRpc, arrival, module.status());
+  if (auto s = modules_->Add(*module, request->replace()); !s.ok()) {
+    return FinishNow(context, kRpc, arrival, s);
+  }
+  metrics_->SetModuleBytes(modules_->TotalBytes());
   FillModuleInfo(**module, response->mutable_module());
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, kRpc, arrival, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerContext* context,
                                                          const v1::UnloadModuleRequest* request,
                                                          v1::UnloadModuleResponse*) {
+  const absl::Time arrival = absl::Now();
+  metrics_->RequestStarted();
+  constexpr metrics::Rpc kRpc = metrics::Rpc::kUnloadModule;
   if (!options_.allow_module_rpc) {
-    return FinishNow(context, absl::PermissionDeniedError(
-                                  "UnloadModule is switched off on this server "
-                                  "(--allow_module_rpc=false)"));
+    return FinishNow(context, kRpc, arrival,
+                     absl::PermissionDeniedError("UnloadModule is switched off on this server "
+                                                 "(--allow_module_rpc=false)"));
   }
-  return FinishNow(context, modules_->Remove(request->name()));
+  const absl::Status status = modules_->Remove(request->name());
+  metrics_->SetModuleBytes(modules_->TotalBytes());
+  return FinishNow(context, kRpc, arrival, status);
 }
 
 grpc::ServerUnaryReactor* AttentionService::ListModules(grpc::CallbackServerContext* context,
                                                         const v1::ListModulesRequest*,
                                                         v1::ListModulesResponse* response) {
+  const absl::Time arrival = absl::Now();
+  metrics_->RequestStarted();
   for (const auto& module : modules_->List()) FillModuleInfo(*module, response->add_modules());
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, metrics::Rpc::kListModules, arrival, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetServerInfoRequest*,
                                                           v1::GetServerInfoResponse* response) {
+  const absl::Time arrival = absl::Now();
+  metrics_->RequestStarted();
   response->set_version(info_.version);
   for (const auto& backend : info_.backends) *response->add_backends() = backend;
   v1::Limits* limits = response->mutable_limits();
@@ -130,7 +164,7 @@ grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerCo
   limits->set_max_module_bytes(options_.limits.max_module_bytes);
   *response->mutable_batching() = info_.batching;
   response->set_float32_precision(info_.float32_precision);
-  return FinishNow(context, absl::OkStatus());
+  return FinishNow(context, metrics::Rpc::kGetServerInfo, arrival, absl::OkStatus());
 }
 
 }  // namespace attnserve::server

@@ -10,6 +10,7 @@
 #include "kernels/backend.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
+#include "server/metrics/metrics.h"
 #include "server/module_registry.h"
 
 namespace attnserve::server {
@@ -31,8 +32,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
     bool allow_module_rpc = true;
   };
 
+  // Every rpc is counted in `metrics` (by rpc and code, with its server time).
   AttentionService(const Options& options, ModuleRegistry* modules, Dispatcher* dispatcher,
-                   ServiceInfo info);
+                   metrics::Metrics* metrics, ServiceInfo info);
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
@@ -55,13 +57,17 @@ class AttentionService final : public v1::AttentionService::CallbackService {
 
  private:
   template <typename Response>
-  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context,
+  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                      absl::StatusOr<std::unique_ptr<Job>> job,
                                      absl::Time arrival, Response* response);
+  // Finishes a call that is answered on the handler's thread, and records it.
+  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, metrics::Rpc rpc,
+                                      absl::Time arrival, const absl::Status& status);
 
   const Options options_;
   ModuleRegistry* const modules_;
   Dispatcher* const dispatcher_;
+  metrics::Metrics* const metrics_;
   const ServiceInfo info_;
 };
 

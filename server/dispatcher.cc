@@ -6,7 +6,7 @@
 namespace attnserve::server {
 
 absl::StatusOr<std::unique_ptr<WorkerPoolDispatcher>> WorkerPoolDispatcher::Create(
-    const WorkerPoolOptions& options, Executor* executor) {
+    const WorkerPoolOptions& options, Executor* executor, metrics::Metrics* metrics) {
   if (options.num_threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_threads must be positive; was ", options.num_threads));
@@ -15,11 +15,12 @@ absl::StatusOr<std::unique_ptr<WorkerPoolDispatcher>> WorkerPoolDispatcher::Crea
     return absl::InvalidArgumentError(
         absl::StrCat("max_queued_jobs must be positive; was ", options.max_queued_jobs));
   }
-  return absl::WrapUnique(new WorkerPoolDispatcher(options, executor));
+  return absl::WrapUnique(new WorkerPoolDispatcher(options, executor, metrics));
 }
 
-WorkerPoolDispatcher::WorkerPoolDispatcher(const WorkerPoolOptions& options, Executor* executor)
-    : options_(options), executor_(executor) {
+WorkerPoolDispatcher::WorkerPoolDispatcher(const WorkerPoolOptions& options, Executor* executor,
+                                           metrics::Metrics* metrics)
+    : options_(options), executor_(executor), metrics_(metrics) {
   for (int i = 0; i < options_.num_threads; ++i) threads_.emplace_back([this] { WorkerLoop(); });
 }
 
@@ -27,13 +28,23 @@ WorkerPoolDispatcher::~WorkerPoolDispatcher() { Shutdown(absl::ZeroDuration()); 
 
 absl::Status WorkerPoolDispatcher::Submit(std::unique_ptr<Job>* job) {
   absl::MutexLock lock(&mu_);
-  if (!accepting_) return absl::UnavailableError("the server is shutting down");
+  if (!accepting_) {
+    if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kShutdown);
+    return absl::UnavailableError("the server is shutting down");
+  }
   if (queue_.size() >= static_cast<size_t>(options_.max_queued_jobs)) {
+    if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kQueueFull);
     return absl::UnavailableError(absl::StrCat("the server is overloaded: ", queue_.size(),
                                                " requests queued; retry with backoff"));
   }
+  queued_bytes_ += (*job)->bytes;
   queue_.push_back(std::move(*job));
+  PublishQueue();
   return absl::OkStatus();
+}
+
+void WorkerPoolDispatcher::PublishQueue() {
+  if (metrics_ != nullptr) metrics_->SetQueued(static_cast<int64_t>(queue_.size()), queued_bytes_);
 }
 
 void WorkerPoolDispatcher::WorkerLoop() {
@@ -49,6 +60,8 @@ void WorkerPoolDispatcher::WorkerLoop() {
       if (queue_.empty()) return;  // stop_ and drained
       job = std::move(queue_.front());
       queue_.pop_front();
+      queued_bytes_ -= job->bytes;
+      PublishQueue();
     }
     std::vector<std::unique_ptr<Job>> batch;
     batch.push_back(std::move(job));
@@ -73,6 +86,11 @@ void WorkerPoolDispatcher::Shutdown(absl::Duration grace) {
   {
     absl::MutexLock lock(&mu_);
     left.swap(queue_);
+    queued_bytes_ = 0;
+    PublishQueue();
+  }
+  if (metrics_ != nullptr && !left.empty()) {
+    metrics_->RecordDropped(metrics::DropReason::kShutdown, static_cast<int64_t>(left.size()));
   }
   for (auto& job : left) {
     job->Finish(absl::UnavailableError("the server shut down before the request was computed"));

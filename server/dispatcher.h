@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "server/executor.h"
 #include "server/job.h"
+#include "server/metrics/metrics.h"
 
 namespace attnserve::server {
 
@@ -46,22 +47,26 @@ struct WorkerPoolOptions {
 class WorkerPoolDispatcher final : public Dispatcher {
  public:
   static absl::StatusOr<std::unique_ptr<WorkerPoolDispatcher>> Create(
-      const WorkerPoolOptions& options, Executor* executor);
+      const WorkerPoolOptions& options, Executor* executor, metrics::Metrics* metrics);
   ~WorkerPoolDispatcher() override;
 
   absl::Status Submit(std::unique_ptr<Job>* job) override;
   void Shutdown(absl::Duration grace) override;
 
  private:
-  WorkerPoolDispatcher(const WorkerPoolOptions& options, Executor* executor);
+  WorkerPoolDispatcher(const WorkerPoolOptions& options, Executor* executor,
+                       metrics::Metrics* metrics);
   void WorkerLoop();
+  void PublishQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerPoolOptions options_;
   Executor* const executor_;
+  metrics::Metrics* const metrics_;  // may be null
   std::vector<std::thread> threads_;
 
   absl::Mutex mu_;
   std::deque<std::unique_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool accepting_ ABSL_GUARDED_BY(mu_) = true;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;  // workers exit once set and the queue is drained
 };

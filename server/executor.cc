@@ -10,9 +10,12 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
   live.reserve(batch.size());
   for (auto& job : batch) {
     job->timing.compute_start = start;
+    if (metrics_ != nullptr) metrics_->ObserveQueueTime(start - job->timing.arrival);
     if (job->IsCancelled()) {
+      if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kCancelled);
       job->Finish(absl::CancelledError("the call was cancelled before it was computed"));
     } else if (job->deadline_at <= start) {
+      if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kDeadline);
       job->Finish(absl::DeadlineExceededError(
           absl::StrCat("the deadline passed after ",
                        absl::FormatDuration(start - job->timing.arrival),
@@ -41,6 +44,16 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
   }
   const absl::Time end = absl::Now();
   const std::string backend_name = backend_->name();
+  if (metrics_ != nullptr) {
+    int64_t tokens = 0;
+    double flops = 0;
+    for (const auto& job : live) {
+      tokens += job->tokens;
+      flops += job->flops;
+    }
+    metrics_->ObserveBatch(static_cast<int64_t>(live.size()), tokens);
+    metrics_->ForBackend(backend_name).ObserveCompute(end - start, status.ok() ? flops : 0);
+  }
   for (auto& job : live) {
     job->timing.compute_end = end;
     job->timing.batch_size = static_cast<int>(live.size());

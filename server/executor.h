@@ -8,24 +8,29 @@
 #include "absl/time/clock.h"
 #include "kernels/backend.h"
 #include "server/job.h"
+#include "server/metrics/metrics.h"
 
 namespace attnserve::server {
 
 // Thread-safe (the backend is). Does not own the backend.
 class Executor {
  public:
-  explicit Executor(kernels::Backend* backend) : backend_(backend) {}
+  // `metrics` may be null (no metrics recorded).
+  Executor(kernels::Backend* backend, metrics::Metrics* metrics)
+      : backend_(backend), metrics_(metrics) {}
 
   // Computes `batch` (jobs of one signature, so one kind) with one backend call, fills each
   // job's timing and calls Finish on every job: OK, or the backend's error for all of them.
   // Jobs whose caller has cancelled or whose deadline has passed are answered CANCELLED or
-  // DEADLINE_EXCEEDED without being computed.
+  // DEADLINE_EXCEEDED without being computed. Records queue time, batch size, compute time and
+  // floating-point operations in the metrics.
   void Run(std::vector<std::unique_ptr<Job>> batch);
 
   kernels::Backend& backend() const { return *backend_; }
 
  private:
   kernels::Backend* backend_;
+  metrics::Metrics* metrics_;
 };
 
 }  // namespace attnserve::server

@@ -13,6 +13,8 @@
 #include "server/version.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port for gRPC; port 0 picks a free one");
+ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
+          "host:port serving Prometheus /metrics; empty = no endpoint");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once the server is SERVING");
 ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or reference");
@@ -63,16 +65,32 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto host = attnserve::server::ServerHost::Start(options);
+  // The one metrics object, passed down to everything that records.
+  attnserve::metrics::MetricsOptions metrics_options;
+  metrics_options.listen_address = absl::GetFlag(FLAGS_metrics_address);
+  metrics_options.version = attnserve::server::kVersion;
+  metrics_options.backend = options.backend;
+  metrics_options.cuda = attnserve::server::kHaveCuda;
+  auto metrics = attnserve::metrics::Metrics::Create(metrics_options);
+  if (!metrics.ok()) {
+    std::fprintf(stderr, "attnserve: cannot serve metrics: %s\n",
+                 metrics.status().ToString().c_str());
+    return 1;
+  }
+  auto host = attnserve::server::ServerHost::Start(options, metrics->get());
   if (!host.ok()) {
     std::fprintf(stderr, "attnserve: cannot start: %s\n", host.status().ToString().c_str());
     return 1;
   }
   std::vector<std::string> modules;
   for (const auto& m : (*host)->modules().List()) modules.push_back(m->name);
-  std::fprintf(stderr, "attnserve %s: SERVING on port %d, backend %s, modules [%s]\n",
+  std::fprintf(stderr,
+               "attnserve %s: SERVING on port %d, backend %s, modules [%s], metrics on %s\n",
                attnserve::server::kVersion, (*host)->port(), (*host)->backend().name().c_str(),
-               absl::StrJoin(modules, ", ").c_str());
+               absl::StrJoin(modules, ", ").c_str(),
+               (*metrics)->listening_port() > 0
+                   ? absl::StrCat("port ", (*metrics)->listening_port(), " (/metrics)").c_str()
+                   : "no port");
   if (const std::string path = absl::GetFlag(FLAGS_port_file); !path.empty()) {
     // Written to a temporary name and renamed, so a reader never sees a partial file.
     const std::string tmp = path + ".tmp";

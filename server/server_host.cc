@@ -67,7 +67,8 @@ absl::Status WarmUp(kernels::Backend& backend) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options) {
+absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
+                                                               metrics::Metrics* metrics) {
   std::unique_ptr<ServerHost> host(new ServerHost());
   auto backend = MakeBackend(options.backend, options.backend_threads);
   if (!backend.ok()) return backend.status();
@@ -88,8 +89,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOption
     if (auto s = host->modules_.Add(*module, /*replace=*/true); !s.ok()) return s;
   }
 
-  host->executor_ = std::make_unique<Executor>(host->backend_.get());
-  auto dispatcher = WorkerPoolDispatcher::Create(options.workers, host->executor_.get());
+  host->executor_ = std::make_unique<Executor>(host->backend_.get(), metrics);
+  auto dispatcher = WorkerPoolDispatcher::Create(options.workers, host->executor_.get(), metrics);
   if (!dispatcher.ok()) return dispatcher.status();
   host->dispatcher_ = *std::move(dispatcher);
 
@@ -112,8 +113,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOption
   AttentionService::Options service_options;
   service_options.limits = options.limits;
   service_options.allow_module_rpc = options.allow_module_rpc;
-  host->service_ = std::make_unique<AttentionService>(service_options, &host->modules_,
-                                                      host->dispatcher_.get(), std::move(info));
+  host->service_ = std::make_unique<AttentionService>(
+      service_options, &host->modules_, host->dispatcher_.get(), metrics, std::move(info));
 
   if (auto s = WarmUp(*host->backend_); !s.ok()) {
     return absl::InternalError(absl::StrCat("backend warm-up failed: ", s.message()));

@@ -15,6 +15,7 @@
 #include "server/attention_service.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
+#include "server/metrics/metrics.h"
 #include "server/module_registry.h"
 
 namespace attnserve::server {
@@ -48,7 +49,9 @@ class ServerHost {
  public:
   // Builds everything, loads modules, warms the backend up, starts listening and reports
   // SERVING on grpc.health.v1. Errors: a bad option, an unreadable module file, a port in use.
-  static absl::StatusOr<std::unique_ptr<ServerHost>> Start(const ServerOptions& options);
+  // `metrics` (not owned; outlives the host) records every request.
+  static absl::StatusOr<std::unique_ptr<ServerHost>> Start(const ServerOptions& options,
+                                                           metrics::Metrics* metrics);
   ~ServerHost();
 
   // The port actually bound.

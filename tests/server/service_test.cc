@@ -1,5 +1,6 @@
 // An in-process server (the same ServerHost main() runs) called through attnserve::Client.
 #include <cmath>
+#include <sstream>
 #include <random>
 #include <vector>
 
@@ -28,7 +29,8 @@ class ServiceTest : public ::testing::Test {
  protected:
   void StartServer(server::ServerOptions options = {}) {
     options.listen_address = "127.0.0.1:0";
-    auto host = server::ServerHost::Start(options);
+    metrics_ = metrics::Metrics::Create({}).value();
+    auto host = server::ServerHost::Start(options, metrics_.get());
     ASSERT_TRUE(host.ok()) << host.status();
     host_ = *std::move(host);
     auto client = Client::Create("127.0.0.1:" + std::to_string(host_->port()));
@@ -67,6 +69,7 @@ class ServiceTest : public ::testing::Test {
     return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : 0;
   }
 
+  std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<server::ServerHost> host_;
   std::unique_ptr<Client> client_;
 };
@@ -411,7 +414,8 @@ TEST(ServerHostTest, StartupModulesLoadFromFilesAndBadFilesFailStartup) {
   options.listen_address = "127.0.0.1:0";
   options.modules.push_back(
       {"causal", testing::SeedVectorsDir() + "/causal.safetensors", 0});
-  auto host = server::ServerHost::Start(options);
+  auto metrics = metrics::Metrics::Create({}).value();
+  auto host = server::ServerHost::Start(options, metrics.get());
   ASSERT_TRUE(host.ok()) << host.status();
   auto m = (*host)->modules().Get("causal");
   ASSERT_TRUE(m.ok());
@@ -419,9 +423,49 @@ TEST(ServerHostTest, StartupModulesLoadFromFilesAndBadFilesFailStartup) {
   EXPECT_EQ((*m)->source, "file:" + testing::SeedVectorsDir() + "/causal.safetensors");
 
   options.modules = {{"x", "/nonexistent.safetensors", 0}};
-  auto bad = server::ServerHost::Start(options);
+  auto bad = server::ServerHost::Start(options, metrics.get());
   EXPECT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("/nonexistent.safetensors"));
+}
+
+}  // namespace
+}  // namespace attnserve
+
+namespace attnserve {
+namespace {
+
+// The value of the sample of `family` whose labels include every one of `labels`.
+double Sample(const std::string& text, const std::string& family,
+              const std::vector<std::string>& labels) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(family + "{", 0) != 0 && line.rfind(family + " ", 0) != 0) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
+TEST_F(ServiceTest, EveryRequestIsCountedByRpcAndCode) {
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->Attend(ValidAttend()).ok());
+  v1::AttendRequest bad = ValidAttend();
+  bad.clear_value();
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(client_->Attend(bad).ok());
+  ASSERT_TRUE(client_->ListModules().ok());
+  const std::string text = metrics_->ExpositionText();
+  EXPECT_EQ(Sample(text, "attnserve_requests_total", {"rpc=\"Attend\"", "code=\"OK\""}), 3);
+  EXPECT_EQ(Sample(text, "attnserve_requests_total",
+                   {"rpc=\"Attend\"", "code=\"INVALID_ARGUMENT\""}),
+            2);
+  EXPECT_EQ(Sample(text, "attnserve_requests_total", {"rpc=\"ListModules\"", "code=\"OK\""}), 1);
+  EXPECT_EQ(Sample(text, "attnserve_request_duration_seconds_count", {"rpc=\"Attend\""}), 5);
+  EXPECT_EQ(Sample(text, "attnserve_batch_size_requests_count", {}), 3);  // computed ones only
+  EXPECT_GT(Sample(text, "attnserve_flops_total", {}), 0);
+  EXPECT_EQ(Sample(text, "attnserve_requests_in_flight", {}), 0);
+  // The demo module's float32 weights: 4 matrices of 64x64 and 4 biases of 64.
+  EXPECT_EQ(Sample(text, "attnserve_module_bytes", {}), 4 * (4 * 64 * 64 + 4 * 64));
 }
 
 }  // namespace
