@@ -36,8 +36,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   args.SetMaxSendMessageSize(-1);
-  return std::make_unique<Client>(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args), options);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    ssl.pem_cert_chain = options.tls_client_cert;
+    ssl.pem_private_key = options.tls_client_key;
+    credentials = grpc::SslCredentials(ssl);
+    if (!options.tls_server_name.empty()) {
+      args.SetSslTargetNameOverride(options.tls_server_name);
+    }
+  }
+  return std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
@@ -49,6 +59,9 @@ void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
   context->set_deadline(std::chrono::system_clock::now() +
                         absl::ToChronoMicroseconds(timeout));
+  if (!options_.auth_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.auth_token);
+  }
 }
 
 #define ATTNSERVE_CLIENT_METHOD(Rpc)                                                   \

@@ -29,13 +29,25 @@ struct ClientOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Largest response accepted, bytes. Default: unlimited (the server bounds its responses).
   int max_receive_message_bytes = -1;
+
+  // TLS. Off by default. When on, tls_root_certs (PEM) verifies the server (empty: the
+  // system's roots); tls_client_cert and tls_client_key (PEM) are sent for mutual TLS.
+  bool tls = false;
+  std::string tls_root_certs;
+  std::string tls_client_cert;
+  std::string tls_client_key;
+  // Overrides the name the server's certificate is checked against (tests, IP targets).
+  std::string tls_server_name;
+
+  // Non-empty: sent with every call as "authorization: Bearer <auth_token>".
+  std::string auth_token;
 };
 
 // Thread-safe: one Client may be shared by any number of threads.
 class Client {
  public:
   // Connects (lazily) to `target`, a gRPC target such as "localhost:50051" or
-  // "dns:///attnserve:50051", without TLS.
+  // "dns:///attnserve:50051", with TLS when options.tls.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
                                                         const ClientOptions& options = {});
   // Uses an existing channel (TLS, custom arguments, in-process).

@@ -18,6 +18,7 @@ PACKAGES=(
   nlohmann-json3-dev libopenblas-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
+  openssl
   # Python client and its tests (use /usr/bin/python3)
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy
 )

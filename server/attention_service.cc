@@ -43,6 +43,24 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
 
+absl::Status AttentionService::Authorize(const grpc::CallbackServerContext& context) const {
+  if (options_.auth_token.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find("authorization");
+  if (it == metadata.end()) {
+    return absl::UnauthenticatedError("this server requires 'authorization: Bearer <token>'");
+  }
+  const std::string expected = "Bearer " + options_.auth_token;
+  const grpc::string_ref& got = it->second;
+  // Compare in constant time, so the answer's timing says nothing about the token.
+  unsigned char diff = got.size() == expected.size() ? 0 : 1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff |= static_cast<unsigned char>(got.data()[i] ^ expected[i % expected.size()]);
+  }
+  if (diff != 0) return absl::UnauthenticatedError("the bearer token is not valid");
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* AttentionService::FinishNow(grpc::CallbackServerContext* context,
                                                       metrics::Rpc rpc, absl::Time arrival,
                                                       const absl::Status& status) {
@@ -86,6 +104,9 @@ grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* 
                                                    v1::AttendResponse* response) {
   const absl::Time arrival = absl::Now();
   metrics_->RequestStarted();
+  if (auto s = Authorize(*context); !s.ok()) {
+    return FinishNow(context, metrics::Rpc::kAttend, arrival, s);
+  }
   return Dispatch(context, metrics::Rpc::kAttend, BuildAttendJob(*request, options_.limits),
                   arrival, response);
 }
@@ -95,6 +116,9 @@ grpc::ServerUnaryReactor* AttentionService::MultiHeadAttention(
     v1::MultiHeadAttentionResponse* response) {
   const absl::Time arrival = absl::Now();
   metrics_->RequestStarted();
+  if (auto s = Authorize(*context); !s.ok()) {
+    return FinishNow(context, metrics::Rpc::kMultiHeadAttention, arrival, s);
+  }
   return Dispatch(context, metrics::Rpc::kMultiHeadAttention,
                   BuildMultiHeadJob(*request, *modules_, options_.limits), arrival, response);
 }
@@ -105,6 +129,7 @@ grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerConte
   const absl::Time arrival = absl::Now();
   metrics_->RequestStarted();
   constexpr metrics::Rpc kRpc = metrics::Rpc::kLoadModule;
+  if (auto s = Authorize(*context); !s.ok()) return FinishNow(context, kRpc, arrival, s);
   if (!options_.allow_module_rpc) {
     return FinishNow(context, kRpc, arrival,
                      absl::PermissionDeniedError("LoadModule is switched off on this server "
@@ -130,6 +155,7 @@ grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerCon
   const absl::Time arrival = absl::Now();
   metrics_->RequestStarted();
   constexpr metrics::Rpc kRpc = metrics::Rpc::kUnloadModule;
+  if (auto s = Authorize(*context); !s.ok()) return FinishNow(context, kRpc, arrival, s);
   if (!options_.allow_module_rpc) {
     return FinishNow(context, kRpc, arrival,
                      absl::PermissionDeniedError("UnloadModule is switched off on this server "
@@ -145,6 +171,9 @@ grpc::ServerUnaryReactor* AttentionService::ListModules(grpc::CallbackServerCont
                                                         v1::ListModulesResponse* response) {
   const absl::Time arrival = absl::Now();
   metrics_->RequestStarted();
+  if (auto s = Authorize(*context); !s.ok()) {
+    return FinishNow(context, metrics::Rpc::kListModules, arrival, s);
+  }
   for (const auto& module : modules_->List()) FillModuleInfo(*module, response->add_modules());
   return FinishNow(context, metrics::Rpc::kListModules, arrival, absl::OkStatus());
 }
@@ -154,6 +183,9 @@ grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerCo
                                                           v1::GetServerInfoResponse* response) {
   const absl::Time arrival = absl::Now();
   metrics_->RequestStarted();
+  if (auto s = Authorize(*context); !s.ok()) {
+    return FinishNow(context, metrics::Rpc::kGetServerInfo, arrival, s);
+  }
   response->set_version(info_.version);
   for (const auto& backend : info_.backends) *response->add_backends() = backend;
   v1::Limits* limits = response->mutable_limits();

@@ -30,6 +30,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
     Limits limits;
     // False: LoadModule and UnloadModule answer PERMISSION_DENIED.
     bool allow_module_rpc = true;
+    // Non-empty: every call must carry the metadata "authorization: Bearer <auth_token>";
+    // others are answered UNAUTHENTICATED. (Health and reflection stay open for probes.)
+    std::string auth_token;
   };
 
   // Every rpc is counted in `metrics` (by rpc and code, with its server time).
@@ -60,6 +63,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                      absl::StatusOr<std::unique_ptr<Job>> job,
                                      absl::Time arrival, Response* response);
+  // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
+  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
   // Finishes a call that is answered on the handler's thread, and records it.
   grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                       absl::Time arrival, const absl::Status& status);

@@ -8,7 +8,9 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "kernels/safetensors.h"
 #include "server/server_host.h"
 #include "server/version.h"
 
@@ -29,6 +31,12 @@ ABSL_FLAG(int64_t, max_sequence_length, 65536, "largest Lq or Lk");
 ABSL_FLAG(int64_t, max_module_bytes, int64_t{1} << 30, "largest module weights, bytes");
 ABSL_FLAG(int, worker_threads, 1, "threads computing requests");
 ABSL_FLAG(int, max_queued_requests, 1024, "requests queued before UNAVAILABLE");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM server certificate chain: serve TLS");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "PEM CA: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a bearer token every call must carry ('authorization: Bearer <token>')");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 
@@ -48,6 +56,21 @@ int Run() {
   options.limits.max_module_bytes = absl::GetFlag(FLAGS_max_module_bytes);
   options.workers.num_threads = absl::GetFlag(FLAGS_worker_threads);
   options.workers.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_requests);
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
+    auto token = attnserve::kernels::ReadFileToString(path);
+    if (!token.ok()) {
+      std::fprintf(stderr, "attnserve: --auth_token_file: %s\n", token.status().ToString().c_str());
+      return 2;
+    }
+    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (options.auth_token.empty()) {
+      std::fprintf(stderr, "attnserve: --auth_token_file %s is empty\n", path.c_str());
+      return 2;
+    }
+  }
   for (const std::string& spec : absl::GetFlag(FLAGS_module)) {
     auto parsed = attnserve::server::ParseModuleSpec(spec);
     if (!parsed.ok()) {

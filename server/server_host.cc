@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/reference.h"
 #include "kernels/safetensors.h"
@@ -65,6 +66,31 @@ absl::Status WarmUp(kernels::Backend& backend) {
   return backend.Attend({p});
 }
 
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
+    const TlsOptions& tls) {
+  if (tls.cert_file.empty() && tls.key_file.empty() && tls.client_ca_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (tls.cert_file.empty() || tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls_cert_file and --tls_key_file must be given together (and --tls_client_ca_file "
+        "needs both)");
+  }
+  auto cert = kernels::ReadFileToString(tls.cert_file);
+  if (!cert.ok()) return cert.status();
+  auto key = kernels::ReadFileToString(tls.key_file);
+  if (!key.ok()) return key.status();
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!tls.client_ca_file.empty()) {
+    auto ca = kernels::ReadFileToString(tls.client_ca_file);
+    if (!ca.ok()) return ca.status();
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
@@ -113,6 +139,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOption
   AttentionService::Options service_options;
   service_options.limits = options.limits;
   service_options.allow_module_rpc = options.allow_module_rpc;
+  service_options.auth_token = options.auth_token;
   host->service_ = std::make_unique<AttentionService>(
       service_options, &host->modules_, host->dispatcher_.get(), metrics, std::move(info));
 
@@ -122,9 +149,10 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOption
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  auto credentials = MakeServerCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &host->port_);
+  builder.AddListeningPort(options.listen_address, *credentials, &host->port_);
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.limits.max_message_bytes, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());

@@ -29,6 +29,14 @@ struct ModuleSpec {
 // Parses "NAME=PATH" or "NAME=PATH:NUM_HEADS"; INVALID_ARGUMENT naming the flag otherwise.
 absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec);
 
+// Transport security. All empty: plaintext.
+struct TlsOptions {
+  std::string cert_file;       // PEM server certificate chain; REQUIRES key_file
+  std::string key_file;        // PEM private key
+  std::string client_ca_file;  // PEM CA: when set, clients must present a certificate it signed
+                               // (mutual TLS)
+};
+
 struct ServerOptions {
   // host:port to listen on; port 0 picks a free port (see ServerHost::port()).
   std::string listen_address = "0.0.0.0:50051";
@@ -39,6 +47,9 @@ struct ServerOptions {
   Limits limits;
   WorkerPoolOptions workers;
   bool allow_module_rpc = true;
+  TlsOptions tls;
+  // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>".
+  std::string auth_token;
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
