@@ -1,0 +1,143 @@
+// One signature's queue and the rules a batch forms by. Pure policy: no threads, no clock
+// reads (the time is passed in), so every rule is tested exactly (tests/server/batching/
+// batch_queue_test.cc). The threaded driver is batcher.h.
+//
+// Rules:
+//   Packing   Tasks leave in arrival order. A batch takes tasks from the front while it has
+//             fewer than max_requests and the next task's tokens fit under max_tokens; the
+//             first task that does not fit starts the next batch (no skipping ahead, so a large
+//             task is never overtaken indefinitely). A task larger than max_tokens on its own
+//             is taken alone. No padding: a batch is just its tasks.
+//   Timing    The head batch (what would leave now) is ready at once when it is full (no
+//             further task would fit). Otherwise it is ready at
+//               min(oldest enqueue time + max_queue_delay,
+//                   min over its tasks of (deadline - cost.Estimate(its tokens))).
+//   Dropping  When a batch is popped, tasks met at the front that are cancelled, or whose
+//             deadline is <= now, are not put in it; they come back separately, with the
+//             reason, to be rejected. RemoveCancelled() sweeps the whole queue.
+//
+// Thread-safety: not thread-safe (the batcher guards it with its lock).
+#ifndef ATTNSERVE_SERVER_BATCHING_BATCH_QUEUE_H_
+#define ATTNSERVE_SERVER_BATCHING_BATCH_QUEUE_H_
+
+#include <algorithm>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "server/batching/batch_task.h"
+#include "server/batching/cost_model.h"
+
+namespace attnserve::batching {
+
+// The batch-forming limits of BatcherOptions.
+struct BatchLimits {
+  int max_requests = 1;
+  int64_t max_tokens = 1;
+  absl::Duration max_queue_delay = absl::ZeroDuration();
+};
+
+// A task with what the queue read from it when it was scheduled.
+template <BatchTask Task>
+struct QueuedTask {
+  std::unique_ptr<Task> task;
+  int64_t tokens = 0;
+  int64_t bytes = 0;
+  absl::Time deadline = absl::InfiniteFuture();
+  absl::Time enqueued;
+};
+
+enum class DropReason { kExpired, kCancelled };
+
+template <BatchTask Task>
+struct DroppedTask {
+  QueuedTask<Task> queued;
+  DropReason reason;
+};
+
+template <BatchTask Task>
+class BatchQueue {
+ public:
+  bool empty() const { return tasks_.empty(); }
+  size_t size() const { return tasks_.size(); }
+  // Enqueue time of the oldest task. REQUIRES: !empty().
+  absl::Time oldest() const { return tasks_.front().enqueued; }
+
+  void Push(QueuedTask<Task> task) { tasks_.push_back(std::move(task)); }
+
+  // When the head batch should leave: absl::InfinitePast() when it is full now,
+  // absl::InfiniteFuture() when the queue is empty.
+  absl::Time DispatchTime(const BatchLimits& limits, const BatchCostModel& cost) const {
+    if (tasks_.empty()) return absl::InfiniteFuture();
+    int count = 0;
+    int64_t tokens = 0;
+    absl::Time earliest_deadline = absl::InfiniteFuture();
+    for (const QueuedTask<Task>& t : tasks_) {
+      if (!Fits(limits, count, tokens, t.tokens)) return absl::InfinitePast();
+      ++count;
+      tokens += t.tokens;
+      earliest_deadline = std::min(earliest_deadline, t.deadline);
+    }
+    if (count >= limits.max_requests || tokens >= limits.max_tokens) return absl::InfinitePast();
+    return std::min(tasks_.front().enqueued + limits.max_queue_delay,
+                    earliest_deadline - cost.Estimate(tokens));
+  }
+
+  // Pops the head batch into `batch` (cleared first), and the cancelled or expired tasks met on
+  // the way into `dropped` (appended). `batch` may come back empty.
+  void PopBatch(absl::Time now, const BatchLimits& limits, std::vector<QueuedTask<Task>>* batch,
+                std::vector<DroppedTask<Task>>* dropped) {
+    batch->clear();
+    int64_t tokens = 0;
+    while (!tasks_.empty()) {
+      QueuedTask<Task>& front = tasks_.front();
+      if (front.task->IsCancelled()) {
+        dropped->push_back({std::move(front), DropReason::kCancelled});
+      } else if (front.deadline <= now) {
+        dropped->push_back({std::move(front), DropReason::kExpired});
+      } else if (Fits(limits, static_cast<int>(batch->size()), tokens, front.tokens)) {
+        tokens += front.tokens;
+        batch->push_back(std::move(front));
+      } else {
+        break;
+      }
+      tasks_.pop_front();
+    }
+  }
+
+  // Moves every cancelled task into `dropped` (appended).
+  void RemoveCancelled(std::vector<DroppedTask<Task>>* dropped) {
+    auto kept = tasks_.begin();
+    for (auto it = tasks_.begin(); it != tasks_.end(); ++it) {
+      if (it->task->IsCancelled()) {
+        dropped->push_back({std::move(*it), DropReason::kCancelled});
+      } else {
+        if (kept != it) *kept = std::move(*it);
+        ++kept;
+      }
+    }
+    tasks_.erase(kept, tasks_.end());
+  }
+
+  // Moves every task into `out` (appended).
+  void PopAll(std::vector<QueuedTask<Task>>* out) {
+    for (QueuedTask<Task>& t : tasks_) out->push_back(std::move(t));
+    tasks_.clear();
+  }
+
+ private:
+  // Whether a task of `task_tokens` joins a batch that has `count` tasks and `tokens` tokens.
+  static bool Fits(const BatchLimits& limits, int count, int64_t tokens, int64_t task_tokens) {
+    if (count >= limits.max_requests) return false;
+    return count == 0 || tokens + task_tokens <= limits.max_tokens;
+  }
+
+  std::deque<QueuedTask<Task>> tasks_;
+};
+
+}  // namespace attnserve::batching
+
+#endif  // ATTNSERVE_SERVER_BATCHING_BATCH_QUEUE_H_

@@ -1,0 +1,410 @@
+// The threaded batcher (server/batching/batcher.h) driven by a FakeClock. Each test waits for
+// the batch thread to go to sleep until a known instant (FakeClock::BlockUntilWaiting) before
+// it checks what has not happened yet, so nothing depends on real-time sleeps.
+#include "server/batching/batcher.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/batching/fake_clock.h"
+#include "tests/server/batching/test_task.h"
+
+namespace attnserve::batching {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using testing::Recorder;
+using testing::TaskRegistry;
+using testing::TestBatcher;
+using testing::TestTask;
+
+class BatcherTest : public ::testing::Test {
+ protected:
+  BatcherTest() {
+    options_.max_batch_requests = 3;
+    options_.max_batch_tokens = 10;
+    options_.max_queue_delay = absl::Milliseconds(10);
+    options_.max_queued_requests = 100;
+    options_.max_queued_bytes = 1000;
+    options_.num_batch_threads = 1;
+    options_.clock = &clock_;
+    options_.cost_model =
+        std::make_shared<FixedCostModel>(absl::ZeroDuration(), absl::ZeroDuration());
+  }
+
+  // Every task created through Task() must end in exactly one callback, exactly once, and be
+  // destroyed exactly once, unless the test kept it (refused by Schedule).
+  void TearDown() override {
+    batcher_.reset();
+    for (int id : scheduled_ids_) {
+      EXPECT_EQ(recorder_.Appearances(id), 1) << "task " << id;
+      EXPECT_EQ(registry_.times_destroyed(id), 1) << "task " << id;
+    }
+  }
+
+  void Start() {
+    auto batcher = TestBatcher::Create(options_, recorder_.ProcessFn(), recorder_.RejectFn());
+    ASSERT_TRUE(batcher.ok()) << batcher.status();
+    batcher_ = *std::move(batcher);
+  }
+
+  std::unique_ptr<TestTask> Task(int id, int64_t tokens = 1, int64_t bytes = 1,
+                                 absl::Time deadline = absl::InfiniteFuture()) {
+    return std::make_unique<TestTask>(&registry_, id, tokens, bytes, deadline);
+  }
+
+  // Schedules and expects OK.
+  TestTask* Add(const std::string& key, std::unique_ptr<TestTask> task) {
+    TestTask* raw = task.get();
+    const int id = task->id();
+    EXPECT_TRUE(batcher_->Schedule(key, &task).ok());
+    EXPECT_EQ(task, nullptr);
+    scheduled_ids_.push_back(id);
+    return raw;
+  }
+
+  // Makes the batch thread block inside process_batch on the batch containing `id` until
+  // Release() (to make tasks wait behind a busy thread).
+  void HoldBatchWith(int id) {
+    recorder_.on_batch = [this, id](const std::string&, const std::vector<int>& ids) {
+      for (int i : ids) {
+        if (i == id) {
+          busy_.Notify();
+          release_.WaitForNotification();
+        }
+      }
+    };
+  }
+
+  FakeClock clock_;
+  const absl::Time t0_ = clock_.Now();
+  BatcherOptions options_;
+  TaskRegistry registry_;
+  Recorder recorder_;
+  std::unique_ptr<TestBatcher> batcher_;
+  std::vector<int> scheduled_ids_;
+  testing::Notification busy_, release_;
+};
+
+TEST_F(BatcherTest, FullBatchByCountLeavesAtOnce) {
+  Start();
+  for (int i = 1; i <= 7; ++i) Add("k", Task(i));
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  // The 7th task waits for company until the delay is up.
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Milliseconds(10)));
+  EXPECT_EQ(recorder_.batches().size(), 2u);
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(recorder_.WaitForBatches(3));
+  const auto batches = recorder_.batches();
+  EXPECT_THAT(batches[0].ids, ElementsAre(1, 2, 3));
+  EXPECT_THAT(batches[1].ids, ElementsAre(4, 5, 6));
+  EXPECT_THAT(batches[2].ids, ElementsAre(7));
+}
+
+TEST_F(BatcherTest, BatchIsFullWhenTheNextTaskWouldOverflowTokens) {
+  Start();
+  Add("k", Task(1, /*tokens=*/4));
+  Add("k", Task(2, 4));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Milliseconds(10)));
+  EXPECT_TRUE(recorder_.batches().empty());
+  Add("k", Task(3, 4));  // 12 > 10: tasks 1 and 2 leave now, task 3 starts the next batch.
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  EXPECT_THAT(recorder_.batches()[0].ids, ElementsAre(1, 2));
+  Add("k", Task(4, 25));  // Larger than max_batch_tokens: behind task 3, then alone.
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  EXPECT_THAT(recorder_.batches()[1].ids, ElementsAre(3));
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(recorder_.WaitForBatches(3));
+  EXPECT_THAT(recorder_.batches()[2].ids, ElementsAre(4));
+}
+
+TEST_F(BatcherTest, PartialBatchLeavesExactlyAtMaxQueueDelay) {
+  Start();
+  Add("k", Task(1));
+  clock_.Advance(absl::Milliseconds(4));
+  Add("k", Task(2));
+  // Due at the oldest task's enqueue time + 10 ms, not the newest's.
+  const absl::Time due = t0_ + absl::Milliseconds(10);
+  ASSERT_TRUE(clock_.BlockUntilWaiting(due));
+  clock_.Advance(absl::Milliseconds(5));  // t0 + 9 ms
+  ASSERT_TRUE(clock_.BlockUntilWaiting(due));
+  EXPECT_TRUE(recorder_.batches().empty());
+  clock_.Advance(absl::Milliseconds(1));  // t0 + 10 ms
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  EXPECT_THAT(recorder_.batches()[0].ids, ElementsAre(1, 2));
+}
+
+TEST_F(BatcherTest, ZeroDelayDispatchesAtOnce) {
+  options_.max_queue_delay = absl::ZeroDuration();
+  Start();
+  Add("k", Task(1));
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+}
+
+TEST_F(BatcherTest, DeadlineMakesTheBatchLeaveEarly) {
+  options_.max_queue_delay = absl::Milliseconds(100);
+  options_.cost_model =
+      std::make_shared<FixedCostModel>(absl::Milliseconds(2), absl::Milliseconds(1));
+  Start();
+  Add("k", Task(1, /*tokens=*/1));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Milliseconds(100)));
+  // Deadline t0 + 20 ms; the batch (2 tokens) is estimated at 2 + 2 = 4 ms: leave at 16 ms.
+  Add("k", Task(2, 1, 1, t0_ + absl::Milliseconds(20)));
+  const absl::Time due = t0_ + absl::Milliseconds(16);
+  ASSERT_TRUE(clock_.BlockUntilWaiting(due));
+  clock_.Advance(absl::Milliseconds(15));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(due));
+  EXPECT_TRUE(recorder_.batches().empty());
+  clock_.Advance(absl::Milliseconds(1));
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  EXPECT_THAT(recorder_.batches()[0].ids, ElementsAre(1, 2));
+  EXPECT_TRUE(recorder_.rejects().empty());
+}
+
+TEST_F(BatcherTest, LearnsCostFromMeasuredBatches) {
+  options_.max_queue_delay = absl::Milliseconds(100);
+  options_.cost_model = std::make_shared<EwmaCostModel>(/*margin=*/absl::ZeroDuration());
+  // Every batch "takes" 6 * 2^-10 s on the fake clock; powers of two keep the arithmetic exact.
+  recorder_.on_batch = [this](const std::string&, const std::vector<int>&) {
+    clock_.Advance(absl::Nanoseconds(5'859'375));
+  };
+  Start();
+  for (int i = 1; i <= 3; ++i) Add("k", Task(i, /*tokens=*/2));  // full: 6 tokens, 2^-10 s each
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  const absl::Time now = clock_.Now();
+  // 4 tokens at 2^-10 s = 3.90625 ms before the deadline, long before the 100 ms delay.
+  Add("k", Task(4, 4, 1, now + absl::Milliseconds(50)));
+  const absl::Time due = now + absl::Milliseconds(50) - absl::Nanoseconds(3'906'250);
+  ASSERT_TRUE(clock_.BlockUntilWaiting(due));
+  clock_.SetTime(due);
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  EXPECT_THAT(recorder_.batches()[1].ids, ElementsAre(4));
+}
+
+TEST_F(BatcherTest, TaskExpiredWhileQueuedIsRejectedNotProcessed) {
+  options_.max_batch_requests = 1;
+  HoldBatchWith(1);
+  Start();
+  Add("k", Task(1));
+  busy_.WaitForNotification();
+  Add("k", Task(2, 1, 1, t0_ + absl::Milliseconds(5)));
+  Add("k", Task(3));
+  clock_.Advance(absl::Milliseconds(6));
+  release_.Notify();
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  ASSERT_TRUE(recorder_.WaitForRejects(1));
+  EXPECT_THAT(recorder_.batches()[1].ids, ElementsAre(3));
+  EXPECT_EQ(recorder_.rejects()[0].id, 2);
+  EXPECT_EQ(recorder_.rejects()[0].code, absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(batcher_->stats().expired, 1);
+}
+
+TEST_F(BatcherTest, TaskCancelledWhileQueuedIsRejectedAtBatchFormation) {
+  options_.max_batch_requests = 1;
+  HoldBatchWith(1);
+  Start();
+  Add("k", Task(1));
+  busy_.WaitForNotification();
+  Add("k", Task(2))->Cancel();  // no NotifyCancelled(): found when its batch forms
+  Add("k", Task(3));
+  release_.Notify();
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  ASSERT_TRUE(recorder_.WaitForRejects(1));
+  EXPECT_THAT(recorder_.batches()[1].ids, ElementsAre(3));
+  EXPECT_EQ(recorder_.rejects()[0].id, 2);
+  EXPECT_EQ(recorder_.rejects()[0].code, absl::StatusCode::kCancelled);
+  EXPECT_EQ(batcher_->stats().cancelled, 1);
+}
+
+TEST_F(BatcherTest, NotifyCancelledRemovesTheTaskPromptly) {
+  options_.max_queue_delay = absl::Seconds(10);
+  Start();
+  Add("k", Task(1));
+  TestTask* two = Add("k", Task(2));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Seconds(10)));
+  two->Cancel();
+  batcher_->NotifyCancelled();
+  ASSERT_TRUE(recorder_.WaitForRejects(1));  // without the clock moving
+  EXPECT_EQ(recorder_.rejects()[0].id, 2);
+  EXPECT_EQ(recorder_.rejects()[0].code, absl::StatusCode::kCancelled);
+  EXPECT_EQ(batcher_->stats().queued_requests, 1);
+  clock_.Advance(absl::Seconds(10));
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  EXPECT_THAT(recorder_.batches()[0].ids, ElementsAre(1));
+}
+
+TEST_F(BatcherTest, ScheduleRefusesCancelledAndExpiredTasksAndCallerKeepsThem) {
+  Start();
+  auto cancelled = Task(1);
+  cancelled->Cancel();
+  EXPECT_EQ(batcher_->Schedule("k", &cancelled).code(), absl::StatusCode::kCancelled);
+  ASSERT_NE(cancelled, nullptr);
+  auto expired = Task(2, 1, 1, /*deadline=*/t0_);
+  EXPECT_EQ(batcher_->Schedule("k", &expired).code(), absl::StatusCode::kDeadlineExceeded);
+  ASSERT_NE(expired, nullptr);
+  EXPECT_EQ(registry_.total_destroyed(), 0);
+  const BatcherStats stats = batcher_->stats();
+  EXPECT_EQ(stats.refused_cancelled, 1);
+  EXPECT_EQ(stats.refused_expired, 1);
+  EXPECT_EQ(stats.scheduled, 0);
+}
+
+TEST_F(BatcherTest, FullQueueRefusesAtOnceWithUnavailable) {
+  options_.max_queued_requests = 2;
+  options_.max_batch_requests = 10;
+  Start();
+  Add("a", Task(1));
+  Add("b", Task(2));  // the limit counts every key's queue
+  auto third = Task(3);
+  const absl::Status status = batcher_->Schedule("a", &third);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("max_queued_requests 2"));
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(third->id(), 3);
+  EXPECT_EQ(batcher_->stats().refused_queue_full, 1);
+  EXPECT_EQ(registry_.times_destroyed(3), 0);
+}
+
+TEST_F(BatcherTest, BytesOverBudgetRefusesAtOnce) {
+  Start();  // max_queued_bytes = 1000
+  Add("k", Task(1, 1, /*bytes=*/600));
+  auto over = Task(2, 1, 500);
+  absl::Status status = batcher_->Schedule("k", &over);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(status.message(), HasSubstr("max_queued_bytes 1000"));
+  ASSERT_NE(over, nullptr);
+  auto huge = Task(3, 1, 1001);  // can never fit: retrying would not help
+  status = batcher_->Schedule("k", &huge);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_NE(huge, nullptr);
+  EXPECT_EQ(batcher_->stats().refused_bytes, 2);
+  EXPECT_EQ(batcher_->stats().queued_bytes, 600);
+}
+
+TEST_F(BatcherTest, InvalidTasksAreRefused) {
+  Start();
+  std::unique_ptr<TestTask> null_task;
+  EXPECT_EQ(batcher_->Schedule("k", &null_task).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(batcher_->Schedule("k", nullptr).code(), absl::StatusCode::kInvalidArgument);
+  auto negative = Task(1, /*tokens=*/-1);
+  const absl::Status status = batcher_->Schedule("k", &negative);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("was -1"));
+  ASSERT_NE(negative, nullptr);
+  EXPECT_EQ(batcher_->stats().refused_invalid, 3);
+}
+
+TEST_F(BatcherTest, KeysAreNeverMixed) {
+  options_.max_batch_requests = 2;
+  Start();
+  Add("a", Task(1));
+  Add("b", Task(2));
+  Add("a", Task(3));  // "a" is full: leaves now; "b" waits.
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  EXPECT_EQ(recorder_.batches()[0].key, "a");
+  EXPECT_THAT(recorder_.batches()[0].ids, ElementsAre(1, 3));
+  Add("c", Task(4));
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(recorder_.WaitForBatches(3));
+  for (const auto& batch : recorder_.batches()) {
+    for (int id : batch.ids) {
+      EXPECT_EQ(batch.key, id == 2 ? "b" : id == 4 ? "c" : "a") << "task " << id;
+    }
+  }
+}
+
+TEST_F(BatcherTest, SeveralBatchThreadsComputeBatchesAtOnce) {
+  options_.max_batch_requests = 1;
+  options_.num_batch_threads = 2;
+  testing::Notification both;
+  std::atomic<int> inside{0};
+  recorder_.on_batch = [&](const std::string&, const std::vector<int>&) {
+    if (inside.fetch_add(1) + 1 == 2) both.Notify();
+    both.WaitForNotification();  // returns only if both threads are here together
+  };
+  Start();
+  Add("k", Task(1));
+  Add("k", Task(2));
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+}
+
+TEST_F(BatcherTest, ShutdownDrainsQueuedWorkWithoutWaitingForTheDelay) {
+  options_.max_queue_delay = absl::Seconds(100);
+  Start();
+  Add("a", Task(1));
+  Add("b", Task(2));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Seconds(100)));
+  batcher_->Shutdown(absl::Seconds(1));
+  EXPECT_EQ(recorder_.batches().size(), 2u);
+  EXPECT_TRUE(recorder_.rejects().empty());
+  auto late = Task(3);
+  EXPECT_EQ(batcher_->Schedule("a", &late).code(), absl::StatusCode::kUnavailable);
+  ASSERT_NE(late, nullptr);
+  const BatcherStats stats = batcher_->stats();
+  EXPECT_EQ(stats.processed, 2);
+  EXPECT_EQ(stats.refused_shutdown, 1);
+  batcher_->Shutdown(absl::Seconds(1));  // a second call returns at once
+}
+
+TEST_F(BatcherTest, ShutdownRejectsWhatIsLeftAfterTheGracePeriod) {
+  options_.max_batch_requests = 1;
+  HoldBatchWith(1);
+  Start();
+  Add("k", Task(1));
+  busy_.WaitForNotification();
+  Add("k", Task(2));
+  Add("k", Task(3));
+  std::thread shutdown([this] { batcher_->Shutdown(absl::Milliseconds(50)); });
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Milliseconds(50)));
+  clock_.Advance(absl::Milliseconds(50));
+  // Rejected before the busy batch finishes: the grace period is over.
+  ASSERT_TRUE(recorder_.WaitForRejects(2));
+  for (const auto& r : recorder_.rejects()) {
+    EXPECT_EQ(r.code, absl::StatusCode::kUnavailable) << "task " << r.id;
+  }
+  release_.Notify();
+  shutdown.join();
+  EXPECT_EQ(recorder_.batches().size(), 1u);
+  EXPECT_EQ(batcher_->stats().shut_down, 2);
+}
+
+TEST_F(BatcherTest, DestructorRejectsQueuedTasks) {
+  options_.max_queue_delay = absl::Seconds(100);
+  Start();
+  Add("k", Task(1));
+  Add("k", Task(2));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Seconds(100)));
+  batcher_.reset();
+  // Zero grace: the destructor takes the queue before the batch thread can wake.
+  EXPECT_TRUE(recorder_.batches().empty());
+  ASSERT_EQ(recorder_.rejects().size(), 2u);
+  for (const auto& r : recorder_.rejects()) {
+    EXPECT_EQ(r.code, absl::StatusCode::kUnavailable);
+  }
+}
+
+TEST_F(BatcherTest, StatsAccountForEveryTask) {
+  options_.max_queued_requests = 4;
+  options_.max_batch_requests = 10;  // nothing leaves before Shutdown()
+  Start();
+  for (int i = 1; i <= 4; ++i) Add("k", Task(i));
+  auto refused = Task(5);
+  EXPECT_FALSE(batcher_->Schedule("k", &refused).ok());
+  batcher_->Shutdown(absl::InfiniteDuration());
+  const BatcherStats s = batcher_->stats();
+  EXPECT_EQ(s.scheduled, 4);
+  EXPECT_EQ(s.refused_queue_full, 1);
+  EXPECT_EQ(s.processed + s.expired + s.cancelled + s.shut_down, s.scheduled);
+  EXPECT_EQ(s.batches, 1);
+  EXPECT_EQ(s.queued_requests, 0);
+  EXPECT_EQ(s.queued_bytes, 0);
+}
+
+}  // namespace
+}  // namespace attnserve::batching
