@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/attention_stream.h"
 #include "server/request_builder.h"
 
 namespace attnserve::server {
@@ -14,6 +15,14 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
 }
+
+// A stream refused before it starts (unauthenticated): finishes at once, deletes itself.
+class RefusedStream final
+    : public grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse> {
+ public:
+  explicit RefusedStream(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
 
 }  // namespace
 
@@ -123,6 +132,13 @@ grpc::ServerUnaryReactor* AttentionService::MultiHeadAttention(
                   BuildMultiHeadJob(*request, *modules_, options_.limits), arrival, response);
 }
 
+grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse>*
+AttentionService::AttentionStream(grpc::CallbackServerContext* context) {
+  if (auto s = Authorize(*context); !s.ok()) return new RefusedStream(ToGrpcStatus(s));
+  return new AttentionStreamReactor(
+      context, {&options_.limits, modules_, dispatcher_, metrics_});
+}
+
 grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerContext* context,
                                                        const v1::LoadModuleRequest* request,
                                                        v1::LoadModuleResponse* response) {
@@ -194,6 +210,7 @@ grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerCo
   limits->set_max_sequence_length(options_.limits.max_sequence_length);
   limits->set_max_head_dim(options_.limits.max_head_dim);
   limits->set_max_module_bytes(options_.limits.max_module_bytes);
+  limits->set_max_stream_in_flight(options_.limits.max_stream_in_flight);
   *response->mutable_batching() = info_.batching;
   response->set_float32_precision(info_.float32_precision);
   return FinishNow(context, metrics::Rpc::kGetServerInfo, arrival, absl::OkStatus());

@@ -45,6 +45,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   grpc::ServerUnaryReactor* MultiHeadAttention(grpc::CallbackServerContext* context,
                                                const v1::MultiHeadAttentionRequest* request,
                                                v1::MultiHeadAttentionResponse* response) override;
+  grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse>*
+  AttentionStream(grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
                                        v1::LoadModuleResponse* response) override;

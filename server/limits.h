@@ -21,6 +21,8 @@ struct Limits {
   int64_t max_head_dim = 256;
   // Largest module (float32 weights, bytes) LoadModule accepts. Default: 1 GiB.
   int64_t max_module_bytes = int64_t{1} << 30;
+  // Most requests of one AttentionStream queued or computing at once. Default: 256.
+  int64_t max_stream_in_flight = 256;
 };
 
 }  // namespace attnserve::server

@@ -88,11 +88,16 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  auto backend = attnserve::server::MakeBackend(options.backend, options.backend_threads);
+  if (!backend.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", backend.status().ToString().c_str());
+    return 2;
+  }
   // The one metrics object, passed down to everything that records.
   attnserve::metrics::MetricsOptions metrics_options;
   metrics_options.listen_address = absl::GetFlag(FLAGS_metrics_address);
   metrics_options.version = attnserve::server::kVersion;
-  metrics_options.backend = options.backend;
+  metrics_options.backend = (*backend)->name();
   metrics_options.cuda = attnserve::server::kHaveCuda;
   auto metrics = attnserve::metrics::Metrics::Create(metrics_options);
   if (!metrics.ok()) {
@@ -100,7 +105,8 @@ int Run() {
                  metrics.status().ToString().c_str());
     return 1;
   }
-  auto host = attnserve::server::ServerHost::Start(options, metrics->get());
+  auto host =
+      attnserve::server::ServerHost::Start(options, *std::move(backend), metrics->get());
   if (!host.ok()) {
     std::fprintf(stderr, "attnserve: cannot start: %s\n", host.status().ToString().c_str());
     return 1;

@@ -95,10 +95,16 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
                                                                metrics::Metrics* metrics) {
-  std::unique_ptr<ServerHost> host(new ServerHost());
   auto backend = MakeBackend(options.backend, options.backend_threads);
   if (!backend.ok()) return backend.status();
-  host->backend_ = *std::move(backend);
+  return Start(options, *std::move(backend), metrics);
+}
+
+absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
+    const ServerOptions& options, std::unique_ptr<kernels::Backend> backend,
+    metrics::Metrics* metrics) {
+  std::unique_ptr<ServerHost> host(new ServerHost());
+  host->backend_ = std::move(backend);
 
   if (options.demo_module) {
     if (auto s = host->modules_.Add(DemoModule(), false); !s.ok()) return s;

@@ -60,7 +60,11 @@ class ServerHost {
  public:
   // Builds everything, loads modules, warms the backend up, starts listening and reports
   // SERVING on grpc.health.v1. Errors: a bad option, an unreadable module file, a port in use.
-  // `metrics` (not owned; outlives the host) records every request.
+  // Computes on `backend`; `metrics` (not owned; outlives the host) records every request.
+  static absl::StatusOr<std::unique_ptr<ServerHost>> Start(
+      const ServerOptions& options, std::unique_ptr<kernels::Backend> backend,
+      metrics::Metrics* metrics);
+  // As above, with the backend MakeBackend(options.backend, options.backend_threads) makes.
   static absl::StatusOr<std::unique_ptr<ServerHost>> Start(const ServerOptions& options,
                                                            metrics::Metrics* metrics);
   ~ServerHost();

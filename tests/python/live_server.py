@@ -7,7 +7,13 @@ import time
 
 
 class LiveServer:
-    """attnserve in a child process; `port` is set once it reports SERVING."""
+    """attnserve in a child process; `port` is set once it reports SERVING.
+
+    `flags` are extra command-line flags, e.g. "--metrics_address=127.0.0.1:9999". Unless they
+    name one, /metrics listens on a free loopback port (127.0.0.1:0), so that servers of tests
+    run in parallel do not collide on the default 0.0.0.0:9464 (the last of a repeated flag
+    wins).
+    """
 
     def __init__(self, *flags):
         self._dir = tempfile.TemporaryDirectory()
@@ -15,9 +21,17 @@ class LiveServer:
         self._log = open(os.path.join(self._dir.name, "log"), "w+")
         self.process = subprocess.Popen(
             [os.environ["ATTNSERVE_BIN"], "--listen=127.0.0.1:0",
-             f"--port_file={self._port_file}", *flags],
+             "--metrics_address=127.0.0.1:0", f"--port_file={self._port_file}", *flags],
             stdout=self._log, stderr=subprocess.STDOUT)
-        self.port = self._wait_for_port(timeout_s=60)
+        try:
+            self.port = self._wait_for_port(timeout_s=60)
+        except BaseException:
+            # Leave no process or temporary directory behind when start-up fails.
+            self.process.kill()
+            self.process.wait()
+            self._log.close()
+            self._dir.cleanup()
+            raise
         self.target = f"127.0.0.1:{self.port}"
 
     def _wait_for_port(self, timeout_s):
