@@ -1,5 +1,6 @@
 #include "server/attention_service.h"
 
+#include <atomic>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +16,23 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
 }
+
+// The reactor of a queued unary call: learns of cancellation as it happens (DefaultReactor
+// cannot), so the job leaves the queue without waiting for its batch. Deletes itself.
+class JobReactor final : public grpc::ServerUnaryReactor {
+ public:
+  explicit JobReactor(Dispatcher* dispatcher) : dispatcher_(dispatcher) {}
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  void OnCancel() override {
+    cancelled_.store(true, std::memory_order_release);
+    dispatcher_->NotifyCancelled();
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  Dispatcher* const dispatcher_;
+  std::atomic<bool> cancelled_{false};
+};
 
 // A stream refused before it starts (unauthenticated): finishes at once, deletes itself.
 class RefusedStream final
@@ -86,11 +104,11 @@ grpc::ServerUnaryReactor* AttentionService::Dispatch(grpc::CallbackServerContext
                                                      absl::Time arrival, Response* response) {
   if (!job_or.ok()) return FinishNow(context, rpc, arrival, job_or.status());
   std::unique_ptr<Job> job = *std::move(job_or);
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  auto* reactor = new JobReactor(dispatcher_);
   job->timing.arrival = arrival;
   job->deadline_at = DeadlineOf(*context);
-  // The context stays valid until the reactor is finished, which only `done` does.
-  job->is_cancelled = [context] { return context->IsCancelled(); };
+  // The reactor lives until OnDone, which follows Finish, which only `done` calls.
+  job->is_cancelled = [reactor] { return reactor->cancelled(); };
   job->done = [this, reactor, response, rpc](Job& done_job, absl::Status status) {
     const absl::Time now = absl::Now();
     if (status.ok()) {

@@ -17,7 +17,7 @@ void AttentionStreamReactor::OnReadDone(bool ok) {
   if (ok) Handle();
   Actions actions;
   {
-    absl::MutexLock lock(&mu_);
+    batching::MutexLock lock(&mu_);
     reading_ = false;
     if (!ok) reads_done_ = true;
     actions = NextLocked();
@@ -77,12 +77,12 @@ void AttentionStreamReactor::Handle() {
     Respond(std::move(response), /*job_done=*/true);
   };
   {
-    absl::MutexLock lock(&mu_);
+    batching::MutexLock lock(&mu_);
     ++in_flight_;
   }
   if (absl::Status s = context_.dispatcher->Submit(&*job); !s.ok()) {
     {
-      absl::MutexLock lock(&mu_);
+      batching::MutexLock lock(&mu_);
       --in_flight_;
     }
     fail(s);
@@ -92,7 +92,7 @@ void AttentionStreamReactor::Handle() {
 void AttentionStreamReactor::Respond(v1::AttentionStreamResponse response, bool job_done) {
   Actions actions;
   {
-    absl::MutexLock lock(&mu_);
+    batching::MutexLock lock(&mu_);
     if (job_done) --in_flight_;
     writes_.push_back(std::move(response));
     actions = NextLocked();
@@ -103,7 +103,7 @@ void AttentionStreamReactor::Respond(v1::AttentionStreamResponse response, bool 
 void AttentionStreamReactor::OnWriteDone(bool ok) {
   Actions actions;
   {
-    absl::MutexLock lock(&mu_);
+    batching::MutexLock lock(&mu_);
     writes_.pop_front();
     writing_ = false;
     // A failed write means the call is over (cancelled or broken): drop what is left; the
@@ -122,7 +122,7 @@ void AttentionStreamReactor::OnCancel() {
   // Queued jobs of this stream see cancelled_ when their batch forms and are dropped.
   Actions actions;
   {
-    absl::MutexLock lock(&mu_);
+    batching::MutexLock lock(&mu_);
     actions = NextLocked();
   }
   Run(actions);

@@ -8,7 +8,7 @@
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "server/batching/sync.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
@@ -63,7 +63,7 @@ class AttentionStreamReactor final
   v1::AttentionStreamRequest request_;  // the read in progress; only the reading side touches it
   std::atomic<bool> cancelled_{false};
 
-  absl::Mutex mu_;
+  batching::Mutex mu_;
   std::deque<v1::AttentionStreamResponse> writes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;   // writes_.front() is being written
   bool reading_ ABSL_GUARDED_BY(mu_) = true;    // a read is in flight

@@ -1,20 +1,19 @@
-// Where the service hands validated jobs: a queue in front of the Executor.
+// Where the service hands validated jobs: the dynamic batcher in front of the Executor.
 //
-// Two implementations: WorkerPoolDispatcher (each job computed alone by a fixed pool of
-// threads) and, with batching on, the dynamic batcher (server/batching/).
+// Jobs of one signature (Job::signature: kind, dtype, heads, head dims, module, whether weights
+// are returned) are packed into batches by server/batching/batcher.h and computed with one
+// backend call per batch. With batching off, every batch holds one job and nothing waits.
 #ifndef ATTNSERVE_SERVER_DISPATCHER_H_
 #define ATTNSERVE_SERVER_DISPATCHER_H_
 
-#include <deque>
 #include <memory>
-#include <thread>
-#include <vector>
+#include <string>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/batching/batcher.h"
+#include "server/batching/sync.h"
 #include "server/executor.h"
 #include "server/job.h"
 #include "server/metrics/metrics.h"
@@ -27,48 +26,59 @@ class Dispatcher {
   virtual ~Dispatcher() = default;
 
   // Queues `*job` and returns OK, taking ownership (*job becomes null); the job is then answered
-  // exactly once through Job::Finish. Never blocks. On error (queue full: UNAVAILABLE; shutting
-  // down: UNAVAILABLE) *job is left with the caller, unanswered.
+  // exactly once through Job::Finish. Never blocks. On error *job is left with the caller,
+  // unanswered: UNAVAILABLE (queue full, queued bytes over budget, shutting down: a retry with
+  // backoff can pass), RESOURCE_EXHAUSTED (the job alone exceeds the queue's byte budget),
+  // DEADLINE_EXCEEDED or CANCELLED (already expired or cancelled).
   virtual absl::Status Submit(std::unique_ptr<Job>* job) = 0;
+
+  // A queued job's caller has cancelled: drop cancelled jobs from the queue soon. Never blocks.
+  virtual void NotifyCancelled() = 0;
 
   // Stops accepting, computes what is queued for up to `grace`, answers what is left
   // UNAVAILABLE and joins the threads. Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;
 };
 
-struct WorkerPoolOptions {
-  // Threads computing jobs. REQUIRES >= 1. Default: 1 (the backend parallelises inside a job).
-  int num_threads = 1;
-  // Jobs queued before Submit refuses with UNAVAILABLE. REQUIRES >= 1. Default: 1024.
-  int max_queued_jobs = 1024;
+// The batching settings of the server (flags of the same names; GetServerInfo reports them).
+struct BatchingOptions {
+  // False: every job is computed alone, as soon as a batch thread is free (max_batch_requests 1,
+  // no queue delay); the queue limits still apply.
+  bool enabled = true;
+  batching::BatcherOptions batcher;
 };
 
-// Computes each job alone (batch of one), in arrival order.
-class WorkerPoolDispatcher final : public Dispatcher {
+class BatchingDispatcher final : public Dispatcher {
  public:
-  static absl::StatusOr<std::unique_ptr<WorkerPoolDispatcher>> Create(
-      const WorkerPoolOptions& options, Executor* executor, metrics::Metrics* metrics);
-  ~WorkerPoolDispatcher() override;
+  // Validates the options (INVALID_ARGUMENT naming the field) and starts the batch threads.
+  // `executor` computes batches; `metrics` (may be null) gets the queue gauges and drops.
+  static absl::StatusOr<std::unique_ptr<BatchingDispatcher>> Create(const BatchingOptions& options,
+                                                                    Executor* executor,
+                                                                    metrics::Metrics* metrics);
+  ~BatchingDispatcher() override;
 
   absl::Status Submit(std::unique_ptr<Job>* job) override;
+  void NotifyCancelled() override;
   void Shutdown(absl::Duration grace) override;
 
+  // The options in force (with batching off: the effective batch of one).
+  const batching::BatcherOptions& options() const { return options_; }
+
  private:
-  WorkerPoolDispatcher(const WorkerPoolOptions& options, Executor* executor,
-                       metrics::Metrics* metrics);
-  void WorkerLoop();
-  void PublishQueue() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  using Batcher = batching::Batcher<std::string, Job>;
+  BatchingDispatcher(const batching::BatcherOptions& options, metrics::Metrics* metrics)
+      : options_(options), metrics_(metrics) {}
+  // Publishes the batcher's refusal counters (as deltas) and queue gauges; runs before every
+  // scrape, so Submit itself stays free of metrics work.
+  void PublishStats();
 
-  const WorkerPoolOptions options_;
-  Executor* const executor_;
-  metrics::Metrics* const metrics_;  // may be null
-  std::vector<std::thread> threads_;
+  const batching::BatcherOptions options_;
+  metrics::Metrics* const metrics_;
+  std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<metrics::Metrics::ScrapeHook> scrape_hook_;
 
-  absl::Mutex mu_;
-  std::deque<std::unique_ptr<Job>> queue_ ABSL_GUARDED_BY(mu_);
-  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  bool accepting_ ABSL_GUARDED_BY(mu_) = true;
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;  // workers exit once set and the queue is drained
+  batching::Mutex published_mu_;
+  batching::BatcherStats published_ ABSL_GUARDED_BY(published_mu_);
 };
 
 }  // namespace attnserve::server

@@ -29,8 +29,16 @@ ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20, "largest request messa
 ABSL_FLAG(int64_t, max_tensor_elements, int64_t{64} << 20, "largest tensor, elements");
 ABSL_FLAG(int64_t, max_sequence_length, 65536, "largest Lq or Lk");
 ABSL_FLAG(int64_t, max_module_bytes, int64_t{1} << 30, "largest module weights, bytes");
-ABSL_FLAG(int, worker_threads, 1, "threads computing requests");
+ABSL_FLAG(bool, batching, true, "batch requests dynamically; false: compute each alone");
+ABSL_FLAG(int, max_batch_requests, 32, "most requests in one batch");
+ABSL_FLAG(int64_t, max_batch_tokens, 4096, "most tokens (query rows, B*Lq each) in one batch");
+ABSL_FLAG(int64_t, max_queue_delay_us, 2000,
+          "longest a request waits for companions before its batch leaves");
 ABSL_FLAG(int, max_queued_requests, 1024, "requests queued before UNAVAILABLE");
+ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
+          "bytes of queued requests before UNAVAILABLE");
+ABSL_FLAG(int, batch_threads, 1, "threads computing batches (the backend parallelises inside one)");
+ABSL_FLAG(int64_t, max_stream_in_flight, 256, "most requests of one stream in flight");
 ABSL_FLAG(std::string, tls_cert_file, "", "PEM server certificate chain: serve TLS");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
@@ -54,8 +62,15 @@ int Run() {
   options.limits.max_tensor_elements = absl::GetFlag(FLAGS_max_tensor_elements);
   options.limits.max_sequence_length = absl::GetFlag(FLAGS_max_sequence_length);
   options.limits.max_module_bytes = absl::GetFlag(FLAGS_max_module_bytes);
-  options.workers.num_threads = absl::GetFlag(FLAGS_worker_threads);
-  options.workers.max_queued_jobs = absl::GetFlag(FLAGS_max_queued_requests);
+  options.limits.max_stream_in_flight = absl::GetFlag(FLAGS_max_stream_in_flight);
+  options.batching.enabled = absl::GetFlag(FLAGS_batching);
+  options.batching.batcher.max_batch_requests = absl::GetFlag(FLAGS_max_batch_requests);
+  options.batching.batcher.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  options.batching.batcher.max_queue_delay =
+      absl::Microseconds(absl::GetFlag(FLAGS_max_queue_delay_us));
+  options.batching.batcher.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
+  options.batching.batcher.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
+  options.batching.batcher.num_batch_threads = absl::GetFlag(FLAGS_batch_threads);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

@@ -122,18 +122,22 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   }
 
   host->executor_ = std::make_unique<Executor>(host->backend_.get(), metrics);
-  auto dispatcher = WorkerPoolDispatcher::Create(options.workers, host->executor_.get(), metrics);
+  auto dispatcher = BatchingDispatcher::Create(options.batching, host->executor_.get(), metrics);
   if (!dispatcher.ok()) return dispatcher.status();
+  const batching::BatcherOptions& batcher = (*dispatcher)->options();
   host->dispatcher_ = *std::move(dispatcher);
 
   ServiceInfo info;
   info.version = kVersion;
   info.float32_precision = "fp32: float32 inputs, float32 arithmetic (float64 on the reference "
                            "backend)";
-  info.batching.set_enabled(false);
-  info.batching.set_max_batch_requests(1);
-  info.batching.set_max_queued_requests(options.workers.max_queued_jobs);
-  info.batching.set_worker_threads(options.workers.num_threads);
+  info.batching.set_enabled(options.batching.enabled);
+  info.batching.set_max_batch_requests(batcher.max_batch_requests);
+  info.batching.set_max_batch_tokens(batcher.max_batch_tokens);
+  info.batching.set_max_queue_delay_us(absl::ToInt64Microseconds(batcher.max_queue_delay));
+  info.batching.set_max_queued_requests(batcher.max_queued_requests);
+  info.batching.set_max_queued_bytes(batcher.max_queued_bytes);
+  info.batching.set_worker_threads(batcher.num_batch_threads);
   v1::BackendInfo* backend_info = &info.backends.emplace_back();
   backend_info->set_name(host->backend_->name());
   backend_info->set_active(true);
@@ -174,7 +178,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
 
 void ServerHost::Shutdown(absl::Duration grace) {
   {
-    absl::MutexLock lock(&shutdown_mu_);
+    batching::MutexLock lock(&shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
   }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "server/batching/sync.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "kernels/backend.h"
@@ -45,7 +46,7 @@ struct ServerOptions {
   // Threads of the CPU backend; 0 = one per core.
   int backend_threads = 0;
   Limits limits;
-  WorkerPoolOptions workers;
+  BatchingOptions batching;
   bool allow_module_rpc = true;
   TlsOptions tls;
   // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>".
@@ -91,7 +92,7 @@ class ServerHost {
   std::unique_ptr<AttentionService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  absl::Mutex shutdown_mu_;
+  batching::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
 
