@@ -16,6 +16,12 @@ absl::StatusOr<std::unique_ptr<BatchingDispatcher>> BatchingDispatcher::Create(
       batcher_options,
       [executor](const std::string&, Batcher::Batch batch) { executor->Run(std::move(batch)); },
       [metrics](std::unique_ptr<Job> job, absl::Status status) {
+        // gRPC cancels a call whose deadline passes, so an expired job usually arrives here as
+        // cancelled; answer and count it as what it is.
+        if (status.code() == absl::StatusCode::kCancelled && job->deadline_at <= absl::Now()) {
+          status = absl::DeadlineExceededError(
+              "the deadline passed while the request was queued; it was not computed");
+        }
         if (metrics != nullptr) {
           switch (status.code()) {
             case absl::StatusCode::kDeadlineExceeded:

@@ -31,18 +31,21 @@
 //                                deadline passed while queued), CANCELLED (cancelled while
 //                                queued), UNAVAILABLE (still queued when Shutdown()'s grace
 //                                period ended). Runs on a batch thread, or on the thread that
-//                                called Shutdown() or the destructor; never inside Schedule().
+//                                called NotifyCancelled(), Shutdown() or the destructor; never
+//                                inside Schedule().
 //   Callbacks may run concurrently with each other. They may call Schedule(),
-//   NotifyCancelled() and stats(); they must not call Shutdown() or destroy the batcher.
+//   stats(); they must not call NotifyCancelled(), Shutdown() or destroy the batcher.
 //
 // Expiry and cancellation
 //   A task whose deadline is <= now, or whose IsCancelled() is true, when its batch forms is
 //   rejected instead of computed. A batch whose tasks have deadlines leaves early enough for
-//   them (cost_model.h). Cancelled tasks also leave the queue promptly: after a task's
-//   IsCancelled() becomes true, call NotifyCancelled(); the next free batch thread then sweeps
-//   every queue and rejects what is cancelled (one pass over the queued tasks, so call it once
-//   per cancellation, not in a loop). Expired tasks are removed when their batch forms; in a queue
-//   that is not backlogged that is before their deadline anyway.
+//   them (cost_model.h). Cancelled tasks also leave the queue at once: after a task's
+//   IsCancelled() becomes true, call NotifyCancelled(); it sweeps every queue on the calling
+//   thread and rejects what is cancelled there, so a cancellation takes effect even while every
+//   batch thread is busy computing (one pass over the queued tasks, so call it once per
+//   cancellation, not in a loop). Expired tasks are removed when their batch forms; in a queue
+//   that is not backlogged that is before their deadline anyway. (A gRPC server learns of an
+//   expired deadline as a cancellation, so it can use the same path for both.)
 //
 // Shutdown(grace): Schedule() refuses new tasks from then on (UNAVAILABLE); batch threads send
 //   everything queued at once, without waiting for max_queue_delay, until the queues are empty
@@ -174,14 +177,24 @@ class Batcher {
     }
   }
 
-  // Asks a batch thread to sweep the queues for cancelled tasks soon (see the contract). Does
-  // not block.
+  // Rejects every queued task that is cancelled, on this thread (see the contract). Holds the
+  // lock only for one pass over the queued tasks; never waits for a batch thread.
   void NotifyCancelled() ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<DroppedTask<Task>> dropped;
+    bool drained;
     {
       MutexLock lock(&mu_);
-      sweep_requested_ = true;
+      if (stopping_) return;  // Shutdown() answers whatever is left
+      policy_.RemoveCancelled(&dropped);
+      stats_.cancelled += static_cast<int64_t>(dropped.size());
+      drained = policy_.empty();
     }
-    work_cv_.NotifyOne();  // outside the lock, as in Schedule()
+    // Outside the lock, as in Run(): reject may call back into the batcher.
+    if (drained && !dropped.empty()) drained_cv_.NotifyAll();
+    for (DroppedTask<Task>& d : dropped) {
+      reject_(std::move(d.queued.task),
+              absl::CancelledError("the call was cancelled while the request was queued"));
+    }
   }
 
   // See the contract above. Later calls return at once; must not be called from a callback.
@@ -264,10 +277,6 @@ class Batcher {
     std::vector<DroppedTask<Task>> dropped;
     mu_.Lock();
     while (!stopping_) {
-      if (sweep_requested_) {
-        sweep_requested_ = false;
-        policy_.RemoveCancelled(&dropped);
-      }
       const absl::Time now = clock_->Now();
       const std::optional<Key> key =
           policy_.PopReadyBatch(now, *cost_model_, draining_, &tasks, &dropped);
@@ -339,7 +348,6 @@ class Batcher {
   mutable Mutex mu_;
   BatchPolicy<Key, Task, Hash, Eq> policy_ ABSL_GUARDED_BY(mu_);
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
-  bool sweep_requested_ ABSL_GUARDED_BY(mu_) = false;
   // Shutdown() has started: refuse new tasks, send queued batches at once.
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // The grace period is over: batch threads exit after their current batch.

@@ -10,6 +10,8 @@
 #include "gtest/gtest.h"
 #include "kernels/reference.h"
 #include "server/server_host.h"
+#include "tests/testing/exposition.h"
+#include "tests/testing/requests.h"
 #include "tests/testing/seed_vectors.h"
 
 namespace attnserve {
@@ -17,12 +19,14 @@ namespace {
 
 using ::testing::HasSubstr;
 
-std::vector<float> Random(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist;
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
+using testing::AttendCase;
+using testing::MaxAbsError;
+
+std::vector<float> Random(size_t n, uint32_t seed) { return testing::RandomNormal(n, seed); }
+
+AttendCase MakeAttendCase(v1::Dtype dtype, int b, int hq, int hkv, int lq, int lk, int d, int dv,
+                          bool causal, bool weights) {
+  return testing::MakeAttendCase(dtype, {b, hq, hkv, lq, lk, d, dv}, causal, weights);
 }
 
 class ServiceTest : public ::testing::Test {
@@ -73,54 +77,6 @@ class ServiceTest : public ::testing::Test {
   std::unique_ptr<server::ServerHost> host_;
   std::unique_ptr<Client> client_;
 };
-
-// A request, and the float64 reference of what it should return.
-struct AttendCase {
-  v1::AttendRequest request;
-  kernels::Reference64 expected;
-};
-
-AttendCase MakeAttendCase(v1::Dtype dtype, int b, int hq, int hkv, int lq, int lk, int d, int dv,
-                          bool causal, bool weights) {
-  AttendCase c;
-  std::vector<float> q = Random(size_t(b) * hq * lq * d, 1);
-  std::vector<float> k = Random(size_t(b) * hkv * lk * d, 2);
-  std::vector<float> v = Random(size_t(b) * hkv * lk * dv, 3);
-  *c.request.mutable_query() = MakeTensor(dtype, {b, hq, lq, d}, q);
-  *c.request.mutable_key() = MakeTensor(dtype, {b, hkv, lk, d}, k);
-  *c.request.mutable_value() = MakeTensor(dtype, {b, hkv, lk, dv}, v);
-  c.request.mutable_options()->set_causal(causal);
-  c.request.mutable_options()->set_return_weights(weights);
-  // The server computes on the values as the wire carries them (rounded to dtype).
-  q = TensorToFloats(c.request.query()).value();
-  k = TensorToFloats(c.request.key()).value();
-  v = TensorToFloats(c.request.value()).value();
-  kernels::AttentionParams p;
-  p.batch = b;
-  p.num_heads = hq;
-  p.num_kv_heads = hkv;
-  p.q_len = lq;
-  p.kv_len = lk;
-  p.head_dim = d;
-  p.v_head_dim = dv;
-  p.q = {q.data(), int64_t(hq) * lq * d, int64_t(lq) * d, d};
-  p.k = {k.data(), int64_t(hkv) * lk * d, int64_t(lk) * d, d};
-  p.v = {v.data(), int64_t(hkv) * lk * dv, int64_t(lk) * dv, dv};
-  p.causal = causal;
-  p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-  c.expected = kernels::ReferenceAttention64(p);
-  return c;
-}
-
-double MaxAbsError(const std::vector<float>& got, const std::vector<double>& want) {
-  if (got.size() != want.size()) return INFINITY;
-  double m = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i])) return INFINITY;
-    m = std::max(m, std::fabs(got[i] - want[i]));
-  }
-  return m;
-}
 
 TEST_F(ServiceTest, AttendMatchesTheFloat64Reference) {
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, 2, 4, 2, 7, 9, 16, 8, true, true);
@@ -434,19 +390,7 @@ TEST(ServerHostTest, StartupModulesLoadFromFilesAndBadFilesFailStartup) {
 namespace attnserve {
 namespace {
 
-// The value of the sample of `family` whose labels include every one of `labels`.
-double Sample(const std::string& text, const std::string& family,
-              const std::vector<std::string>& labels) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(family + "{", 0) != 0 && line.rfind(family + " ", 0) != 0) continue;
-    bool all = true;
-    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
-    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
-  }
-  return -1;
-}
+using testing::MetricSample;
 
 TEST_F(ServiceTest, EveryRequestIsCountedByRpcAndCode) {
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(client_->Attend(ValidAttend()).ok());
@@ -455,17 +399,17 @@ TEST_F(ServiceTest, EveryRequestIsCountedByRpcAndCode) {
   for (int i = 0; i < 2; ++i) EXPECT_FALSE(client_->Attend(bad).ok());
   ASSERT_TRUE(client_->ListModules().ok());
   const std::string text = metrics_->ExpositionText();
-  EXPECT_EQ(Sample(text, "attnserve_requests_total", {"rpc=\"Attend\"", "code=\"OK\""}), 3);
-  EXPECT_EQ(Sample(text, "attnserve_requests_total",
+  EXPECT_EQ(MetricSample(text, "attnserve_requests_total", {"rpc=\"Attend\"", "code=\"OK\""}), 3);
+  EXPECT_EQ(MetricSample(text, "attnserve_requests_total",
                    {"rpc=\"Attend\"", "code=\"INVALID_ARGUMENT\""}),
             2);
-  EXPECT_EQ(Sample(text, "attnserve_requests_total", {"rpc=\"ListModules\"", "code=\"OK\""}), 1);
-  EXPECT_EQ(Sample(text, "attnserve_request_duration_seconds_count", {"rpc=\"Attend\""}), 5);
-  EXPECT_EQ(Sample(text, "attnserve_batch_size_requests_count", {}), 3);  // computed ones only
-  EXPECT_GT(Sample(text, "attnserve_flops_total", {}), 0);
-  EXPECT_EQ(Sample(text, "attnserve_requests_in_flight", {}), 0);
+  EXPECT_EQ(MetricSample(text, "attnserve_requests_total", {"rpc=\"ListModules\"", "code=\"OK\""}), 1);
+  EXPECT_EQ(MetricSample(text, "attnserve_request_duration_seconds_count", {"rpc=\"Attend\""}), 5);
+  EXPECT_EQ(MetricSample(text, "attnserve_batch_size_requests_count", {}), 3);  // computed ones only
+  EXPECT_GT(MetricSample(text, "attnserve_flops_total", {}), 0);
+  EXPECT_EQ(MetricSample(text, "attnserve_requests_in_flight", {}), 0);
   // The demo module's float32 weights: 4 matrices of 64x64 and 4 biases of 64.
-  EXPECT_EQ(Sample(text, "attnserve_module_bytes", {}), 4 * (4 * 64 * 64 + 4 * 64));
+  EXPECT_EQ(MetricSample(text, "attnserve_module_bytes", {}), 4 * (4 * 64 * 64 + 4 * 64));
 }
 
 }  // namespace

@@ -1,0 +1,324 @@
+// The server under concurrency: batching, deadlines, cancellation, backpressure, shutdown and
+// streams, made deterministic with a backend whose gate the test controls.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "client/client.h"
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "gtest/gtest.h"
+#include "server/server_host.h"
+#include "tests/testing/exposition.h"
+#include "tests/testing/gated_backend.h"
+#include "tests/testing/requests.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::AttendCase;
+using testing::AttendShape;
+using testing::MakeAttendCase;
+using testing::MaxAbsError;
+using testing::MetricSample;
+
+class BatchingServiceTest : public ::testing::Test {
+ public:
+  // Starts a server computing on `backend` (the gated reference backend by default).
+  void Start(server::ServerOptions options, std::unique_ptr<kernels::Backend> backend = nullptr) {
+    options.listen_address = "127.0.0.1:0";
+    if (backend == nullptr) {
+      auto gated = std::make_unique<testing::GatedBackend>();
+      gate_ = gated.get();
+      backend = std::move(gated);
+    }
+    metrics_ = metrics::Metrics::Create({}).value();
+    auto host = server::ServerHost::Start(options, std::move(backend), metrics_.get());
+    ASSERT_TRUE(host.ok()) << host.status();
+    host_ = *std::move(host);
+    target_ = "127.0.0.1:" + std::to_string(host_->port());
+    client_ = Client::Create(target_).value();
+  }
+  void TearDown() override {
+    if (gate_ != nullptr) gate_->Open();
+    host_.reset();
+  }
+
+  // Closes the gate and parks a request of its own signature in the backend, so the one batch
+  // thread is busy and everything sent afterwards stays queued. Returns the blocker's thread.
+  std::thread Block() {
+    gate_->Close();
+    const int calls_before = static_cast<int>(gate_->batch_sizes().size());
+    std::thread blocker([this] {
+      AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 1, 1, 2, 2, 4, 4}, false, false, 99);
+      EXPECT_TRUE(client_->Attend(c.request).ok());
+    });
+    gate_->AwaitCalls(calls_before + 1);
+    return blocker;
+  }
+  double Metric(const std::string& family, const std::vector<std::string>& labels) {
+    return MetricSample(metrics_->ExpositionText(), family, labels);
+  }
+  // Polls until the metric reaches `value` (the server updates it on another thread).
+  bool AwaitMetric(const std::string& family, const std::vector<std::string>& labels,
+                   double value) {
+    for (int i = 0; i < 1000; ++i) {
+      if (Metric(family, labels) == value) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return false;
+  }
+
+  testing::GatedBackend* gate_ = nullptr;
+  std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<server::ServerHost> host_;
+  std::string target_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenceResults) {
+  server::ServerOptions options;
+  options.batching.batcher.max_batch_requests = 16;
+  options.batching.batcher.max_queue_delay = absl::Milliseconds(5);
+  Start(options);
+  const AttendShape shapes[] = {
+      {1, 4, 2, 8, 12, 16, 16}, {2, 4, 2, 3, 20, 16, 16}, {1, 2, 2, 5, 5, 32, 8},
+      {3, 8, 1, 4, 9, 8, 8}};
+  std::vector<AttendCase> cases;
+  for (int i = 0; i < 64; ++i) {
+    cases.push_back(MakeAttendCase(v1::DTYPE_FLOAT32, shapes[i % 4], i % 3 == 0, i % 5 == 0,
+                                   static_cast<uint32_t>(i + 1)));
+  }
+  std::vector<absl::StatusOr<v1::AttendResponse>> responses(64, absl::UnknownError("unset"));
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 64; ++i) {
+    callers.emplace_back([&, i] { responses[i] = client_->Attend(cases[i].request); });
+  }
+  for (auto& t : callers) t.join();
+  int max_batch = 0;
+  for (int i = 0; i < 64; ++i) {
+    ASSERT_TRUE(responses[i].ok()) << i << ": " << responses[i].status();
+    EXPECT_LE(MaxAbsError(TensorToFloats(responses[i]->output()).value(), cases[i].expected.out),
+              1e-5)
+        << i;
+    if (i % 5 == 0) {
+      EXPECT_LE(MaxAbsError(TensorToFloats(responses[i]->weights()).value(),
+                            cases[i].expected.weights),
+                1e-6);
+    }
+    max_batch = std::max(max_batch, responses[i]->timing().batch_size());
+  }
+  EXPECT_GT(max_batch, 1) << "64 concurrent callers never shared a batch";
+  EXPECT_EQ(Metric("attnserve_requests_total", {"rpc=\"Attend\"", "code=\"OK\""}), 64);
+}
+
+// A request's bits do not depend on its batch: computed alone, then among companions.
+void ExpectBatchInvariance(BatchingServiceTest* t, testing::GatedBackend* gate,
+                           Client* client) {
+  AttendCase probe = MakeAttendCase(v1::DTYPE_FLOAT32, {2, 4, 2, 9, 17, 32, 32}, true, false, 7);
+  auto alone = client->Attend(probe.request);
+  ASSERT_TRUE(alone.ok()) << alone.status();
+  ASSERT_EQ(alone->timing().batch_size(), 1);
+
+  // Hold the batch thread, queue the probe among 15 companions of its signature, release.
+  std::thread blocker = t->Block();
+  std::vector<AttendCase> companions;
+  for (int i = 0; i < 15; ++i) {
+    companions.push_back(MakeAttendCase(v1::DTYPE_FLOAT32, {1 + i % 3, 4, 2, 3 + i, 20 - i, 32, 32},
+                                        i % 2 == 0, false, 100 + i));
+  }
+  std::vector<std::thread> callers;
+  absl::StatusOr<v1::AttendResponse> batched = absl::UnknownError("unset");
+  for (int i = 0; i < 8; ++i) {
+    callers.emplace_back([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); });
+  }
+  callers.emplace_back([&] { batched = client->Attend(probe.request); });
+  for (int i = 8; i < 15; ++i) {
+    callers.emplace_back([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); });
+  }
+  ASSERT_TRUE(t->AwaitMetric("attnserve_queued_requests", {}, 16));
+  gate->Open();
+  for (auto& c : callers) c.join();
+  blocker.join();
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  EXPECT_EQ(batched->timing().batch_size(), 16);
+  EXPECT_EQ(batched->output().data(), alone->output().data()) << "bits differ batched vs alone";
+}
+
+TEST_F(BatchingServiceTest, OutputBitsAreTheSameBatchedOrAlone) {
+  server::ServerOptions options;
+  options.batching.batcher.max_batch_requests = 32;
+  options.batching.batcher.max_queue_delay = absl::Milliseconds(1);
+  Start(options);
+  ExpectBatchInvariance(this, gate_, client_.get());
+}
+
+TEST_F(BatchingServiceTest, OutputBitsAreTheSameBatchedOrAloneOnTheDefaultBackend) {
+  server::ServerOptions options;
+  options.batching.batcher.max_batch_requests = 32;
+  options.batching.batcher.max_queue_delay = absl::Milliseconds(1);
+  auto inner = server::MakeBackend("auto", 2);
+  ASSERT_TRUE(inner.ok());
+  auto gated = std::make_unique<testing::GatedBackend>(*std::move(inner));
+  gate_ = gated.get();
+  Start(options, std::move(gated));
+  ExpectBatchInvariance(this, gate_, client_.get());
+}
+
+TEST_F(BatchingServiceTest, ADeadlineThatPassesInTheQueueIsAnsweredWithoutComputing) {
+  Start({});
+  std::thread blocker = Block();
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
+  auto r = client_->Attend(c.request, absl::Milliseconds(200));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+  const size_t calls = gate_->batch_sizes().size();
+  gate_->Open();
+  blocker.join();
+  EXPECT_TRUE(AwaitMetric("attnserve_requests_dropped_total", {"reason=\"deadline\""}, 1));
+  EXPECT_EQ(gate_->batch_sizes().size(), calls) << "the expired request reached the backend";
+}
+
+TEST_F(BatchingServiceTest, ACancelledCallLeavesTheQueueAtOnce) {
+  Start({});
+  std::thread blocker = Block();
+  auto stub = v1::AttentionService::NewStub(client_->channel().shared_from_this());
+  grpc::ClientContext context;
+  std::thread caller([&] {
+    v1::AttendResponse response;
+    AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
+    EXPECT_EQ(stub->Attend(&context, c.request, &response).error_code(),
+              grpc::StatusCode::CANCELLED);
+  });
+  ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 1));
+  context.TryCancel();
+  caller.join();
+  // Dropped while the batch thread is still busy: the cancellation swept the queue.
+  EXPECT_TRUE(AwaitMetric("attnserve_requests_dropped_total", {"reason=\"cancelled\""}, 1));
+  EXPECT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 0));
+  gate_->Open();
+  blocker.join();
+}
+
+TEST_F(BatchingServiceTest, AFullQueueAnswersUnavailableAtOnceAndRecovers) {
+  server::ServerOptions options;
+  options.batching.batcher.max_queued_requests = 2;
+  Start(options);
+  std::thread blocker = Block();
+  std::vector<std::thread> queued;
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
+  for (int i = 0; i < 2; ++i) {
+    queued.emplace_back([&] { EXPECT_TRUE(client_->Attend(c.request).ok()); });
+  }
+  ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 2));
+  // The gate is closed: only an answer that does not wait for the queue can arrive.
+  auto refused = client_->Attend(c.request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(refused.status().message(), HasSubstr("retry with backoff"));
+  EXPECT_TRUE(AwaitMetric("attnserve_requests_dropped_total", {"reason=\"queue_full\""}, 1));
+  gate_->Open();
+  for (auto& t : queued) t.join();
+  blocker.join();
+  EXPECT_TRUE(client_->Attend(c.request).ok());
+}
+
+TEST_F(BatchingServiceTest, ShutdownFinishesTheRunningBatchAndAnswersTheQueueUnavailable) {
+  Start({});
+  std::thread blocker = Block();
+  std::vector<absl::Status> results(3);
+  std::vector<std::thread> queued;
+  for (int i = 0; i < 3; ++i) {
+    queued.emplace_back([&, i] {
+      AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false, i + 1);
+      results[i] = client_->Attend(c.request).status();
+    });
+  }
+  ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 3));
+  std::thread shutdown([&] { host_->Shutdown(absl::Milliseconds(200)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the grace period
+  gate_->Open();  // the running batch completes
+  shutdown.join();
+  blocker.join();  // EXPECTs the blocker's OK
+  for (auto& t : queued) t.join();
+  for (const absl::Status& s : results) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  }
+  EXPECT_EQ(Metric("attnserve_requests_dropped_total", {"reason=\"shutdown\""}), 3);
+}
+
+TEST_F(BatchingServiceTest, StreamAnswersEveryRequestWithItsIdAndKeepsGoingAfterAnError) {
+  server::ServerOptions options;
+  options.limits.max_stream_in_flight = 4;  // exercise the read pause
+  Start(options);
+  auto stub = v1::AttentionService::NewStub(client_->channel().shared_from_this());
+  grpc::ClientContext context;
+  auto stream = stub->AttentionStream(&context);
+  std::vector<AttendCase> cases;
+  for (int i = 0; i < 20; ++i) {
+    cases.push_back(
+        MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 1, 3 + i % 4, 6, 8, 8}, i % 2 == 1, false, i + 1));
+  }
+  std::thread writer([&] {
+    for (int i = 0; i < 20; ++i) {
+      v1::AttentionStreamRequest request;
+      request.set_request_id(1000 + i);
+      *request.mutable_attend() = cases[i].request;
+      if (i == 7) request.mutable_attend()->clear_key();  // invalid
+      ASSERT_TRUE(stream->Write(request));
+    }
+    v1::AttentionStreamRequest mha;
+    mha.set_request_id(5000);
+    mha.mutable_multi_head_attention()->set_module("demo");
+    *mha.mutable_multi_head_attention()->mutable_query() =
+        MakeTensor(v1::DTYPE_FLOAT32, {1, 3, 64}, testing::RandomNormal(192, 5));
+    ASSERT_TRUE(stream->Write(mha));
+    stream->WritesDone();
+  });
+  std::map<uint64_t, v1::AttentionStreamResponse> got;
+  v1::AttentionStreamResponse response;
+  while (stream->Read(&response)) {
+    EXPECT_TRUE(got.emplace(response.request_id(), response).second) << "duplicate id";
+  }
+  writer.join();
+  EXPECT_TRUE(stream->Finish().ok());
+  ASSERT_EQ(got.size(), 21u);
+  for (int i = 0; i < 20; ++i) {
+    const v1::AttentionStreamResponse& r = got.at(1000 + i);
+    if (i == 7) {
+      EXPECT_EQ(r.code(), static_cast<int>(grpc::StatusCode::INVALID_ARGUMENT));
+      EXPECT_THAT(r.message(), HasSubstr("key is required"));
+      continue;
+    }
+    ASSERT_EQ(r.code(), 0) << r.message();
+    EXPECT_LE(MaxAbsError(TensorToFloats(r.attend().output()).value(), cases[i].expected.out),
+              1e-5);
+  }
+  EXPECT_EQ(got.at(5000).code(), 0);
+  EXPECT_THAT(got.at(5000).multi_head_attention().output().shape(),
+              ::testing::ElementsAre(1, 3, 64));
+}
+
+TEST_F(BatchingServiceTest, WithBatchingOffEveryBatchHoldsOneRequest) {
+  server::ServerOptions options;
+  options.batching.enabled = false;
+  Start(options);
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 8; ++i) {
+    callers.emplace_back([&, i] {
+      AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false, i + 1);
+      auto r = client_->Attend(c.request);
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->timing().batch_size(), 1);
+    });
+  }
+  for (auto& t : callers) t.join();
+  auto info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_FALSE(info->batching().enabled());
+  EXPECT_EQ(info->batching().max_batch_requests(), 1);
+}
+
+}  // namespace
+}  // namespace attnserve
