@@ -1,0 +1,68 @@
+// The fused attention kernel for AVX2 + FMA. Compiled with per-file flags
+// (kernels/cpu/CMakeLists.txt); reached only through kAvx2AttentionKernel after the run-time
+// check in cpu_features.h.
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/attention_kernel.h"
+
+namespace attnserve::kernels::cpu::avx2 {
+namespace {
+
+struct Vec {
+  using V = __m256;
+  static constexpr int kWidth = 8;
+  // 6 keys x 2 vectors = 12 accumulators + 2 query loads + 1 broadcast of the 16 ymm registers.
+  static constexpr int kScoreKeys = 6;
+  static constexpr int kScoreVecs = 2;
+  static constexpr int kPvCols = 6;
+  static constexpr int kPvVecs = 2;
+
+  static V Zero() { return _mm256_setzero_ps(); }
+  static V Set1(float x) { return _mm256_set1_ps(x); }
+  static V Load(const float* p) { return _mm256_loadu_ps(p); }
+  static void Store(float* p, V v) { _mm256_storeu_ps(p, v); }
+  static V Add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm256_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm256_mul_ps(a, b); }
+  static V Max(V a, V b) { return _mm256_max_ps(a, b); }
+  static V Fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+  static V MaskBeyond(V s, V limit, V pos) {
+    return _mm256_blendv_ps(s, _mm256_set1_ps(-__builtin_inff()),
+                            _mm256_cmp_ps(pos, limit, _CMP_GE_OQ));
+  }
+  static V ZeroIfNegInf(V x) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_EQ_OQ), x);
+  }
+  // exp(x) to about 1 ulp, as in attention_avx512.cc; x < -87 gives exactly 0.
+  static V Exp(V x) {
+    const V underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    V poly = _mm256_set1_ps(1.9875691500e-4f);
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
+    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
+    const V y = _mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+  }
+};
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu::avx2
+
+#define ATTNSERVE_CPU_ISA_NAMESPACE avx2
+#include "kernels/cpu/attention_kernel_impl.h"
+
+namespace attnserve::kernels::cpu {
+extern const AttentionKernel kAvx2AttentionKernel = {Isa::kAvx2, "avx2", &avx2::ScratchFloats,
+                                                     &avx2::Run};
+}  // namespace attnserve::kernels::cpu

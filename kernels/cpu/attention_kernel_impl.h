@@ -1,0 +1,456 @@
+// The body of the fused attention kernel, written once against a small vector-traits struct and
+// compiled once per instruction set. NOT a normal header: it has no include guard and is
+// included exactly once, at the end of each per-ISA translation unit (attention_avx512.cc,
+// attention_avx2.cc, attention_generic.cc), after that unit has defined
+//
+//   ATTNSERVE_CPU_ISA_NAMESPACE   a namespace name unique to the unit (avx512, avx2, generic)
+//   struct Vec                     in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
+//     V, kWidth                    the vector type and its number of float lanes
+//     kScoreKeys, kScoreVecs       register block of the score kernel (keys x row vectors)
+//     kPvCols, kPvVecs             register block of the P·V kernel (value columns x row vectors)
+//     Zero, Set1, Load, Store, Add, Sub, Mul, Max, Fmadd(a, b, c) = a·b + c,
+//     Exp (exp(-inf) = 0), MaskBeyond(s, limit, pos) = pos >= limit ? -inf : s,
+//     ZeroIfNegInf(x) = x == -inf ? 0 : x
+//
+// Everything here has internal linkage (an unnamed namespace inside the ISA namespace), and the
+// body calls no inline function of another header (not even AttentionParams' helpers): an
+// out-of-line copy of such a function compiled with AVX-512 flags could otherwise be chosen by
+// the linker for the generic path and crash a CPU without AVX-512.
+//
+// Layout. Vectors run across the kQueryBlock query rows of a task (one row per lane): the task
+// packs Qᵀ [D][kQueryBlock] once, computes Sᵀ = K·Qᵀ tile by tile [keys][rows] straight from the
+// caller's strided K rows, and accumulates Oᵀ [Dv][rows] straight from the strided V rows. The
+// running max, running sum and rescale factors of the online softmax are then plain vertical
+// vector operations; K and V are never copied.
+
+namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE {
+namespace {
+
+using V = Vec::V;
+constexpr int kW = Vec::kWidth;
+constexpr int kQ = kQueryBlock;
+constexpr float kNegInf = -__builtin_inff();
+
+static_assert(kQ % kW == 0, "the query block must be a whole number of vectors");
+static_assert(Vec::kScoreVecs * kW <= kQ && Vec::kPvVecs * kW <= kQ, "register block too wide");
+static_assert(kKeyTile % 8 == 0, "key tile");
+
+int MinInt(int a, int b) { return a < b ? a : b; }
+int MaxInt(int a, int b) { return a > b ? a : b; }
+int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// AttentionParams::key_limit, restated here (see the note at the top on inline functions).
+int KeyLimit(const AttentionParams& p, int b, int i) {
+  int limit = p.kv_len;
+  if (p.causal) {
+    const int causal_limit = i + p.kv_len - p.q_len + 1;
+    if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
+  }
+  if (p.key_lengths != nullptr && p.key_lengths[b] < limit) limit = p.key_lengths[b];
+  return limit;
+}
+
+// Per-task scratch, carved from one 64-byte aligned buffer. Every [.][kQ] row starts on a
+// 64-byte boundary.
+struct Scratch {
+  float* qt;     // [D][kQ]: scaled queries, transposed
+  float* st;     // [kKeyTile][kQ]: scores, then probabilities, of one key tile
+  float* ot;     // [Dv][kQ]: unnormalised output accumulator, transposed
+  float* m;      // [kQ]: running max per row (-inf until the row meets an allowed key)
+  float* l;      // [kQ]: running sum of exp(s - m) per row
+  float* alpha;  // [kQ]: rescale factor of the current tile, exp(m_old - m_new)
+  float* limit;  // [kQ]: KeyLimit per row, as float (exact below 2^24)
+  float* mean;   // [Dv]: mean of all value rows, for rows with no allowed key
+};
+
+int64_t ScratchFloats(int d, int dv) {
+  return Align16(int64_t{d} * kQ) + Align16(int64_t{kKeyTile} * kQ) + Align16(int64_t{dv} * kQ) +
+         4 * kQ + Align16(dv);
+}
+
+Scratch CarveScratch(float* base, int d, int dv) {
+  Scratch s;
+  s.qt = base;
+  s.st = s.qt + Align16(int64_t{d} * kQ);
+  s.ot = s.st + Align16(int64_t{kKeyTile} * kQ);
+  s.m = s.ot + Align16(int64_t{dv} * kQ);
+  s.l = s.m + kQ;
+  s.alpha = s.l + kQ;
+  s.limit = s.alpha + kQ;
+  s.mean = s.limit + kQ;
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Score kernel: st[j][r] = sum_x qt[x][r] · k[j][x] for kKeys keys and kVecs row vectors; each
+// score is one multiply-add chain over x = 0..D-1, whatever block it is computed in.
+template <int kKeys, int kVecs>
+inline void ScoreBlock(const float* qt, int d, const float* k, int64_t k_stride, float* st) {
+  V acc[kKeys][kVecs];
+#pragma GCC unroll 16
+  for (int jj = 0; jj < kKeys; ++jj) {
+#pragma GCC unroll 16
+    for (int n = 0; n < kVecs; ++n) acc[jj][n] = Vec::Zero();
+  }
+  for (int x = 0; x < d; ++x) {
+    V q[kVecs];
+#pragma GCC unroll 16
+    for (int n = 0; n < kVecs; ++n) q[n] = Vec::Load(qt + int64_t{x} * kQ + n * kW);
+#pragma GCC unroll 16
+    for (int jj = 0; jj < kKeys; ++jj) {
+      const V kb = Vec::Set1(k[jj * k_stride + x]);
+#pragma GCC unroll 16
+      for (int n = 0; n < kVecs; ++n) acc[jj][n] = Vec::Fmadd(q[n], kb, acc[jj][n]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int jj = 0; jj < kKeys; ++jj) {
+#pragma GCC unroll 16
+    for (int n = 0; n < kVecs; ++n) Vec::Store(st + jj * kQ + n * kW, acc[jj][n]);
+  }
+}
+
+// The key remainder (fewer than kScoreKeys keys), one instantiation per size.
+template <int kKeys, int kVecs>
+inline void ScoreKeyTail(int keys, const float* qt, int d, const float* k, int64_t k_stride,
+                         float* st) {
+  if constexpr (kKeys > 0) {
+    if (keys == kKeys) {
+      ScoreBlock<kKeys, kVecs>(qt, d, k, k_stride, st);
+    } else {
+      ScoreKeyTail<kKeys - 1, kVecs>(keys, qt, d, k, k_stride, st);
+    }
+  }
+}
+
+template <int kVecs>
+void ScoreRows(const float* qt, int d, const float* k, int64_t k_stride, int keys, float* st) {
+  constexpr int kKeys = Vec::kScoreKeys;
+  int j = 0;
+  for (; j + kKeys <= keys; j += kKeys) {
+    ScoreBlock<kKeys, kVecs>(qt, d, k + j * k_stride, k_stride, st + j * kQ);
+  }
+  ScoreKeyTail<kKeys - 1, kVecs>(keys - j, qt, d, k + j * k_stride, k_stride, st + j * kQ);
+}
+
+template <int kVecs>
+inline void ScoreVecTail(int vecs, const float* qt, int d, const float* k, int64_t k_stride,
+                         int keys, float* st) {
+  if constexpr (kVecs > 0) {
+    if (vecs == kVecs) {
+      ScoreRows<kVecs>(qt, d, k, k_stride, keys, st);
+    } else {
+      ScoreVecTail<kVecs - 1>(vecs, qt, d, k, k_stride, keys, st);
+    }
+  }
+}
+
+// st[0..keys)[0..row_vecs·kW) for the keys starting at k.
+void ScoreTile(const float* qt, int d, const float* k, int64_t k_stride, int keys, int row_vecs,
+               float* st) {
+  constexpr int kVecs = Vec::kScoreVecs;
+  int n = 0;
+  for (; n + kVecs <= row_vecs; n += kVecs) {
+    ScoreRows<kVecs>(qt + n * kW, d, k, k_stride, keys, st + n * kW);
+  }
+  ScoreVecTail<kVecs - 1>(row_vecs - n, qt + n * kW, d, k, k_stride, keys, st + n * kW);
+}
+
+// ---------------------------------------------------------------------------------------------
+// P·V kernel: ot[c][r] = ot[c][r] · alpha[r] + sum_j pt[j][r] · v[j][c] for kCols value columns
+// and kVecs row vectors; the sum runs over j = 0..keys-1 in order.
+template <int kCols, int kVecs>
+inline void PvBlock(const float* pt, int keys, const float* v, int64_t v_stride, const float* alpha,
+                    float* ot) {
+  V acc[kCols][kVecs];
+  V a[kVecs];
+#pragma GCC unroll 16
+  for (int n = 0; n < kVecs; ++n) a[n] = Vec::Load(alpha + n * kW);
+#pragma GCC unroll 16
+  for (int cc = 0; cc < kCols; ++cc) {
+#pragma GCC unroll 16
+    for (int n = 0; n < kVecs; ++n) acc[cc][n] = Vec::Mul(Vec::Load(ot + cc * kQ + n * kW), a[n]);
+  }
+  for (int j = 0; j < keys; ++j) {
+    V pr[kVecs];
+#pragma GCC unroll 16
+    for (int n = 0; n < kVecs; ++n) pr[n] = Vec::Load(pt + j * kQ + n * kW);
+#pragma GCC unroll 16
+    for (int cc = 0; cc < kCols; ++cc) {
+      const V vb = Vec::Set1(v[j * v_stride + cc]);
+#pragma GCC unroll 16
+      for (int n = 0; n < kVecs; ++n) acc[cc][n] = Vec::Fmadd(pr[n], vb, acc[cc][n]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int cc = 0; cc < kCols; ++cc) {
+#pragma GCC unroll 16
+    for (int n = 0; n < kVecs; ++n) Vec::Store(ot + cc * kQ + n * kW, acc[cc][n]);
+  }
+}
+
+template <int kCols, int kVecs>
+inline void PvColTail(int cols, const float* pt, int keys, const float* v, int64_t v_stride,
+                      const float* alpha, float* ot) {
+  if constexpr (kCols > 0) {
+    if (cols == kCols) {
+      PvBlock<kCols, kVecs>(pt, keys, v, v_stride, alpha, ot);
+    } else {
+      PvColTail<kCols - 1, kVecs>(cols, pt, keys, v, v_stride, alpha, ot);
+    }
+  }
+}
+
+template <int kVecs>
+void PvRows(const float* pt, int keys, const float* v, int64_t v_stride, int dv, const float* alpha,
+            float* ot) {
+  constexpr int kCols = Vec::kPvCols;
+  int c = 0;
+  for (; c + kCols <= dv; c += kCols) {
+    PvBlock<kCols, kVecs>(pt, keys, v + c, v_stride, alpha, ot + c * kQ);
+  }
+  PvColTail<kCols - 1, kVecs>(dv - c, pt, keys, v + c, v_stride, alpha, ot + c * kQ);
+}
+
+template <int kVecs>
+inline void PvVecTail(int vecs, const float* pt, int keys, const float* v, int64_t v_stride, int dv,
+                      const float* alpha, float* ot) {
+  if constexpr (kVecs > 0) {
+    if (vecs == kVecs) {
+      PvRows<kVecs>(pt, keys, v, v_stride, dv, alpha, ot);
+    } else {
+      PvVecTail<kVecs - 1>(vecs, pt, keys, v, v_stride, dv, alpha, ot);
+    }
+  }
+}
+
+void PvTile(const float* pt, int keys, const float* v, int64_t v_stride, int dv, int row_vecs,
+            const float* alpha, float* ot) {
+  constexpr int kVecs = Vec::kPvVecs;
+  int n = 0;
+  for (; n + kVecs <= row_vecs; n += kVecs) {
+    PvRows<kVecs>(pt + n * kW, keys, v, v_stride, dv, alpha + n * kW, ot + n * kW);
+  }
+  PvVecTail<kVecs - 1>(row_vecs - n, pt + n * kW, keys, v, v_stride, dv, alpha + n * kW,
+                       ot + n * kW);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared steps of both paths.
+
+// Packs qt[x][r] = scale · q[i0 + r][x] (rows past `rows` are zero up to padded_rows) and the
+// per-row key limits; returns the smallest and largest limit over the real rows.
+void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int padded_rows,
+                 const Scratch& s, int* min_limit, int* max_limit) {
+  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride + i0 * p.q.row_stride;
+  for (int r = 0; r < rows; ++r) {
+    const float* qr = q + r * p.q.row_stride;
+    for (int x = 0; x < p.head_dim; ++x) s.qt[int64_t{x} * kQ + r] = qr[x] * p.scale;
+  }
+  for (int x = 0; x < p.head_dim; ++x) {
+    for (int r = rows; r < padded_rows; ++r) s.qt[int64_t{x} * kQ + r] = 0.0f;
+  }
+  *min_limit = p.kv_len;
+  *max_limit = 0;
+  for (int r = 0; r < rows; ++r) {
+    const int limit = KeyLimit(p, b, i0 + r);
+    s.limit[r] = static_cast<float>(limit);
+    *min_limit = MinInt(*min_limit, limit);
+    *max_limit = MaxInt(*max_limit, limit);
+  }
+  for (int r = rows; r < padded_rows; ++r) s.limit[r] = s.limit[rows - 1];
+}
+
+// Sets st[j][r] = -inf where the explicit mask blocks (b, h, i0 + r, j0 + j).
+void ApplyMask(const AttentionParams& p, int b, int h, int i0, int j0, int keys, int rows,
+               int padded_rows, float* st) {
+  const MaskView& mk = p.mask;
+  const uint8_t* base = mk.data + b * mk.batch_stride + h * mk.head_stride + i0 * mk.row_stride;
+  for (int j = 0; j < keys; ++j) {
+    const uint8_t* mj = base + (j0 + j) * mk.col_stride;
+    float* row = st + j * kQ;
+    if (mk.row_stride == 0) {  // one value for every query row (key padding masks)
+      if (*mj == 0) {
+        for (int r = 0; r < padded_rows; ++r) row[r] = kNegInf;
+      }
+    } else {
+      for (int r = 0; r < rows; ++r) {
+        if (mj[r * mk.row_stride] == 0) row[r] = kNegInf;
+      }
+    }
+  }
+}
+
+// Writes the mean of all Lk value rows (the uniform average a row with no allowed key gets),
+// summed in key order.
+void MeanOfValues(const AttentionParams& p, const float* v, float* mean) {
+  for (int c = 0; c < p.v_head_dim; ++c) mean[c] = 0.0f;
+  for (int j = 0; j < p.kv_len; ++j) {
+    const float* vr = v + j * p.v.row_stride;
+    for (int c = 0; c < p.v_head_dim; ++c) mean[c] += vr[c];
+  }
+  const float inv = 1.0f / static_cast<float>(p.kv_len);
+  for (int c = 0; c < p.v_head_dim; ++c) mean[c] *= inv;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fused path: online softmax over key tiles, scores never leave the [kKeyTile][kQ] tile.
+void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
+  const Scratch s = CarveScratch(scratch, p.head_dim, p.v_head_dim);
+  const int rows = MinInt(kQ, p.q_len - i0);
+  const int row_vecs = (rows + kW - 1) / kW;
+  const int padded_rows = row_vecs * kW;
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const float* k = p.k.data + b * p.k.batch_stride + kvh * p.k.head_stride;
+  const float* v = p.v.data + b * p.v.batch_stride + kvh * p.v.head_stride;
+
+  int min_limit, max_limit;
+  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit);
+  for (int r = 0; r < padded_rows; ++r) {
+    s.m[r] = kNegInf;
+    s.l[r] = 0.0f;
+  }
+  for (int64_t n = 0; n < int64_t{p.v_head_dim} * kQ; ++n) s.ot[n] = 0.0f;
+
+  // Key tiles at or past every row's limit (causal future, padding) hold no allowed key: skip
+  // them. A processed tile in which a row has no allowed key leaves that row's bits unchanged
+  // (alpha = exp(0) = 1, p = 0), so skipping never changes a result.
+  for (int j0 = 0; j0 < max_limit; j0 += kKeyTile) {
+    const int keys = MinInt(kKeyTile, p.kv_len - j0);
+    const float* kt = k + j0 * p.k.row_stride;
+
+    // 1. Scores of the tile: st[j][r] = scale·q_r · k_j.
+    ScoreTile(s.qt, p.head_dim, kt, p.k.row_stride, keys, row_vecs, s.st);
+    // 2. Blocked scores become -inf: the explicit mask, then causality and key length.
+    if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
+    const bool need_limit = j0 + keys > min_limit;
+
+    for (int r = 0; r < padded_rows; r += kW) {
+      // 3. Tile max per row, m_tile = max_j st[j][r] (over allowed keys; -inf if none).
+      V tile_max = Vec::Set1(kNegInf);
+      if (need_limit) {
+        const V limit = Vec::Load(s.limit + r);
+        for (int j = 0; j < keys; ++j) {
+          const V sc = Vec::MaskBeyond(Vec::Load(s.st + j * kQ + r), limit,
+                                       Vec::Set1(static_cast<float>(j0 + j)));
+          Vec::Store(s.st + j * kQ + r, sc);
+          tile_max = Vec::Max(tile_max, sc);
+        }
+      } else {
+        for (int j = 0; j < keys; ++j) tile_max = Vec::Max(tile_max, Vec::Load(s.st + j * kQ + r));
+      }
+      // 4. New running max m_new = max(m_old, m_tile). While a row has seen no allowed key
+      //    m_new is -inf; exponents are then taken against 0 instead so that -inf - -inf never
+      //    makes a NaN (every p is then exp(-inf) = 0).
+      const V m_old = Vec::Load(s.m + r);
+      const V m_new = Vec::Max(m_old, tile_max);
+      const V m_ref = Vec::ZeroIfNegInf(m_new);
+      // 5. Rescale factor for what was accumulated so far: alpha = exp(m_old - m_new)
+      //    (0 while m_old is -inf, exactly 1 when the max did not move).
+      const V alpha = Vec::Exp(Vec::Sub(m_old, m_ref));
+      // 6. Probabilities p_j = exp(s_j - m_new) in place, and their sum, in key order.
+      V sum = Vec::Zero();
+      for (int j = 0; j < keys; ++j) {
+        const V pr = Vec::Exp(Vec::Sub(Vec::Load(s.st + j * kQ + r), m_ref));
+        Vec::Store(s.st + j * kQ + r, pr);
+        sum = Vec::Add(sum, pr);
+      }
+      // 7. Running sum l = l · alpha + sum_j p_j; keep m_new and alpha for the P·V step.
+      Vec::Store(s.l + r, Vec::Add(Vec::Mul(Vec::Load(s.l + r), alpha), sum));
+      Vec::Store(s.m + r, m_new);
+      Vec::Store(s.alpha + r, alpha);
+    }
+    // 8. Rescale and accumulate the output: O = O · alpha + P · V_tile.
+    PvTile(s.st, keys, v + j0 * p.v.row_stride, p.v.row_stride, p.v_head_dim, row_vecs, s.alpha,
+           s.ot);
+  }
+
+  // 9. Normalise: out = O / l; a row that met no allowed key gets the mean of all values.
+  bool have_mean = false;
+  for (int r = 0; r < rows; ++r) {
+    float* out =
+        p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
+    if (s.m[r] == kNegInf) {
+      if (!have_mean) MeanOfValues(p, v, s.mean);
+      have_mean = true;
+      for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];
+    } else {
+      const float l = s.l[r];
+      for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.ot[int64_t{c} * kQ + r] / l;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The materialising path, when the weights are asked for: the scores of whole rows go to the
+// caller's weights buffer, a plain softmax per row (reference semantics), then O = W · V.
+void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scratch) {
+  const Scratch s = CarveScratch(scratch, p.head_dim, p.v_head_dim);
+  const int rows = MinInt(kQ, p.q_len - i0);
+  const int row_vecs = (rows + kW - 1) / kW;
+  const int padded_rows = row_vecs * kW;
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  const float* k = p.k.data + b * p.k.batch_stride + kvh * p.k.head_stride;
+  const float* v = p.v.data + b * p.v.batch_stride + kvh * p.v.head_stride;
+  float* weights = p.weights + ((int64_t{b} * p.num_heads + h) * p.q_len + i0) * p.kv_len;
+
+  int min_limit, max_limit;
+  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit);
+
+  // Scores, blocked ones -inf, into the weights rows.
+  for (int j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
+    const int keys = MinInt(kKeyTile, p.kv_len - j0);
+    ScoreTile(s.qt, p.head_dim, k + j0 * p.k.row_stride, p.k.row_stride, keys, row_vecs, s.st);
+    if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
+    for (int r = 0; r < rows; ++r) {
+      float* w = weights + int64_t{r} * p.kv_len + j0;
+      const int limit = static_cast<int>(s.limit[r]) - j0;
+      for (int j = 0; j < keys; ++j) w[j] = j < limit ? s.st[j * kQ + r] : kNegInf;
+    }
+  }
+  // Softmax per row over the allowed keys; uniform 1/Lk when there are none.
+  for (int r = 0; r < rows; ++r) {
+    float* w = weights + int64_t{r} * p.kv_len;
+    float mx = kNegInf;
+    for (int j = 0; j < p.kv_len; ++j) mx = w[j] > mx ? w[j] : mx;
+    if (mx == kNegInf) {
+      const float u = 1.0f / static_cast<float>(p.kv_len);
+      for (int j = 0; j < p.kv_len; ++j) w[j] = u;
+      continue;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < p.kv_len; ++j) {
+      w[j] = w[j] == kNegInf ? 0.0f : __builtin_expf(w[j] - mx);
+      sum += w[j];
+    }
+    for (int j = 0; j < p.kv_len; ++j) w[j] /= sum;
+  }
+  // O = W · V, tile by tile, with the weights transposed back into st.
+  for (int r = 0; r < padded_rows; ++r) s.alpha[r] = 1.0f;
+  for (int64_t n = 0; n < int64_t{p.v_head_dim} * kQ; ++n) s.ot[n] = 0.0f;
+  for (int j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
+    const int keys = MinInt(kKeyTile, p.kv_len - j0);
+    for (int j = 0; j < keys; ++j) {
+      for (int r = 0; r < rows; ++r) s.st[j * kQ + r] = weights[int64_t{r} * p.kv_len + j0 + j];
+      for (int r = rows; r < padded_rows; ++r) s.st[j * kQ + r] = 0.0f;
+    }
+    PvTile(s.st, keys, v + j0 * p.v.row_stride, p.v.row_stride, p.v_head_dim, row_vecs, s.alpha,
+           s.ot);
+  }
+  for (int r = 0; r < rows; ++r) {
+    float* out =
+        p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
+    for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.ot[int64_t{c} * kQ + r];
+  }
+}
+
+void Run(const AttentionParams& p, int b, int h, int i0, float* scratch) {
+  if (p.weights != nullptr) {
+    RunWithWeights(p, b, h, i0, scratch);
+  } else {
+    RunFused(p, b, h, i0, scratch);
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE

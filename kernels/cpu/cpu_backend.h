@@ -1,0 +1,70 @@
+// The fast CPU backend: fused FlashAttention-style attention (attention_kernel.h), vectorised
+// for AVX-512 and AVX2 with a portable fallback chosen at run time, on a thread pool of its own;
+// multi-head projections through single-threaded OpenBLAS sgemm on the same pool.
+//
+// Work is split into tasks whose arithmetic depends only on their own request:
+//   attention   one task per (item, batch entry, query head, block of kQueryBlock query rows);
+//   projections one task per block of rows of one request's GEMM, the block size a function of
+//               that GEMM's row count only (GemmRowChunk in cpu_backend.cc).
+// Hence batch invariance (backend.h): a request's output bits do not depend on the other items
+// of the call, their order, or num_threads. They do depend on the instruction set (the kernel
+// chosen at Create), which is fixed for the life of the backend.
+//
+// Thread-safety: thread-safe; Attend and MultiHead may run concurrently (they share the pool).
+// Note: Create sets OpenBLAS to one thread for the whole process (OpenBLAS has no per-call
+// thread count in Debian 12's 0.3.21); the backend's pool supplies the parallelism.
+#ifndef ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
+#define ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace attnserve::kernels::cpu {
+
+struct CpuBackendOptions {
+  // Affects performance only.
+  // Threads computing a call, the calling thread included. 0 = one per hardware thread.
+  // Default: 0. REQUIRES: 0 <= num_threads <= 1024.
+  int num_threads = 0;
+
+  // Affects results (the last bits) and performance.
+  // The attention kernel's instruction set. kAuto = the widest this CPU supports; the others
+  // force one (tests compare them; kGeneric is the plain portable path). Default: kAuto.
+  // REQUIRES: the CPU supports it.
+  Isa isa = Isa::kAuto;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  // Validates `options` (INVALID_ARGUMENT for a bad num_threads, FAILED_PRECONDITION for an
+  // instruction set this CPU lacks) and starts the pool.
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options);
+
+  // See Backend.
+  std::string name() const override { return "cpu"; }
+  std::vector<DeviceInfo> devices() const override;
+  absl::Status Attend(absl::Span<const AttentionParams> batch) override;
+  absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+
+  int num_threads() const { return pool_.num_threads(); }
+  Isa isa() const { return kernel_.isa; }
+
+ private:
+  CpuBackend(int num_threads, const AttentionKernel& kernel);
+
+  // Runs the attention of every item of `batch` on the pool.
+  void RunAttention(absl::Span<const AttentionParams> batch);
+
+  const AttentionKernel& kernel_;
+  ThreadPool pool_;
+};
+
+}  // namespace attnserve::kernels::cpu
+
+#endif  // ATTNSERVE_KERNELS_CPU_CPU_BACKEND_H_

@@ -1,0 +1,30 @@
+// What the CPU this process runs on supports, read once at run time (cpuid through the
+// compiler's builtins), so one binary runs everywhere on x86-64 and uses the widest kernel the
+// machine has.
+#ifndef ATTNSERVE_KERNELS_CPU_CPU_FEATURES_H_
+#define ATTNSERVE_KERNELS_CPU_CPU_FEATURES_H_
+
+#include <string>
+
+#include "kernels/cpu/attention_kernel.h"
+
+namespace attnserve::kernels::cpu {
+
+// True when `isa`'s kernel can run here (kGeneric always; kAuto is always true).
+bool CpuSupports(Isa isa);
+
+// The widest instruction set with a kernel that this CPU supports.
+Isa BestIsa();
+
+// The kernel table of `isa`. REQUIRES: isa != kAuto and CpuSupports(isa).
+const AttentionKernel& KernelFor(Isa isa);
+
+// "avx512", "avx2", "generic" or "auto".
+const char* IsaName(Isa isa);
+
+// The CPU's model name from /proc/cpuinfo, or "unknown cpu".
+std::string CpuModelName();
+
+}  // namespace attnserve::kernels::cpu
+
+#endif  // ATTNSERVE_KERNELS_CPU_CPU_FEATURES_H_

@@ -1,0 +1,88 @@
+#include "kernels/cpu/thread_pool.h"
+
+#include <atomic>
+
+namespace attnserve::kernels::cpu {
+
+struct ThreadPool::Loop {
+  Loop(int64_t n, absl::FunctionRef<void(int64_t)> fn) : n(n), fn(fn) {}
+  const int64_t n;
+  const absl::FunctionRef<void(int64_t)> fn;
+  std::atomic<int64_t> next{0};  // the next unclaimed index
+  absl::Mutex mu;
+  int64_t done ABSL_GUARDED_BY(mu) = 0;  // indices finished
+};
+
+ThreadPool::ThreadPool(int num_threads) {
+  workers_.reserve(num_threads - 1);
+  for (int t = 1; t < num_threads; ++t) workers_.emplace_back([this] { WorkerMain(); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  for (std::thread& t : workers_) t.join();
+}
+
+void ThreadPool::Drain(Loop& loop) {
+  int64_t finished = 0;
+  for (int64_t i = loop.next.fetch_add(1); i < loop.n; i = loop.next.fetch_add(1)) {
+    loop.fn(i);
+    ++finished;
+  }
+  if (finished > 0) {
+    absl::MutexLock lock(&loop.mu);
+    loop.done += finished;
+  }
+}
+
+void ThreadPool::WorkerMain() {
+  for (;;) {
+    std::shared_ptr<Loop> loop;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.Await(absl::Condition(
+          +[](ThreadPool* pool)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return pool->stopping_ || !pool->loops_.empty(); },
+          this));
+      if (loops_.empty()) return;  // stopping, with nothing left to do
+      loop = loops_.front();
+      // A loop whose indices are all claimed leaves the queue; its owner waits for the rest.
+      if (loop->next.load() >= loop->n) {
+        loops_.pop_front();
+        continue;
+      }
+    }
+    Drain(*loop);
+  }
+}
+
+void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
+  if (n <= 0) return;
+  if (workers_.empty() || n == 1) {
+    for (int64_t i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  auto loop = std::make_shared<Loop>(n, fn);
+  {
+    absl::MutexLock lock(&mu_);
+    loops_.push_back(loop);
+  }
+  Drain(*loop);
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = loops_.begin(); it != loops_.end(); ++it) {
+      if (*it == loop) {
+        loops_.erase(it);
+        break;
+      }
+    }
+  }
+  absl::MutexLock lock(&loop->mu);
+  loop->mu.Await(absl::Condition(
+      +[](Loop* l) ABSL_NO_THREAD_SAFETY_ANALYSIS { return l->done == l->n; }, loop.get()));
+}
+
+}  // namespace attnserve::kernels::cpu

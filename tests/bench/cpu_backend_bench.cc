@@ -1,0 +1,312 @@
+// Google Benchmark targets for the CPU backend (issue 3). Not a test: run by hand or through
+// tests/bench/cpu_vs_torch.sh, which puts the figures next to OpenBLAS sgemm and PyTorch.
+//
+// Counters:
+//   GFLOP/s          attention 4·B·h·Lq·Lk·d_k; multi-head adds 2·B·L·d_model² per projection
+//   peak_extra_MiB   peak of the bytes live through operator new during one call, above what
+//                    was live before it (this binary replaces the global operator new/delete to
+//                    count them); inputs and outputs are allocated before and not counted
+//   peak_rss_extra_MiB  the same seen by the kernel: VmHWM after resetting it through
+//                    /proc/self/clear_refs, minus VmRSS before; smaller when malloc reuses memory
+//                    the process already holds
+#include <cblas.h>
+#include <malloc.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/projection.h"
+#include "kernels/multi_head.h"
+
+namespace attnserve::kernels::cpu {
+namespace {
+
+// Reads a "VmRSS:"-style line of /proc/self/status, in bytes (0 when unavailable).
+int64_t ProcStatusBytes(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(key, 0) == 0) return std::stoll(line.substr(std::strlen(key))) * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// Bytes live through operator new, and their peak since the last reset.
+std::atomic<int64_t> g_live_bytes{0};
+std::atomic<int64_t> g_peak_bytes{0};
+
+void* CountedAlloc(size_t n, size_t align) {
+  void* p = nullptr;
+  if (align <= alignof(std::max_align_t)) {
+    p = std::malloc(n == 0 ? 1 : n);
+  } else if (posix_memalign(&p, align, n == 0 ? 1 : n) != 0) {
+    p = nullptr;
+  }
+  if (p == nullptr) throw std::bad_alloc();
+  const int64_t live = g_live_bytes += static_cast<int64_t>(malloc_usable_size(p));
+  int64_t peak = g_peak_bytes.load();
+  while (live > peak && !g_peak_bytes.compare_exchange_weak(peak, live)) {
+  }
+  return p;
+}
+
+void CountedFree(void* p) {
+  if (p == nullptr) return;
+  g_live_bytes -= static_cast<int64_t>(malloc_usable_size(p));
+  std::free(p);
+}
+
+namespace {
+
+struct PeakExtra {
+  double heap_mib;  // through operator new
+  double rss_mib;   // resident (-1 when VmHWM cannot be reset)
+};
+
+// Peak extra memory of fn().
+template <typename Fn>
+PeakExtra MeasurePeakExtra(Fn fn) {
+  std::ofstream clear("/proc/self/clear_refs");
+  clear << "5" << std::flush;  // resets VmHWM to the current RSS
+  const bool rss_ok = static_cast<bool>(clear);
+  const int64_t rss_before = ProcStatusBytes("VmRSS:");
+  const int64_t live_before = g_live_bytes.load();
+  g_peak_bytes = live_before;
+  fn();
+  constexpr double kMiB = 1024.0 * 1024.0;
+  return PeakExtra{
+      static_cast<double>(g_peak_bytes.load() - live_before) / kMiB,
+      rss_ok ? static_cast<double>(ProcStatusBytes("VmHWM:") - rss_before) / kMiB : -1.0};
+}
+
+std::vector<float> Random(int64_t n, uint32_t seed) {
+  std::vector<float> v(n);
+  uint32_t s = seed * 2654435761u + 1;
+  for (float& x : v) {
+    s = s * 1664525u + 1013904223u;
+    x = static_cast<float>(s >> 8) / 16777216.0f - 0.5f;
+  }
+  return v;
+}
+
+// Threads of the backend and of the sgemm ceiling: --threads=N on the command line, default 0
+// (one per hardware thread).
+int g_threads = 0;
+
+CpuBackend& Backend() {
+  static CpuBackend* backend =
+      CpuBackend::Create(CpuBackendOptions{.num_threads = g_threads}).value().release();
+  return *backend;
+}
+
+MultiHeadWeights Weights(int d_model, int heads) {
+  MultiHeadWeights w;
+  w.d_model = d_model;
+  w.num_heads = heads;
+  const int64_t d = d_model;
+  w.w_qkv = Random(3 * d * d, 1);
+  w.b_qkv = Random(3 * d, 2);
+  w.w_o = Random(d * d, 3);
+  w.b_o = Random(d, 4);
+  for (float& x : w.w_qkv) x /= std::sqrt(static_cast<float>(d_model));
+  for (float& x : w.w_o) x /= std::sqrt(static_cast<float>(d_model));
+  return w;
+}
+
+// Args: B, L, d_model, h. Self-attention, no mask, as torch.nn.MultiheadAttention is measured.
+void BM_MultiHead(benchmark::State& state) {
+  const int batch = state.range(0), len = state.range(1), dm = state.range(2);
+  const int heads = state.range(3);
+  const MultiHeadWeights w = Weights(dm, heads);
+  const std::vector<float> x = Random(int64_t{batch} * len * dm, 5);
+  std::vector<float> out(x.size());
+  MultiHeadParams p;
+  p.module = &w;
+  p.batch = batch;
+  p.q_len = p.kv_len = len;
+  p.query = p.key = p.value = x.data();
+  p.self_attention = true;
+  p.out = out.data();
+  p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
+  CpuBackend& backend = Backend();
+  const PeakExtra mem = MeasurePeakExtra([&] { (void)backend.MultiHead({p}); });
+  for (auto _ : state) {
+    (void)backend.MultiHead({p});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(MultiHeadFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_extra_MiB"] = mem.heap_mib;
+  state.counters["peak_rss_extra_MiB"] = mem.rss_mib;
+  state.counters["threads"] = backend.num_threads();
+}
+
+// Args: B, L, d_model, h: the attention part alone, q/k/v [B, h, L, d_model / h].
+void BM_Attention(benchmark::State& state) {
+  const int batch = state.range(0), len = state.range(1), dm = state.range(2);
+  const int heads = state.range(3);
+  const int dk = dm / heads;
+  const int64_t n = int64_t{batch} * heads * len * dk;
+  const std::vector<float> q = Random(n, 6), k = Random(n, 7), v = Random(n, 8);
+  std::vector<float> out(n);
+  AttentionParams p;
+  p.batch = batch;
+  p.num_heads = p.num_kv_heads = heads;
+  p.q_len = p.kv_len = len;
+  p.head_dim = p.v_head_dim = dk;
+  p.q = {q.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
+  p.k = {k.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
+  p.v = {v.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
+  p.out = {out.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
+  p.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  CpuBackend& backend = Backend();
+  const PeakExtra mem = MeasurePeakExtra([&] { (void)backend.Attend({p}); });
+  for (auto _ : state) {
+    (void)backend.Attend({p});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(AttentionFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["peak_extra_MiB"] = mem.heap_mib;
+  state.counters["peak_rss_extra_MiB"] = mem.rss_mib;
+  state.counters["threads"] = backend.num_threads();
+}
+
+// Args: isa (1 generic, 2 avx2, 3 avx512): attention at (B, L, d_model, h) = (1, 1024, 512, 8)
+// on a backend forced to that instruction set (skipped when the CPU lacks it).
+void BM_AttentionIsa(benchmark::State& state) {
+  const Isa isa = static_cast<Isa>(state.range(0));
+  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = g_threads, .isa = isa});
+  if (!backend.ok()) {
+    state.SkipWithError(std::string(backend.status().message()).c_str());
+    return;
+  }
+  const int len = 1024, heads = 8, dk = 64;
+  const int64_t n = int64_t{heads} * len * dk;
+  const std::vector<float> q = Random(n, 6), k = Random(n, 7), v = Random(n, 8);
+  std::vector<float> out(n);
+  AttentionParams p;
+  p.batch = 1;
+  p.num_heads = p.num_kv_heads = heads;
+  p.q_len = p.kv_len = len;
+  p.head_dim = p.v_head_dim = dk;
+  p.q = {q.data(), n, int64_t{len} * dk, dk};
+  p.k = {k.data(), n, int64_t{len} * dk, dk};
+  p.v = {v.data(), n, int64_t{len} * dk, dk};
+  p.out = {out.data(), n, int64_t{len} * dk, dk};
+  p.scale = 0.125f;
+  for (auto _ : state) {
+    (void)(*backend)->Attend({p});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(IsaName(isa));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(AttentionFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = (*backend)->num_threads();
+}
+
+// Args: M, N, K, threads. OpenBLAS sgemm C = A·Bᵀ (the projection's shape), the practical
+// ceiling of this machine; OpenBLAS's own threading, restored to 1 afterwards.
+void BM_Sgemm(benchmark::State& state) {
+  const int m = state.range(0), n = state.range(1), k = state.range(2);
+  const int threads = state.range(3) > 0 ? state.range(3) : Backend().num_threads();
+  const std::vector<float> a = Random(int64_t{m} * k, 9), b = Random(int64_t{n} * k, 10);
+  std::vector<float> c(int64_t{m} * n);
+  SetBlasThreads(threads);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, a.data(), k, b.data(), k,
+                0.0f, c.data(), n);
+    benchmark::DoNotOptimize(c.data());
+  }
+  SetBlasSingleThreaded();
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+}
+
+#define ATTNSERVE_SHAPES \
+  Args({4, 128, 512, 8})->Args({4, 1024, 512, 8})->Args({1, 4096, 512, 8})->Args({1, 4096, 1024, 8})
+BENCHMARK(BM_MultiHead)
+    ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_Attention)
+    ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_AttentionIsa)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_Sgemm)
+    ->Args({4096, 1536, 512, 0})
+    ->Args({4096, 512, 512, 0})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu
+
+void* operator new(size_t n) { return attnserve::kernels::cpu::CountedAlloc(n, 0); }
+void* operator new[](size_t n) { return attnserve::kernels::cpu::CountedAlloc(n, 0); }
+void* operator new(size_t n, std::align_val_t a) {
+  return attnserve::kernels::cpu::CountedAlloc(n, static_cast<size_t>(a));
+}
+void* operator new[](size_t n, std::align_val_t a) {
+  return attnserve::kernels::cpu::CountedAlloc(n, static_cast<size_t>(a));
+}
+void operator delete(void* p) noexcept { attnserve::kernels::cpu::CountedFree(p); }
+void operator delete[](void* p) noexcept { attnserve::kernels::cpu::CountedFree(p); }
+void operator delete(void* p, size_t) noexcept { attnserve::kernels::cpu::CountedFree(p); }
+void operator delete[](void* p, size_t) noexcept { attnserve::kernels::cpu::CountedFree(p); }
+void operator delete(void* p, std::align_val_t) noexcept {
+  attnserve::kernels::cpu::CountedFree(p);
+}
+void operator delete[](void* p, std::align_val_t) noexcept {
+  attnserve::kernels::cpu::CountedFree(p);
+}
+void operator delete(void* p, size_t, std::align_val_t) noexcept {
+  attnserve::kernels::cpu::CountedFree(p);
+}
+void operator delete[](void* p, size_t, std::align_val_t) noexcept {
+  attnserve::kernels::cpu::CountedFree(p);
+}
+
+int main(int argc, char** argv) {
+  // Takes --threads=N out of the arguments before Google Benchmark parses the rest.
+  int kept = 1;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strncmp(argv[i], "--threads=", 10) == 0) {
+      attnserve::kernels::cpu::g_threads = std::atoi(argv[i] + 10);
+    } else {
+      argv[kept++] = argv[i];
+    }
+  }
+  argc = kept;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

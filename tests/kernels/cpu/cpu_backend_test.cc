@@ -1,0 +1,560 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/reference.h"
+#include "kernels/safetensors.h"
+#include "tests/kernels/cpu/attention_test_util.h"
+
+namespace attnserve::kernels::cpu {
+namespace {
+
+using ::attnserve::kernels::testing::AllFinite;
+using ::attnserve::kernels::testing::AttentionCase;
+using ::attnserve::kernels::testing::AttentionSpec;
+using ::attnserve::kernels::testing::MaskKind;
+using ::attnserve::kernels::testing::MaxAbsError;
+using ::attnserve::kernels::testing::NaiveAttention32;
+using ::attnserve::kernels::testing::NaiveMultiHead32;
+using ::attnserve::kernels::testing::RandomVector;
+using ::attnserve::kernels::testing::RandomWeights;
+
+std::unique_ptr<CpuBackend> MakeBackend(Isa isa, int threads = 2) {
+  auto backend = CpuBackend::Create(CpuBackendOptions{threads, isa});
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? *std::move(backend) : nullptr;
+}
+
+// The FlashAttention bound: err(fast) <= 2 · err(naive float32) + 1e-6, both against float64.
+void ExpectWithinBound(double fast, double naive, const std::string& what) {
+  EXPECT_LE(fast, 2.0 * naive + 1e-6) << what << ": fast error " << fast << ", naive " << naive;
+}
+
+// The shapes and options every kernel is checked on.
+std::vector<AttentionSpec> SweepSpecs() {
+  std::vector<AttentionSpec> specs;
+  uint32_t seed = 10;
+  auto add = [&](AttentionSpec s) {
+    s.seed = seed++;
+    specs.push_back(s);
+  };
+  // Head dims, with several query blocks and key tiles (kQueryBlock 64, kKeyTile 128).
+  for (int d : {1, 3, 24, 64, 96, 128, 256}) {
+    add({.batch = 1,
+         .num_heads = 2,
+         .num_kv_heads = 2,
+         .q_len = 70,
+         .kv_len = 150,
+         .head_dim = d,
+         .v_head_dim = d});
+  }
+  // Dv != D, GQA, MQA, B > 1, interleaved ([B, L, H, D]) layout.
+  add({.batch = 2,
+       .num_heads = 4,
+       .num_kv_heads = 2,
+       .q_len = 33,
+       .kv_len = 257,
+       .head_dim = 64,
+       .v_head_dim = 24});
+  add({.batch = 3,
+       .num_heads = 6,
+       .num_kv_heads = 1,
+       .q_len = 129,
+       .kv_len = 17,
+       .head_dim = 96,
+       .v_head_dim = 128,
+       .interleaved = true});
+  add({.batch = 2,
+       .num_heads = 3,
+       .num_kv_heads = 3,
+       .q_len = 1,
+       .kv_len = 300,
+       .head_dim = 128,
+       .v_head_dim = 40});
+  // Large scores: a peaky softmax.
+  add({.batch = 1,
+       .num_heads = 2,
+       .num_kv_heads = 1,
+       .q_len = 65,
+       .kv_len = 200,
+       .head_dim = 64,
+       .v_head_dim = 64,
+       .input_scale = 8.0f});
+  // Masks.
+  for (MaskKind m :
+       {MaskKind::kKeyPadding, MaskKind::kFull, MaskKind::kBlockedRows, MaskKind::kRowBroadcast}) {
+    add({.batch = 2,
+         .num_heads = 4,
+         .num_kv_heads = 2,
+         .q_len = 70,
+         .kv_len = 140,
+         .head_dim = 24,
+         .v_head_dim = 24,
+         .mask = m});
+    add({.batch = 2,
+         .num_heads = 2,
+         .num_kv_heads = 2,
+         .q_len = 9,
+         .kv_len = 11,
+         .head_dim = 64,
+         .v_head_dim = 64,
+         .mask = m,
+         .interleaved = true});
+  }
+  // Causal, bottom-right aligned: Lq < Lk, Lq > Lk (leading rows fully blocked), Lq = Lk.
+  add({.batch = 1,
+       .num_heads = 2,
+       .num_kv_heads = 2,
+       .q_len = 40,
+       .kv_len = 300,
+       .head_dim = 64,
+       .v_head_dim = 64,
+       .causal = true});
+  add({.batch = 2,
+       .num_heads = 2,
+       .num_kv_heads = 1,
+       .q_len = 200,
+       .kv_len = 70,
+       .head_dim = 96,
+       .v_head_dim = 96,
+       .causal = true});
+  add({.batch = 1,
+       .num_heads = 3,
+       .num_kv_heads = 3,
+       .q_len = 260,
+       .kv_len = 260,
+       .head_dim = 32,
+       .v_head_dim = 32,
+       .mask = MaskKind::kBlockedRows,
+       .causal = true});
+  // Key lengths, 0 included, alone and with causal and a mask.
+  add({.batch = 4,
+       .num_heads = 2,
+       .num_kv_heads = 2,
+       .q_len = 66,
+       .kv_len = 150,
+       .head_dim = 64,
+       .v_head_dim = 64,
+       .key_lengths = {150, 0, 1, 129}});
+  add({.batch = 3,
+       .num_heads = 2,
+       .num_kv_heads = 1,
+       .q_len = 30,
+       .kv_len = 140,
+       .head_dim = 24,
+       .v_head_dim = 24,
+       .mask = MaskKind::kKeyPadding,
+       .causal = true,
+       .key_lengths = {0, 100, 140}});
+  // Half-precision inputs (rounded at the edge, computed in float32).
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    add({.batch = 2,
+         .num_heads = 2,
+         .num_kv_heads = 2,
+         .q_len = 50,
+         .kv_len = 190,
+         .head_dim = 64,
+         .v_head_dim = 64,
+         .dtype = t});
+    add({.batch = 1,
+         .num_heads = 4,
+         .num_kv_heads = 2,
+         .q_len = 70,
+         .kv_len = 70,
+         .head_dim = 128,
+         .v_head_dim = 128,
+         .mask = MaskKind::kBlockedRows,
+         .causal = true,
+         .dtype = t});
+  }
+  return specs;
+}
+
+class CpuBackendIsaTest : public ::testing::TestWithParam<Isa> {
+ protected:
+  void SetUp() override {
+    if (!CpuSupports(GetParam())) GTEST_SKIP() << IsaName(GetParam()) << " not supported here";
+    backend_ = MakeBackend(GetParam());
+    ASSERT_NE(backend_, nullptr);
+  }
+  std::unique_ptr<CpuBackend> backend_;
+};
+
+TEST_P(CpuBackendIsaTest, AttendMatchesReferenceWithinFlashBound) {
+  for (const AttentionSpec& spec : SweepSpecs()) {
+    SCOPED_TRACE(spec.DebugString());
+    AttentionCase c(spec);
+    c.PoisonOutputs();
+    const AttentionParams p = c.params();
+    const Reference64 ref = ReferenceAttention64(p);
+    std::vector<float> naive_out, naive_weights;
+    NaiveAttention32(p, &naive_out, &naive_weights);
+    ASSERT_TRUE(backend_->Attend({p}).ok());
+    const std::vector<float> out = c.DenseOut();
+    ASSERT_TRUE(AllFinite(out));
+    ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
+  }
+}
+
+TEST_P(CpuBackendIsaTest, AttendWithWeightsMatchesReferenceWithinFlashBound) {
+  for (const AttentionSpec& spec : SweepSpecs()) {
+    SCOPED_TRACE(spec.DebugString());
+    AttentionCase c(spec);
+    c.PoisonOutputs();
+    const AttentionParams p = c.params(/*with_weights=*/true);
+    const Reference64 ref = ReferenceAttention64(p);
+    std::vector<float> naive_out, naive_weights;
+    NaiveAttention32(p, &naive_out, &naive_weights);
+    ASSERT_TRUE(backend_->Attend({p}).ok());
+    const std::vector<float> out = c.DenseOut();
+    ASSERT_TRUE(AllFinite(out));
+    ASSERT_TRUE(AllFinite(c.weights()));
+    ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
+    ExpectWithinBound(MaxAbsError(c.weights(), ref.weights),
+                      MaxAbsError(naive_weights, ref.weights), "weights");
+  }
+}
+
+TEST_P(CpuBackendIsaTest, FullyBlockedRowsAverageAllValues) {
+  // Every key blocked (key length 0, and a mask of zeros): each row is the mean of all Lk values.
+  AttentionCase c({.batch = 2,
+                   .num_heads = 2,
+                   .num_kv_heads = 1,
+                   .q_len = 70,
+                   .kv_len = 130,
+                   .head_dim = 24,
+                   .v_head_dim = 24,
+                   .key_lengths = {0, 0}});
+  c.PoisonOutputs();
+  const AttentionParams p = c.params();
+  ASSERT_TRUE(backend_->Attend({p}).ok());
+  const Reference64 ref = ReferenceAttention64(p);
+  const std::vector<float> out = c.DenseOut();
+  ASSERT_TRUE(AllFinite(out));
+  EXPECT_LE(MaxAbsError(out, ref.out), 1e-5);
+}
+
+TEST_P(CpuBackendIsaTest, MultiHeadMatchesReferenceWithinFlashBound) {
+  struct Case {
+    int d_model, heads, batch, q_len, kv_len;
+    bool self, same_kv, causal;
+    MaskKind mask;
+  };
+  const Case cases[] = {
+      {64, 4, 2, 70, 70, true, true, false, MaskKind::kNone},
+      {96, 4, 3, 33, 33, true, true, true, MaskKind::kNone},
+      {96, 1, 1, 300, 300, true, true, true, MaskKind::kNone},
+      {128, 2, 2, 20, 150, false, true, false, MaskKind::kKeyPadding},
+      {64, 8, 2, 129, 40, false, false, false, MaskKind::kBlockedRows},
+      {48, 2, 1, 70, 300, false, false, true, MaskKind::kNone},
+  };
+  uint32_t seed = 100;
+  for (const Case& t : cases) {
+    SCOPED_TRACE(::testing::Message() << "d_model=" << t.d_model << " h=" << t.heads << " B="
+                                      << t.batch << " Lq=" << t.q_len << " Lk=" << t.kv_len);
+    const MultiHeadWeights w = RandomWeights(t.d_model, t.heads, seed++);
+    const std::vector<float> query = RandomVector(int64_t{t.batch} * t.q_len * t.d_model, seed++);
+    const std::vector<float> key = RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++);
+    const std::vector<float> value = RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++);
+    std::vector<uint8_t> mask;
+    MultiHeadParams p;
+    p.module = &w;
+    p.batch = t.batch;
+    p.q_len = t.q_len;
+    p.kv_len = t.kv_len;
+    p.query = query.data();
+    p.key = t.self ? query.data() : key.data();
+    p.value = t.self ? query.data() : (t.same_kv ? key.data() : value.data());
+    p.self_attention = t.self;
+    p.causal = t.causal;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
+    if (t.mask == MaskKind::kKeyPadding) {
+      mask.resize(int64_t{t.batch} * t.kv_len);
+      for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 7 % 5) != 0;
+      p.mask = MaskView{mask.data(), t.kv_len, 0, 0, 1};
+    } else if (t.mask == MaskKind::kBlockedRows) {
+      mask.resize(int64_t{t.batch} * t.q_len * t.kv_len);
+      for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 13 % 7) > 2;
+      for (int j = 0; j < t.kv_len; ++j) mask[j] = 0;  // row 0 of batch entry 0
+      p.mask = MaskView{mask.data(), int64_t{t.q_len} * t.kv_len, 0, t.kv_len, 1};
+    }
+    const Reference64 ref = ReferenceMultiHead64(p);
+    std::vector<float> naive_out, naive_weights;
+    NaiveMultiHead32(p, &naive_out, &naive_weights);
+    for (bool with_weights : {false, true}) {
+      std::vector<float> out(int64_t{t.batch} * t.q_len * t.d_model, NAN);
+      std::vector<float> weights(int64_t{t.batch} * t.heads * t.q_len * t.kv_len, NAN);
+      p.out = out.data();
+      p.weights = with_weights ? weights.data() : nullptr;
+      ASSERT_TRUE(backend_->MultiHead({p}).ok());
+      ASSERT_TRUE(AllFinite(out));
+      ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
+      if (with_weights) {
+        ExpectWithinBound(MaxAbsError(weights, ref.weights),
+                          MaxAbsError(naive_weights, ref.weights), "weights");
+      }
+    }
+  }
+}
+
+// A seed vector (see ../shared/seed-vectors/README.md) loaded as a MultiHeadParams.
+struct SeedCase {
+  std::string buffer;
+  SafetensorsFile file;
+  MultiHeadWeights weights;
+  std::vector<float> query, key, value, expected_out, expected_weights;
+  std::vector<uint8_t> mask;
+  MultiHeadParams params;
+};
+
+std::unique_ptr<SeedCase> LoadSeed(const std::string& name) {
+  auto c = std::make_unique<SeedCase>();
+  const std::string path = std::string(ATTNSERVE_SEED_VECTORS_DIR) + "/" + name + ".safetensors";
+  auto buffer = ReadFileToString(path);
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  if (!buffer.ok()) return nullptr;
+  c->buffer = *std::move(buffer);
+  auto file = ParseSafetensors(c->buffer);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return nullptr;
+  c->file = *std::move(file);
+  auto weights = WeightsFromSafetensors(c->file, 0);
+  EXPECT_TRUE(weights.ok()) << weights.status();
+  if (!weights.ok()) return nullptr;
+  c->weights = *std::move(weights);
+  auto tensor = [&](const char* key, std::vector<float>* dst) -> const SafetensorsTensor* {
+    auto t = c->file.Find(key);
+    if (!t.ok()) return nullptr;
+    auto values = (*t)->ToFloat32(key);
+    EXPECT_TRUE(values.ok()) << values.status();
+    if (values.ok()) *dst = *std::move(values);
+    return *t;
+  };
+  const SafetensorsTensor* q = tensor("input.query", &c->query);
+  const SafetensorsTensor* k = tensor("input.key", &c->key);
+  tensor("input.value", &c->value);
+  tensor("expected.output", &c->expected_out);
+  tensor("expected.weights", &c->expected_weights);
+  EXPECT_TRUE(q != nullptr && k != nullptr);
+  if (q == nullptr || k == nullptr) return nullptr;
+  MultiHeadParams& p = c->params;
+  p.module = &c->weights;
+  p.batch = static_cast<int>(q->shape[0]);
+  p.q_len = static_cast<int>(q->shape[1]);
+  p.kv_len = static_cast<int>(k->shape[1]);
+  p.self_attention = c->query == c->key && c->query == c->value;
+  p.query = c->query.data();
+  p.key = p.self_attention ? c->query.data() : c->key.data();
+  p.value = p.self_attention ? c->query.data() : c->value.data();
+  p.scale = 1.0f / std::sqrt(static_cast<float>(c->weights.head_dim()));
+  std::vector<float> mask;
+  if (const SafetensorsTensor* m = tensor("input.mask", &mask)) {
+    // Right-align the mask's shape with [B, h, Lq, Lk]; size-1 dimensions broadcast.
+    std::vector<int64_t> shape(4 - m->shape.size(), 1);
+    shape.insert(shape.end(), m->shape.begin(), m->shape.end());
+    int64_t strides[4];
+    int64_t stride = 1;
+    for (int d = 3; d >= 0; --d) {
+      strides[d] = shape[d] == 1 ? 0 : stride;
+      stride *= shape[d];
+    }
+    c->mask.resize(mask.size());
+    for (size_t n = 0; n < mask.size(); ++n) c->mask[n] = mask[n] != 0.0f;
+    p.mask = MaskView{c->mask.data(), strides[0], strides[1], strides[2], strides[3]};
+  }
+  return c;
+}
+
+TEST_P(CpuBackendIsaTest, SeedVectorsMatchExpected) {
+  for (const char* name : {"seed_demo", "cross_padding", "causal", "blocked_rows"}) {
+    SCOPED_TRACE(name);
+    std::unique_ptr<SeedCase> c = LoadSeed(name);
+    ASSERT_NE(c, nullptr);
+    for (bool with_weights : {false, true}) {
+      std::vector<float> out(c->expected_out.size(), NAN);
+      std::vector<float> weights(c->expected_weights.size(), NAN);
+      MultiHeadParams p = c->params;
+      p.out = out.data();
+      p.weights = with_weights ? weights.data() : nullptr;
+      ASSERT_TRUE(backend_->MultiHead({p}).ok());
+      ASSERT_TRUE(AllFinite(out));
+      for (size_t n = 0; n < out.size(); ++n) {
+        ASSERT_NEAR(out[n], c->expected_out[n], 1e-5) << "output element " << n;
+      }
+      if (with_weights) {
+        ASSERT_TRUE(AllFinite(weights));
+        for (size_t n = 0; n < weights.size(); ++n) {
+          ASSERT_NEAR(weights[n], c->expected_weights[n], 1e-5) << "weight element " << n;
+        }
+      }
+    }
+  }
+}
+
+// Bitwise batch invariance: one problem alone, and among companions in different orders, on
+// backends of 1, 2 and 3 threads, must give the same bits (with and without weights).
+TEST_P(CpuBackendIsaTest, AttendIsBatchInvariant) {
+  const AttentionSpec target = {.batch = 2,
+                                .num_heads = 4,
+                                .num_kv_heads = 2,
+                                .q_len = 130,
+                                .kv_len = 200,
+                                .head_dim = 64,
+                                .v_head_dim = 64,
+                                .mask = MaskKind::kKeyPadding,
+                                .causal = true,
+                                .key_lengths = {200, 150},
+                                .seed = 7};
+  const std::vector<AttentionSpec> companions = {
+      {.batch = 1,
+       .num_heads = 2,
+       .num_kv_heads = 2,
+       .q_len = 300,
+       .kv_len = 300,
+       .head_dim = 64,
+       .v_head_dim = 64,
+       .seed = 8},
+      {.batch = 3,
+       .num_heads = 1,
+       .num_kv_heads = 1,
+       .q_len = 5,
+       .kv_len = 9,
+       .head_dim = 24,
+       .v_head_dim = 24,
+       .seed = 9},
+      {.batch = 1,
+       .num_heads = 8,
+       .num_kv_heads = 1,
+       .q_len = 64,
+       .kv_len = 1000,
+       .head_dim = 128,
+       .v_head_dim = 128,
+       .causal = true,
+       .seed = 10},
+  };
+  for (bool with_weights : {false, true}) {
+    SCOPED_TRACE(with_weights ? "with weights" : "fused");
+    AttentionCase alone(target);
+    ASSERT_TRUE(MakeBackend(GetParam(), 1)->Attend({alone.params(with_weights)}).ok());
+    const std::vector<float> expected_out = alone.DenseOut();
+    const std::vector<float> expected_weights = alone.weights();
+
+    for (int threads : {1, 2, 3}) {
+      std::unique_ptr<CpuBackend> backend = MakeBackend(GetParam(), threads);
+      // Orders: target first, in the middle, last.
+      for (int position = 0; position <= 3; ++position) {
+        SCOPED_TRACE(::testing::Message() << threads << " threads, position " << position);
+        AttentionCase c(target);
+        c.PoisonOutputs();
+        std::vector<std::unique_ptr<AttentionCase>> others;
+        std::vector<AttentionParams> batch;
+        for (const AttentionSpec& s : companions) {
+          others.push_back(std::make_unique<AttentionCase>(s));
+          batch.push_back(others.back()->params(position % 2 == 0));
+        }
+        batch.insert(batch.begin() + position, c.params(with_weights));
+        ASSERT_TRUE(backend->Attend(batch).ok());
+        const std::vector<float> out = c.DenseOut();
+        ASSERT_EQ(std::memcmp(out.data(), expected_out.data(), out.size() * sizeof(float)), 0);
+        if (with_weights) {
+          ASSERT_EQ(std::memcmp(c.weights().data(), expected_weights.data(),
+                                expected_weights.size() * sizeof(float)),
+                    0);
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CpuBackendIsaTest, MultiHeadIsBatchInvariant) {
+  // Long enough (B·L = 600 rows) that each projection spans several row chunks (of 128 rows).
+  const MultiHeadWeights w = RandomWeights(128, 4, 1);
+  const MultiHeadWeights w2 = RandomWeights(64, 2, 2);
+  const std::vector<float> x = RandomVector(2 * 300 * 128, 3);
+  const std::vector<float> y = RandomVector(3 * 50 * 64, 4);
+  const std::vector<float> z = RandomVector(1 * 700 * 128, 5);
+  auto self_params = [](const MultiHeadWeights& m, const std::vector<float>& in, int batch, int len,
+                        std::vector<float>* out) {
+    MultiHeadParams p;
+    p.module = &m;
+    p.batch = batch;
+    p.q_len = p.kv_len = len;
+    p.query = p.key = p.value = in.data();
+    p.self_attention = true;
+    p.causal = true;
+    p.scale = 1.0f / std::sqrt(static_cast<float>(m.head_dim()));
+    out->assign(int64_t{batch} * len * m.d_model, NAN);
+    p.out = out->data();
+    return p;
+  };
+  std::vector<float> expected, out, out_y, out_z;
+  ASSERT_TRUE(MakeBackend(GetParam(), 1)->MultiHead({self_params(w, x, 2, 300, &expected)}).ok());
+  for (int threads : {1, 2, 3}) {
+    std::unique_ptr<CpuBackend> backend = MakeBackend(GetParam(), threads);
+    for (int position = 0; position <= 2; ++position) {
+      SCOPED_TRACE(::testing::Message() << threads << " threads, position " << position);
+      std::vector<MultiHeadParams> batch = {self_params(w2, y, 3, 50, &out_y),
+                                            self_params(w, z, 1, 700, &out_z)};
+      batch.insert(batch.begin() + position, self_params(w, x, 2, 300, &out));
+      ASSERT_TRUE(backend->MultiHead(batch).ok());
+      ASSERT_EQ(std::memcmp(out.data(), expected.data(), out.size() * sizeof(float)), 0);
+    }
+  }
+}
+
+TEST_P(CpuBackendIsaTest, ConcurrentCallsAgree) {
+  AttentionCase a({.batch = 2,
+                   .num_heads = 4,
+                   .num_kv_heads = 4,
+                   .q_len = 200,
+                   .kv_len = 200,
+                   .head_dim = 64,
+                   .v_head_dim = 64,
+                   .seed = 3});
+  AttentionCase b({.batch = 2,
+                   .num_heads = 4,
+                   .num_kv_heads = 4,
+                   .q_len = 200,
+                   .kv_len = 200,
+                   .head_dim = 64,
+                   .v_head_dim = 64,
+                   .seed = 3});
+  std::thread other([&] { ASSERT_TRUE(backend_->Attend({a.params()}).ok()); });
+  ASSERT_TRUE(backend_->Attend({b.params()}).ok());
+  other.join();
+  const std::vector<float> oa = a.DenseOut(), ob = b.DenseOut();
+  EXPECT_EQ(std::memcmp(oa.data(), ob.data(), oa.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, CpuBackendIsaTest,
+                         ::testing::Values(Isa::kGeneric, Isa::kAvx2, Isa::kAvx512),
+                         [](const ::testing::TestParamInfo<Isa>& info) {
+                           return std::string(IsaName(info.param));
+                         });
+
+TEST(CpuBackendTest, CreateRejectsBadOptions) {
+  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = -1});
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(backend.status().message()), ::testing::HasSubstr("was -1"));
+}
+
+TEST(CpuBackendTest, DefaultsToHardwareThreadsAndBestIsa) {
+  auto backend = CpuBackend::Create({});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  EXPECT_EQ((*backend)->num_threads(), static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ((*backend)->isa(), BestIsa());
+  EXPECT_EQ((*backend)->name(), "cpu");
+  ASSERT_EQ((*backend)->devices().size(), 1u);
+  EXPECT_THAT((*backend)->devices()[0].name, ::testing::HasSubstr(IsaName(BestIsa())));
+}
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu
