@@ -10,6 +10,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
 #include "kernels/safetensors.h"
 #include "server/version.h"
@@ -42,9 +43,13 @@ absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
 
 absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
                                                               int threads) {
-  (void)threads;
-  if (name == "reference" || name == "auto" || name == "cpu") {
-    return std::make_unique<kernels::ReferenceBackend>();
+  if (name == "reference") return std::make_unique<kernels::ReferenceBackend>();
+  if (name == "auto" || name == "cpu") {
+    kernels::cpu::CpuBackendOptions options;
+    options.num_threads = threads;
+    auto cpu = kernels::cpu::CpuBackend::Create(options);
+    if (!cpu.ok()) return cpu.status();
+    return std::unique_ptr<kernels::Backend>(*std::move(cpu));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--backend must be auto, cpu or reference; was '", name, "'"));
