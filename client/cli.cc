@@ -7,6 +7,10 @@
 //   attnserve-cli mha [--module=demo] --shape=B,L [--causal] [--weights]
 //   attnserve-cli seed --file=../shared/seed-vectors/causal.safetensors
 //
+// Security: --tls_ca_file (turns TLS on; the CA that signed the server's certificate),
+// --tls_cert_file/--tls_key_file (mutual TLS), --tls_server_name (name the certificate is checked
+// against, for IP targets), --auth_token_file (sent as "authorization: Bearer <token>").
+//
 // `attend` and `mha` send random tensors (fixed seed); `seed` loads a seed-vector file's module
 // through LoadModule, sends its inputs and mask, and compares the answer with the expected
 // output and weights stored in the file (exit status 1 when the error exceeds --tolerance).
@@ -24,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "client/client.h"
 #include "kernels/safetensors.h"
 
@@ -38,6 +43,15 @@ ABSL_FLAG(std::string, module, "demo", "mha: module name");
 ABSL_FLAG(std::string, file, "", "seed: a seed-vector safetensors file");
 ABSL_FLAG(double, tolerance, 1e-5, "seed: largest absolute error accepted");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of the call");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "PEM CA certificate(s) to verify the server with; setting it turns TLS on");
+ABSL_FLAG(bool, tls, false, "TLS with the system's root certificates (implied by --tls_ca_file)");
+ABSL_FLAG(std::string, tls_cert_file, "", "PEM client certificate chain (mutual TLS)");
+ABSL_FLAG(std::string, tls_key_file, "", "PEM client private key (mutual TLS)");
+ABSL_FLAG(std::string, tls_server_name, "",
+          "name the server's certificate is checked against (default: the target's host)");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "file holding a bearer token (surrounding whitespace ignored)");
 
 namespace {
 
@@ -240,6 +254,49 @@ int Seed(attnserve::Client& client, absl::Duration timeout) {
   return out_err <= tol && w_err <= tol ? 0 : 1;
 }
 
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  auto bytes = attnserve::kernels::ReadFileToString(path);
+  if (!bytes.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", bytes.status().message()));
+  }
+  return *bytes;
+}
+
+// ClientOptions from the security flags.
+absl::StatusOr<attnserve::ClientOptions> SecurityOptions() {
+  attnserve::ClientOptions options;
+  const std::string ca = absl::GetFlag(FLAGS_tls_ca_file);
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert_file);
+  const std::string key = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls = absl::GetFlag(FLAGS_tls) || !ca.empty() || !cert.empty();
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert_file and --tls_key_file go together");
+  }
+  if (!ca.empty()) {
+    auto pem = ReadFile("tls_ca_file", ca);
+    if (!pem.ok()) return pem.status();
+    options.tls_root_certs = *pem;
+  }
+  if (!cert.empty()) {
+    auto pem = ReadFile("tls_cert_file", cert);
+    if (!pem.ok()) return pem.status();
+    options.tls_client_cert = *pem;
+    pem = ReadFile("tls_key_file", key);
+    if (!pem.ok()) return pem.status();
+    options.tls_client_key = *pem;
+  }
+  options.tls_server_name = absl::GetFlag(FLAGS_tls_server_name);
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
+    auto token = ReadFile("auth_token_file", path);
+    if (!token.ok()) return token.status();
+    options.auth_token = std::string(absl::StripAsciiWhitespace(*token));
+    if (options.auth_token.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("--auth_token_file: ", path, " is empty"));
+    }
+  }
+  return options;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -250,7 +307,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "usage: attnserve-cli [flags] info|modules|attend|mha|seed\n");
     return 2;
   }
-  auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target));
+  auto options = SecurityOptions();
+  if (!options.ok()) return Fail(options.status());
+  auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target), *options);
   if (!client.ok()) return Fail(client.status());
   const absl::Duration timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
   const std::string command = args[1];

@@ -2,10 +2,14 @@
 
 #include <chrono>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/float_codec.h"
+#include "client/stream.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "kernels/dtype.h"
 
 namespace attnserve {
 namespace {
@@ -15,11 +19,11 @@ absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
 }
 
-absl::StatusOr<kernels::DType> FloatDType(v1::Dtype t) {
+absl::StatusOr<codec::FloatFormat> FloatFormatOf(v1::Dtype t) {
   switch (t) {
-    case v1::DTYPE_FLOAT32: return kernels::DType::kFloat32;
-    case v1::DTYPE_FLOAT16: return kernels::DType::kFloat16;
-    case v1::DTYPE_BFLOAT16: return kernels::DType::kBFloat16;
+    case v1::DTYPE_FLOAT32: return codec::FloatFormat::kFloat32;
+    case v1::DTYPE_FLOAT16: return codec::FloatFormat::kFloat16;
+    case v1::DTYPE_BFLOAT16: return codec::FloatFormat::kBFloat16;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("tensor dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ",
@@ -27,15 +31,104 @@ absl::StatusOr<kernels::DType> FloatDType(v1::Dtype t) {
   }
 }
 
+// gRPC durations in JSON: decimal seconds with an "s" suffix.
+std::string JsonDuration(absl::Duration d) {
+  return absl::StrFormat("%.6fs", absl::ToDoubleSeconds(d));
+}
+
+// "1.2.3.4:5" -> true; "[::1]:5" -> false (is_v6 set); host names -> neither.
+bool IsIpv4Literal(const std::string& a) {
+  const size_t colon = a.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  int dots = 0;
+  for (size_t i = 0; i < colon; ++i) {
+    if (a[i] == '.') {
+      ++dots;
+    } else if (a[i] < '0' || a[i] > '9') {
+      return false;
+    }
+  }
+  return dots == 3;
+}
+bool IsIpv6Literal(const std::string& a) {
+  return absl::StartsWith(a, "[") && a.find("]:") != std::string::npos;
+}
+
+// One unary call in flight: owns what gRPC reads and writes until the completion runs.
+template <typename Request, typename Response>
+struct AsyncCall {
+  grpc::ClientContext context;
+  std::shared_ptr<const Request> request;
+  Response response;
+  Client::Callback<Response> done;
+
+  void Complete(const grpc::Status& status) {
+    std::unique_ptr<AsyncCall> self(this);
+    if (status.ok()) {
+      done(std::move(response));
+    } else {
+      done(FromGrpc(status));
+    }
+  }
+};
+
+template <typename Response>
+std::future<absl::StatusOr<Response>> ToFuture(
+    const std::function<void(Client::Callback<Response>)>& start) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<Response>>>();
+  std::future<absl::StatusOr<Response>> future = promise->get_future();
+  start([promise](absl::StatusOr<Response> r) { promise->set_value(std::move(r)); });
+  return future;
+}
 
 }  // namespace
+
+std::string ServiceConfigJson(const ClientOptions& options) {
+  std::vector<std::string> parts;
+  const RetryOptions& r = options.retry;
+  if (r.max_attempts > 1) {
+    std::vector<std::string> codes;
+    for (const std::string& c : r.retryable_codes) codes.push_back(absl::StrCat("\"", c, "\""));
+    parts.push_back(absl::StrCat(
+        "\"methodConfig\": [{\"name\": [{\"service\": \"attnserve.v1.AttentionService\"}], ",
+        "\"retryPolicy\": {\"maxAttempts\": ", r.max_attempts, ", \"initialBackoff\": \"",
+        JsonDuration(r.initial_backoff), "\", \"maxBackoff\": \"", JsonDuration(r.max_backoff),
+        "\", \"backoffMultiplier\": ", absl::StrFormat("%g", r.backoff_multiplier),
+        ", \"retryableStatusCodes\": [", absl::StrJoin(codes, ", "), "]}}]"));
+  }
+  if (!options.load_balancing.empty()) {
+    parts.push_back(
+        absl::StrCat("\"loadBalancingConfig\": [{\"", options.load_balancing, "\": {}}]"));
+  }
+  return absl::StrCat("{", absl::StrJoin(parts, ", "), "}");
+}
+
+absl::StatusOr<std::string> MultiAddressTarget(const std::vector<std::string>& addresses) {
+  if (addresses.empty()) return absl::InvalidArgumentError("addresses must not be empty");
+  if (addresses.size() == 1) return addresses[0];
+  bool all_v4 = true, all_v6 = true;
+  for (const std::string& a : addresses) {
+    all_v4 = all_v4 && IsIpv4Literal(a);
+    all_v6 = all_v6 && IsIpv6Literal(a);
+  }
+  if (all_v4) return absl::StrCat("ipv4:", absl::StrJoin(addresses, ","));
+  if (all_v6) return absl::StrCat("ipv6:", absl::StrJoin(addresses, ","));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "addresses must all be IPv4 or all IPv6 literals with ports (use a dns:/// target for "
+      "host names); were ", absl::StrJoin(addresses, ",")));
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
                                                        const ClientOptions& options) {
   if (target.empty()) return absl::InvalidArgumentError("target must not be empty");
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-  args.SetMaxSendMessageSize(-1);
+  if (options.channels < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channels must be at least 1; was ", options.channels));
+  }
+  if (options.retry.max_attempts < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("retry.max_attempts must be at least 1; was ", options.retry.max_attempts));
+  }
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (options.tls) {
     grpc::SslCredentialsOptions ssl;
@@ -43,36 +136,73 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
     ssl.pem_cert_chain = options.tls_client_cert;
     ssl.pem_private_key = options.tls_client_key;
     credentials = grpc::SslCredentials(ssl);
-    if (!options.tls_server_name.empty()) {
+  }
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < options.channels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+    args.SetMaxSendMessageSize(-1);
+    args.SetServiceConfigJSON(options.service_config_json.empty()
+                                  ? ServiceConfigJson(options)
+                                  : options.service_config_json);
+    // A retried call keeps its request in memory until committed; gRPC's default (256 KiB)
+    // would leave most attention requests unretried.
+    args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, 64 << 20);
+    // Separate connections per channel: gRPC shares subchannels between channels with equal
+    // arguments unless each keeps its own pool.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt("attnserve.channel_index", i);
+    if (options.tls && !options.tls_server_name.empty()) {
       args.SetSslTargetNameOverride(options.tls_server_name);
     }
+    channels.push_back(grpc::CreateCustomChannel(target, credentials, args));
   }
-  return std::make_unique<Client>(grpc::CreateCustomChannel(target, credentials, args), options);
+  return std::unique_ptr<Client>(new Client(std::move(channels), options));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::CreateBalanced(
+    const std::vector<std::string>& addresses, ClientOptions options) {
+  absl::StatusOr<std::string> target = MultiAddressTarget(addresses);
+  if (!target.ok()) return target.status();
+  if (options.load_balancing.empty()) options.load_balancing = "round_robin";
+  return Create(*target, options);
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
-    : channel_(std::move(channel)),
-      stub_(v1::AttentionService::NewStub(channel_)),
-      options_(options) {}
+    : Client(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}, options) {}
+
+Client::Client(std::vector<std::shared_ptr<grpc::Channel>> channels, const ClientOptions& options)
+    : channels_(std::move(channels)), options_(options) {
+  for (const auto& c : channels_) stubs_.push_back(v1::AttentionService::NewStub(c));
+}
+
+Client::~Client() = default;
+
+v1::AttentionService::Stub& Client::NextStub() {
+  if (stubs_.size() == 1) return *stubs_[0];
+  return *stubs_[next_stub_.fetch_add(1, std::memory_order_relaxed) % stubs_.size()];
+}
 
 void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
-  context->set_deadline(std::chrono::system_clock::now() +
-                        absl::ToChronoMicroseconds(timeout));
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          absl::ToChronoMicroseconds(timeout));
+  }
   if (!options_.auth_token.empty()) {
     context->AddMetadata("authorization", "Bearer " + options_.auth_token);
   }
 }
 
-#define ATTNSERVE_CLIENT_METHOD(Rpc)                                                   \
-  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,       \
-                                                absl::Duration timeout) {              \
-    grpc::ClientContext context;                                                       \
-    Prepare(&context, timeout);                                                        \
-    v1::Rpc##Response response;                                                        \
-    grpc::Status status = stub_->Rpc(&context, request, &response);                    \
-    if (!status.ok()) return FromGrpc(status);                                         \
-    return response;                                                                   \
+#define ATTNSERVE_CLIENT_METHOD(Rpc)                                                          \
+  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,              \
+                                                absl::Duration timeout) {                     \
+    grpc::ClientContext context;                                                              \
+    Prepare(&context, timeout);                                                               \
+    v1::Rpc##Response response;                                                               \
+    grpc::Status status = NextStub().Rpc(&context, request, &response);                       \
+    if (!status.ok()) return FromGrpc(status);                                                \
+    return response;                                                                          \
   }
 ATTNSERVE_CLIENT_METHOD(Attend)
 ATTNSERVE_CLIENT_METHOD(MultiHeadAttention)
@@ -84,7 +214,7 @@ absl::StatusOr<v1::ListModulesResponse> Client::ListModules(absl::Duration timeo
   grpc::ClientContext context;
   Prepare(&context, timeout);
   v1::ListModulesResponse response;
-  grpc::Status status = stub_->ListModules(&context, v1::ListModulesRequest(), &response);
+  grpc::Status status = NextStub().ListModules(&context, v1::ListModulesRequest(), &response);
   if (!status.ok()) return FromGrpc(status);
   return response;
 }
@@ -93,9 +223,51 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Duration t
   grpc::ClientContext context;
   Prepare(&context, timeout);
   v1::GetServerInfoResponse response;
-  grpc::Status status = stub_->GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  grpc::Status status =
+      NextStub().GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
   if (!status.ok()) return FromGrpc(status);
   return response;
+}
+
+#define ATTNSERVE_CLIENT_ASYNC(Rpc)                                                           \
+  void Client::Rpc##Async(const v1::Rpc##Request& request, Callback<v1::Rpc##Response> done,  \
+                          absl::Duration timeout) {                                           \
+    Rpc##Async(std::make_shared<const v1::Rpc##Request>(request), std::move(done), timeout);  \
+  }                                                                                           \
+  void Client::Rpc##Async(std::shared_ptr<const v1::Rpc##Request> request,                    \
+                          Callback<v1::Rpc##Response> done, absl::Duration timeout) {         \
+    auto* call = new AsyncCall<v1::Rpc##Request, v1::Rpc##Response>;                          \
+    call->request = std::move(request);                                                       \
+    call->done = std::move(done);                                                             \
+    Prepare(&call->context, timeout);                                                         \
+    NextStub().async()->Rpc(&call->context, call->request.get(), &call->response,             \
+                            [call](grpc::Status s) { call->Complete(s); });                   \
+  }                                                                                           \
+  std::future<absl::StatusOr<v1::Rpc##Response>> Client::Rpc##Async(                          \
+      const v1::Rpc##Request& request, absl::Duration timeout) {                              \
+    return ToFuture<v1::Rpc##Response>(                                                       \
+        [&](Callback<v1::Rpc##Response> done) { Rpc##Async(request, std::move(done), timeout); }); \
+  }
+ATTNSERVE_CLIENT_ASYNC(Attend)
+ATTNSERVE_CLIENT_ASYNC(MultiHeadAttention)
+#undef ATTNSERVE_CLIENT_ASYNC
+
+void Client::GetServerInfoAsync(Callback<v1::GetServerInfoResponse> done,
+                                absl::Duration timeout) {
+  auto* call = new AsyncCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>;
+  call->request = std::make_shared<const v1::GetServerInfoRequest>();
+  call->done = std::move(done);
+  Prepare(&call->context, timeout);
+  NextStub().async()->GetServerInfo(&call->context, call->request.get(), &call->response,
+                                    [call](grpc::Status s) { call->Complete(s); });
+}
+
+std::unique_ptr<AttentionStream> Client::OpenStream(
+    std::function<void(v1::AttentionStreamResponse)> on_response, absl::Duration timeout) {
+  std::unique_ptr<AttentionStream> stream(new AttentionStream(std::move(on_response)));
+  Prepare(&stream->context_, timeout <= absl::ZeroDuration() ? absl::InfiniteDuration() : timeout);
+  stream->Start(NextStub());
+  return stream;
 }
 
 v1::Tensor MakeTensor(v1::Dtype dtype, const std::vector<int64_t>& shape,
@@ -103,10 +275,10 @@ v1::Tensor MakeTensor(v1::Dtype dtype, const std::vector<int64_t>& shape,
   v1::Tensor t;
   t.set_dtype(dtype);
   for (int64_t d : shape) t.add_shape(d);
-  const kernels::DType type = FloatDType(dtype).value();
+  const codec::FloatFormat format = FloatFormatOf(dtype).value();
   std::string* data = t.mutable_data();
-  data->resize(values.size() * kernels::DTypeSize(type));
-  kernels::FromFloat32(type, values.data(), values.size(), data->data());
+  data->resize(values.size() * codec::FormatSize(format));
+  codec::Pack(format, values.data(), values.size(), data->data());
   return t;
 }
 
@@ -121,17 +293,17 @@ v1::Tensor MakeMask(const std::vector<int64_t>& shape, const std::vector<uint8_t
 }
 
 absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor) {
-  auto type = FloatDType(tensor.dtype());
-  if (!type.ok()) return type.status();
+  auto format = FloatFormatOf(tensor.dtype());
+  if (!format.ok()) return format.status();
   int64_t n = 1;
   for (int64_t d : tensor.shape()) n *= d;
-  const size_t want = static_cast<size_t>(n) * kernels::DTypeSize(*type);
+  const size_t want = static_cast<size_t>(n) * codec::FormatSize(*format);
   if (tensor.data().size() != want) {
     return absl::InvalidArgumentError(absl::StrCat("tensor data holds ", tensor.data().size(),
                                                    " bytes; its shape needs ", want));
   }
   std::vector<float> out(n);
-  kernels::ToFloat32(*type, tensor.data().data(), n, out.data());
+  codec::Unpack(*format, tensor.data().data(), n, out.data());
   return out;
 }
 

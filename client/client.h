@@ -1,16 +1,28 @@
-// attnserve::Client: a thin, thread-safe C++ client for the attnserve gRPC service.
+// attnserve::Client: a thread-safe C++ client for the attnserve gRPC service.
 //
 //   auto client = attnserve::Client::Create("localhost:50051");
 //   v1::AttendRequest request;
 //   *request.mutable_query() = attnserve::MakeTensor(v1::DTYPE_FLOAT32, {1, 8, 128, 64}, q);
 //   ...
-//   absl::StatusOr<v1::AttendResponse> response = (*client)->Attend(request);
+//   absl::StatusOr<v1::AttendResponse> response = (*client)->Attend(request);     // blocking
+//   std::future<absl::StatusOr<v1::AttendResponse>> f = (*client)->AttendAsync(request);
+//   (*client)->AttendAsync(request, [](absl::StatusOr<v1::AttendResponse> r) { ... });
 //
 // Every call returns absl::StatusOr: the server's gRPC status (code and message) on failure.
+// The streaming rpc is client/stream.h (Client::OpenStream).
+//
+// Retries and load balancing are gRPC's own, configured through the channel's service config
+// (ClientOptions::retry, ClientOptions::load_balancing): a call that fails UNAVAILABLE is
+// retried with exponential backoff inside its deadline, and calls are spread over every address
+// a target resolves to (a `dns:///` name with several records, or an `ipv4:a:p1,b:p2` list; see
+// Client::CreateBalanced).
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,12 +36,43 @@ namespace attnserve {
 
 namespace v1 = ::attnserve::v1;
 
+class AttentionStream;  // client/stream.h
+
+// gRPC's retry policy, applied to every rpc of AttentionService (the service is idempotent
+// except LoadModule without `replace`, which answers ALREADY_EXISTS on a repeat, never a
+// second module). Attempts are spaced by a random fraction of a backoff that starts at
+// initial_backoff and grows by backoff_multiplier up to max_backoff; all of them share the
+// call's deadline.
+struct RetryOptions {
+  // Total attempts including the first; gRPC caps it at 5. Default: 1, no retries, so that a
+  // caller sees every UNAVAILABLE as it happens (and existing callers keep that behaviour);
+  // 4 suits most callers that want them.
+  int max_attempts = 1;
+  absl::Duration initial_backoff = absl::Milliseconds(100);  // Default: 100 ms.
+  absl::Duration max_backoff = absl::Seconds(2);             // Default: 2 s.
+  double backoff_multiplier = 2.0;                           // Default: 2.
+  // Canonical code names retried, e.g. {"UNAVAILABLE"}. Default: UNAVAILABLE only (overload,
+  // shutdown, a lost connection); RESOURCE_EXHAUSTED is a limit and retrying will not help.
+  std::vector<std::string> retryable_codes = {"UNAVAILABLE"};
+};
+
 struct ClientOptions {
-  // Deadline of each call unless the call gives its own. Default: 60 s.
+  // --- Affects behaviour ---
+  // Deadline of each unary call unless the call gives its own. Default: 60 s.
   absl::Duration timeout = absl::Seconds(60);
   // Largest response accepted, bytes. Default: unlimited (the server bounds its responses).
   int max_receive_message_bytes = -1;
+  // Retries of failed calls (see RetryOptions).
+  RetryOptions retry;
+  // gRPC load-balancing policy over the addresses the target resolves to: "round_robin"
+  // (spread calls over all of them) or "pick_first" (gRPC's default: one at a time). Empty:
+  // gRPC's default.
+  std::string load_balancing;
+  // A complete gRPC service config (JSON) to use instead of the one built from `retry` and
+  // `load_balancing`. Empty: built from them.
+  std::string service_config_json;
 
+  // --- Security ---
   // TLS. Off by default. When on, tls_root_certs (PEM) verifies the server (empty: the
   // system's roots); tls_client_cert and tls_client_key (PEM) are sent for mutual TLS.
   bool tls = false;
@@ -38,23 +81,43 @@ struct ClientOptions {
   std::string tls_client_key;
   // Overrides the name the server's certificate is checked against (tests, IP targets).
   std::string tls_server_name;
-
   // Non-empty: sent with every call as "authorization: Bearer <auth_token>".
   std::string auth_token;
+
+  // --- Affects performance ---
+  // Channels (TCP connections per server address) calls are spread over; each call picks the
+  // next in turn. One HTTP/2 connection serialises its frames on one socket: more help a
+  // client that sends many large requests at once. Default: 1.
+  int channels = 1;
 };
+
+// The service config JSON that `options` ask for (retry policy and load balancing).
+std::string ServiceConfigJson(const ClientOptions& options);
+
+// A gRPC target reaching every one of `addresses` ("host:port"), for round_robin:
+// "ipv4:a:p1,b:p2" when all are IPv4 literals, "ipv6:[a]:p1,..." when all are IPv6 literals.
+// A single address is returned as is. INVALID_ARGUMENT for an empty list, a mix, or host
+// names (use one "dns:///name:port" whose records list the servers instead).
+absl::StatusOr<std::string> MultiAddressTarget(const std::vector<std::string>& addresses);
 
 // Thread-safe: one Client may be shared by any number of threads.
 class Client {
  public:
-  // Connects (lazily) to `target`, a gRPC target such as "localhost:50051" or
-  // "dns:///attnserve:50051", with TLS when options.tls.
+  // Connects (lazily) to `target`, a gRPC target such as "localhost:50051",
+  // "dns:///attnserve:50051" or "ipv4:10.0.0.1:50051,10.0.0.2:50051", with TLS when
+  // options.tls. INVALID_ARGUMENT for an empty target or bad options.
   static absl::StatusOr<std::unique_ptr<Client>> Create(const std::string& target,
                                                         const ClientOptions& options = {});
-  // Uses an existing channel (TLS, custom arguments, in-process).
+  // Spreads calls over `addresses` with round_robin (MultiAddressTarget names the rules).
+  static absl::StatusOr<std::unique_ptr<Client>> CreateBalanced(
+      const std::vector<std::string>& addresses, ClientOptions options = {});
+  // Uses an existing channel (TLS, custom arguments, in-process); options.channels and the
+  // service config options are ignored (they are the channel's).
   Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options = {});
+  ~Client();
 
   // One method per rpc of attnserve.v1.AttentionService (see the proto for semantics and
-  // errors). `timeout` overrides ClientOptions::timeout when given.
+  // errors). `timeout` overrides ClientOptions::timeout when given. Blocking.
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
                                             absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<v1::MultiHeadAttentionResponse> MultiHeadAttention(
@@ -69,14 +132,53 @@ class Client {
   absl::StatusOr<v1::GetServerInfoResponse> GetServerInfo(
       absl::Duration timeout = absl::ZeroDuration());
 
-  grpc::Channel& channel() { return *channel_; }
+  // Asynchronous calls. The callback forms never block: the request is copied, the call
+  // started, and `done` runs exactly once, on a gRPC thread, when it completes (so `done`
+  // must not block for long; it may start more calls). The future forms wrap them.
+  template <typename Response>
+  using Callback = std::function<void(absl::StatusOr<Response>)>;
+  void AttendAsync(const v1::AttendRequest& request, Callback<v1::AttendResponse> done,
+                   absl::Duration timeout = absl::ZeroDuration());
+  void MultiHeadAttentionAsync(const v1::MultiHeadAttentionRequest& request,
+                               Callback<v1::MultiHeadAttentionResponse> done,
+                               absl::Duration timeout = absl::ZeroDuration());
+  // As above, without copying a request that many calls share; it is kept alive until `done`.
+  void AttendAsync(std::shared_ptr<const v1::AttendRequest> request,
+                   Callback<v1::AttendResponse> done,
+                   absl::Duration timeout = absl::ZeroDuration());
+  void MultiHeadAttentionAsync(std::shared_ptr<const v1::MultiHeadAttentionRequest> request,
+                               Callback<v1::MultiHeadAttentionResponse> done,
+                               absl::Duration timeout = absl::ZeroDuration());
+  void GetServerInfoAsync(Callback<v1::GetServerInfoResponse> done,
+                          absl::Duration timeout = absl::ZeroDuration());
+  std::future<absl::StatusOr<v1::AttendResponse>> AttendAsync(
+      const v1::AttendRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  std::future<absl::StatusOr<v1::MultiHeadAttentionResponse>> MultiHeadAttentionAsync(
+      const v1::MultiHeadAttentionRequest& request,
+      absl::Duration timeout = absl::ZeroDuration());
+
+  // Opens an AttentionStream (client/stream.h). `on_response` (may be empty: read with
+  // AttentionStream::Read instead) runs on a gRPC thread for each response. `timeout` bounds
+  // the whole stream; zero: no deadline.
+  std::unique_ptr<AttentionStream> OpenStream(
+      std::function<void(v1::AttentionStreamResponse)> on_response = nullptr,
+      absl::Duration timeout = absl::ZeroDuration());
+
+  // The first channel (all share the same target and options).
+  grpc::Channel& channel() { return *channels_[0]; }
 
  private:
+  Client(std::vector<std::shared_ptr<grpc::Channel>> channels, const ClientOptions& options);
+  // Sets the deadline (unless `timeout` is infinite) and the bearer token.
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
+  // The stub of the next channel, in turn.
+  v1::AttentionService::Stub& NextStub();
 
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::AttentionService::Stub> stub_;
+  std::vector<std::shared_ptr<grpc::Channel>> channels_;
+  std::vector<std::unique_ptr<v1::AttentionService::Stub>> stubs_;
+  std::atomic<uint64_t> next_stub_{0};
   ClientOptions options_;
+  friend class AttentionStream;
 };
 
 // Packs float values into a tensor of `dtype` (FLOAT32, FLOAT16 or BFLOAT16; rounded to

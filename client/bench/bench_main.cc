@@ -1,0 +1,283 @@
+// attnserve-bench: a load generator for attnserve (and anything that speaks its proto).
+//
+//   attnserve-bench --target=127.0.0.1:50051 --rpc=attend --shapes=1,8,128,64 \
+//       --mode=closed --concurrency=8 --duration_s=10
+//   attnserve-bench --mode=open --rate=200 --arrival=poisson --rpc=mha --shapes="1,64;4,256@0.2"
+//   attnserve-bench --mode=open --ramp=50:400:8 --duration_s=5 --csv=knee.csv   # find the knee
+//   attnserve-bench --mode=closed --steps=1,2,4,8,16 --json=-                   # JSON on stdout
+//
+// Prints one line per phase (see --help for every flag); a live progress line only when stdout
+// is a terminal. Exit status: 0 when every request succeeded, 1 when some failed, 2 on bad
+// flags or an unreachable server.
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "client/bench/load.h"
+#include "client/bench/stats.h"
+#include "client/bench/workload.h"
+#include "client/client.h"
+
+ABSL_FLAG(std::string, target, "localhost:50051",
+          "gRPC target; several servers: ipv4:127.0.0.1:p1,127.0.0.1:p2 (round_robin)");
+ABSL_FLAG(int, connections, 1, "channels (TCP connections) calls are spread over");
+ABSL_FLAG(std::string, rpc, "attend", "attend, mha or stream");
+ABSL_FLAG(std::string, stream_payload, "attend", "rpc=stream: attend or mha requests");
+ABSL_FLAG(std::string, mode, "closed", "closed (N concurrent callers) or open (arrival rate)");
+ABSL_FLAG(int, concurrency, 1, "closed loop: concurrent callers");
+ABSL_FLAG(double, rate, 100, "open loop: requests per second");
+ABSL_FLAG(std::string, arrival, "constant", "open loop: constant or poisson");
+ABSL_FLAG(std::string, steps, "",
+          "schedule: comma-separated levels (concurrency or rate), one phase each");
+ABSL_FLAG(std::string, ramp, "",
+          "schedule: FROM:TO:STEPS, a ramp of levels cut into STEPS equal phases");
+ABSL_FLAG(double, duration_s, 10, "seconds per phase (unless --requests)");
+ABSL_FLAG(int64_t, requests, 0, "requests per phase; 0: by --duration_s");
+ABSL_FLAG(double, warmup_s, 1, "warm-up seconds at the first level, not reported");
+ABSL_FLAG(std::string, shapes, "",
+          "attend: B,H,L,D[@W];... (default 1,8,128,64); mha: B,L[@W];... (default 1,128)");
+ABSL_FLAG(std::string, seq_len, "",
+          "sequence lengths: fixed (default), uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX, "
+          "choice:L1,L2,...");
+ABSL_FLAG(int, pool, 32, "prepared requests drawn from a --seq_len distribution");
+ABSL_FLAG(int, kv_heads, 0, "attend: key/value heads (default H)");
+ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
+ABSL_FLAG(bool, causal, false, "causal masking");
+ABSL_FLAG(std::string, module, "demo", "mha: module name");
+ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each unary call");
+ABSL_FLAG(int64_t, max_in_flight, 100000, "open loop: most requests outstanding");
+ABSL_FLAG(uint64_t, seed, 1, "random seed (tensors, shape draws, Poisson gaps)");
+ABSL_FLAG(std::string, json, "", "write the report as JSON to this file ('-': stdout)");
+ABSL_FLAG(std::string, csv, "", "write the report as CSV to this file ('-': stdout)");
+ABSL_FLAG(std::string, progress, "auto", "live progress line: auto (when stdout is a tty), on, off");
+ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA of the server's certificate (turns TLS on)");
+ABSL_FLAG(std::string, auth_token_file, "", "file holding a bearer token");
+ABSL_FLAG(bool, retries, false, "let gRPC retry UNAVAILABLE (off: errors are counted as such)");
+
+namespace {
+
+namespace v1 = attnserve::v1;
+namespace bench = attnserve::bench;
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "attnserve-bench: %s\n", message.c_str());
+  return 2;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return true;
+}
+
+bool WriteOutput(const std::string& path, const std::string& text) {
+  if (path == "-") {
+    std::fputs(text.c_str(), stdout);
+    return true;
+  }
+  std::ofstream f(path);
+  f << text;
+  return static_cast<bool>(f);
+}
+
+std::string JsonString(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    if (static_cast<unsigned char>(c) < 0x20) {
+      absl::StrAppend(&out, absl::StrFormat("\\u%04x", c));
+      continue;
+    }
+    out.push_back(c);
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "attnserve-bench [--target=HOST:PORT] [--rpc=attend|mha|stream] [--mode=closed|open] ...");
+  absl::ParseCommandLine(argc, argv);
+
+  // --- Flags to options ---
+  bench::LoadOptions load;
+  bench::WorkloadOptions work;
+  const std::string rpc = absl::GetFlag(FLAGS_rpc);
+  if (rpc == "attend") {
+    load.rpc = bench::Rpc::kAttend;
+  } else if (rpc == "mha") {
+    load.rpc = bench::Rpc::kMultiHead;
+    work.multi_head = true;
+  } else if (rpc == "stream") {
+    load.rpc = bench::Rpc::kStream;
+    const std::string payload = absl::GetFlag(FLAGS_stream_payload);
+    if (payload != "attend" && payload != "mha") {
+      return Usage("--stream_payload must be attend or mha; was '" + payload + "'");
+    }
+    work.multi_head = payload == "mha";
+  } else {
+    return Usage("--rpc must be attend, mha or stream; was '" + rpc + "'");
+  }
+  const std::string mode = absl::GetFlag(FLAGS_mode);
+  if (mode != "closed" && mode != "open") {
+    return Usage("--mode must be closed or open; was '" + mode + "'");
+  }
+  load.mode = mode == "open" ? bench::LoadOptions::Mode::kOpen : bench::LoadOptions::Mode::kClosed;
+  const std::string arrival = absl::GetFlag(FLAGS_arrival);
+  if (arrival != "constant" && arrival != "poisson") {
+    return Usage("--arrival must be constant or poisson; was '" + arrival + "'");
+  }
+  load.arrival = arrival == "poisson" ? bench::LoadOptions::Arrival::kPoisson
+                                      : bench::LoadOptions::Arrival::kConstant;
+  if (!absl::GetFlag(FLAGS_steps).empty() && !absl::GetFlag(FLAGS_ramp).empty()) {
+    return Usage("give --steps or --ramp, not both");
+  }
+  if (!absl::GetFlag(FLAGS_steps).empty()) {
+    load.levels.clear();
+    for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_steps), ',')) {
+      double v;
+      if (!absl::SimpleAtod(s, &v) || v <= 0) return Usage("--steps: bad level '" + std::string(s) + "'");
+      load.levels.push_back(v);
+    }
+  } else if (!absl::GetFlag(FLAGS_ramp).empty()) {
+    std::vector<std::string> p = absl::StrSplit(absl::GetFlag(FLAGS_ramp), ':');
+    double from, to;
+    int n;
+    if (p.size() != 3 || !absl::SimpleAtod(p[0], &from) || !absl::SimpleAtod(p[1], &to) ||
+        !absl::SimpleAtoi(p[2], &n) || from <= 0 || to <= 0 || n < 1) {
+      return Usage("--ramp must be FROM:TO:STEPS with positive numbers; was '" +
+                   absl::GetFlag(FLAGS_ramp) + "'");
+    }
+    load.levels = bench::RampLevels(from, to, n);
+  } else {
+    load.levels = {load.mode == bench::LoadOptions::Mode::kOpen
+                       ? absl::GetFlag(FLAGS_rate)
+                       : static_cast<double>(absl::GetFlag(FLAGS_concurrency))};
+  }
+  for (double l : load.levels) {
+    if (!(l > 0)) return Usage(absl::StrCat("levels must be positive; got ", l));
+  }
+  if (absl::GetFlag(FLAGS_duration_s) <= 0 && absl::GetFlag(FLAGS_requests) <= 0) {
+    return Usage("--duration_s or --requests must be positive");
+  }
+  load.phase_duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
+  load.phase_requests = absl::GetFlag(FLAGS_requests);
+  load.warmup = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_warmup_s)));
+  load.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
+  load.streams = std::max(1, absl::GetFlag(FLAGS_connections));
+  load.max_in_flight = std::max<int64_t>(1, absl::GetFlag(FLAGS_max_in_flight));
+  load.seed = absl::GetFlag(FLAGS_seed);
+  const std::string progress = absl::GetFlag(FLAGS_progress);
+  load.progress = progress == "on" || (progress == "auto" && isatty(STDOUT_FILENO));
+
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (dtype == "float32") {
+    work.dtype = v1::DTYPE_FLOAT32;
+  } else if (dtype == "float16") {
+    work.dtype = v1::DTYPE_FLOAT16;
+  } else if (dtype == "bfloat16") {
+    work.dtype = v1::DTYPE_BFLOAT16;
+  } else {
+    return Usage("--dtype must be float32, float16 or bfloat16; was '" + dtype + "'");
+  }
+  std::string shapes = absl::GetFlag(FLAGS_shapes);
+  if (shapes.empty()) shapes = work.multi_head ? "1,128" : "1,8,128,64";
+  auto parsed = bench::ParseShapes(shapes, work.multi_head ? 2 : 4);
+  if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
+  work.shapes = *parsed;
+  auto seq = bench::ParseSeqLen(absl::GetFlag(FLAGS_seq_len));
+  if (!seq.ok()) return Usage(std::string(seq.status().message()));
+  work.seq_len = *seq;
+  work.pool_size = absl::GetFlag(FLAGS_pool);
+  work.kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  work.causal = absl::GetFlag(FLAGS_causal);
+  work.module = absl::GetFlag(FLAGS_module);
+  work.seed = load.seed;
+
+  // --- Client ---
+  attnserve::ClientOptions copts;
+  copts.channels = std::max(1, absl::GetFlag(FLAGS_connections));
+  copts.timeout = load.timeout;
+  if (absl::GetFlag(FLAGS_retries)) copts.retry.max_attempts = 4;
+  if (absl::StartsWith(absl::GetFlag(FLAGS_target), "ipv4:") ||
+      absl::StartsWith(absl::GetFlag(FLAGS_target), "ipv6:") ||
+      absl::StartsWith(absl::GetFlag(FLAGS_target), "dns:")) {
+    copts.load_balancing = "round_robin";
+  }
+  if (const std::string ca = absl::GetFlag(FLAGS_tls_ca_file); !ca.empty()) {
+    copts.tls = true;
+    if (!ReadFile(ca, &copts.tls_root_certs)) return Usage("cannot read --tls_ca_file " + ca);
+  }
+  if (const std::string tf = absl::GetFlag(FLAGS_auth_token_file); !tf.empty()) {
+    std::string token;
+    if (!ReadFile(tf, &token)) return Usage("cannot read --auth_token_file " + tf);
+    copts.auth_token = std::string(absl::StripAsciiWhitespace(token));
+  }
+  auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target), copts);
+  if (!client.ok()) return Usage(client.status().ToString());
+  auto info = (*client)->GetServerInfo(absl::Seconds(20));
+  if (!info.ok()) return Usage("GetServerInfo: " + info.status().ToString());
+  std::string backend = "?";
+  for (const auto& b : info->backends()) {
+    if (b.active()) backend = b.name();
+  }
+  if (work.multi_head) {
+    auto modules = (*client)->ListModules(absl::Seconds(20));
+    if (!modules.ok()) return Usage("ListModules: " + modules.status().ToString());
+    for (const auto& m : modules->modules()) {
+      if (m.name() == work.module) work.d_model = m.d_model();
+    }
+    if (work.d_model == 0) return Usage("no module '" + work.module + "' on the server");
+  }
+  auto workload = bench::Workload::Create(work);
+  if (!workload.ok()) return Usage(workload.status().ToString());
+
+  const std::string config = absl::StrFormat(
+      "{\"target\": %s, \"rpc\": %s, \"mode\": %s, \"arrival\": %s, \"connections\": %d, "
+      "\"shapes\": %s, \"seq_len\": %s, \"dtype\": %s, \"causal\": %s, \"phase_duration_s\": %g, "
+      "\"phase_requests\": %d, \"warmup_s\": %g, \"server_version\": %s, \"server_backend\": %s, "
+      "\"mean_request_bytes\": %.0f, \"mean_tokens\": %.6g, \"mean_flops\": %.6g}",
+      JsonString(absl::GetFlag(FLAGS_target)), JsonString(rpc), JsonString(mode),
+      JsonString(arrival), copts.channels, JsonString(shapes),
+      JsonString(absl::GetFlag(FLAGS_seq_len)), JsonString(dtype),
+      work.causal ? "true" : "false", absl::GetFlag(FLAGS_duration_s), load.phase_requests,
+      absl::GetFlag(FLAGS_warmup_s), JsonString(info->version()), JsonString(backend),
+      workload->mean_bytes(), workload->mean_tokens(), workload->mean_flops());
+
+  const bool quiet = absl::GetFlag(FLAGS_json) == "-" || absl::GetFlag(FLAGS_csv) == "-";
+  if (!quiet) {
+    std::printf("attnserve-bench: %s %s loop, %s, %zu phase(s) against %s (attnserve %s, %s)\n",
+                rpc.c_str(), mode.c_str(), shapes.c_str(), load.levels.size(),
+                absl::GetFlag(FLAGS_target).c_str(), info->version().c_str(), backend.c_str());
+    std::fflush(stdout);
+  }
+  std::vector<bench::PhaseReport> phases;
+  {
+    bench::Driver driver(**client, *workload, load);
+    phases = driver.Run();
+  }
+  if (!quiet) std::printf("%s", bench::ToText(phases).c_str());
+  if (const std::string j = absl::GetFlag(FLAGS_json); !j.empty()) {
+    if (!WriteOutput(j, bench::ToJson(config, phases))) return Usage("cannot write " + j);
+  }
+  if (const std::string c = absl::GetFlag(FLAGS_csv); !c.empty()) {
+    if (!WriteOutput(c, bench::ToCsv(phases))) return Usage("cannot write " + c);
+  }
+  for (const auto& p : phases) {
+    if (p.ok != p.sent) return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,125 @@
+#include "client/stream.h"
+
+namespace attnserve {
+
+AttentionStream::AttentionStream(ResponseCallback on_response)
+    : on_response_(std::move(on_response)) {}
+
+void AttentionStream::Start(v1::AttentionService::Stub& stub) {
+  stub.async()->AttentionStream(&context_, this);
+  StartRead(&reading_);  // a read stays in flight until the stream ends
+  StartCall();
+}
+
+AttentionStream::~AttentionStream() {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) context_.TryCancel();
+  cv_.wait(lock, [this] { return done_; });
+}
+
+bool AttentionStream::Send(v1::AttentionStreamRequest request) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (close_requested_ || done_ || write_failed_) return false;
+    writes_.push_back(std::move(request));
+  }
+  Pump();
+  return true;
+}
+
+bool AttentionStream::Send(uint64_t request_id, const v1::AttendRequest& request) {
+  v1::AttentionStreamRequest r;
+  r.set_request_id(request_id);
+  *r.mutable_attend() = request;
+  return Send(std::move(r));
+}
+
+bool AttentionStream::Send(uint64_t request_id, const v1::MultiHeadAttentionRequest& request) {
+  v1::AttentionStreamRequest r;
+  r.set_request_id(request_id);
+  *r.mutable_multi_head_attention() = request;
+  return Send(std::move(r));
+}
+
+void AttentionStream::CloseSend() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    close_requested_ = true;
+  }
+  Pump();
+}
+
+void AttentionStream::Pump() {
+  const v1::AttentionStreamRequest* next = nullptr;
+  bool writes_done = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (writing_ || writes_done_started_ || done_ || write_failed_) return;
+    if (!writes_.empty()) {
+      writing_ = true;
+      next = &writes_.front();  // stays put: a deque's push_back keeps references valid
+    } else if (close_requested_) {
+      writes_done_started_ = true;
+      writes_done = true;
+    }
+  }
+  if (next != nullptr) StartWrite(next);
+  if (writes_done) StartWritesDone();
+}
+
+void AttentionStream::OnWriteDone(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+    if (ok) {
+      writes_.pop_front();
+    } else {  // the stream is broken; OnDone follows with the reason
+      write_failed_ = true;
+      writes_.clear();
+    }
+  }
+  if (ok) Pump();
+}
+
+void AttentionStream::OnWritesDoneDone(bool) {}
+
+void AttentionStream::OnReadDone(bool ok) {
+  if (!ok) return;  // no more responses; OnDone follows
+  if (on_response_) {
+    on_response_(std::move(reading_));
+  } else {
+    std::lock_guard<std::mutex> lock(mu_);
+    responses_.push_back(std::move(reading_));
+    cv_.notify_all();
+  }
+  reading_.Clear();
+  StartRead(&reading_);
+}
+
+void AttentionStream::OnDone(const grpc::Status& status) {
+  std::lock_guard<std::mutex> lock(mu_);
+  done_ = true;
+  status_ = status.ok() ? absl::OkStatus()
+                        : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                       status.error_message());
+  cv_.notify_all();
+}
+
+bool AttentionStream::Read(v1::AttentionStreamResponse* response) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return !responses_.empty() || done_; });
+  if (responses_.empty()) return false;
+  *response = std::move(responses_.front());
+  responses_.pop_front();
+  return true;
+}
+
+absl::Status AttentionStream::Finish() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return done_; });
+  return status_;
+}
+
+void AttentionStream::Cancel() { context_.TryCancel(); }
+
+}  // namespace attnserve
