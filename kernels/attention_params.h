@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "kernels/dtype.h"
+
 namespace attnserve::kernels {
 
 // The value a blocked score is replaced with before the softmax (reference semantics).
@@ -85,6 +87,11 @@ struct AttentionParams {
   bool causal = false;
   const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
   float scale = 1.0f;                    // multiplies q.k before masking
+
+  // The dtype the request's tensors had on the wire. Inputs arrive here as float32 either way
+  // (FLOAT16/BFLOAT16 convert exactly); a backend computing in 16-bit types may use it to keep
+  // FLOAT16 requests in float16 and BFLOAT16 in bfloat16. The CPU paths compute in float32.
+  DType input_dtype = DType::kFloat32;
 
   int group_size() const { return num_heads / num_kv_heads; }
 

@@ -30,6 +30,14 @@ struct DeviceInfo {
   int64_t memory_bytes = 0;    // total memory of the device, 0 when unknown
 };
 
+// Memory of one device at the time of asking, for metrics.
+struct DeviceMemory {
+  std::string device;       // short stable id, e.g. "cuda:0"
+  int64_t used_bytes = 0;   // used on the device by every process
+  int64_t total_bytes = 0;
+  int64_t pool_bytes = 0;   // held by this backend's own pool
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -39,6 +47,11 @@ class Backend {
   virtual std::string name() const = 0;
   // The devices this backend computes on.
   virtual std::vector<DeviceInfo> devices() const = 0;
+  // Memory of the devices with memory of their own (none for CPU backends). Cheap; called at
+  // every metrics scrape.
+  virtual std::vector<DeviceMemory> device_memory() const { return {}; }
+  // How FLOAT32 requests are computed, one line for GetServerInfo.
+  virtual std::string float32_precision() const { return "fp32: float32 arithmetic"; }
 
   // Computes every item of `batch`, writing each item's out (and weights when non-null).
   // REQUIRES: every item is valid (the server validates requests before they get here);

@@ -68,6 +68,7 @@ struct MultiHeadParams {
   bool causal = false;
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
+  DType input_dtype = DType::kFloat32;  // as in AttentionParams
 };
 
 // Builds module weights from a safetensors file holding the reference module's state_dict()

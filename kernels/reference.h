@@ -34,6 +34,9 @@ class ReferenceBackend final : public Backend {
  public:
   std::string name() const override { return "reference"; }
   std::vector<DeviceInfo> devices() const override;
+  std::string float32_precision() const override {
+    return "fp64: float64 arithmetic on float32 inputs, rounded to float32 once";
+  }
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
 };

@@ -19,7 +19,8 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port serving Prometheus /metrics; empty = no endpoint");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once the server is SERVING");
-ABSL_FLAG(std::string, backend, "auto", "compute backend: auto, cpu or reference");
+ABSL_FLAG(std::string, backend, "auto",
+          "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
 ABSL_FLAG(int, backend_threads, 0, "threads of the CPU backend; 0 = one per core");
 ABSL_FLAG(std::vector<std::string>, module, {},
           "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");

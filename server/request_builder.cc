@@ -283,6 +283,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& req
   p.causal = opts->causal;
   p.key_lengths = opts->key_lengths;
   p.scale = opts->scale;
+  p.input_dtype = job->dtype;
 
   job->tokens = b * lq;
   job->bytes = static_cast<int64_t>(sizeof(float)) *
@@ -367,6 +368,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(
   p.causal = opts->causal;
   p.key_lengths = opts->key_lengths;
   p.scale = opts->scale;
+  p.input_dtype = job->dtype;
 
   job->tokens = b * lq;
   job->bytes = static_cast<int64_t>(sizeof(float)) *

@@ -1,6 +1,7 @@
 #include "server/server_host.h"
 
 #include <chrono>
+#include <cstdio>
 #include <limits>
 #include <thread>
 
@@ -10,8 +11,8 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
-#include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
+#include "server/backend_factory.h"
 #include "kernels/safetensors.h"
 #include "server/version.h"
 
@@ -39,20 +40,6 @@ absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
     return absl::InvalidArgumentError(absl::StrCat("--module '", spec, "' has no valid PATH"));
   }
   return out;
-}
-
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
-                                                              int threads) {
-  if (name == "reference") return std::make_unique<kernels::ReferenceBackend>();
-  if (name == "auto" || name == "cpu") {
-    kernels::cpu::CpuBackendOptions options;
-    options.num_threads = threads;
-    auto cpu = kernels::cpu::CpuBackend::Create(options);
-    if (!cpu.ok()) return cpu.status();
-    return std::unique_ptr<kernels::Backend>(*std::move(cpu));
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--backend must be auto, cpu or reference; was '", name, "'"));
 }
 
 namespace {
@@ -134,8 +121,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
 
   ServiceInfo info;
   info.version = kVersion;
-  info.float32_precision = "fp32: float32 inputs, float32 arithmetic (float64 on the reference "
-                           "backend)";
+  info.float32_precision = host->backend_->float32_precision();
   info.batching.set_enabled(options.batching.enabled);
   info.batching.set_max_batch_requests(batcher.max_batch_requests);
   info.batching.set_max_batch_tokens(batcher.max_batch_tokens);
@@ -157,6 +143,18 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   service_options.auth_token = options.auth_token;
   host->service_ = std::make_unique<AttentionService>(
       service_options, &host->modules_, host->dispatcher_.get(), metrics, std::move(info));
+
+  if (metrics != nullptr) {
+    // Device memory gauges, read from the backend at each scrape.
+    for (const kernels::DeviceMemory& m : host->backend_->device_memory()) {
+      metrics->ForDevice(m.device);  // the series exists from the start
+    }
+    host->memory_hook_ = metrics->OnScrape([metrics, backend = host->backend_.get()] {
+      for (const kernels::DeviceMemory& m : backend->device_memory()) {
+        metrics->ForDevice(m.device).SetMemory(m.used_bytes, m.total_bytes, m.pool_bytes);
+      }
+    });
+  }
 
   if (auto s = WarmUp(*host->backend_); !s.ok()) {
     return absl::InternalError(absl::StrCat("backend warm-up failed: ", s.message()));

@@ -14,6 +14,7 @@
 #include "grpcpp/server.h"
 #include "kernels/backend.h"
 #include "server/attention_service.h"
+#include "server/backend_factory.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
@@ -86,6 +87,7 @@ class ServerHost {
   ServerHost() = default;
 
   std::unique_ptr<kernels::Backend> backend_;
+  std::unique_ptr<metrics::Metrics::ScrapeHook> memory_hook_;  // reads backend_: declared after
   ModuleRegistry modules_;
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Dispatcher> dispatcher_;
@@ -96,9 +98,6 @@ class ServerHost {
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
 
-// The backend named by `name` ("auto", "cpu", "reference"), or INVALID_ARGUMENT.
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
-                                                              int threads);
 
 }  // namespace attnserve::server
 

@@ -1,0 +1,724 @@
+#include "kernels/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/flash_fwd.h"
+#include "kernels/cuda/linear.h"
+#include "kernels/cuda/online_softmax.h"
+
+namespace attnserve::kernels::cuda {
+
+struct CudaBackend::Worker {
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  char* device = nullptr;  // grown on demand (ReserveDevice)
+  size_t device_bytes = 0;
+  char* pinned = nullptr;  // grown on demand (ReservePinned)
+  size_t pinned_bytes = 0;
+};
+
+namespace {
+
+constexpr size_t kLtWorkspaceBytes = size_t{32} << 20;
+constexpr size_t kGrowGranule = size_t{16} << 20;
+
+absl::Status ToStatus(const GpuStatus& s) {
+  return s.ok() ? absl::OkStatus() : absl::InternalError(absl::StrCat("cuda backend: ", s.error));
+}
+#define RETURN_IF_GPU_ERROR(expr)               \
+  do {                                          \
+    const absl::Status _s = ToStatus(expr);     \
+    if (!_s.ok()) return _s;                    \
+  } while (0)
+
+// Offsets of buffers carved out of one allocation, 256-byte aligned.
+class Layout {
+ public:
+  size_t Add(size_t bytes) {
+    const size_t at = size_;
+    size_ += (bytes + 255) / 256 * 256;
+    return at;
+  }
+  size_t size() const { return size_; }
+
+ private:
+  size_t size_ = 0;
+};
+
+template <typename T>
+T* At(char* base, size_t offset) {
+  return reinterpret_cast<T*>(base + offset);
+}
+
+// Byte extent of a mask view over [B, H, Lq, Lk] (strides are non-negative).
+int64_t MaskExtent(const MaskView& m, int64_t b, int64_t h, int64_t lq, int64_t lk) {
+  return (b - 1) * m.batch_stride + (h - 1) * m.head_stride + (lq - 1) * m.row_stride +
+         (lk - 1) * m.col_stride + 1;
+}
+
+bool MayHaveBlockedRows(bool mask, const int32_t* key_lengths, bool causal, int lq, int lk) {
+  return mask || key_lengths != nullptr || (causal && lq > lk);
+}
+
+bool Compatible(const AttentionParams& a, const AttentionParams& b) {
+  return a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
+         a.head_dim == b.head_dim && a.v_head_dim == b.v_head_dim && a.causal == b.causal &&
+         a.scale == b.scale && !a.mask.present() && !b.mask.present() && a.weights == nullptr &&
+         b.weights == nullptr;
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return 0;
+  }
+  return n;
+}
+
+std::vector<std::string> CudaDeviceNames() {
+  std::vector<std::string> names;
+  const int n = CudaDeviceCount();
+  for (int d = 0; d < n; ++d) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) continue;
+    names.push_back(absl::StrCat(prop.name, " (sm_", prop.major, prop.minor, ", ",
+                                 prop.totalGlobalMem >> 20, " MiB)"));
+  }
+  return names;
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const CudaBackendOptions& options) {
+  if (options.num_streams < 1 || options.num_streams > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_streams must be in [1, 64]; was ", options.num_streams));
+  }
+  if (options.device_pool_bytes < (int64_t{64} << 20)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_pool_bytes must be at least 64 MiB; was ", options.device_pool_bytes));
+  }
+  if (options.pinned_staging_bytes_per_stream < (int64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pinned_staging_bytes_per_stream must be at least 1 MiB; was ",
+                     options.pinned_staging_bytes_per_stream));
+  }
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return absl::UnavailableError(absl::StrCat("no usable CUDA device: cudaGetDeviceCount: ",
+                                               cudaGetErrorName(e), " (",
+                                               cudaGetErrorString(e), ")"));
+  }
+  if (count == 0) return absl::UnavailableError("no CUDA device present");
+  if (options.device < 0 || options.device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("device must be in [0, ", count, "); was ",
+                                                   options.device));
+  }
+  cudaDeviceProp prop{};
+  RETURN_IF_GPU_ERROR(
+      CudaCheck(cudaGetDeviceProperties(&prop, options.device), "cudaGetDeviceProperties"));
+  if (prop.major < 8) {
+    return absl::UnavailableError(absl::StrCat("CUDA device ", options.device, " (", prop.name,
+                                               ") has compute capability ", prop.major, ".",
+                                               prop.minor, "; the CUDA backend needs 8.0+"));
+  }
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options.device), "cudaSetDevice"));
+  std::unique_ptr<CudaBackend> backend(new CudaBackend(
+      options, absl::StrCat("cuda:", options.device, ": ", prop.name, " (sm_", prop.major,
+                            prop.minor, ")"),
+      static_cast<int64_t>(prop.totalGlobalMem)));
+  for (int i = 0; i < options.num_streams; ++i) {
+    auto w = std::make_unique<Worker>();
+    RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking),
+                                  "cudaStreamCreate"));
+    RETURN_IF_GPU_ERROR(CublasCheck(cublasCreate(&w->blas), "cublasCreate"));
+    RETURN_IF_GPU_ERROR(CublasCheck(cublasLtCreate(&w->lt), "cublasLtCreate"));
+    RETURN_IF_GPU_ERROR(CublasCheck(cublasSetStream(w->blas, w->stream), "cublasSetStream"));
+    backend->workers_.push_back(std::move(w));
+  }
+  absl::MutexLock lock(&backend->mu_);
+  for (auto& w : backend->workers_) backend->idle_.push_back(w.get());
+  return backend;
+}
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options) {
+  absl::StatusOr<std::unique_ptr<CudaBackend>> b = CudaBackend::Create(options);
+  if (!b.ok()) return b.status();
+  return std::unique_ptr<Backend>(std::move(*b));
+}
+
+CudaBackend::CudaBackend(const CudaBackendOptions& options, std::string device_name,
+                         int64_t total_bytes)
+    : options_(options), device_name_(std::move(device_name)), device_total_bytes_(total_bytes) {}
+
+CudaBackend::~CudaBackend() {
+  cudaSetDevice(options_.device);
+  for (auto& w : workers_) {
+    if (w->stream != nullptr) cudaStreamSynchronize(w->stream);
+    if (w->device != nullptr) cudaFree(w->device);
+    if (w->pinned != nullptr) cudaFreeHost(w->pinned);
+    if (w->lt != nullptr) cublasLtDestroy(w->lt);
+    if (w->blas != nullptr) cublasDestroy(w->blas);
+    if (w->stream != nullptr) cudaStreamDestroy(w->stream);
+  }
+}
+
+std::vector<DeviceInfo> CudaBackend::devices() const {
+  return {DeviceInfo{device_name_, device_total_bytes_}};
+}
+
+std::string CudaBackend::PrecisionPolicy() const {
+  return absl::StrCat(
+      "cuda: attention operands ", ComputeTypeName(options_.float32_compute),
+      " for FLOAT32 requests (FLOAT16/BFLOAT16 in their own type once the wire dtype reaches "
+      "the backend), float32 accumulation and softmax, probabilities rounded to the operand "
+      "type, float32 output; error <= 2x a cuBLAS attention in the same operand type; "
+      "projections TF32 tensor cores with float32 accumulation and bias");
+}
+
+CudaMemoryFigures CudaBackend::MemoryFigures() const {
+  CudaMemoryFigures f;
+  size_t free_bytes = 0, total = 0;
+  cudaSetDevice(options_.device);
+  if (cudaMemGetInfo(&free_bytes, &total) == cudaSuccess) {
+    f.device_total_bytes = static_cast<int64_t>(total);
+    f.device_used_bytes = static_cast<int64_t>(total - free_bytes);
+  } else {
+    cudaGetLastError();
+    f.device_total_bytes = device_total_bytes_;
+  }
+  absl::MutexLock lock(&mu_);
+  f.pool_held_bytes = pool_held_bytes_;
+  f.pinned_held_bytes = pinned_held_bytes_;
+  return f;
+}
+
+CudaBackend::Worker* CudaBackend::AcquireWorker() {
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(
+      +[](std::vector<Worker*>* idle) { return !idle->empty(); }, &idle_));
+  Worker* w = idle_.back();
+  idle_.pop_back();
+  return w;
+}
+
+void CudaBackend::ReleaseWorker(Worker* w) {
+  absl::MutexLock lock(&mu_);
+  idle_.push_back(w);
+}
+
+absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
+  if (w->device_bytes >= bytes) return absl::OkStatus();
+  const size_t want = (bytes + kGrowGranule - 1) / kGrowGranule * kGrowGranule;
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(w->stream), "synchronising before growth"));
+  {
+    absl::MutexLock lock(&mu_);
+    const int64_t after = pool_held_bytes_ - static_cast<int64_t>(w->device_bytes) +
+                          static_cast<int64_t>(want);
+    if (after > options_.device_pool_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda backend: the call needs ", bytes, " bytes of device memory; the pool (",
+          options_.device_pool_bytes, " bytes) holds ", pool_held_bytes_,
+          " of which this worker ", w->device_bytes));
+    }
+    pool_held_bytes_ = after;
+  }
+  if (w->device != nullptr) cudaFree(w->device);
+  w->device = nullptr;
+  const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&w->device), want);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    w->device = nullptr;
+    absl::MutexLock lock(&mu_);
+    pool_held_bytes_ -= static_cast<int64_t>(want);
+    w->device_bytes = 0;
+    return absl::ResourceExhaustedError(absl::StrCat("cuda backend: cudaMalloc of ", want,
+                                                     " bytes failed: ", cudaGetErrorName(e)));
+  }
+  w->device_bytes = want;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReservePinned(Worker* w, size_t bytes) {
+  if (w->pinned_bytes >= bytes) return absl::OkStatus();
+  if (static_cast<int64_t>(bytes) > options_.pinned_staging_bytes_per_stream) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: the call needs ", bytes,
+                     " bytes of pinned staging; the limit per stream is ",
+                     options_.pinned_staging_bytes_per_stream));
+  }
+  const size_t want = std::min<size_t>(
+      (bytes + kGrowGranule - 1) / kGrowGranule * kGrowGranule,
+      static_cast<size_t>(options_.pinned_staging_bytes_per_stream));
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(w->stream), "synchronising before growth"));
+  if (w->pinned != nullptr) cudaFreeHost(w->pinned);
+  {
+    absl::MutexLock lock(&mu_);
+    pinned_held_bytes_ -= static_cast<int64_t>(w->pinned_bytes);
+  }
+  w->pinned = nullptr;
+  w->pinned_bytes = 0;
+  const cudaError_t e = cudaHostAlloc(reinterpret_cast<void**>(&w->pinned), want, 0);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    w->pinned = nullptr;
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda backend: cudaHostAlloc of ", want, " bytes failed: ", cudaGetErrorName(e)));
+  }
+  w->pinned_bytes = want;
+  absl::MutexLock lock(&mu_);
+  pinned_held_bytes_ += static_cast<int64_t>(want);
+  return absl::OkStatus();
+}
+
+namespace {
+
+// FLOAT16 and BFLOAT16 requests compute in their own type (their float32 copies convert back
+// exactly); FLOAT32 ones in the configured operand type.
+ComputeType OperandType(DType input, ComputeType float32_compute) {
+  switch (input) {
+    case DType::kFloat16: return ComputeType::kFloat16;
+    case DType::kBFloat16: return ComputeType::kBFloat16;
+    default: return float32_compute;
+  }
+}
+
+// Runs `batch` through `run` in runs of items sharing an input dtype (the server's batches
+// share one, so this is a single call there).
+template <typename Params, typename Run>
+absl::Status ByOperandType(absl::Span<const Params> batch, ComputeType float32_compute,
+                           Run run) {
+  size_t begin = 0;
+  while (begin < batch.size()) {
+    size_t end = begin + 1;
+    while (end < batch.size() && batch[end].input_dtype == batch[begin].input_dtype) ++end;
+    if (absl::Status s = run(batch.subspan(begin, end - begin),
+                             OperandType(batch[begin].input_dtype, float32_compute));
+        !s.ok()) {
+      return s;
+    }
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<DeviceMemory> CudaBackend::device_memory() const {
+  const CudaMemoryFigures f = MemoryFigures();
+  return {DeviceMemory{absl::StrCat("cuda:", options_.device), f.device_used_bytes,
+                       f.device_total_bytes, f.pool_held_bytes}};
+}
+
+absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
+  return ByOperandType(batch, options_.float32_compute,
+                       [this](auto items, ComputeType type) { return AttendAs(items, type); });
+}
+
+absl::Status CudaBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
+  return ByOperandType(batch, options_.float32_compute,
+                       [this](auto items, ComputeType type) { return MultiHeadAs(items, type); });
+}
+
+absl::Status CudaBackend::AttendAs(absl::Span<const AttentionParams> batch, ComputeType type) {
+  if (batch.empty()) return absl::OkStatus();
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
+  Worker* w = AcquireWorker();
+  absl::Cleanup release = [&] { ReleaseWorker(w); };
+  size_t i = 0;
+  while (i < batch.size()) {
+    size_t j = i + 1;
+    while (j < batch.size() && Compatible(batch[i], batch[j])) ++j;
+    absl::Status s = RunAttentionGroup(w, batch.subspan(i, j - i), type);
+    if (!s.ok()) {
+      // Leave the stream idle for the next call whatever happened.
+      cudaStreamSynchronize(w->stream);
+      cudaGetLastError();
+      return s;
+    }
+    i = j;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const AttentionParams> items,
+                                            ComputeType type) {
+  const AttentionParams& first = items[0];
+  const int hq = first.num_heads, hkv = first.num_kv_heads;
+  const int d = first.head_dim, dv = first.v_head_dim;
+  int num_seqs = 0, max_q = 0;
+  int64_t tq = 0, tk = 0;
+  bool any_key_lengths = false, need_mean = false;
+  for (const AttentionParams& p : items) {
+    num_seqs += p.batch;
+    tq += int64_t{p.batch} * p.q_len;
+    tk += int64_t{p.batch} * p.kv_len;
+    max_q = std::max(max_q, p.q_len);
+    any_key_lengths |= p.key_lengths != nullptr;
+    need_mean |= MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len, p.kv_len);
+  }
+  const bool with_weights = first.weights != nullptr;  // then items.size() == 1
+  const int64_t mask_bytes =
+      first.mask.present() ? MaskExtent(first.mask, first.batch, hq, first.q_len, first.kv_len)
+                           : 0;
+
+  // Pinned staging: inputs, output, sequence tables.
+  Layout host;
+  const size_t h_q = host.Add(tq * hq * d * sizeof(float));
+  const size_t h_k = host.Add(tk * hkv * d * sizeof(float));
+  const size_t h_v = host.Add(tk * hkv * dv * sizeof(float));
+  const size_t h_o = host.Add(tq * hq * dv * sizeof(float));
+  const size_t h_cu = host.Add((3 * num_seqs + 2) * sizeof(int));
+  // Device buffers.
+  Layout dev;
+  const size_t d_q32 = dev.Add(tq * hq * d * sizeof(float));
+  const size_t d_k32 = dev.Add(tk * hkv * d * sizeof(float));
+  const size_t d_v32 = dev.Add(tk * hkv * dv * sizeof(float));
+  const size_t d_q16 = dev.Add(tq * hq * d * 2);
+  const size_t d_k16 = dev.Add(tk * hkv * d * 2);
+  const size_t d_v16 = dev.Add(tk * hkv * dv * 2);
+  const size_t d_o = dev.Add(tq * hq * dv * sizeof(float));
+  const size_t d_cu = dev.Add((3 * num_seqs + 2) * sizeof(int));
+  const size_t d_mean = dev.Add(need_mean ? size_t(num_seqs) * hkv * dv * sizeof(float) : 0);
+  const size_t d_mask = dev.Add(mask_bytes);
+  const size_t d_weights = dev.Add(
+      with_weights ? size_t(first.batch) * hq * first.q_len * first.kv_len * sizeof(float) : 0);
+
+  absl::Status st = ReservePinned(w, host.size());
+  if (!st.ok()) return st;
+
+  // Sequence tables (host copies are also what the naive path reads).
+  int* cu_q = At<int>(w->pinned, h_cu);
+  int* cu_k = cu_q + num_seqs + 1;
+  int* klen = cu_k + num_seqs + 1;
+  {
+    int s = 0;
+    cu_q[0] = cu_k[0] = 0;
+    for (const AttentionParams& p : items) {
+      for (int b = 0; b < p.batch; ++b, ++s) {
+        cu_q[s + 1] = cu_q[s] + p.q_len;
+        cu_k[s + 1] = cu_k[s] + p.kv_len;
+        klen[s] = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
+      }
+    }
+  }
+  FlashFwdParams fp;
+  fp.num_seqs = num_seqs;
+  fp.max_seqlen_q = max_q;
+  fp.num_heads = hq;
+  fp.num_kv_heads = hkv;
+  fp.head_dim = d;
+  fp.v_head_dim = dv;
+  fp.scale = first.scale;
+  fp.scale_log2 = first.scale * kLog2e;
+  fp.causal = first.causal;
+  fp.q_row_stride = int64_t{hq} * d;
+  fp.q_head_stride = d;
+  fp.k_row_stride = int64_t{hkv} * d;
+  fp.k_head_stride = d;
+  fp.v_row_stride = int64_t{hkv} * dv;
+  fp.v_head_stride = dv;
+  fp.o_row_stride = int64_t{hq} * dv;
+  fp.o_head_stride = dv;
+  const bool naive = with_weights || SelectFlashPath(fp) == FlashPath::kUnsupported;
+  const size_t d_ws = dev.Add(naive ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k) : 0);
+  st = ReserveDevice(w, dev.size());
+  if (!st.ok()) return st;
+  char* base = w->device;
+  fp.q = At<void>(base, d_q16);
+  fp.k = At<void>(base, d_k16);
+  fp.v = At<void>(base, d_v16);
+  fp.o = At<float>(base, d_o);
+  fp.cu_seqlens_q = At<int>(base, d_cu);
+  fp.cu_seqlens_k = fp.cu_seqlens_q + num_seqs + 1;
+  fp.key_lengths = any_key_lengths ? fp.cu_seqlens_k + num_seqs + 1 : nullptr;
+  fp.v_mean = need_mean ? At<float>(base, d_mean) : nullptr;
+  if (first.mask.present()) {
+    fp.mask = At<uint8_t>(base, d_mask);
+    fp.mask_batch_stride = first.mask.batch_stride;
+    fp.mask_head_stride = first.mask.head_stride;
+    fp.mask_row_stride = first.mask.row_stride;
+    fp.mask_col_stride = first.mask.col_stride;
+  }
+  cudaStream_t stream = w->stream;
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<int>(base, d_cu), cu_q,
+                                                (3 * num_seqs + 2) * sizeof(int),
+                                                cudaMemcpyHostToDevice, stream),
+                                "copying sequence tables"));
+  if (first.mask.present()) {
+    RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<uint8_t>(base, d_mask), first.mask.data,
+                                                  mask_bytes, cudaMemcpyHostToDevice, stream),
+                                  "copying the mask"));
+  }
+
+  // Pack q, k, v into [tokens, heads, dim] and send each while the next is packed.
+  struct Tensor {
+    size_t host, dev32, dev16;
+    int heads, dim;
+    int64_t tokens;
+    int which;  // 0 q, 1 k, 2 v
+  };
+  const Tensor tensors[3] = {{h_q, d_q32, d_q16, hq, d, tq, 0},
+                             {h_k, d_k32, d_k16, hkv, d, tk, 1},
+                             {h_v, d_v32, d_v16, hkv, dv, tk, 2}};
+  for (const Tensor& t : tensors) {
+    float* dst = At<float>(w->pinned, t.host);
+    int64_t token0 = 0;
+    for (const AttentionParams& p : items) {
+      const StridedView<const float>& view = t.which == 0 ? p.q : (t.which == 1 ? p.k : p.v);
+      const int len = t.which == 0 ? p.q_len : p.kv_len;
+      for (int b = 0; b < p.batch; ++b) {
+        for (int h = 0; h < t.heads; ++h) {
+          for (int r = 0; r < len; ++r) {
+            std::memcpy(dst + ((token0 + r) * t.heads + h) * t.dim, view.row(b, h, r),
+                        t.dim * sizeof(float));
+          }
+        }
+        token0 += len;
+      }
+    }
+    const int64_t n = t.tokens * t.heads * t.dim;
+    RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<float>(base, t.dev32), dst,
+                                                  n * sizeof(float), cudaMemcpyHostToDevice,
+                                                  stream),
+                                  "copying inputs to the device"));
+    RETURN_IF_GPU_ERROR(
+        ConvertFromFloat(At<float>(base, t.dev32), At<void>(base, t.dev16), n, type, stream));
+  }
+  if (need_mean) {
+    RETURN_IF_GPU_ERROR(ValueMean(At<float>(base, d_v32), fp.v_row_stride, fp.v_head_stride,
+                                  fp.cu_seqlens_k, num_seqs, hkv, dv, At<float>(base, d_mean),
+                                  stream));
+  }
+  if (naive) {
+    RETURN_IF_GPU_ERROR(NaiveAttentionForward(
+        fp, type, cu_q, cu_k, any_key_lengths ? klen : nullptr,
+        with_weights ? At<float>(base, d_weights) : nullptr, At<void>(base, d_ws), w->blas,
+        stream));
+  } else {
+    RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
+  }
+  float* out_host = At<float>(w->pinned, h_o);
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(out_host, fp.o, tq * hq * dv * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream),
+                                "copying the output back"));
+  if (with_weights) {
+    RETURN_IF_GPU_ERROR(CudaCheck(
+        cudaMemcpyAsync(first.weights, At<float>(base, d_weights),
+                        size_t(first.batch) * hq * first.q_len * first.kv_len * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream),
+        "copying the weights back"));
+  }
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(stream), "attention"));
+
+  int64_t token0 = 0;
+  for (const AttentionParams& p : items) {
+    for (int b = 0; b < p.batch; ++b) {
+      for (int h = 0; h < hq; ++h) {
+        for (int r = 0; r < p.q_len; ++r) {
+          std::memcpy(p.out.row(b, h, r), out_host + ((token0 + r) * hq + h) * dv,
+                      dv * sizeof(float));
+        }
+      }
+      token0 += p.q_len;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::MultiHeadAs(absl::Span<const MultiHeadParams> batch, ComputeType type) {
+  if (batch.empty()) return absl::OkStatus();
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
+  Worker* w = AcquireWorker();
+  absl::Cleanup release = [&] { ReleaseWorker(w); };
+  for (const MultiHeadParams& p : batch) {
+    absl::Status s = RunMultiHead(w, p, type);
+    if (!s.ok()) {
+      cudaStreamSynchronize(w->stream);
+      cudaGetLastError();
+      return s;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type) {
+  const MultiHeadWeights& m = *p.module;
+  const int dm = m.d_model, h = m.num_heads, dk = m.head_dim();
+  const int64_t nq = int64_t{p.batch} * p.q_len, nk = int64_t{p.batch} * p.kv_len;
+  const bool self = p.self_attention;
+  const int num_seqs = p.batch;
+  const bool with_weights = p.weights != nullptr;
+  const bool need_mean =
+      MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len, p.kv_len);
+  const int64_t mask_bytes =
+      p.mask.present() ? MaskExtent(p.mask, p.batch, h, p.q_len, p.kv_len) : 0;
+
+  Layout host;
+  const size_t h_xq = host.Add(nq * dm * sizeof(float));
+  const size_t h_xk = host.Add(self ? 0 : nk * dm * sizeof(float));
+  const size_t h_xv = host.Add(self ? 0 : nk * dm * sizeof(float));
+  const size_t h_out = host.Add(nq * dm * sizeof(float));
+  const size_t h_cu = host.Add((3 * num_seqs + 2) * sizeof(int));
+  absl::Status st = ReservePinned(w, host.size());
+  if (!st.ok()) return st;
+
+  int* cu_q = At<int>(w->pinned, h_cu);
+  int* cu_k = cu_q + num_seqs + 1;
+  int* klen = cu_k + num_seqs + 1;
+  cu_q[0] = cu_k[0] = 0;
+  for (int b = 0; b < num_seqs; ++b) {
+    cu_q[b + 1] = cu_q[b] + p.q_len;
+    cu_k[b + 1] = cu_k[b] + p.kv_len;
+    klen[b] = p.key_lengths != nullptr ? p.key_lengths[b] : p.kv_len;
+  }
+
+  // Projections: self-attention -> one [nq, 3 dm] GEMM; else three.
+  const int64_t proj_elems = self ? nq * 3 * dm : nq * dm + 2 * nk * dm;
+  Layout dev;
+  const size_t d_xq = dev.Add(nq * dm * sizeof(float));
+  const size_t d_xk = dev.Add(self ? 0 : nk * dm * sizeof(float));
+  const size_t d_xv = dev.Add(self ? 0 : nk * dm * sizeof(float));
+  const size_t d_wqkv = dev.Add(m.w_qkv.size() * sizeof(float));
+  const size_t d_bqkv = dev.Add(m.b_qkv.size() * sizeof(float));
+  const size_t d_wo = dev.Add(m.w_o.size() * sizeof(float));
+  const size_t d_bo = dev.Add(m.b_o.size() * sizeof(float));
+  const size_t d_proj = dev.Add(proj_elems * sizeof(float));
+  const size_t d_proj16 = dev.Add(proj_elems * 2);
+  const size_t d_attn = dev.Add(nq * dm * sizeof(float));
+  const size_t d_out = dev.Add(nq * dm * sizeof(float));
+  const size_t d_cu = dev.Add((3 * num_seqs + 2) * sizeof(int));
+  const size_t d_mean = dev.Add(need_mean ? size_t(num_seqs) * h * dk * sizeof(float) : 0);
+  const size_t d_mask = dev.Add(mask_bytes);
+  const size_t d_weights =
+      dev.Add(with_weights ? size_t(p.batch) * h * p.q_len * p.kv_len * sizeof(float) : 0);
+  const size_t d_lt = dev.Add(kLtWorkspaceBytes);
+
+  FlashFwdParams fp;
+  fp.num_seqs = num_seqs;
+  fp.max_seqlen_q = p.q_len;
+  fp.num_heads = h;
+  fp.num_kv_heads = h;
+  fp.head_dim = dk;
+  fp.v_head_dim = dk;
+  fp.scale = p.scale;
+  fp.scale_log2 = p.scale * kLog2e;
+  fp.causal = p.causal;
+  fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = dk;
+  fp.q_row_stride = fp.k_row_stride = fp.v_row_stride = self ? 3 * dm : dm;
+  fp.o_row_stride = dm;
+  fp.o_head_stride = dk;
+  // The naive path's workspace is sized before the pointers are known; SelectFlashPath only
+  // returns kUnsupported for v_head_dim > 256 here (the buffers are all suitably aligned).
+  const bool naive_expected = with_weights || dk > kGenericMaxVHeadDim;
+  const size_t d_ws =
+      dev.Add(naive_expected ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k) : 0);
+  st = ReserveDevice(w, dev.size());
+  if (!st.ok()) return st;
+  char* base = w->device;
+  cudaStream_t stream = w->stream;
+  float* proj = At<float>(base, d_proj);
+  char* proj16 = At<char>(base, d_proj16);
+  const float* q32 = proj;
+  const float* k32 = self ? proj + dm : proj + nq * dm;
+  const float* v32 = self ? proj + 2 * dm : proj + nq * dm + nk * dm;
+  fp.q = proj16 + (q32 - proj) * 2;
+  fp.k = proj16 + (k32 - proj) * 2;
+  fp.v = proj16 + (v32 - proj) * 2;
+  fp.o = At<float>(base, d_attn);
+  fp.cu_seqlens_q = At<int>(base, d_cu);
+  fp.cu_seqlens_k = fp.cu_seqlens_q + num_seqs + 1;
+  fp.key_lengths = p.key_lengths != nullptr ? fp.cu_seqlens_k + num_seqs + 1 : nullptr;
+  fp.v_mean = need_mean ? At<float>(base, d_mean) : nullptr;
+  if (p.mask.present()) {
+    fp.mask = At<uint8_t>(base, d_mask);
+    fp.mask_batch_stride = p.mask.batch_stride;
+    fp.mask_head_stride = p.mask.head_stride;
+    fp.mask_row_stride = p.mask.row_stride;
+    fp.mask_col_stride = p.mask.col_stride;
+  }
+  const bool naive = naive_expected;
+
+  auto h2d = [&](size_t dev_off, const void* src, size_t bytes, const char* what) {
+    return CudaCheck(cudaMemcpyAsync(base + dev_off, src, bytes, cudaMemcpyHostToDevice, stream),
+                     what);
+  };
+  RETURN_IF_GPU_ERROR(h2d(d_cu, cu_q, (3 * num_seqs + 2) * sizeof(int), "copying tables"));
+  if (p.mask.present()) RETURN_IF_GPU_ERROR(h2d(d_mask, p.mask.data, mask_bytes, "copying mask"));
+  // Weights straight from the module's vectors (pageable; see the report on caching them).
+  RETURN_IF_GPU_ERROR(h2d(d_wqkv, m.w_qkv.data(), m.w_qkv.size() * sizeof(float), "copying W_qkv"));
+  RETURN_IF_GPU_ERROR(h2d(d_bqkv, m.b_qkv.data(), m.b_qkv.size() * sizeof(float), "copying b_qkv"));
+  RETURN_IF_GPU_ERROR(h2d(d_wo, m.w_o.data(), m.w_o.size() * sizeof(float), "copying W_o"));
+  RETURN_IF_GPU_ERROR(h2d(d_bo, m.b_o.data(), m.b_o.size() * sizeof(float), "copying b_o"));
+  const float* wqkv = At<float>(base, d_wqkv);
+  const float* bqkv = At<float>(base, d_bqkv);
+  void* lt_ws = At<void>(base, d_lt);
+  auto stage = [&](size_t host_off, size_t dev_off, const float* src, int64_t rows) {
+    float* dst = At<float>(w->pinned, host_off);
+    std::memcpy(dst, src, rows * dm * sizeof(float));
+    return h2d(dev_off, dst, rows * dm * sizeof(float), "copying inputs");
+  };
+  RETURN_IF_GPU_ERROR(stage(h_xq, d_xq, p.query, nq));
+  if (self) {
+    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xq), wqkv, bqkv, proj, nq, dm, 3 * dm},
+                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+  } else {
+    RETURN_IF_GPU_ERROR(stage(h_xk, d_xk, p.key, nk));
+    RETURN_IF_GPU_ERROR(stage(h_xv, d_xv, p.value, nk));
+    const int64_t dd = int64_t{dm} * dm;
+    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xq), wqkv, bqkv, proj, nq, dm, dm},
+                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xk), wqkv + dd, bqkv + dm,
+                                       proj + nq * dm, nk, dm, dm},
+                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xv), wqkv + 2 * dd, bqkv + 2 * dm,
+                                       proj + nq * dm + nk * dm, nk, dm, dm},
+                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+  }
+  RETURN_IF_GPU_ERROR(ConvertFromFloat(proj, proj16, proj_elems, type, stream));
+  if (need_mean) {
+    RETURN_IF_GPU_ERROR(ValueMean(v32, fp.v_row_stride, fp.v_head_stride, fp.cu_seqlens_k,
+                                  num_seqs, h, dk, At<float>(base, d_mean), stream));
+  }
+  if (naive) {
+    RETURN_IF_GPU_ERROR(NaiveAttentionForward(
+        fp, type, cu_q, cu_k, p.key_lengths != nullptr ? klen : nullptr,
+        with_weights ? At<float>(base, d_weights) : nullptr, At<void>(base, d_ws), w->blas,
+        stream));
+  } else {
+    RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
+  }
+  RETURN_IF_GPU_ERROR(LinearForward({fp.o, At<float>(base, d_wo), At<float>(base, d_bo),
+                                     At<float>(base, d_out), nq, dm, dm},
+                                    w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+  float* out_host = At<float>(w->pinned, h_out);
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(out_host, At<float>(base, d_out),
+                                                nq * dm * sizeof(float), cudaMemcpyDeviceToHost,
+                                                stream),
+                                "copying the output back"));
+  if (with_weights) {
+    RETURN_IF_GPU_ERROR(CudaCheck(
+        cudaMemcpyAsync(p.weights, At<float>(base, d_weights),
+                        size_t(p.batch) * h * p.q_len * p.kv_len * sizeof(float),
+                        cudaMemcpyDeviceToHost, stream),
+        "copying the weights back"));
+  }
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(stream), "multi-head attention"));
+  std::memcpy(p.out, out_host, nq * dm * sizeof(float));
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::kernels::cuda

@@ -1,0 +1,132 @@
+// The CUDA backend: kernels::Backend on one NVIDIA GPU (sm_80 or newer).
+//
+// A call copies each item's float32 host inputs into pinned staging, then to the device (the
+// copy of one tensor overlaps the packing of the next), converts them to the 16-bit operand
+// type, runs the fused attention kernel (flash_fwd.h), and copies float32 outputs back.
+// Consecutive items that share heads, head dims, causality and scale and have no mask and no
+// weights are packed into one variable-length launch (cumulative sequence offsets); each
+// (sequence, head, query block) is computed by one thread block over all of its keys in a fixed
+// order, so an item's bits never depend on its batch companions (backend.h). Items asking for
+// weights take the cuBLAS path that materialises them (NaiveAttentionForward).
+//
+// Precision (PrecisionPolicy() returns this as one line, for GetServerInfo):
+//   attention  q, k, v rounded to the operand type (bfloat16 by default for FLOAT32 requests,
+//              see CudaBackendOptions::float32_compute), products accumulated in float32,
+//              softmax in float32, probabilities rounded to the operand type before P.V,
+//              output float32. Expected error against the float64 reference: relative
+//              Frobenius error about 2^-9 (bf16) or 2^-12 (fp16) times a small factor; the
+//              tests bound it by 2 x the error of a plain cuBLAS attention in the same
+//              operand type, + 1e-5.
+//   projections TF32 tensor cores (10-bit mantissa operands), float32 accumulation and bias.
+//
+// Errors: a CUDA or cuBLAS failure fails the call with INTERNAL naming the step (the process
+// never aborts); a call needing more device memory than the pool allows, or more pinned staging
+// than allowed, fails with RESOURCE_EXHAUSTED.
+//
+// Thread-safety: thread-safe. Each call takes one of num_streams workers (stream, cuBLAS
+// handles, workspace, staging) for its duration, waiting while all are busy.
+#ifndef ATTNSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+#define ATTNSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "kernels/backend.h"
+#include "kernels/cuda/flash_params.h"
+
+namespace attnserve::kernels::cuda {
+
+// Number of CUDA devices; 0 when there is no driver or no device (never fails).
+int CudaDeviceCount();
+// "NVIDIA H200 (sm_90, 139.8 GiB)" for each device; empty when none.
+std::vector<std::string> CudaDeviceNames();
+
+struct CudaBackendOptions {
+  // Affects results.
+  // The operand type of FLOAT32 requests (AttentionParams carries no wire dtype yet).
+  // bfloat16 keeps float32's range (no overflow on any finite input) at 8 bits of mantissa;
+  // float16 has 11 bits but overflows above 65504. Default: kBFloat16.
+  ComputeType float32_compute = ComputeType::kBFloat16;
+
+  // Affects performance.
+  // The device to compute on. Default: 0. REQUIRES: 0 <= device < CudaDeviceCount().
+  int device = 0;
+  // Workers: concurrent calls, each with its own stream, cuBLAS handles and buffers.
+  // Default: 2. REQUIRES: 1 <= num_streams <= 64.
+  int num_streams = 2;
+  // Bound on device memory held by all workers' buffers together (grown on demand, kept).
+  // Default: 8 GiB. REQUIRES: >= 64 MiB.
+  int64_t device_pool_bytes = int64_t{8} << 30;
+  // Bound on pinned host staging per worker (grown on demand, kept). Default: 1 GiB.
+  // REQUIRES: >= 1 MiB.
+  int64_t pinned_staging_bytes_per_stream = int64_t{1} << 30;
+};
+
+// Device memory figures for metrics (bytes).
+struct CudaMemoryFigures {
+  int64_t device_used_bytes = 0;   // used on the device, by every process (cudaMemGetInfo)
+  int64_t device_total_bytes = 0;
+  int64_t pool_held_bytes = 0;     // held by this backend's workers
+  int64_t pinned_held_bytes = 0;   // pinned host staging held by this backend
+};
+
+class CudaBackend final : public Backend {
+ public:
+  // UNAVAILABLE when no device is present (message says why: no driver, no device), so that
+  // --backend=auto can fall back to the CPU; INVALID_ARGUMENT for bad options (naming the
+  // field and value); INTERNAL when creating streams or handles fails.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  // See Backend.
+  std::string name() const override { return "cuda"; }
+  std::vector<DeviceInfo> devices() const override;
+  std::vector<DeviceMemory> device_memory() const override;
+  std::string float32_precision() const override { return PrecisionPolicy(); }
+  absl::Status Attend(absl::Span<const AttentionParams> batch) override;
+  absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+
+  // Attend with an explicit operand type for every item: what FLOAT16 / BFLOAT16 requests use
+  // once AttentionParams carries the wire dtype (their float32 copies convert back exactly).
+  absl::Status AttendAs(absl::Span<const AttentionParams> batch, ComputeType type);
+  absl::Status MultiHeadAs(absl::Span<const MultiHeadParams> batch, ComputeType type);
+
+  // The precision policy in one line (see the header comment).
+  std::string PrecisionPolicy() const;
+  CudaMemoryFigures MemoryFigures() const;
+
+  struct Worker;  // cuda_backend.cc
+
+ private:
+  CudaBackend(const CudaBackendOptions& options, std::string device_name, int64_t total_bytes);
+  Worker* AcquireWorker();
+  void ReleaseWorker(Worker* w);
+  // Grow `w`'s device buffer / pinned staging to at least `bytes`, within the bounds.
+  absl::Status ReserveDevice(Worker* w, size_t bytes);
+  absl::Status ReservePinned(Worker* w, size_t bytes);
+  // One launch group of compatible Attend items (see the header comment).
+  absl::Status RunAttentionGroup(Worker* w, absl::Span<const AttentionParams> items,
+                                 ComputeType type);
+  absl::Status RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type);
+
+  const CudaBackendOptions options_;
+  const std::string device_name_;
+  const int64_t device_total_bytes_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // fixed after Create
+
+  mutable absl::Mutex mu_;
+  std::vector<Worker*> idle_ ABSL_GUARDED_BY(mu_);
+  int64_t pool_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pinned_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The factory the server calls (--backend=cuda|auto): CudaBackend::Create as a Backend.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
+
+}  // namespace attnserve::kernels::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_CUDA_BACKEND_H_

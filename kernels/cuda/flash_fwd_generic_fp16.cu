@@ -1,0 +1,11 @@
+// One instantiation per file so that nvcc builds them in parallel (FlashAttention's pattern).
+#include "kernels/cuda/flash_fwd_launch_template.h"
+
+namespace attnserve::kernels::cuda {
+
+template <>
+GpuStatus RunFlashFwdGeneric<ComputeType::kFloat16>(const FlashFwdParams& p, cudaStream_t stream) {
+  return RunFlashFwdGenericImpl<__half>(p, stream);
+}
+
+}  // namespace attnserve::kernels::cuda

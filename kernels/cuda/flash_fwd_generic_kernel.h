@@ -1,0 +1,109 @@
+// The generic attention forward kernel: any head_dim, v_head_dim <= kGenericMaxVHeadDim, any
+// alignment. Plain fp32 arithmetic (no tensor cores) on the 16-bit operands: the fallback for
+// head dimensions the tensor-core kernel is not specialised for. Same semantics and the same
+// online-softmax steps (online_softmax.h) as flash_fwd_kernel.h.
+//
+// One warp per query row; keys in tiles of 32, lane j scoring key j of the tile against the
+// row's q (kept in shared memory, pre-scaled to log2 units); each lane then accumulates output
+// columns lane, lane + 32, ... over the tile's keys.
+#ifndef ATTNSERVE_KERNELS_CUDA_FLASH_FWD_GENERIC_KERNEL_H_
+#define ATTNSERVE_KERNELS_CUDA_FLASH_FWD_GENERIC_KERNEL_H_
+
+#include "kernels/cuda/device_utils.h"
+#include "kernels/cuda/flash_params.h"
+#include "kernels/cuda/online_softmax.h"
+
+namespace attnserve::kernels::cuda {
+
+inline constexpr int kGenericWarps = 4;
+
+template <typename Element>
+__global__ void __launch_bounds__(kGenericWarps * 32, 1)
+    FlashFwdGenericKernel(const FlashFwdParams p, const int blocks_per_seq) {
+  constexpr int kOutPerLane = kGenericMaxVHeadDim / 32;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  float* q_s = reinterpret_cast<float*>(smem_raw) + warp * p.head_dim;
+
+  const int seq = blockIdx.x / blocks_per_seq;
+  const int i = (blockIdx.x % blocks_per_seq) * kGenericWarps + warp;
+  const int head = blockIdx.y;
+  const int q_begin = p.cu_seqlens_q[seq];
+  const int q_len = p.cu_seqlens_q[seq + 1] - q_begin;
+  if (i >= q_len) return;  // whole warp; only __syncwarp below
+  const int k_begin = p.cu_seqlens_k[seq];
+  const int kv_len = p.cu_seqlens_k[seq + 1] - k_begin;
+  const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
+  const int kv_head = head / (p.num_heads / p.num_kv_heads);
+  const int limit = KeyLimit(i, q_len, kv_len, key_length, p.causal);
+
+  const Element* q_row = static_cast<const Element*>(p.q) + (q_begin + i) * p.q_row_stride +
+                         head * p.q_head_stride;
+  const Element* k_base =
+      static_cast<const Element*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
+  const Element* v_base =
+      static_cast<const Element*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  const uint8_t* mask_row =
+      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride +
+                              i * p.mask_row_stride
+                        : nullptr;
+
+  for (int d = lane; d < p.head_dim; d += 32) q_s[d] = detail::ToFloat(q_row[d]) * p.scale_log2;
+  __syncwarp();
+
+  float acc[kOutPerLane];
+#pragma unroll
+  for (int t = 0; t < kOutPerLane; ++t) acc[t] = 0.0f;
+  OnlineSoftmaxRow softmax = OnlineSoftmaxInit();
+
+  for (int j0 = 0; j0 < limit; j0 += 32) {
+    const int j = j0 + lane;
+    float s = NegativeInfinity();
+    if (j < limit && (mask_row == nullptr || mask_row[j * p.mask_col_stride] != 0)) {
+      const Element* k_row = k_base + j * p.k_row_stride;
+      float dot = 0.0f;
+      for (int d = 0; d < p.head_dim; ++d) dot = fmaf(q_s[d], detail::ToFloat(k_row[d]), dot);
+      s = dot;
+    }
+    // Every lane sees the same tile max, so every lane keeps the same running max; each lane's
+    // sum covers its own keys and is reduced at the end.
+    const float factor = OnlineSoftmaxRescale(softmax, detail::WarpMax(s));
+#pragma unroll
+    for (int t = 0; t < kOutPerLane; ++t) acc[t] *= factor;
+    const float prob = OnlineSoftmaxProb(softmax, s);
+    softmax.sum += prob;
+    const int n = min(32, limit - j0);
+    // Partial unroll; with no min-blocks hint ptxas capped the kernel at 40 registers and
+    // spilled on sm_90 (hence the "1" in __launch_bounds__).
+#pragma unroll 2
+    for (int jj = 0; jj < n; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, prob, jj);
+      const Element* v_row = v_base + (j0 + jj) * p.v_row_stride;
+#pragma unroll
+      for (int t = 0; t < kOutPerLane; ++t) {
+        const int d = lane + 32 * t;
+        if (d < p.v_head_dim) acc[t] = fmaf(pj, detail::ToFloat(v_row[d]), acc[t]);
+      }
+    }
+  }
+
+  const float total = detail::WarpSum(softmax.sum);
+  const float inv = OnlineSoftmaxInvSum(total);
+  const bool blocked = OnlineSoftmaxFullyBlocked(total);
+  const float* mean = p.v_mean != nullptr
+                          ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim
+                          : nullptr;
+  float* o_row = p.o + (q_begin + i) * p.o_row_stride + head * p.o_head_stride;
+#pragma unroll
+  for (int t = 0; t < kOutPerLane; ++t) {
+    const int d = lane + 32 * t;
+    if (d < p.v_head_dim) {
+      o_row[d] = !blocked ? acc[t] * inv : (mean != nullptr ? mean[d] : 0.0f);
+    }
+  }
+}
+
+}  // namespace attnserve::kernels::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_FLASH_FWD_GENERIC_KERNEL_H_

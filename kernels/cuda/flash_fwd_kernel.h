@@ -1,0 +1,289 @@
+// The fused attention forward kernel body (FlashAttention-2 style), specialised by
+// FlashFwdTraits. Launch code: flash_fwd_launch_template.h; instantiations: flash_fwd_hdim*.cu.
+//
+// One thread block computes kBlockM query rows of one (sequence, head): Q is loaded once and
+// kept in registers as mma A-fragments; for each block of kBlockN keys, S = Q K^T (fp32),
+// scale + mask in registers, online softmax (online_softmax.h), then O += P V with P rounded to
+// the operand type. Key blocks past the last allowed key of the block's last row (causal, key
+// length) are never loaded. Rows with no allowed key get the mean of all values (v_mean).
+#ifndef ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
+#define ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
+
+#include "kernels/cuda/device_utils.h"
+#include "kernels/cuda/flash_params.h"
+#include "kernels/cuda/kernel_traits.h"
+#include "kernels/cuda/online_softmax.h"
+
+namespace attnserve::kernels::cuda {
+namespace detail {
+
+// Offset of element (row, col) in a swizzled [rows, kHeadDim] shared-memory tile; col % 8 == 0.
+template <int kHeadDim>
+__device__ __forceinline__ int SwizzledOffset(int row, int col) {
+  return row * kHeadDim + ((((col >> 3) ^ (row & 7))) << 3);
+}
+
+// Issues the cp.async copies of rows [0, kRows) of a [rows, kHeadDim] global tile into shared
+// memory; rows >= valid_rows are zero-filled. Consecutive threads copy consecutive 16-byte
+// chunks of a row (coalesced).
+template <int kRows, int kHeadDim, int kNThreads, typename Element>
+__device__ __forceinline__ void LoadTileAsync(Element* smem, const Element* gmem,
+                                              int64_t row_stride, int valid_rows, int tid) {
+  constexpr int kChunks = kHeadDim / 8;
+#pragma unroll
+  for (int it = 0; it < kRows * kChunks / kNThreads; ++it) {
+    const int idx = it * kNThreads + tid;
+    const int r = idx / kChunks;
+    const int c = idx % kChunks;
+    const bool valid = r < valid_rows;
+    const Element* src = valid ? gmem + r * row_stride + c * 8 : gmem;
+    CpAsync16(SmemAddr(smem + SwizzledOffset<kHeadDim>(r, c * 8)), src, valid);
+  }
+}
+
+// Copies the mask bytes of query rows [m0, m0 + kBlockM) x keys [n0, n0 + kBlockN) into shared
+// memory (plain loads: the mask has arbitrary broadcast strides); out-of-range entries read 0.
+// Reading the tile back from shared memory keeps the masked kernel within the register budget
+// (global byte loads inside the unrolled score loop were hoisted and spilled).
+template <int kBlockM, int kBlockN, int kNThreads>
+__device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mask,
+                                             int64_t row_stride, int64_t col_stride, int m0,
+                                             int n0, int q_len, int kv_len, int tid) {
+#pragma unroll 4
+  for (int idx = tid; idx < kBlockM * kBlockN; idx += kNThreads) {
+    const int r = idx / kBlockN;
+    const int c = idx % kBlockN;
+    const int i = m0 + r;
+    const int j = n0 + c;
+    s_mask[idx] = (i < q_len && j < kv_len) ? mask[i * row_stride + j * col_stride] : 0;
+  }
+}
+
+}  // namespace detail
+
+template <typename Traits>
+__global__ void __launch_bounds__(Traits::kNThreads)
+    FlashFwdKernel(const FlashFwdParams p, const int num_m_blocks) {
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kNThreads = Traits::kNThreads;
+  constexpr ComputeType kType = Traits::kType;
+  constexpr float kNegInf = -__builtin_huge_valf();
+
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  Element* s_q = reinterpret_cast<Element*>(smem_raw);
+  Element* s_k = s_q + Traits::kSmemQElems;
+  Element* s_v = s_k + Traits::kSmemKElems;
+  uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);  // [kBlockM, kBlockN]
+
+  // Blocks are ordered (m block fastest, then sequence) on x and head on y, so neighbouring
+  // blocks read the same K/V from L2.
+  const int m_block = blockIdx.x % num_m_blocks;
+  const int seq = blockIdx.x / num_m_blocks;
+  const int head = blockIdx.y;
+  const int q_begin = p.cu_seqlens_q[seq];
+  const int q_len = p.cu_seqlens_q[seq + 1] - q_begin;
+  const int m0 = m_block * kBlockM;
+  if (m0 >= q_len) return;
+  const int k_begin = p.cu_seqlens_k[seq];
+  const int kv_len = p.cu_seqlens_k[seq + 1] - k_begin;
+  const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
+  const int kv_head = head / (p.num_heads / p.num_kv_heads);
+  const int row_end = min(m0 + kBlockM, q_len);
+  const int n_blocks =
+      NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
+
+  const Element* q_ptr = static_cast<const Element*>(p.q) +
+                         (q_begin + m0) * p.q_row_stride + head * p.q_head_stride;
+  const Element* k_ptr =
+      static_cast<const Element*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
+  const Element* v_ptr =
+      static_cast<const Element*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+
+  detail::LoadTileAsync<kBlockM, kHeadDim, kNThreads>(s_q, q_ptr, p.q_row_stride, q_len - m0,
+                                                      tid);
+  if (n_blocks > 0) {
+    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_k, k_ptr, p.k_row_stride, kv_len, tid);
+  }
+  detail::CpAsyncCommit();
+  const uint8_t* mask_ptr =
+      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride
+                        : nullptr;
+  if (mask_ptr != nullptr && n_blocks > 0) {
+    detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
+                                                      p.mask_col_stride, m0, 0, q_len, kv_len,
+                                                      tid);
+  }
+  detail::CpAsyncWaitAll();
+  __syncthreads();
+
+  // Q as A-fragments: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
+  uint32_t q_frag[Traits::kQSteps][4];
+#pragma unroll
+  for (int kk = 0; kk < Traits::kQSteps; ++kk) {
+    const int row = warp * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
+    const int col = kk * 16 + (lane >> 4) * 8;
+    detail::LdMatrixX4(q_frag[kk], detail::SmemAddr(s_q + detail::SwizzledOffset<kHeadDim>(row, col)));
+  }
+
+  float acc_o[Traits::kOTiles][4];
+#pragma unroll
+  for (int t = 0; t < Traits::kOTiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc_o[t][e] = 0.0f;
+  }
+  // This thread owns rows r0 = lane / 4 and r0 + 8 of its warp's 16 (accumulator elements 0-1
+  // and 2-3), and columns 2 * (lane % 4) + {0, 1} of every 8-wide tile.
+  const int row_in_seq[2] = {m0 + warp * 16 + lane / 4, m0 + warp * 16 + lane / 4 + 8};
+  const int limit[2] = {KeyLimit(row_in_seq[0], q_len, kv_len, key_length, p.causal),
+                        KeyLimit(row_in_seq[1], q_len, kv_len, key_length, p.causal)};
+  OnlineSoftmaxRow softmax[2] = {OnlineSoftmaxInit(), OnlineSoftmaxInit()};
+
+  for (int nb = 0; nb < n_blocks; ++nb) {
+    const int n0 = nb * kBlockN;
+    // K[nb] has landed and every thread is done reading V[nb - 1]: V[nb] may overwrite it.
+    detail::CpAsyncWaitAll();
+    __syncthreads();
+    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_v, v_ptr + n0 * p.v_row_stride,
+                                                        p.v_row_stride, kv_len - n0, tid);
+    detail::CpAsyncCommit();
+
+    // S = Q K^T. K is [keys, dims] row-major: non-transposed ldmatrix gives B-fragments.
+    float acc_s[Traits::kSTiles][4];
+#pragma unroll
+    for (int t = 0; t < Traits::kSTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc_s[t][e] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < Traits::kQSteps; ++kk) {
+#pragma unroll
+      for (int nn = 0; nn < kBlockN / 16; ++nn) {
+        uint32_t b[4];
+        const int row = nn * 16 + (lane % 8) + (lane >> 4) * 8;
+        const int col = kk * 16 + ((lane >> 3) & 1) * 8;
+        detail::LdMatrixX4(b, detail::SmemAddr(s_k + detail::SwizzledOffset<kHeadDim>(row, col)));
+        detail::Mma16816<kType>(acc_s[2 * nn], q_frag[kk], b[0], b[1]);
+        detail::Mma16816<kType>(acc_s[2 * nn + 1], q_frag[kk], b[2], b[3]);
+      }
+    }
+
+    // Scale to log2 units; block what causality, key length, kv_len or the mask block. Tiles
+    // wholly below every row's limit without a mask skip the per-element test.
+    const bool check = mask_ptr != nullptr ||
+                       !TileFullyAllowed(m0, n0, kBlockN, q_len, kv_len, key_length, p.causal);
+    float tile_max[2] = {kNegInf, kNegInf};
+#pragma unroll
+    for (int t = 0; t < Traits::kSTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float s = acc_s[t][e] * p.scale_log2;
+        if (check) {
+          const int r = e / 2;
+          const int col = t * 8 + (lane % 4) * 2 + (e & 1);
+          bool allowed = n0 + col < limit[r];
+          if (mask_ptr != nullptr) {
+            allowed = allowed && s_mask[(warp * 16 + lane / 4 + 8 * r) * kBlockN + col] != 0;
+          }
+          if (!allowed) s = kNegInf;
+        }
+        acc_s[t][e] = s;
+        tile_max[e / 2] = fmaxf(tile_max[e / 2], s);
+      }
+    }
+
+    // Online softmax: rescale what was accumulated, then exponentiate this tile.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const float factor = OnlineSoftmaxRescale(softmax[r], detail::QuadMax(tile_max[r]));
+#pragma unroll
+      for (int t = 0; t < Traits::kOTiles; ++t) {
+        acc_o[t][2 * r] *= factor;
+        acc_o[t][2 * r + 1] *= factor;
+      }
+    }
+#pragma unroll
+    for (int t = 0; t < Traits::kSTiles; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float prob = OnlineSoftmaxProb(softmax[e / 2], acc_s[t][e]);
+        acc_s[t][e] = prob;
+        softmax[e / 2].sum += prob;
+      }
+    }
+
+    // V[nb] has landed and every thread is done reading K[nb]: prefetch K[nb + 1].
+    detail::CpAsyncWaitAll();
+    __syncthreads();
+    if (nb + 1 < n_blocks) {
+      detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(
+          s_k, k_ptr + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride, kv_len - n0 - kBlockN,
+          tid);
+      // The mask tile of the next block: this iteration's was read above, before the barrier.
+      if (mask_ptr != nullptr) {
+        detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
+                                                          p.mask_col_stride, m0, n0 + kBlockN,
+                                                          q_len, kv_len, tid);
+      }
+    }
+    detail::CpAsyncCommit();
+
+    // O += P V. The S accumulators of two adjacent n8 tiles are exactly the A-fragment of one
+    // k16 step; V is [keys, dims] row-major, so transposed ldmatrix gives B-fragments.
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      const uint32_t a[4] = {
+          detail::PackPair<kType>(acc_s[2 * kk][0], acc_s[2 * kk][1]),
+          detail::PackPair<kType>(acc_s[2 * kk][2], acc_s[2 * kk][3]),
+          detail::PackPair<kType>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
+          detail::PackPair<kType>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
+#pragma unroll
+      for (int dd = 0; dd < kHeadDim / 16; ++dd) {
+        uint32_t b[4];
+        const int row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
+        const int col = dd * 16 + (lane >> 4) * 8;
+        detail::LdMatrixX4Trans(b,
+                                detail::SmemAddr(s_v + detail::SwizzledOffset<kHeadDim>(row, col)));
+        detail::Mma16816<kType>(acc_o[2 * dd], a, b[0], b[1]);
+        detail::Mma16816<kType>(acc_o[2 * dd + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+  // Epilogue: normalise, or the uniform average for rows with no allowed key.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float total = detail::QuadSum(softmax[r].sum);
+    const int row = row_in_seq[r];
+    if (row >= q_len) continue;
+    const float inv = OnlineSoftmaxInvSum(total);
+    const bool blocked = OnlineSoftmaxFullyBlocked(total);
+    const float* mean = p.v_mean != nullptr
+                            ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * kHeadDim
+                            : nullptr;
+    float* o_row = p.o + (q_begin + row) * p.o_row_stride + head * p.o_head_stride;
+#pragma unroll
+    for (int t = 0; t < Traits::kOTiles; ++t) {
+      const int col = t * 8 + (lane % 4) * 2;
+      float2 val;
+      if (!blocked) {
+        val = make_float2(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);
+      } else if (mean != nullptr) {
+        val = make_float2(mean[col], mean[col + 1]);
+      } else {
+        val = make_float2(0.0f, 0.0f);
+      }
+      *reinterpret_cast<float2*>(o_row + col) = val;
+    }
+  }
+}
+
+}  // namespace attnserve::kernels::cuda
+
+#endif  // ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_

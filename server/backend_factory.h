@@ -1,0 +1,29 @@
+// Making the compute backend the server runs on, by name.
+#ifndef ATTNSERVE_SERVER_BACKEND_FACTORY_H_
+#define ATTNSERVE_SERVER_BACKEND_FACTORY_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/backend.h"
+
+namespace attnserve::server {
+
+// The backend named by `name`:
+//   "reference"  the float64 reference path
+//   "cpu"        the fast CPU backend with `threads` threads (0 = one per core)
+//   "cuda"       the CUDA backend, loaded from its plugin (libattnserve_cuda.so); UNAVAILABLE
+//                when the plugin, the CUDA libraries or a device are missing
+//   "auto"       "cuda" when it loads, else "cpu" (saying why on stderr, once)
+// INVALID_ARGUMENT for any other name.
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
+                                                              int threads);
+
+// Loads the CUDA backend plugin: $ATTNSERVE_CUDA_PLUGIN if set, else libattnserve_cuda.so in
+// <binary>/../lib/attnserve/ (installed) or in the build tree it was built in.
+absl::StatusOr<std::unique_ptr<kernels::Backend>> LoadCudaBackend();
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_BACKEND_FACTORY_H_
