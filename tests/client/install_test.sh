@@ -20,7 +20,12 @@ test -f "$work/prefix/include/attnserve/client/client.h"
 test -f "$work/prefix/include/attnserve/v1/attention.grpc.pb.h"
 ls "$work"/prefix/lib*/cmake/attnserve/attnserveConfig.cmake > /dev/null
 
-cmake -S "$here/outside" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" \
+# A sanitizer build installs instrumented libraries: the outside project must link the runtime.
+sanitize=()
+if [[ -n "${ATTNSERVE_SANITIZE:-}" ]]; then
+  sanitize=(-DCMAKE_EXE_LINKER_FLAGS="-fsanitize=$ATTNSERVE_SANITIZE")
+fi
+cmake -S "$here/outside" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" "${sanitize[@]}" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" -j2 > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 

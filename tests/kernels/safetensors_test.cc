@@ -113,17 +113,21 @@ TEST(WeightsFromSafetensorsTest, ReadsNumHeadsFromArgumentOrMetadata) {
 }
 
 TEST(WeightsFromSafetensorsTest, RejectsMissingTensorsAndBadHeads) {
-  auto missing = ParseSafetensors(ModuleFile(4, R"("num_heads":"2")", "W_v.bias"));
+  // The parsed files hold views into their buffers, which must outlive them.
+  const std::string missing_bytes = ModuleFile(4, R"("num_heads":"2")", "W_v.bias");
+  auto missing = ParseSafetensors(missing_bytes);
   ASSERT_TRUE(missing.ok());
   EXPECT_THAT(WeightsFromSafetensors(*missing, 0).status().message(), HasSubstr("W_v.bias"));
 
-  auto f = ParseSafetensors(ModuleFile(4, R"("num_heads":"3")"));
+  const std::string three_heads = ModuleFile(4, R"("num_heads":"3")");
+  auto f = ParseSafetensors(three_heads);
   ASSERT_TRUE(f.ok());
   auto bad = WeightsFromSafetensors(*f, 0);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(bad.status().message(), HasSubstr("divisible"));
 
-  auto none = ParseSafetensors(ModuleFile(4, ""));
+  const std::string no_heads = ModuleFile(4, "");
+  auto none = ParseSafetensors(no_heads);
   ASSERT_TRUE(none.ok());
   EXPECT_THAT(WeightsFromSafetensors(*none, 0).status().message(), HasSubstr("num_heads"));
 }

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The test suite under sanitizers; CI runs it after scripts/test.sh.
+#   AddressSanitizer + UndefinedBehaviorSanitizer: every test (CPU build, preset "asan")
+#   ThreadSanitizer: the batcher and server tests (preset "tsan")
+# Any report fails the run (halt_on_error).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/install-deps.sh
+(cd proto && npm ci --no-audit --no-fund --loglevel=error)
+
+export ASAN_OPTIONS=abort_on_error=1:detect_leaks=1
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+cmake --preset asan
+cmake --build --preset asan
+ctest --preset asan
+
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+cmake --preset tsan
+cmake --build --preset tsan --target batcher_test server_test attnserve attnserve_python_stubs
+ctest --preset tsan -L "batcher|server"
