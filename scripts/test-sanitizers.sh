@@ -15,7 +15,9 @@ cmake --preset asan
 cmake --build --preset asan
 ctest --preset asan
 
-export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 cmake --preset tsan
-cmake --build --preset tsan --target batcher_test server_test attnserve attnserve_python_stubs
-ctest --preset tsan -L "batcher|server"
+cmake --build --preset tsan --target batcher_test server_test
+# The C++ batcher and server tests (the Python process tests drive a TSan server through
+# gRPC's uninstrumented core, where reports are third-party noise).
+ctest --preset tsan -L "batcher|server" -LE python

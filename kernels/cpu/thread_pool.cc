@@ -9,8 +9,9 @@ struct ThreadPool::Loop {
   const int64_t n;
   const absl::FunctionRef<void(int64_t)> fn;
   std::atomic<int64_t> next{0};  // the next unclaimed index
-  absl::Mutex mu;
-  int64_t done ABSL_GUARDED_BY(mu) = 0;  // indices finished
+  std::mutex mu;
+  std::condition_variable all_done;
+  int64_t done = 0;  // indices finished; guarded by mu
 };
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -20,9 +21,10 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
   }
+  work_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -33,8 +35,9 @@ void ThreadPool::Drain(Loop& loop) {
     ++finished;
   }
   if (finished > 0) {
-    absl::MutexLock lock(&loop.mu);
+    std::lock_guard<std::mutex> lock(loop.mu);
     loop.done += finished;
+    if (loop.done == loop.n) loop.all_done.notify_all();
   }
 }
 
@@ -42,11 +45,8 @@ void ThreadPool::WorkerMain() {
   for (;;) {
     std::shared_ptr<Loop> loop;
     {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](ThreadPool* pool)
-               ABSL_NO_THREAD_SAFETY_ANALYSIS { return pool->stopping_ || !pool->loops_.empty(); },
-          this));
+      std::unique_lock<std::mutex> lock(mu_);
+      work_.wait(lock, [this] { return stopping_ || !loops_.empty(); });
       if (loops_.empty()) return;  // stopping, with nothing left to do
       loop = loops_.front();
       // A loop whose indices are all claimed leaves the queue; its owner waits for the rest.
@@ -67,12 +67,13 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
   }
   auto loop = std::make_shared<Loop>(n, fn);
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     loops_.push_back(loop);
   }
+  work_.notify_all();
   Drain(*loop);
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto it = loops_.begin(); it != loops_.end(); ++it) {
       if (*it == loop) {
         loops_.erase(it);
@@ -80,9 +81,8 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
       }
     }
   }
-  absl::MutexLock lock(&loop->mu);
-  loop->mu.Await(absl::Condition(
-      +[](Loop* l) ABSL_NO_THREAD_SAFETY_ANALYSIS { return l->done == l->n; }, loop.get()));
+  std::unique_lock<std::mutex> lock(loop->mu);
+  loop->all_done.wait(lock, [&loop] { return loop->done == loop->n; });
 }
 
 }  // namespace attnserve::kernels::cpu

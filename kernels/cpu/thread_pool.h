@@ -14,9 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
+#include <condition_variable>
+#include <mutex>
+
 #include "absl/functional/function_ref.h"
-#include "absl/synchronization/mutex.h"
 
 namespace attnserve::kernels::cpu {
 
@@ -43,9 +44,12 @@ class ThreadPool {
   // Claims and runs indices of `loop` until none is left.
   static void Drain(Loop& loop);
 
-  absl::Mutex mu_;
-  std::deque<std::shared_ptr<Loop>> loops_ ABSL_GUARDED_BY(mu_);  // loops with indices left
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built for ThreadSanitizer, which
+  // then cannot see absl::Mutex synchronise and reports false races; it sees pthread mutexes.
+  std::mutex mu_;
+  std::condition_variable work_;                   // loops_ gained a loop, or stopping_ was set
+  std::deque<std::shared_ptr<Loop>> loops_;        // loops with indices left; guarded by mu_
+  bool stopping_ = false;                          // guarded by mu_
   std::vector<std::thread> workers_;
 };
 

@@ -4,9 +4,12 @@ Each request here costs the reference backend a few milliseconds, so a few hundr
 flight are far more than the server's capacity on this machine.
 """
 import os
+import re
+import socket
 import sys
 import time
 import unittest
+import urllib.request
 
 import grpc
 import numpy as np
@@ -28,6 +31,22 @@ def request(seed, length=96):
     def tensor(a):
         return pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(a.shape), data=a.tobytes())
     return pb.AttendRequest(query=tensor(q), key=tensor(q), value=tensor(q))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def accepted(metrics_port):
+    """Attend calls the server has accepted so far: in flight plus answered."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    in_flight = float(re.search(r"^attnserve_requests_in_flight (\S+)$", text, re.M).group(1))
+    answered = sum(float(v) for v in re.findall(
+        r'^attnserve_requests_total\{[^}]*rpc="Attend"[^}]*\} (\S+)$', text, re.M))
+    return in_flight + answered
 
 
 def outcome(future):
@@ -74,16 +93,21 @@ class ServingLoadTest(unittest.TestCase):
 
     def test_sigterm_under_load_answers_everything_and_exits_zero(self):
         grace_s = 1.5
+        metrics_port = free_port()
         server = LiveServer("--backend=reference", f"--shutdown_grace_ms={int(grace_s * 1000)}",
-                            "--max_queued_requests=4096")
+                            "--max_queued_requests=4096", f"--metrics_address=127.0.0.1:{metrics_port}")
         exit_code = None
         try:
             with grpc.insecure_channel(server.target) as channel:
                 stub = pb_grpc.AttentionServiceStub(channel)
                 stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=10)
                 futures = [stub.Attend.future(request(i, 256), timeout=60) for i in range(200)]
-                # Wait until the server is working through them, then stop it.
-                futures[0].result()
+                # Stop it once every request has reached the server (a call still in transit
+                # when shutdown starts is refused by gRPC itself, before attnserve sees it).
+                deadline = time.monotonic() + 60
+                while accepted(metrics_port) < len(futures) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                self.assertEqual(accepted(metrics_port), len(futures))
                 signalled = time.monotonic()
                 exit_code = server.stop(timeout_s=grace_s + 20)
                 stopped_after = time.monotonic() - signalled
