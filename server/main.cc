@@ -33,7 +33,7 @@ ABSL_FLAG(int64_t, max_module_bytes, int64_t{1} << 30, "largest module weights, 
 ABSL_FLAG(bool, batching, true, "batch requests dynamically; false: compute each alone");
 ABSL_FLAG(int, max_batch_requests, 32, "most requests in one batch");
 ABSL_FLAG(int64_t, max_batch_tokens, 4096, "most tokens (query rows, B*Lq each) in one batch");
-ABSL_FLAG(int64_t, max_queue_delay_us, 2000,
+ABSL_FLAG(int64_t, max_queue_delay_us, 0,
           "longest a request waits for companions before its batch leaves");
 ABSL_FLAG(int, max_queued_requests, 1024, "requests queued before UNAVAILABLE");
 ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
@@ -46,6 +46,9 @@ ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token every call must carry ('authorization: Bearer <token>')");
+ABSL_FLAG(int64_t, max_connection_age_ms, 0,
+          "close client connections after this long so clients re-resolve and spread over new "
+          "replicas (0 = never)");
 ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 
@@ -72,6 +75,7 @@ int Run() {
   options.batching.batcher.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.batching.batcher.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.batching.batcher.num_batch_threads = absl::GetFlag(FLAGS_batch_threads);
+  options.max_connection_age = absl::Milliseconds(absl::GetFlag(FLAGS_max_connection_age_ms));
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

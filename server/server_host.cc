@@ -169,6 +169,11 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   builder.SetMaxReceiveMessageSize(static_cast<int>(
       std::min<int64_t>(options.limits.max_message_bytes, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+  if (options.max_connection_age > absl::ZeroDuration()) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
+  }
   builder.RegisterService(host->service_.get());
   host->server_ = builder.BuildAndStart();
   if (host->server_ == nullptr || host->port_ == 0) {

@@ -52,6 +52,9 @@ struct ServerOptions {
   TlsOptions tls;
   // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>".
   std::string auth_token;
+  // Closes client connections after this long (plus a grace for calls in flight), so that clients
+  // re-resolve DNS and spread over replicas added since. Zero: never.
+  absl::Duration max_connection_age = absl::ZeroDuration();
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
