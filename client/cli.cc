@@ -106,8 +106,10 @@ absl::StatusOr<v1::Dtype> ParseDType(const std::string& s) {
   if (s == "float32") return v1::DTYPE_FLOAT32;
   if (s == "float16") return v1::DTYPE_FLOAT16;
   if (s == "bfloat16") return v1::DTYPE_BFLOAT16;
-  return absl::InvalidArgumentError(absl::StrCat("--dtype must be float32, float16 or "
-                                                 "bfloat16; was '", s, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--dtype must be float32, float16 or "
+                   "bfloat16; was '",
+                   s, "'"));
 }
 
 absl::StatusOr<std::vector<int64_t>> ParseShape(size_t rank) {
@@ -120,8 +122,8 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(size_t rank) {
     shape.push_back(d);
   }
   if (shape.size() != rank) {
-    return absl::InvalidArgumentError(absl::StrCat("--shape needs ", rank, " numbers; got '",
-                                                   absl::GetFlag(FLAGS_shape), "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shape needs ", rank, " numbers; got '", absl::GetFlag(FLAGS_shape), "'"));
   }
   return shape;
 }
@@ -183,7 +185,6 @@ int MultiHead(attnserve::Client& client, absl::Duration timeout) {
   PrintTiming(response->timing());
   return 0;
 }
-
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return INFINITY;

@@ -21,13 +21,15 @@ absl::Status FromGrpc(const grpc::Status& s) {
 
 absl::StatusOr<codec::FloatFormat> FloatFormatOf(v1::Dtype t) {
   switch (t) {
-    case v1::DTYPE_FLOAT32: return codec::FloatFormat::kFloat32;
-    case v1::DTYPE_FLOAT16: return codec::FloatFormat::kFloat16;
-    case v1::DTYPE_BFLOAT16: return codec::FloatFormat::kBFloat16;
+    case v1::DTYPE_FLOAT32:
+      return codec::FloatFormat::kFloat32;
+    case v1::DTYPE_FLOAT16:
+      return codec::FloatFormat::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return codec::FloatFormat::kBFloat16;
     default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ",
-                       v1::Dtype_Name(t)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ", v1::Dtype_Name(t)));
   }
 }
 
@@ -115,7 +117,8 @@ absl::StatusOr<std::string> MultiAddressTarget(const std::vector<std::string>& a
   if (all_v6) return absl::StrCat("ipv6:", absl::StrJoin(addresses, ","));
   return absl::InvalidArgumentError(absl::StrCat(
       "addresses must all be IPv4 or all IPv6 literals with ports (use a dns:/// target for "
-      "host names); were ", absl::StrJoin(addresses, ",")));
+      "host names); were ",
+      absl::StrJoin(addresses, ",")));
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target,
@@ -142,9 +145,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
     args.SetMaxSendMessageSize(-1);
-    args.SetServiceConfigJSON(options.service_config_json.empty()
-                                  ? ServiceConfigJson(options)
-                                  : options.service_config_json);
+    args.SetServiceConfigJSON(options.service_config_json.empty() ? ServiceConfigJson(options)
+                                                                  : options.service_config_json);
     // A retried call keeps its request in memory until committed; gRPC's default (256 KiB)
     // would leave most attention requests unretried.
     args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, 64 << 20);
@@ -186,23 +188,22 @@ v1::AttentionService::Stub& Client::NextStub() {
 void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const {
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
   if (timeout != absl::InfiniteDuration()) {
-    context->set_deadline(std::chrono::system_clock::now() +
-                          absl::ToChronoMicroseconds(timeout));
+    context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMicroseconds(timeout));
   }
   if (!options_.auth_token.empty()) {
     context->AddMetadata("authorization", "Bearer " + options_.auth_token);
   }
 }
 
-#define ATTNSERVE_CLIENT_METHOD(Rpc)                                                          \
-  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,              \
-                                                absl::Duration timeout) {                     \
-    grpc::ClientContext context;                                                              \
-    Prepare(&context, timeout);                                                               \
-    v1::Rpc##Response response;                                                               \
-    grpc::Status status = NextStub().Rpc(&context, request, &response);                       \
-    if (!status.ok()) return FromGrpc(status);                                                \
-    return response;                                                                          \
+#define ATTNSERVE_CLIENT_METHOD(Rpc)                                             \
+  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request, \
+                                                absl::Duration timeout) {        \
+    grpc::ClientContext context;                                                 \
+    Prepare(&context, timeout);                                                  \
+    v1::Rpc##Response response;                                                  \
+    grpc::Status status = NextStub().Rpc(&context, request, &response);          \
+    if (!status.ok()) return FromGrpc(status);                                   \
+    return response;                                                             \
   }
 ATTNSERVE_CLIENT_METHOD(Attend)
 ATTNSERVE_CLIENT_METHOD(MultiHeadAttention)
@@ -223,37 +224,35 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Duration t
   grpc::ClientContext context;
   Prepare(&context, timeout);
   v1::GetServerInfoResponse response;
-  grpc::Status status =
-      NextStub().GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
+  grpc::Status status = NextStub().GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
   if (!status.ok()) return FromGrpc(status);
   return response;
 }
 
-#define ATTNSERVE_CLIENT_ASYNC(Rpc)                                                           \
-  void Client::Rpc##Async(const v1::Rpc##Request& request, Callback<v1::Rpc##Response> done,  \
-                          absl::Duration timeout) {                                           \
-    Rpc##Async(std::make_shared<const v1::Rpc##Request>(request), std::move(done), timeout);  \
-  }                                                                                           \
-  void Client::Rpc##Async(std::shared_ptr<const v1::Rpc##Request> request,                    \
-                          Callback<v1::Rpc##Response> done, absl::Duration timeout) {         \
-    auto* call = new AsyncCall<v1::Rpc##Request, v1::Rpc##Response>;                          \
-    call->request = std::move(request);                                                       \
-    call->done = std::move(done);                                                             \
-    Prepare(&call->context, timeout);                                                         \
-    NextStub().async()->Rpc(&call->context, call->request.get(), &call->response,             \
-                            [call](grpc::Status s) { call->Complete(s); });                   \
-  }                                                                                           \
-  std::future<absl::StatusOr<v1::Rpc##Response>> Client::Rpc##Async(                          \
-      const v1::Rpc##Request& request, absl::Duration timeout) {                              \
-    return ToFuture<v1::Rpc##Response>(                                                       \
+#define ATTNSERVE_CLIENT_ASYNC(Rpc)                                                                \
+  void Client::Rpc##Async(const v1::Rpc##Request& request, Callback<v1::Rpc##Response> done,       \
+                          absl::Duration timeout) {                                                \
+    Rpc##Async(std::make_shared<const v1::Rpc##Request>(request), std::move(done), timeout);       \
+  }                                                                                                \
+  void Client::Rpc##Async(std::shared_ptr<const v1::Rpc##Request> request,                         \
+                          Callback<v1::Rpc##Response> done, absl::Duration timeout) {              \
+    auto* call = new AsyncCall<v1::Rpc##Request, v1::Rpc##Response>;                               \
+    call->request = std::move(request);                                                            \
+    call->done = std::move(done);                                                                  \
+    Prepare(&call->context, timeout);                                                              \
+    NextStub().async()->Rpc(&call->context, call->request.get(), &call->response,                  \
+                            [call](grpc::Status s) { call->Complete(s); });                        \
+  }                                                                                                \
+  std::future<absl::StatusOr<v1::Rpc##Response>> Client::Rpc##Async(                               \
+      const v1::Rpc##Request& request, absl::Duration timeout) {                                   \
+    return ToFuture<v1::Rpc##Response>(                                                            \
         [&](Callback<v1::Rpc##Response> done) { Rpc##Async(request, std::move(done), timeout); }); \
   }
 ATTNSERVE_CLIENT_ASYNC(Attend)
 ATTNSERVE_CLIENT_ASYNC(MultiHeadAttention)
 #undef ATTNSERVE_CLIENT_ASYNC
 
-void Client::GetServerInfoAsync(Callback<v1::GetServerInfoResponse> done,
-                                absl::Duration timeout) {
+void Client::GetServerInfoAsync(Callback<v1::GetServerInfoResponse> done, absl::Duration timeout) {
   auto* call = new AsyncCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>;
   call->request = std::make_shared<const v1::GetServerInfoRequest>();
   call->done = std::move(done);
@@ -299,8 +298,8 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor) {
   for (int64_t d : tensor.shape()) n *= d;
   const size_t want = static_cast<size_t>(n) * codec::FormatSize(*format);
   if (tensor.data().size() != want) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor data holds ", tensor.data().size(),
-                                                   " bytes; its shape needs ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor data holds ", tensor.data().size(), " bytes; its shape needs ", want));
   }
   std::vector<float> out(n);
   codec::Unpack(*format, tensor.data().data(), n, out.data());

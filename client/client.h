@@ -121,8 +121,7 @@ class Client {
   absl::StatusOr<v1::AttendResponse> Attend(const v1::AttendRequest& request,
                                             absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<v1::MultiHeadAttentionResponse> MultiHeadAttention(
-      const v1::MultiHeadAttentionRequest& request,
-      absl::Duration timeout = absl::ZeroDuration());
+      const v1::MultiHeadAttentionRequest& request, absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<v1::LoadModuleResponse> LoadModule(const v1::LoadModuleRequest& request,
                                                     absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<v1::UnloadModuleResponse> UnloadModule(
@@ -154,8 +153,7 @@ class Client {
   std::future<absl::StatusOr<v1::AttendResponse>> AttendAsync(
       const v1::AttendRequest& request, absl::Duration timeout = absl::ZeroDuration());
   std::future<absl::StatusOr<v1::MultiHeadAttentionResponse>> MultiHeadAttentionAsync(
-      const v1::MultiHeadAttentionRequest& request,
-      absl::Duration timeout = absl::ZeroDuration());
+      const v1::MultiHeadAttentionRequest& request, absl::Duration timeout = absl::ZeroDuration());
 
   // Opens an AttentionStream (client/stream.h). `on_response` (may be empty: read with
   // AttentionStream::Read instead) runs on a gRPC thread for each response. `timeout` bounds

@@ -31,8 +31,8 @@ namespace attnserve {
 // in flight); the rest wait in memory, so Send never blocks. The server reads at most
 // GetServerInfo.limits.max_stream_in_flight requests ahead, which bounds how fast the queue
 // drains, not its size: a caller that must bound memory counts its own requests in flight.
-class AttentionStream : private grpc::ClientBidiReactor<v1::AttentionStreamRequest,
-                                                         v1::AttentionStreamResponse> {
+class AttentionStream
+    : private grpc::ClientBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse> {
  public:
   using ResponseCallback = std::function<void(v1::AttentionStreamResponse)>;
 

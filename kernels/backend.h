@@ -26,16 +26,16 @@
 namespace attnserve::kernels {
 
 struct DeviceInfo {
-  std::string name;            // e.g. "cpu: Intel(R) Xeon(R) ... (2 threads, avx512)"
-  int64_t memory_bytes = 0;    // total memory of the device, 0 when unknown
+  std::string name;          // e.g. "cpu: Intel(R) Xeon(R) ... (2 threads, avx512)"
+  int64_t memory_bytes = 0;  // total memory of the device, 0 when unknown
 };
 
 // Memory of one device at the time of asking, for metrics.
 struct DeviceMemory {
-  std::string device;       // short stable id, e.g. "cuda:0"
-  int64_t used_bytes = 0;   // used on the device by every process
+  std::string device;      // short stable id, e.g. "cuda:0"
+  int64_t used_bytes = 0;  // used on the device by every process
   int64_t total_bytes = 0;
-  int64_t pool_bytes = 0;   // held by this backend's own pool
+  int64_t pool_bytes = 0;  // held by this backend's own pool
 };
 
 class Backend {

@@ -4,10 +4,14 @@ namespace attnserve::kernels {
 
 absl::string_view DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "FLOAT32";
-    case DType::kFloat16: return "FLOAT16";
-    case DType::kBFloat16: return "BFLOAT16";
-    case DType::kBool: return "BOOL";
+    case DType::kFloat32:
+      return "FLOAT32";
+    case DType::kFloat16:
+      return "FLOAT16";
+    case DType::kBFloat16:
+      return "BFLOAT16";
+    case DType::kBool:
+      return "BOOL";
   }
   return "UNKNOWN";
 }
@@ -41,9 +45,9 @@ uint16_t FloatToHalf(float f) {
   std::memcpy(&bits, &f, sizeof bits);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
-  if (abs > 0x7f800000u) return sign | 0x7e00u;        // NaN stays a quiet NaN
-  if (abs >= 0x477ff000u) return sign | 0x7c00u;       // rounds to >= 65520: infinity
-  if (abs >= 0x38800000u) {                            // normal half
+  if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN stays a quiet NaN
+  if (abs >= 0x477ff000u) return sign | 0x7c00u;  // rounds to >= 65520: infinity
+  if (abs >= 0x38800000u) {                       // normal half
     const uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);
     return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
   }

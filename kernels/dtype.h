@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+
 #include "absl/strings/string_view.h"
 
 namespace attnserve::kernels {
@@ -15,10 +16,14 @@ enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16, kBool };
 // Bytes per element: 4, 2, 2, 1.
 constexpr size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kBFloat16: return 2;
-    case DType::kBool: return 1;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }

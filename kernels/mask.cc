@@ -9,8 +9,8 @@ absl::StatusOr<MaskView> BroadcastMask(const uint8_t* data, absl::Span<const int
                                        int64_t b, int64_t h, int64_t lq, int64_t lk) {
   const int rank = static_cast<int>(shape.size());
   if (rank < 1 || rank > 4) {
-    return absl::InvalidArgumentError(absl::StrCat("mask must have 1 to 4 dimensions; was [",
-                                                   absl::StrJoin(shape, ", "), "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mask must have 1 to 4 dimensions; was [", absl::StrJoin(shape, ", "), "]"));
   }
   const int64_t full[4] = {b, h, lq, lk};
   const char* names[4] = {"B", "H", "Lq", "Lk"};
@@ -20,10 +20,11 @@ absl::StatusOr<MaskView> BroadcastMask(const uint8_t* data, absl::Span<const int
     const int target = 4 - rank + i;
     const int64_t d = shape[i];
     if (d != 1 && d != full[target]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "mask shape [", absl::StrJoin(shape, ", "), "] is not broadcastable to [B, H, Lq, Lk] = [",
-          b, ", ", h, ", ", lq, ", ", lk, "]: dimension ", i, " is ", d, "; must be 1 or ",
-          names[target], " (", full[target], ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("mask shape [", absl::StrJoin(shape, ", "),
+                       "] is not broadcastable to [B, H, Lq, Lk] = [", b, ", ", h, ", ", lq, ", ",
+                       lk, "]: dimension ", i, " is ", d, "; must be 1 or ", names[target], " (",
+                       full[target], ")"));
     }
     strides[target] = d == 1 ? 0 : stride;
     stride *= d;

@@ -8,14 +8,14 @@
 namespace attnserve::kernels {
 
 absl::Status ValidateWeights(const MultiHeadWeights& w) {
-  if (w.d_model < 1) return absl::InvalidArgumentError(absl::StrCat("d_model must be >= 1; was ", w.d_model));
+  if (w.d_model < 1)
+    return absl::InvalidArgumentError(absl::StrCat("d_model must be >= 1; was ", w.d_model));
   if (w.num_heads < 1) {
     return absl::InvalidArgumentError(absl::StrCat("num_heads must be >= 1; was ", w.num_heads));
   }
   if (w.d_model % w.num_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("d_model (", w.d_model,
-                                                   ") must be divisible by num_heads (",
-                                                   w.num_heads, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "d_model (", w.d_model, ") must be divisible by num_heads (", w.num_heads, ")"));
   }
   const size_t d = static_cast<size_t>(w.d_model);
   if (w.w_qkv.size() != 3 * d * d || w.b_qkv.size() != 3 * d || w.w_o.size() != d * d ||

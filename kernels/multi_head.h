@@ -3,7 +3,8 @@
 //   Q = query · W_qᵀ + b_q,  K = key · W_kᵀ + b_k,  V = value · W_vᵀ + b_v     ([B, L, d_model])
 //   split each into h heads of d_k = d_model / h      (head t uses columns [t·d_k, (t+1)·d_k))
 //   A_t = attention(Q_t, K_t, V_t) with the options of AttentionParams, scale 1/sqrt(d_k) default
-//   out = concat_t(A_t) · W_oᵀ + b_o                                               ([B, Lq, d_model])
+//   out = concat_t(A_t) · W_oᵀ + b_o                                               ([B, Lq,
+//   d_model])
 //
 // Weights follow nn.Linear: [out_features, in_features], y = x·Wᵀ + b.
 #ifndef ATTNSERVE_KERNELS_MULTI_HEAD_H_
@@ -77,8 +78,7 @@ struct MultiHeadParams {
 // given; 0 takes it from the metadata key "num_heads". Other tensors in the file are ignored.
 // Errors are INVALID_ARGUMENT naming the tensor or key.
 struct SafetensorsFile;
-absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& file,
-                                                        int num_heads);
+absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& file, int num_heads);
 
 // Floating-point operations of a multi-head request: four projections (2·B·L·d² each, Q and
 // the output over Lq rows, K and V over Lk rows) plus the attention (4·B·h·Lq·Lk·d_k).

@@ -125,7 +125,8 @@ void ReferenceAttention(const AttentionParams& p) {
       for (int i = 0; i < p.q_len; ++i) {
         const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
         float* o = p.out.row(b, h, i);
-        for (int d = 0; d < p.v_head_dim; ++d) o[d] = static_cast<float>(r.out[row * p.v_head_dim + d]);
+        for (int d = 0; d < p.v_head_dim; ++d)
+          o[d] = static_cast<float>(r.out[row * p.v_head_dim + d]);
       }
     }
   }

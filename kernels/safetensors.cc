@@ -46,8 +46,8 @@ absl::StatusOr<std::vector<float>> SafetensorsTensor::ToFloat32(absl::string_vie
   } else if (dtype == "BF16") {
     type = DType::kBFloat16;
   } else {
-    return Bad(absl::StrCat("tensor '", name, "' has dtype ", dtype,
-                            "; expected F32, F16 or BF16"));
+    return Bad(
+        absl::StrCat("tensor '", name, "' has dtype ", dtype, "; expected F32, F16 or BF16"));
   }
   std::vector<float> out(static_cast<size_t>(num_elements()));
   kernels::ToFloat32(type, data.data(), out.size(), out.data());
@@ -69,8 +69,8 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view buffer) {
   uint64_t header_len = 0;
   for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | static_cast<uint8_t>(buffer[i]);
   if (header_len > kMaxHeaderBytes || header_len > buffer.size() - 8) {
-    return Bad(absl::StrCat("header length ", header_len, " exceeds the file (",
-                            buffer.size() - 8, " bytes after the length)"));
+    return Bad(absl::StrCat("header length ", header_len, " exceeds the file (", buffer.size() - 8,
+                            " bytes after the length)"));
   }
   const absl::string_view header = buffer.substr(8, header_len);
   const absl::string_view data = buffer.substr(8 + header_len);
@@ -108,20 +108,23 @@ absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view buffer) {
     SafetensorsTensor t;
     t.dtype = dtype->get<std::string>();
     const int64_t elem_bytes = DTypeBytes(t.dtype);
-    if (elem_bytes == 0) return Bad(absl::StrCat("tensor '", name, "' has unknown dtype ", t.dtype));
+    if (elem_bytes == 0)
+      return Bad(absl::StrCat("tensor '", name, "' has unknown dtype ", t.dtype));
 
     // Element count with overflow checks: every dim is a non-negative integer and the product
     // stays far below what the buffer could hold.
     int64_t elements = 1;
     for (const auto& dim : *shape) {
       if (!dim.is_number_unsigned()) {
-        return Bad(absl::StrCat("tensor '", name, "' has a shape entry that is not a "
-                                "non-negative integer: ", dim.dump()));
+        return Bad(absl::StrCat("tensor '", name,
+                                "' has a shape entry that is not a "
+                                "non-negative integer: ",
+                                dim.dump()));
       }
       const uint64_t d = dim.get<uint64_t>();
       if (d > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (elements != 0 && static_cast<int64_t>(d) >
-                                std::numeric_limits<int64_t>::max() / elem_bytes / elements)) {
+          (elements != 0 &&
+           static_cast<int64_t>(d) > std::numeric_limits<int64_t>::max() / elem_bytes / elements)) {
         return Bad(absl::StrCat("tensor '", name, "' shape overflows"));
       }
       t.shape.push_back(static_cast<int64_t>(d));

@@ -12,17 +12,17 @@
 #include <cstdint>
 #include <map>
 #include <string>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace attnserve::kernels {
 
 struct SafetensorsTensor {
   std::string dtype;           // as in the file: "F32", "F16", "BF16", "BOOL", "I64", ...
   std::vector<int64_t> shape;  // empty for a scalar
-  absl::string_view data;       // the tensor's bytes, a view into the parsed buffer
+  absl::string_view data;      // the tensor's bytes, a view into the parsed buffer
 
   int64_t num_elements() const;
   // The data as float32 (F32, F16 and BF16 are converted); INVALID_ARGUMENT for other dtypes.

@@ -46,8 +46,7 @@ class RefusedStream final
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
-                      std::string(status.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
 }
 
 void FillModuleInfo(const Module& module, v1::ModuleInfo* info) {
@@ -115,8 +114,7 @@ grpc::ServerUnaryReactor* AttentionService::Dispatch(grpc::CallbackServerContext
       WriteOutputs(done_job, response);
       WriteTiming(done_job.timing, now, response->mutable_timing());
     }
-    metrics_->RequestFinished(rpc, static_cast<int>(status.code()),
-                              now - done_job.timing.arrival);
+    metrics_->RequestFinished(rpc, static_cast<int>(status.code()), now - done_job.timing.arrival);
     reactor->Finish(ToGrpcStatus(status));
   };
   if (absl::Status s = dispatcher_->Submit(&job); !s.ok()) {
@@ -153,8 +151,7 @@ grpc::ServerUnaryReactor* AttentionService::MultiHeadAttention(
 grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse>*
 AttentionService::AttentionStream(grpc::CallbackServerContext* context) {
   if (auto s = Authorize(*context); !s.ok()) return new RefusedStream(ToGrpcStatus(s));
-  return new AttentionStreamReactor(
-      context, {&options_.limits, modules_, dispatcher_, metrics_});
+  return new AttentionStreamReactor(context, {&options_.limits, modules_, dispatcher_, metrics_});
 }
 
 grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerContext* context,

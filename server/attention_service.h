@@ -45,8 +45,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   grpc::ServerUnaryReactor* MultiHeadAttention(grpc::CallbackServerContext* context,
                                                const v1::MultiHeadAttentionRequest* request,
                                                v1::MultiHeadAttentionResponse* response) override;
-  grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse>*
-  AttentionStream(grpc::CallbackServerContext* context) override;
+  grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse>* AttentionStream(
+      grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
                                        v1::LoadModuleResponse* response) override;
@@ -63,8 +63,8 @@ class AttentionService final : public v1::AttentionService::CallbackService {
  private:
   template <typename Response>
   grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context, metrics::Rpc rpc,
-                                     absl::StatusOr<std::unique_ptr<Job>> job,
-                                     absl::Time arrival, Response* response);
+                                     absl::StatusOr<std::unique_ptr<Job>> job, absl::Time arrival,
+                                     Response* response);
   // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
   absl::Status Authorize(const grpc::CallbackServerContext& context) const;
   // Finishes a call that is answered on the handler's thread, and records it.

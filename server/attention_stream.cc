@@ -142,8 +142,7 @@ AttentionStreamReactor::Actions AttentionStreamReactor::NextLocked() {
     reading_ = true;
     a.read = true;
   }
-  if ((reads_done_ || cancelled) && !reading_ && in_flight_ == 0 && !writing_ &&
-      writes_.empty()) {
+  if ((reads_done_ || cancelled) && !reading_ && in_flight_ == 0 && !writing_ && writes_.empty()) {
     finished_ = true;
     a.finish = true;
   }

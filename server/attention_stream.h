@@ -8,8 +8,8 @@
 #include <deque>
 
 #include "absl/base/thread_annotations.h"
-#include "server/batching/sync.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "server/batching/sync.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
@@ -65,8 +65,8 @@ class AttentionStreamReactor final
 
   batching::Mutex mu_;
   std::deque<v1::AttentionStreamResponse> writes_ ABSL_GUARDED_BY(mu_);
-  bool writing_ ABSL_GUARDED_BY(mu_) = false;   // writes_.front() is being written
-  bool reading_ ABSL_GUARDED_BY(mu_) = true;    // a read is in flight
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;  // writes_.front() is being written
+  bool reading_ ABSL_GUARDED_BY(mu_) = true;   // a read is in flight
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // jobs submitted and not yet answered

@@ -61,12 +61,11 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> LoadCudaBackend() {
     if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), message);
     return std::unique_ptr<kernels::Backend>(backend);
   }
-  return absl::UnavailableError(absl::StrCat("the CUDA backend plugin cannot be loaded (",
-                                             absl::StrJoin(errors, "; "), ")"));
+  return absl::UnavailableError(
+      absl::StrCat("the CUDA backend plugin cannot be loaded (", absl::StrJoin(errors, "; "), ")"));
 }
 
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
-                                                              int threads) {
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name, int threads) {
   if (name == "reference") return std::make_unique<kernels::ReferenceBackend>();
   if (name == "cuda") return LoadCudaBackend();
   if (name == "auto") {

@@ -17,8 +17,7 @@ namespace attnserve::server {
 //                when the plugin, the CUDA libraries or a device are missing
 //   "auto"       "cuda" when it loads, else "cpu" (saying why on stderr, once)
 // INVALID_ARGUMENT for any other name.
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name,
-                                                              int threads);
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name, int threads);
 
 // Loads the CUDA backend plugin: $ATTNSERVE_CUDA_PLUGIN if set, else libattnserve_cuda.so in
 // <binary>/../lib/attnserve/ (installed) or in the build tree it was built in.

@@ -16,10 +16,9 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
       job->Finish(absl::CancelledError("the call was cancelled before it was computed"));
     } else if (job->deadline_at <= start) {
       if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kDeadline);
-      job->Finish(absl::DeadlineExceededError(
-          absl::StrCat("the deadline passed after ",
-                       absl::FormatDuration(start - job->timing.arrival),
-                       " in the queue, before the request was computed")));
+      job->Finish(absl::DeadlineExceededError(absl::StrCat(
+          "the deadline passed after ", absl::FormatDuration(start - job->timing.arrival),
+          " in the queue, before the request was computed")));
     } else {
       live.push_back(std::move(job));
     }
@@ -39,8 +38,8 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     status = backend_->MultiHead(params);
   }
   if (!status.ok()) {
-    status = absl::InternalError(absl::StrCat("backend ", backend_->name(), " failed: ",
-                                              status.message()));
+    status = absl::InternalError(
+        absl::StrCat("backend ", backend_->name(), " failed: ", status.message()));
   }
   const absl::Time end = absl::Now();
   const std::string backend_name = backend_->name();

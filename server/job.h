@@ -40,14 +40,14 @@ struct Job {
   kernels::DType dtype = kernels::DType::kFloat32;  // of inputs and outputs on the wire
 
   // Owned buffers; params point into them (and into `module`).
-  std::vector<float> q, k, v;         // decoded inputs (k, v empty for self-attention)
-  std::vector<uint8_t> mask;          // BOOL mask as sent
+  std::vector<float> q, k, v;  // decoded inputs (k, v empty for self-attention)
+  std::vector<uint8_t> mask;   // BOOL mask as sent
   std::vector<int32_t> key_lengths;
-  std::vector<float> out;             // dense output
-  std::vector<float> weights;         // dense [B, H, Lq, Lk] when asked for
+  std::vector<float> out;                // dense output
+  std::vector<float> weights;            // dense [B, H, Lq, Lk] when asked for
   std::shared_ptr<const Module> module;  // kMultiHead only
 
-  kernels::AttentionParams attend;     // kAttend
+  kernels::AttentionParams attend;      // kAttend
   kernels::MultiHeadParams multi_head;  // kMultiHead
 
   // Shapes of the outputs, for the response.

@@ -7,8 +7,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/safetensors.h"
 #include "server/server_host.h"
@@ -19,8 +19,9 @@ ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port serving Prometheus /metrics; empty = no endpoint");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once the server is SERVING");
-ABSL_FLAG(std::string, backend, "auto",
-          "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
+ABSL_FLAG(
+    std::string, backend, "auto",
+    "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
 ABSL_FLAG(int, backend_threads, 0, "threads of the CPU backend; 0 = one per core");
 ABSL_FLAG(std::vector<std::string>, module, {},
           "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");
@@ -125,8 +126,7 @@ int Run() {
                  metrics.status().ToString().c_str());
     return 1;
   }
-  auto host =
-      attnserve::server::ServerHost::Start(options, *std::move(backend), metrics->get());
+  auto host = attnserve::server::ServerHost::Start(options, *std::move(backend), metrics->get());
   if (!host.ok()) {
     std::fprintf(stderr, "attnserve: cannot start: %s\n", host.status().ToString().c_str());
     return 1;

@@ -10,15 +10,15 @@ namespace attnserve::server {
 
 absl::Status ModuleRegistry::ValidateName(absl::string_view name, absl::string_view field) {
   if (name.empty() || name.size() > 128) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, " must be 1 to 128 characters long; was ", name.size(), " characters"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be 1 to 128 characters long; was ", name.size(), " characters"));
   }
   for (char c : name) {
     const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
                     c == '_' || c == '.' || c == '-';
     if (!ok) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, " may hold only [A-Za-z0-9_.-]; was '", name, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " may hold only [A-Za-z0-9_.-]; was '", name, "'"));
     }
   }
   return absl::OkStatus();
@@ -28,8 +28,8 @@ absl::Status ModuleRegistry::Add(std::shared_ptr<const Module> module, bool repl
   batching::MutexLock lock(&mu_);
   auto it = modules_.find(module->name);
   if (it != modules_.end() && !replace) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "module '", module->name, "' is already loaded; set replace to overwrite it"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("module '", module->name, "' is already loaded; set replace to overwrite it"));
   }
   modules_[module->name] = std::move(module);
   return absl::OkStatus();
@@ -49,8 +49,8 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleRegistry::Get(absl::string_v
   batching::MutexLock lock(&mu_);
   auto it = modules_.find(name);
   if (it == modules_.end()) {
-    return absl::NotFoundError(absl::StrCat("module: no module '", name,
-                                            "' is loaded (see ListModules)"));
+    return absl::NotFoundError(
+        absl::StrCat("module: no module '", name, "' is loaded (see ListModules)"));
   }
   return it->second;
 }

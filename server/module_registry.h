@@ -11,8 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "server/batching/sync.h"
 #include "kernels/multi_head.h"
+#include "server/batching/sync.h"
 
 namespace attnserve::server {
 
@@ -44,8 +44,7 @@ class ModuleRegistry {
 
  private:
   mutable batching::Mutex mu_;
-  std::map<std::string, std::shared_ptr<const Module>, std::less<>> modules_
-      ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::shared_ptr<const Module>, std::less<>> modules_ ABSL_GUARDED_BY(mu_);
 };
 
 // Parses a safetensors buffer into a module named `name` (num_heads 0: from the metadata),

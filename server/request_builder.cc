@@ -23,20 +23,29 @@ absl::Status Invalid(const Args&... args) {
 
 absl::StatusOr<DType> WireDType(v1::Dtype t) {
   switch (t) {
-    case v1::DTYPE_FLOAT32: return DType::kFloat32;
-    case v1::DTYPE_FLOAT16: return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16: return DType::kBFloat16;
-    case v1::DTYPE_BOOL: return DType::kBool;
-    default: return absl::InvalidArgumentError("unknown dtype");
+    case v1::DTYPE_FLOAT32:
+      return DType::kFloat32;
+    case v1::DTYPE_FLOAT16:
+      return DType::kFloat16;
+    case v1::DTYPE_BFLOAT16:
+      return DType::kBFloat16;
+    case v1::DTYPE_BOOL:
+      return DType::kBool;
+    default:
+      return absl::InvalidArgumentError("unknown dtype");
   }
 }
 
 v1::Dtype ProtoDType(DType t) {
   switch (t) {
-    case DType::kFloat32: return v1::DTYPE_FLOAT32;
-    case DType::kFloat16: return v1::DTYPE_FLOAT16;
-    case DType::kBFloat16: return v1::DTYPE_BFLOAT16;
-    case DType::kBool: return v1::DTYPE_BOOL;
+    case DType::kFloat32:
+      return v1::DTYPE_FLOAT32;
+    case DType::kFloat16:
+      return v1::DTYPE_FLOAT16;
+    case DType::kBFloat16:
+      return v1::DTYPE_BFLOAT16;
+    case DType::kBool:
+      return v1::DTYPE_BOOL;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
@@ -62,9 +71,9 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& t, absl::string_view field
       return Invalid(field, absl::StrCat(".shape[", i, "] must be >= 1; was ", d));
     }
     if (n > limits.max_tensor_elements / d) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          field, ".shape ", ShapeString(t.shape()), " has more than the limit of ",
-          limits.max_tensor_elements, " elements (--max_tensor_elements)"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(field, ".shape ", ShapeString(t.shape()), " has more than the limit of ",
+                       limits.max_tensor_elements, " elements (--max_tensor_elements)"));
     }
     n *= d;
   }
@@ -76,9 +85,8 @@ absl::StatusOr<int64_t> CheckTensor(const v1::Tensor& t, absl::string_view field
   const int64_t want = n * static_cast<int64_t>(kernels::DTypeSize(*dtype));
   if (static_cast<int64_t>(t.data().size()) != want) {
     return Invalid(field, absl::StrCat(".data must hold ", want, " bytes (shape ",
-                                       ShapeString(t.shape()), " of ",
-                                       kernels::DTypeName(*dtype), "); was ", t.data().size(),
-                                       " bytes"));
+                                       ShapeString(t.shape()), " of ", kernels::DTypeName(*dtype),
+                                       "); was ", t.data().size(), " bytes"));
   }
   return n;
 }
@@ -92,7 +100,8 @@ absl::Status CheckFloatDType(const v1::Tensor& t, absl::string_view field, const
   }
   if (like != nullptr && t.dtype() != like->dtype()) {
     return Invalid(field, ".dtype must equal ", like_field, ".dtype (",
-                   v1::Dtype_Name(like->dtype()), absl::StrCat("); was ", v1::Dtype_Name(t.dtype())));
+                   v1::Dtype_Name(like->dtype()),
+                   absl::StrCat("); was ", v1::Dtype_Name(t.dtype())));
   }
   return absl::OkStatus();
 }
@@ -100,18 +109,18 @@ absl::Status CheckFloatDType(const v1::Tensor& t, absl::string_view field, const
 absl::Status CheckDimEqual(const v1::Tensor& t, absl::string_view field, int dim,
                            const v1::Tensor& ref, absl::string_view ref_field, int ref_dim) {
   if (t.shape(dim) != ref.shape(ref_dim)) {
-    return Invalid(field, absl::StrCat(".shape[", dim, "] must equal "), ref_field,
-                   absl::StrCat(".shape[", ref_dim, "] (", ref.shape(ref_dim), "); was ",
-                                t.shape(dim)));
+    return Invalid(
+        field, absl::StrCat(".shape[", dim, "] must equal "), ref_field,
+        absl::StrCat(".shape[", ref_dim, "] (", ref.shape(ref_dim), "); was ", t.shape(dim)));
   }
   return absl::OkStatus();
 }
 
 absl::Status CheckSequence(int64_t len, absl::string_view what, const Limits& limits) {
   if (len > limits.max_sequence_length) {
-    return absl::ResourceExhaustedError(absl::StrCat(what, " is ", len,
-                                                     "; the server's limit (--max_sequence_length) is ",
-                                                     limits.max_sequence_length));
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " is ", len, "; the server's limit (--max_sequence_length) is ",
+                     limits.max_sequence_length));
   }
   return absl::OkStatus();
 }
@@ -133,8 +142,8 @@ struct OptionFields {
   float scale = 1.0f;
 };
 
-absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b,
-                                          int64_t h, int64_t lq, int64_t lk, int64_t head_dim,
+absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b, int64_t h,
+                                          int64_t lq, int64_t lk, int64_t head_dim,
                                           const Limits& limits, Job* job) {
   OptionFields f;
   f.causal = options.causal();
@@ -142,8 +151,7 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
   if (options.has_mask()) {
     const v1::Tensor& m = options.mask();
     if (m.dtype() != v1::DTYPE_BOOL) {
-      return Invalid("options.mask.dtype must be BOOL; was ",
-                     DtypeString(m.dtype()));
+      return Invalid("options.mask.dtype must be BOOL; was ", DtypeString(m.dtype()));
     }
     auto n = CheckTensor(m, "options.mask", m.shape_size() == 0 ? 1 : m.shape_size(), limits);
     if (!n.ok()) return n.status();
@@ -154,9 +162,8 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
                        absl::StrCat(i, " was ", job->mask[i]));
       }
     }
-    auto view = kernels::BroadcastMask(job->mask.data(),
-                                       absl::MakeConstSpan(m.shape().data(), m.shape_size()), b,
-                                       h, lq, lk);
+    auto view = kernels::BroadcastMask(
+        job->mask.data(), absl::MakeConstSpan(m.shape().data(), m.shape_size()), b, h, lq, lk);
     if (!view.ok()) return Invalid("options.", view.status().message());
     f.mask = *view;
   }
@@ -169,8 +176,8 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
     for (int i = 0; i < options.key_lengths_size(); ++i) {
       const int32_t len = options.key_lengths(i);
       if (len < 0 || len > lk) {
-        return Invalid(absl::StrCat("options.key_lengths[", i, "] must be in [0, Lk = ", lk,
-                                    "]; was ", len));
+        return Invalid(
+            absl::StrCat("options.key_lengths[", i, "] must be in [0, Lk = ", lk, "]; was ", len));
       }
     }
     job->key_lengths.assign(options.key_lengths().begin(), options.key_lengths().end());
@@ -294,9 +301,9 @@ absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& req
   return job;
 }
 
-absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(
-    const v1::MultiHeadAttentionRequest& request, const ModuleRegistry& modules,
-    const Limits& limits) {
+absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttentionRequest& request,
+                                                       const ModuleRegistry& modules,
+                                                       const Limits& limits) {
   if (auto s = ModuleRegistry::ValidateName(request.module(), "module"); !s.ok()) return s;
   auto module = modules.Get(request.module());
   if (!module.ok()) return module.status();
@@ -375,7 +382,8 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(
                static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
                                     job->out.size() + job->weights.size());
   job->flops = kernels::MultiHeadFlops(p);
-  job->signature = Signature(*job, absl::StrCat("m:", request.module(), self_attention ? "/self" : "/cross"));
+  job->signature =
+      Signature(*job, absl::StrCat("m:", request.module(), self_attention ? "/self" : "/cross"));
   return job;
 }
 

@@ -12,8 +12,8 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/reference.h"
-#include "server/backend_factory.h"
 #include "kernels/safetensors.h"
+#include "server/backend_factory.h"
 #include "server/version.h"
 
 namespace attnserve::server {
@@ -86,7 +86,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
-                                                               metrics::Metrics* metrics) {
+                                                              metrics::Metrics* metrics) {
   auto backend = MakeBackend(options.backend, options.backend_threads);
   if (!backend.ok()) return backend.status();
   return Start(options, *std::move(backend), metrics);
@@ -170,8 +170,9 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
       std::min<int64_t>(options.limits.max_message_bytes, std::numeric_limits<int>::max())));
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
   if (options.max_connection_age > absl::ZeroDuration()) {
-    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
-                               static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
+    builder.AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_AGE_MS,
+        static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
   builder.RegisterService(host->service_.get());
@@ -197,8 +198,8 @@ void ServerHost::Shutdown(absl::Duration grace) {
   server_->GetHealthCheckService()->SetServingStatus(false);
   // gRPC stops accepting calls and waits for those in flight; meanwhile the dispatcher finishes
   // its queue (or answers it UNAVAILABLE when the grace period ends), which lets them complete.
-  const auto deadline = std::chrono::system_clock::now() +
-                        absl::ToChronoMilliseconds(grace + absl::Seconds(1));
+  const auto deadline =
+      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace + absl::Seconds(1));
   std::thread grpc_shutdown([this, deadline] { server_->Shutdown(deadline); });
   dispatcher_->Shutdown(grace);
   grpc_shutdown.join();

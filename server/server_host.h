@@ -9,12 +9,12 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/batching/sync.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "kernels/backend.h"
 #include "server/attention_service.h"
 #include "server/backend_factory.h"
+#include "server/batching/sync.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
@@ -100,7 +100,6 @@ class ServerHost {
   batching::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
-
 
 }  // namespace attnserve::server
 

@@ -60,7 +60,8 @@ ABSL_FLAG(int64_t, max_in_flight, 100000, "open loop: most requests outstanding"
 ABSL_FLAG(uint64_t, seed, 1, "random seed (tensors, shape draws, Poisson gaps)");
 ABSL_FLAG(std::string, json, "", "write the report as JSON to this file ('-': stdout)");
 ABSL_FLAG(std::string, csv, "", "write the report as CSV to this file ('-': stdout)");
-ABSL_FLAG(std::string, progress, "auto", "live progress line: auto (when stdout is a tty), on, off");
+ABSL_FLAG(std::string, progress, "auto",
+          "live progress line: auto (when stdout is a tty), on, off");
 ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA of the server's certificate (turns TLS on)");
 ABSL_FLAG(std::string, auth_token_file, "", "file holding a bearer token");
 ABSL_FLAG(bool, retries, false, "let gRPC retry UNAVAILABLE (off: errors are counted as such)");
@@ -149,7 +150,8 @@ int main(int argc, char** argv) {
     load.levels.clear();
     for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_steps), ',')) {
       double v;
-      if (!absl::SimpleAtod(s, &v) || v <= 0) return Usage("--steps: bad level '" + std::string(s) + "'");
+      if (!absl::SimpleAtod(s, &v) || v <= 0)
+        return Usage("--steps: bad level '" + std::string(s) + "'");
       load.levels.push_back(v);
     }
   } else if (!absl::GetFlag(FLAGS_ramp).empty()) {
@@ -252,10 +254,10 @@ int main(int argc, char** argv) {
       "\"mean_request_bytes\": %.0f, \"mean_tokens\": %.6g, \"mean_flops\": %.6g}",
       JsonString(absl::GetFlag(FLAGS_target)), JsonString(rpc), JsonString(mode),
       JsonString(arrival), copts.channels, JsonString(shapes),
-      JsonString(absl::GetFlag(FLAGS_seq_len)), JsonString(dtype),
-      work.causal ? "true" : "false", absl::GetFlag(FLAGS_duration_s), load.phase_requests,
-      absl::GetFlag(FLAGS_warmup_s), JsonString(info->version()), JsonString(backend),
-      workload->mean_bytes(), workload->mean_tokens(), workload->mean_flops());
+      JsonString(absl::GetFlag(FLAGS_seq_len)), JsonString(dtype), work.causal ? "true" : "false",
+      absl::GetFlag(FLAGS_duration_s), load.phase_requests, absl::GetFlag(FLAGS_warmup_s),
+      JsonString(info->version()), JsonString(backend), workload->mean_bytes(),
+      workload->mean_tokens(), workload->mean_flops());
 
   const bool quiet = absl::GetFlag(FLAGS_json) == "-" || absl::GetFlag(FLAGS_csv) == "-";
   if (!quiet) {

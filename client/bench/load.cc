@@ -45,8 +45,7 @@ void FillTiming(const v1::Timing& t, Sample* s) {
 
 // A random engine per thread: draws happen on gRPC completion threads too.
 std::mt19937_64& Rng(uint64_t seed) {
-  thread_local std::mt19937_64 rng(
-      seed ^ std::hash<std::thread::id>()(std::this_thread::get_id()));
+  thread_local std::mt19937_64 rng(seed ^ std::hash<std::thread::id>()(std::this_thread::get_id()));
   return rng;
 }
 
@@ -57,8 +56,8 @@ class Driver::StreamPool {
  public:
   StreamPool(Client& client, int n) {
     for (int i = 0; i < n; ++i) {
-      streams_.push_back(client.OpenStream(
-          [this](v1::AttentionStreamResponse r) { OnResponse(std::move(r)); }));
+      streams_.push_back(
+          client.OpenStream([this](v1::AttentionStreamResponse r) { OnResponse(std::move(r)); }));
     }
   }
   ~StreamPool() {
@@ -203,10 +202,11 @@ void PrintProgress(const std::string& name, double level, double t_s, const Reco
       t_s > *last_t ? (static_cast<double>(samples.size()) - *last_count) / (t_s - *last_t) : 0;
   *last_count = static_cast<int64_t>(samples.size());
   *last_t = t_s;
-  std::printf("\r%-8s level %-8g %6.1fs  sent %-8lld done %-8zu err %-6lld %9.1f req/s  "
-              "p50 %8.3f ms  p99 %8.3f ms   ",
-              name.c_str(), level, t_s, static_cast<long long>(issued), samples.size(),
-              static_cast<long long>(errors), rate, d.p50, d.p99);
+  std::printf(
+      "\r%-8s level %-8g %6.1fs  sent %-8lld done %-8zu err %-6lld %9.1f req/s  "
+      "p50 %8.3f ms  p99 %8.3f ms   ",
+      name.c_str(), level, t_s, static_cast<long long>(issued), samples.size(),
+      static_cast<long long>(errors), rate, d.p50, d.p99);
   std::fflush(stdout);
 }
 
@@ -242,10 +242,10 @@ void Driver::RunClosed(Phase& phase, int callers) {
     }
     if (options_.progress && now >= tick) {
       tick += 1'000'000'000;
-      PrintProgress("", callers, (now - phase.start_ns) / 1e9, phase.recorder,
-                    std::min(phase.issued.load(), phase.max_requests > 0 ? phase.max_requests
-                                                                         : INT64_MAX),
-                    &last_count, &last_t);
+      PrintProgress(
+          "", callers, (now - phase.start_ns) / 1e9, phase.recorder,
+          std::min(phase.issued.load(), phase.max_requests > 0 ? phase.max_requests : INT64_MAX),
+          &last_count, &last_t);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
@@ -292,8 +292,8 @@ PhaseReport Driver::RunPhase(const std::string& name, double level, bool warmup)
   phase.start_ns = NowNs();
   const absl::Duration length = warmup ? options_.warmup : options_.phase_duration;
   phase.max_requests = warmup ? 0 : options_.phase_requests;
-  phase.end_ns = phase.max_requests > 0 ? INT64_MAX
-                                        : phase.start_ns + absl::ToInt64Nanoseconds(length);
+  phase.end_ns =
+      phase.max_requests > 0 ? INT64_MAX : phase.start_ns + absl::ToInt64Nanoseconds(length);
   if (options_.mode == LoadOptions::Mode::kClosed) {
     RunClosed(phase, std::max(1, static_cast<int>(level)));
   } else {

@@ -30,12 +30,23 @@ Distribution Summarise(std::vector<double> v) {
 }
 
 std::string CodeName(int code) {
-  static const char* const kNames[] = {
-      "OK",        "CANCELLED",         "UNKNOWN",          "INVALID_ARGUMENT",
-      "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",   "PERMISSION_DENIED",
-      "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-      "UNIMPLEMENTED", "INTERNAL",      "UNAVAILABLE",      "DATA_LOSS",
-      "UNAUTHENTICATED"};
+  static const char* const kNames[] = {"OK",
+                                       "CANCELLED",
+                                       "UNKNOWN",
+                                       "INVALID_ARGUMENT",
+                                       "DEADLINE_EXCEEDED",
+                                       "NOT_FOUND",
+                                       "ALREADY_EXISTS",
+                                       "PERMISSION_DENIED",
+                                       "RESOURCE_EXHAUSTED",
+                                       "FAILED_PRECONDITION",
+                                       "ABORTED",
+                                       "OUT_OF_RANGE",
+                                       "UNIMPLEMENTED",
+                                       "INTERNAL",
+                                       "UNAVAILABLE",
+                                       "DATA_LOSS",
+                                       "UNAUTHENTICATED"};
   if (code >= 0 && code <= 16) return kNames[code];
   return absl::StrCat("CODE_", code);
 }
@@ -97,21 +108,20 @@ std::string JsonDistribution(const Distribution& d) {
 
 std::string ToText(const std::vector<PhaseReport>& phases) {
   std::string out = absl::StrFormat(
-      "%-8s %12s %9s %9s %7s %10s %11s %9s %9s %9s %9s %9s %9s | %9s %9s %9s %6s  %s\n",
-      "phase", "level", "sent", "ok", "errors", "req/s", "tokens/s", "GFLOP/s", "p50 ms",
-      "p90 ms", "p99 ms", "p99.9 ms", "max ms", "srv p50", "queue ms", "compute", "batch",
-      "errors by code");
+      "%-8s %12s %9s %9s %7s %10s %11s %9s %9s %9s %9s %9s %9s | %9s %9s %9s %6s  %s\n", "phase",
+      "level", "sent", "ok", "errors", "req/s", "tokens/s", "GFLOP/s", "p50 ms", "p90 ms", "p99 ms",
+      "p99.9 ms", "max ms", "srv p50", "queue ms", "compute", "batch", "errors by code");
   for (const PhaseReport& p : phases) {
     absl::StrAppend(
-        &out, absl::StrFormat(
-                  "%-8s %12s %9d %9d %7d %10.1f %11.0f %9.2f %9.3f %9.3f %9.3f %9.3f %9.3f | "
-                  "%9.3f %9.3f %9.3f %6.2f  %s\n",
-                  p.name, absl::StrFormat("%s=%g", p.level_kind == "rate" ? "rate" : "conc",
-                                          p.level),
-                  p.sent, p.ok, p.sent - p.ok, p.requests_per_s, p.tokens_per_s,
-                  p.gflops_per_s, p.latency_ms.p50, p.latency_ms.p90, p.latency_ms.p99,
-                  p.latency_ms.p999, p.latency_ms.max, p.server_ms.p50, p.queued_ms_mean,
-                  p.compute_ms_mean, p.batch_size_mean, Errors(p, " ", "=")));
+        &out,
+        absl::StrFormat("%-8s %12s %9d %9d %7d %10.1f %11.0f %9.2f %9.3f %9.3f %9.3f %9.3f %9.3f | "
+                        "%9.3f %9.3f %9.3f %6.2f  %s\n",
+                        p.name,
+                        absl::StrFormat("%s=%g", p.level_kind == "rate" ? "rate" : "conc", p.level),
+                        p.sent, p.ok, p.sent - p.ok, p.requests_per_s, p.tokens_per_s,
+                        p.gflops_per_s, p.latency_ms.p50, p.latency_ms.p90, p.latency_ms.p99,
+                        p.latency_ms.p999, p.latency_ms.max, p.server_ms.p50, p.queued_ms_mean,
+                        p.compute_ms_mean, p.batch_size_mean, Errors(p, " ", "=")));
   }
   return out;
 }
@@ -128,9 +138,9 @@ std::string ToJson(const std::string& config_json, const std::vector<PhaseReport
         "\"gflops_per_s\": %.6g, \"latency_ms\": %s, \"server_ms\": %s, "
         "\"queued_ms_mean\": %.6g, \"compute_ms_mean\": %.6g, \"batch_size_mean\": %.6g}",
         p.name, p.level_kind, p.level, p.elapsed_s, p.send_window_s, p.sent, p.ok,
-        absl::StrJoin(errors, ", "), p.requests_per_s, p.sent_per_s, p.tokens_per_s,
-        p.gflops_per_s, JsonDistribution(p.latency_ms), JsonDistribution(p.server_ms),
-        p.queued_ms_mean, p.compute_ms_mean, p.batch_size_mean));
+        absl::StrJoin(errors, ", "), p.requests_per_s, p.sent_per_s, p.tokens_per_s, p.gflops_per_s,
+        JsonDistribution(p.latency_ms), JsonDistribution(p.server_ms), p.queued_ms_mean,
+        p.compute_ms_mean, p.batch_size_mean));
   }
   return absl::StrCat("{\"config\": ", config_json, ",\n \"phases\": [\n  ",
                       absl::StrJoin(items, ",\n  "), "\n]}\n");
@@ -142,14 +152,16 @@ std::string ToCsv(const std::vector<PhaseReport>& phases) {
       "gflops_per_s,p50_ms,p90_ms,p99_ms,p999_ms,max_ms,mean_ms,server_p50_ms,server_p99_ms,"
       "queued_ms_mean,compute_ms_mean,batch_size_mean,errors_by_code\n";
   for (const PhaseReport& p : phases) {
-    absl::StrAppend(&out, absl::StrFormat(
-        "%s,%s,%g,%.6g,%d,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
-        "%.6g,%.6g,%.6g,%s\n",
-        p.name, p.level_kind, p.level, p.elapsed_s, p.sent, p.ok, p.sent - p.ok,
-        p.requests_per_s, p.sent_per_s, p.tokens_per_s, p.gflops_per_s, p.latency_ms.p50,
-        p.latency_ms.p90, p.latency_ms.p99, p.latency_ms.p999, p.latency_ms.max,
-        p.latency_ms.mean, p.server_ms.p50, p.server_ms.p99, p.queued_ms_mean,
-        p.compute_ms_mean, p.batch_size_mean, Errors(p, ";", "=")));
+    absl::StrAppend(
+        &out,
+        absl::StrFormat(
+            "%s,%s,%g,%.6g,%d,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,"
+            "%.6g,%.6g,%.6g,%s\n",
+            p.name, p.level_kind, p.level, p.elapsed_s, p.sent, p.ok, p.sent - p.ok,
+            p.requests_per_s, p.sent_per_s, p.tokens_per_s, p.gflops_per_s, p.latency_ms.p50,
+            p.latency_ms.p90, p.latency_ms.p99, p.latency_ms.p999, p.latency_ms.max,
+            p.latency_ms.mean, p.server_ms.p50, p.server_ms.p99, p.queued_ms_mean,
+            p.compute_ms_mean, p.batch_size_mean, Errors(p, ";", "=")));
   }
   return out;
 }

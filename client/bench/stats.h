@@ -65,7 +65,7 @@ struct PhaseReport {
   int64_t sent = 0;
   int64_t ok = 0;
   std::map<std::string, int64_t> errors;  // by canonical code name
-  double requests_per_s = 0;   // OK responses / elapsed
+  double requests_per_s = 0;              // OK responses / elapsed
   double sent_per_s = 0;       // requests sent / send window (open loop: the achieved rate)
   double tokens_per_s = 0;     // B*Lq of OK responses / elapsed
   double gflops_per_s = 0;     // nominal dense FLOPs of OK responses / elapsed / 1e9

@@ -72,9 +72,10 @@ absl::StatusOr<SeqLenDist> ParseSeqLen(const std::string& text) {
   if (text.empty() || text == "fixed") return d;
   std::vector<std::string> parts = absl::StrSplit(text, ':');
   auto bad = [&] {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--seq_len must be fixed, uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX or "
-        "choice:L1,L2,...; was '", text, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq_len must be fixed, uniform:MIN:MAX, lognormal:MEDIAN:SIGMA:MAX or "
+                     "choice:L1,L2,...; was '",
+                     text, "'"));
   };
   if (parts[0] == "choice" && parts.size() == 2) {
     d.kind = SeqLenDist::kChoice;
@@ -109,7 +110,8 @@ absl::StatusOr<SeqLenDist> ParseSeqLen(const std::string& text) {
 
 int64_t SeqLenDist::Draw(int64_t base, std::mt19937_64& rng) const {
   switch (kind) {
-    case kFixed: return base;
+    case kFixed:
+      return base;
     case kUniform:
       return std::uniform_int_distribution<int64_t>(static_cast<int64_t>(a),
                                                     static_cast<int64_t>(b))(rng);

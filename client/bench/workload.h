@@ -45,12 +45,12 @@ absl::StatusOr<SeqLenDist> ParseSeqLen(const std::string& text);
 
 // One prepared request and what it is worth.
 struct Prepared {
-  std::shared_ptr<const v1::AttendRequest> attend;            // set for Rpc::kAttend
-  std::shared_ptr<const v1::MultiHeadAttentionRequest> mha;   // set for kMultiHead
-  int64_t tokens = 0;    // query rows: B * Lq
-  double flops = 0;      // dense multiply-add count x2 (causal masking not discounted)
-  int64_t bytes = 0;     // serialised request size
-  std::string label;     // e.g. "1x8x128x64"
+  std::shared_ptr<const v1::AttendRequest> attend;           // set for Rpc::kAttend
+  std::shared_ptr<const v1::MultiHeadAttentionRequest> mha;  // set for kMultiHead
+  int64_t tokens = 0;                                        // query rows: B * Lq
+  double flops = 0;   // dense multiply-add count x2 (causal masking not discounted)
+  int64_t bytes = 0;  // serialised request size
+  std::string label;  // e.g. "1x8x128x64"
 };
 
 struct WorkloadOptions {
@@ -62,8 +62,8 @@ struct WorkloadOptions {
   v1::Dtype dtype = v1::DTYPE_FLOAT32;
   bool causal = false;
   std::string module = "demo";
-  int64_t d_model = 0;    // MultiHeadAttention: the module's width (from ListModules)
-  int pool_size = 32;     // prepared requests when lengths are drawn from a distribution
+  int64_t d_model = 0;  // MultiHeadAttention: the module's width (from ListModules)
+  int pool_size = 32;   // prepared requests when lengths are drawn from a distribution
   uint64_t seed = 1;
 };
 

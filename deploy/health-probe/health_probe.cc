@@ -110,7 +110,7 @@ bool ParseArgs(int argc, char** argv, Options* o) {
 // protobuf wire format, the two fields we need.
 std::string EncodeRequest(const std::string& service) {
   std::string out;
-  if (service.empty()) return out;  // proto3: the default value is not sent
+  if (service.empty()) return out;         // proto3: the default value is not sent
   out.push_back(static_cast<char>(0x0A));  // field 1, length-delimited
   uint64_t n = service.size();
   while (n >= 0x80) {
@@ -143,13 +143,18 @@ int DecodeStatus(const std::string& s) {
         if (!ReadVarint(s, &pos, &v)) return -1;
         if ((key >> 3) == 1) status = static_cast<int>(v);
         break;
-      case 1: pos += 8; break;
-      case 5: pos += 4; break;
+      case 1:
+        pos += 8;
+        break;
+      case 5:
+        pos += 4;
+        break;
       case 2:
         if (!ReadVarint(s, &pos, &v)) return -1;
         pos += v;
         break;
-      default: return -1;
+      default:
+        return -1;
     }
   }
   return pos == s.size() ? status : -1;
@@ -157,11 +162,16 @@ int DecodeStatus(const std::string& s) {
 
 const char* StatusName(int s) {
   switch (s) {
-    case 0: return "UNKNOWN";
-    case 1: return "SERVING";
-    case 2: return "NOT_SERVING";
-    case 3: return "SERVICE_UNKNOWN";
-    default: return "INVALID";
+    case 0:
+      return "UNKNOWN";
+    case 1:
+      return "SERVING";
+    case 2:
+      return "NOT_SERVING";
+    case 3:
+      return "SERVICE_UNKNOWN";
+    default:
+      return "INVALID";
   }
 }
 
@@ -191,8 +201,7 @@ int main(int argc, char** argv) {
     }
   }
   auto channel = grpc::CreateCustomChannel(o.addr, credentials, args);
-  const auto deadline =
-      std::chrono::system_clock::now() + std::chrono::milliseconds(o.timeout_ms);
+  const auto deadline = std::chrono::system_clock::now() + std::chrono::milliseconds(o.timeout_ms);
   if (!channel->WaitForConnected(deadline)) {
     std::fprintf(stderr, "attnserve-health-probe: no connection to %s within %ld ms\n",
                  o.addr.c_str(), o.timeout_ms);
@@ -207,8 +216,8 @@ int main(int argc, char** argv) {
   grpc::ByteBuffer request(&slice, 1);
   grpc::ByteBuffer response;
   std::promise<grpc::Status> done;
-  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
-                 &response, [&done](grpc::Status s) { done.set_value(std::move(s)); });
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request, &response,
+                 [&done](grpc::Status s) { done.set_value(std::move(s)); });
   const grpc::Status status = done.get_future().get();
   if (!status.ok()) {
     std::fprintf(stderr, "attnserve-health-probe: Check failed: code %d: %s\n",

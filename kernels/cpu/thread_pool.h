@@ -8,14 +8,13 @@
 #ifndef ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 #define ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
-
-#include <condition_variable>
-#include <mutex>
 
 #include "absl/functional/function_ref.h"
 
@@ -47,9 +46,9 @@ class ThreadPool {
   // std::mutex rather than absl::Mutex: Debian's Abseil is not built for ThreadSanitizer, which
   // then cannot see absl::Mutex synchronise and reports false races; it sees pthread mutexes.
   std::mutex mu_;
-  std::condition_variable work_;                   // loops_ gained a loop, or stopping_ was set
-  std::deque<std::shared_ptr<Loop>> loops_;        // loops with indices left; guarded by mu_
-  bool stopping_ = false;                          // guarded by mu_
+  std::condition_variable work_;             // loops_ gained a loop, or stopping_ was set
+  std::deque<std::shared_ptr<Loop>> loops_;  // loops with indices left; guarded by mu_
+  bool stopping_ = false;                    // guarded by mu_
   std::vector<std::thread> workers_;
 };
 

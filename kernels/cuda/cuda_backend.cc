@@ -34,10 +34,10 @@ constexpr size_t kGrowGranule = size_t{16} << 20;
 absl::Status ToStatus(const GpuStatus& s) {
   return s.ok() ? absl::OkStatus() : absl::InternalError(absl::StrCat("cuda backend: ", s.error));
 }
-#define RETURN_IF_GPU_ERROR(expr)               \
-  do {                                          \
-    const absl::Status _s = ToStatus(expr);     \
-    if (!_s.ok()) return _s;                    \
+#define RETURN_IF_GPU_ERROR(expr)           \
+  do {                                      \
+    const absl::Status _s = ToStatus(expr); \
+    if (!_s.ok()) return _s;                \
   } while (0)
 
 // Offsets of buffers carved out of one allocation, 256-byte aligned.
@@ -106,8 +106,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         absl::StrCat("num_streams must be in [1, 64]; was ", options.num_streams));
   }
   if (options.device_pool_bytes < (int64_t{64} << 20)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device_pool_bytes must be at least 64 MiB; was ", options.device_pool_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_pool_bytes must be at least 64 MiB; was ", options.device_pool_bytes));
   }
   if (options.pinned_staging_bytes_per_stream < (int64_t{1} << 20)) {
     return absl::InvalidArgumentError(
@@ -118,14 +118,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess) {
     cudaGetLastError();
-    return absl::UnavailableError(absl::StrCat("no usable CUDA device: cudaGetDeviceCount: ",
-                                               cudaGetErrorName(e), " (",
-                                               cudaGetErrorString(e), ")"));
+    return absl::UnavailableError(
+        absl::StrCat("no usable CUDA device: cudaGetDeviceCount: ", cudaGetErrorName(e), " (",
+                     cudaGetErrorString(e), ")"));
   }
   if (count == 0) return absl::UnavailableError("no CUDA device present");
   if (options.device < 0 || options.device >= count) {
-    return absl::InvalidArgumentError(absl::StrCat("device must be in [0, ", count, "); was ",
-                                                   options.device));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device must be in [0, ", count, "); was ", options.device));
   }
   cudaDeviceProp prop{};
   RETURN_IF_GPU_ERROR(
@@ -137,8 +137,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options.device), "cudaSetDevice"));
   std::unique_ptr<CudaBackend> backend(new CudaBackend(
-      options, absl::StrCat("cuda:", options.device, ": ", prop.name, " (sm_", prop.major,
-                            prop.minor, ")"),
+      options,
+      absl::StrCat("cuda:", options.device, ": ", prop.name, " (sm_", prop.major, prop.minor, ")"),
       static_cast<int64_t>(prop.totalGlobalMem)));
   for (int i = 0; i < options.num_streams; ++i) {
     auto w = std::make_unique<Worker>();
@@ -226,13 +226,13 @@ absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
   RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(w->stream), "synchronising before growth"));
   {
     absl::MutexLock lock(&mu_);
-    const int64_t after = pool_held_bytes_ - static_cast<int64_t>(w->device_bytes) +
-                          static_cast<int64_t>(want);
+    const int64_t after =
+        pool_held_bytes_ - static_cast<int64_t>(w->device_bytes) + static_cast<int64_t>(want);
     if (after > options_.device_pool_bytes) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "cuda backend: the call needs ", bytes, " bytes of device memory; the pool (",
-          options_.device_pool_bytes, " bytes) holds ", pool_held_bytes_,
-          " of which this worker ", w->device_bytes));
+          options_.device_pool_bytes, " bytes) holds ", pool_held_bytes_, " of which this worker ",
+          w->device_bytes));
     }
     pool_held_bytes_ = after;
   }
@@ -245,8 +245,8 @@ absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
     absl::MutexLock lock(&mu_);
     pool_held_bytes_ -= static_cast<int64_t>(want);
     w->device_bytes = 0;
-    return absl::ResourceExhaustedError(absl::StrCat("cuda backend: cudaMalloc of ", want,
-                                                     " bytes failed: ", cudaGetErrorName(e)));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: cudaMalloc of ", want, " bytes failed: ", cudaGetErrorName(e)));
   }
   w->device_bytes = want;
   return absl::OkStatus();
@@ -260,9 +260,9 @@ absl::Status CudaBackend::ReservePinned(Worker* w, size_t bytes) {
                      " bytes of pinned staging; the limit per stream is ",
                      options_.pinned_staging_bytes_per_stream));
   }
-  const size_t want = std::min<size_t>(
-      (bytes + kGrowGranule - 1) / kGrowGranule * kGrowGranule,
-      static_cast<size_t>(options_.pinned_staging_bytes_per_stream));
+  const size_t want =
+      std::min<size_t>((bytes + kGrowGranule - 1) / kGrowGranule * kGrowGranule,
+                       static_cast<size_t>(options_.pinned_staging_bytes_per_stream));
   RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(w->stream), "synchronising before growth"));
   if (w->pinned != nullptr) cudaFreeHost(w->pinned);
   {
@@ -275,8 +275,8 @@ absl::Status CudaBackend::ReservePinned(Worker* w, size_t bytes) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     w->pinned = nullptr;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cuda backend: cudaHostAlloc of ", want, " bytes failed: ", cudaGetErrorName(e)));
+    return absl::ResourceExhaustedError(absl::StrCat("cuda backend: cudaHostAlloc of ", want,
+                                                     " bytes failed: ", cudaGetErrorName(e)));
   }
   w->pinned_bytes = want;
   absl::MutexLock lock(&mu_);
@@ -290,17 +290,19 @@ namespace {
 // exactly); FLOAT32 ones in the configured operand type.
 ComputeType OperandType(DType input, ComputeType float32_compute) {
   switch (input) {
-    case DType::kFloat16: return ComputeType::kFloat16;
-    case DType::kBFloat16: return ComputeType::kBFloat16;
-    default: return float32_compute;
+    case DType::kFloat16:
+      return ComputeType::kFloat16;
+    case DType::kBFloat16:
+      return ComputeType::kBFloat16;
+    default:
+      return float32_compute;
   }
 }
 
 // Runs `batch` through `run` in runs of items sharing an input dtype (the server's batches
 // share one, so this is a single call there).
 template <typename Params, typename Run>
-absl::Status ByOperandType(absl::Span<const Params> batch, ComputeType float32_compute,
-                           Run run) {
+absl::Status ByOperandType(absl::Span<const Params> batch, ComputeType float32_compute, Run run) {
   size_t begin = 0;
   while (begin < batch.size()) {
     size_t end = begin + 1;
@@ -372,8 +374,7 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   }
   const bool with_weights = first.weights != nullptr;  // then items.size() == 1
   const int64_t mask_bytes =
-      first.mask.present() ? MaskExtent(first.mask, first.batch, hq, first.q_len, first.kv_len)
-                           : 0;
+      first.mask.present() ? MaskExtent(first.mask, first.batch, hq, first.q_len, first.kv_len) : 0;
 
   // Pinned staging: inputs, output, sequence tables.
   Layout host;
@@ -454,10 +455,10 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
     fp.mask_col_stride = first.mask.col_stride;
   }
   cudaStream_t stream = w->stream;
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<int>(base, d_cu), cu_q,
-                                                (3 * num_seqs + 2) * sizeof(int),
-                                                cudaMemcpyHostToDevice, stream),
-                                "copying sequence tables"));
+  RETURN_IF_GPU_ERROR(
+      CudaCheck(cudaMemcpyAsync(At<int>(base, d_cu), cu_q, (3 * num_seqs + 2) * sizeof(int),
+                                cudaMemcpyHostToDevice, stream),
+                "copying sequence tables"));
   if (first.mask.present()) {
     RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<uint8_t>(base, d_mask), first.mask.data,
                                                   mask_bytes, cudaMemcpyHostToDevice, stream),
@@ -491,9 +492,8 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
       }
     }
     const int64_t n = t.tokens * t.heads * t.dim;
-    RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<float>(base, t.dev32), dst,
-                                                  n * sizeof(float), cudaMemcpyHostToDevice,
-                                                  stream),
+    RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<float>(base, t.dev32), dst, n * sizeof(float),
+                                                  cudaMemcpyHostToDevice, stream),
                                   "copying inputs to the device"));
     RETURN_IF_GPU_ERROR(
         ConvertFromFloat(At<float>(base, t.dev32), At<void>(base, t.dev16), n, type, stream));
@@ -504,17 +504,17 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
                                   stream));
   }
   if (naive) {
-    RETURN_IF_GPU_ERROR(NaiveAttentionForward(
-        fp, type, cu_q, cu_k, any_key_lengths ? klen : nullptr,
-        with_weights ? At<float>(base, d_weights) : nullptr, At<void>(base, d_ws), w->blas,
-        stream));
+    RETURN_IF_GPU_ERROR(NaiveAttentionForward(fp, type, cu_q, cu_k,
+                                              any_key_lengths ? klen : nullptr,
+                                              with_weights ? At<float>(base, d_weights) : nullptr,
+                                              At<void>(base, d_ws), w->blas, stream));
   } else {
     RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
   }
   float* out_host = At<float>(w->pinned, h_o);
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(out_host, fp.o, tq * hq * dv * sizeof(float),
-                                                cudaMemcpyDeviceToHost, stream),
-                                "copying the output back"));
+  RETURN_IF_GPU_ERROR(CudaCheck(
+      cudaMemcpyAsync(out_host, fp.o, tq * hq * dv * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      "copying the output back"));
   if (with_weights) {
     RETURN_IF_GPU_ERROR(CudaCheck(
         cudaMemcpyAsync(first.weights, At<float>(base, d_weights),
@@ -624,8 +624,7 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   // The naive path's workspace is sized before the pointers are known; SelectFlashPath only
   // returns kUnsupported for v_head_dim > 256 here (the buffers are all suitably aligned).
   const bool naive_expected = with_weights || dk > kGenericMaxVHeadDim;
-  const size_t d_ws =
-      dev.Add(naive_expected ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k) : 0);
+  const size_t d_ws = dev.Add(naive_expected ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k) : 0);
   st = ReserveDevice(w, dev.size());
   if (!st.ok()) return st;
   char* base = w->device;
@@ -679,42 +678,42 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
     RETURN_IF_GPU_ERROR(stage(h_xk, d_xk, p.key, nk));
     RETURN_IF_GPU_ERROR(stage(h_xv, d_xv, p.value, nk));
     const int64_t dd = int64_t{dm} * dm;
-    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xq), wqkv, bqkv, proj, nq, dm, dm},
-                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
-    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xk), wqkv + dd, bqkv + dm,
-                                       proj + nq * dm, nk, dm, dm},
-                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
-    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xv), wqkv + 2 * dd, bqkv + 2 * dm,
-                                       proj + nq * dm + nk * dm, nk, dm, dm},
-                                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+    RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_xq), wqkv, bqkv, proj, nq, dm, dm}, w->lt,
+                                      w->blas, lt_ws, kLtWorkspaceBytes, stream));
+    RETURN_IF_GPU_ERROR(
+        LinearForward({At<float>(base, d_xk), wqkv + dd, bqkv + dm, proj + nq * dm, nk, dm, dm},
+                      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+    RETURN_IF_GPU_ERROR(LinearForward(
+        {At<float>(base, d_xv), wqkv + 2 * dd, bqkv + 2 * dm, proj + nq * dm + nk * dm, nk, dm, dm},
+        w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
   }
   RETURN_IF_GPU_ERROR(ConvertFromFloat(proj, proj16, proj_elems, type, stream));
   if (need_mean) {
-    RETURN_IF_GPU_ERROR(ValueMean(v32, fp.v_row_stride, fp.v_head_stride, fp.cu_seqlens_k,
-                                  num_seqs, h, dk, At<float>(base, d_mean), stream));
+    RETURN_IF_GPU_ERROR(ValueMean(v32, fp.v_row_stride, fp.v_head_stride, fp.cu_seqlens_k, num_seqs,
+                                  h, dk, At<float>(base, d_mean), stream));
   }
   if (naive) {
-    RETURN_IF_GPU_ERROR(NaiveAttentionForward(
-        fp, type, cu_q, cu_k, p.key_lengths != nullptr ? klen : nullptr,
-        with_weights ? At<float>(base, d_weights) : nullptr, At<void>(base, d_ws), w->blas,
-        stream));
+    RETURN_IF_GPU_ERROR(NaiveAttentionForward(fp, type, cu_q, cu_k,
+                                              p.key_lengths != nullptr ? klen : nullptr,
+                                              with_weights ? At<float>(base, d_weights) : nullptr,
+                                              At<void>(base, d_ws), w->blas, stream));
   } else {
     RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
   }
-  RETURN_IF_GPU_ERROR(LinearForward({fp.o, At<float>(base, d_wo), At<float>(base, d_bo),
-                                     At<float>(base, d_out), nq, dm, dm},
-                                    w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
+  RETURN_IF_GPU_ERROR(LinearForward(
+      {fp.o, At<float>(base, d_wo), At<float>(base, d_bo), At<float>(base, d_out), nq, dm, dm},
+      w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
   float* out_host = At<float>(w->pinned, h_out);
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(out_host, At<float>(base, d_out),
-                                                nq * dm * sizeof(float), cudaMemcpyDeviceToHost,
-                                                stream),
-                                "copying the output back"));
+  RETURN_IF_GPU_ERROR(
+      CudaCheck(cudaMemcpyAsync(out_host, At<float>(base, d_out), nq * dm * sizeof(float),
+                                cudaMemcpyDeviceToHost, stream),
+                "copying the output back"));
   if (with_weights) {
-    RETURN_IF_GPU_ERROR(CudaCheck(
-        cudaMemcpyAsync(p.weights, At<float>(base, d_weights),
-                        size_t(p.batch) * h * p.q_len * p.kv_len * sizeof(float),
-                        cudaMemcpyDeviceToHost, stream),
-        "copying the weights back"));
+    RETURN_IF_GPU_ERROR(
+        CudaCheck(cudaMemcpyAsync(p.weights, At<float>(base, d_weights),
+                                  size_t(p.batch) * h * p.q_len * p.kv_len * sizeof(float),
+                                  cudaMemcpyDeviceToHost, stream),
+                  "copying the weights back"));
   }
   RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(stream), "multi-head attention"));
   std::memcpy(p.out, out_host, nq * dm * sizeof(float));

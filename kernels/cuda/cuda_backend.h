@@ -68,10 +68,10 @@ struct CudaBackendOptions {
 
 // Device memory figures for metrics (bytes).
 struct CudaMemoryFigures {
-  int64_t device_used_bytes = 0;   // used on the device, by every process (cudaMemGetInfo)
+  int64_t device_used_bytes = 0;  // used on the device, by every process (cudaMemGetInfo)
   int64_t device_total_bytes = 0;
-  int64_t pool_held_bytes = 0;     // held by this backend's workers
-  int64_t pinned_held_bytes = 0;   // pinned host staging held by this backend
+  int64_t pool_held_bytes = 0;    // held by this backend's workers
+  int64_t pinned_held_bytes = 0;  // pinned host staging held by this backend
 };
 
 class CudaBackend final : public Backend {

@@ -25,8 +25,8 @@ void CopyMessage(absl::string_view message, char* out, size_t out_size) {
 // OK, *backend set and owned by the caller) and writes a failure's message into `message`.
 extern "C" __attribute__((visibility("default"))) int attnserve_cuda_create_backend(
     attnserve::kernels::Backend** backend, char* message, size_t message_size) {
-  auto created = attnserve::kernels::cuda::CreateCudaBackend(
-      attnserve::kernels::cuda::CudaBackendOptions());
+  auto created =
+      attnserve::kernels::cuda::CreateCudaBackend(attnserve::kernels::cuda::CudaBackendOptions());
   if (!created.ok()) {
     CopyMessage(created.status().message(), message, message_size);
     return static_cast<int>(created.status().code());

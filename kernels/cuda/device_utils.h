@@ -26,8 +26,12 @@ __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool 
                "r"(src_bytes)
                : "memory");
 }
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void CpAsyncWaitAll() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+__device__ __forceinline__ void CpAsyncWaitAll() {
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+}
 
 // Four 8x8 b16 matrices; lane t supplies the row address of matrix t / 8, row t % 8; register i
 // receives matrix i (lane holds row lane / 4, columns 2 * (lane % 4) + {0, 1}).

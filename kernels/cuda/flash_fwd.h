@@ -50,8 +50,8 @@ size_t NaiveAttentionWorkspaceBytes(const FlashFwdParams& p, const int* cu_seqle
                                     const int* cu_seqlens_k_host);
 GpuStatus NaiveAttentionForward(const FlashFwdParams& p, ComputeType type,
                                 const int* cu_seqlens_q_host, const int* cu_seqlens_k_host,
-                                const int* key_lengths_host, float* weights, void* workspace, cublasHandle_t blas,
-                                cudaStream_t stream);
+                                const int* key_lengths_host, float* weights, void* workspace,
+                                cublasHandle_t blas, cudaStream_t stream);
 
 // Elementwise float32 -> ComputeType (round to nearest even), n elements, contiguous.
 GpuStatus ConvertFromFloat(const float* src, void* dst, int64_t n, ComputeType type,

@@ -29,10 +29,14 @@ FlashPath SelectFlashPath(const FlashFwdParams& p) {
 
 const char* FlashPathName(FlashPath path) {
   switch (path) {
-    case FlashPath::kHdim64: return "hdim64";
-    case FlashPath::kHdim128: return "hdim128";
-    case FlashPath::kGeneric: return "generic";
-    case FlashPath::kUnsupported: return "unsupported";
+    case FlashPath::kHdim64:
+      return "hdim64";
+    case FlashPath::kHdim128:
+      return "hdim128";
+    case FlashPath::kGeneric:
+      return "generic";
+    case FlashPath::kUnsupported:
+      return "unsupported";
   }
   return "?";
 }

@@ -38,16 +38,16 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const int limit = KeyLimit(i, q_len, kv_len, key_length, p.causal);
 
-  const Element* q_row = static_cast<const Element*>(p.q) + (q_begin + i) * p.q_row_stride +
-                         head * p.q_head_stride;
+  const Element* q_row =
+      static_cast<const Element*>(p.q) + (q_begin + i) * p.q_row_stride + head * p.q_head_stride;
   const Element* k_base =
       static_cast<const Element*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
   const Element* v_base =
       static_cast<const Element*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
   const uint8_t* mask_row =
-      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride +
-                              i * p.mask_row_stride
-                        : nullptr;
+      p.mask != nullptr
+          ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride + i * p.mask_row_stride
+          : nullptr;
 
   for (int d = lane; d < p.head_dim; d += 32) q_s[d] = detail::ToFloat(q_row[d]) * p.scale_log2;
   __syncwarp();

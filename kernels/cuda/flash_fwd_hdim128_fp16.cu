@@ -4,7 +4,8 @@
 namespace attnserve::kernels::cuda {
 
 template <>
-GpuStatus RunFlashFwdHdim<128, ComputeType::kFloat16>(const FlashFwdParams& p, cudaStream_t stream) {
+GpuStatus RunFlashFwdHdim<128, ComputeType::kFloat16>(const FlashFwdParams& p,
+                                                      cudaStream_t stream) {
   return RunFlashFwd<FlashFwdTraitsHdim128<ComputeType::kFloat16>>(p, stream);
 }
 

@@ -47,8 +47,8 @@ __device__ __forceinline__ void LoadTileAsync(Element* smem, const Element* gmem
 // (global byte loads inside the unrolled score loop were hoisted and spilled).
 template <int kBlockM, int kBlockN, int kNThreads>
 __device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mask,
-                                             int64_t row_stride, int64_t col_stride, int m0,
-                                             int n0, int q_len, int kv_len, int tid) {
+                                             int64_t row_stride, int64_t col_stride, int m0, int n0,
+                                             int q_len, int kv_len, int tid) {
 #pragma unroll 4
   for (int idx = tid; idx < kBlockM * kBlockN; idx += kNThreads) {
     const int r = idx / kBlockN;
@@ -92,11 +92,10 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const int row_end = min(m0 + kBlockM, q_len);
-  const int n_blocks =
-      NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
+  const int n_blocks = NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
 
-  const Element* q_ptr = static_cast<const Element*>(p.q) +
-                         (q_begin + m0) * p.q_row_stride + head * p.q_head_stride;
+  const Element* q_ptr =
+      static_cast<const Element*>(p.q) + (q_begin + m0) * p.q_row_stride + head * p.q_head_stride;
   const Element* k_ptr =
       static_cast<const Element*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
   const Element* v_ptr =
@@ -106,19 +105,16 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int warp = tid / 32;
   const int lane = tid % 32;
 
-  detail::LoadTileAsync<kBlockM, kHeadDim, kNThreads>(s_q, q_ptr, p.q_row_stride, q_len - m0,
-                                                      tid);
+  detail::LoadTileAsync<kBlockM, kHeadDim, kNThreads>(s_q, q_ptr, p.q_row_stride, q_len - m0, tid);
   if (n_blocks > 0) {
     detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_k, k_ptr, p.k_row_stride, kv_len, tid);
   }
   detail::CpAsyncCommit();
   const uint8_t* mask_ptr =
-      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride
-                        : nullptr;
+      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride : nullptr;
   if (mask_ptr != nullptr && n_blocks > 0) {
     detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
-                                                      p.mask_col_stride, m0, 0, q_len, kv_len,
-                                                      tid);
+                                                      p.mask_col_stride, m0, 0, q_len, kv_len, tid);
   }
   detail::CpAsyncWaitAll();
   __syncthreads();
@@ -129,7 +125,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   for (int kk = 0; kk < Traits::kQSteps; ++kk) {
     const int row = warp * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
     const int col = kk * 16 + (lane >> 4) * 8;
-    detail::LdMatrixX4(q_frag[kk], detail::SmemAddr(s_q + detail::SwizzledOffset<kHeadDim>(row, col)));
+    detail::LdMatrixX4(q_frag[kk],
+                       detail::SmemAddr(s_q + detail::SwizzledOffset<kHeadDim>(row, col)));
   }
 
   float acc_o[Traits::kOTiles][4];
@@ -223,8 +220,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     __syncthreads();
     if (nb + 1 < n_blocks) {
       detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(
-          s_k, k_ptr + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride, kv_len - n0 - kBlockN,
-          tid);
+          s_k, k_ptr + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride, kv_len - n0 - kBlockN, tid);
       // The mask tile of the next block: this iteration's was read above, before the barrier.
       if (mask_ptr != nullptr) {
         detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
@@ -238,11 +234,10 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     // k16 step; V is [keys, dims] row-major, so transposed ldmatrix gives B-fragments.
 #pragma unroll
     for (int kk = 0; kk < kBlockN / 16; ++kk) {
-      const uint32_t a[4] = {
-          detail::PackPair<kType>(acc_s[2 * kk][0], acc_s[2 * kk][1]),
-          detail::PackPair<kType>(acc_s[2 * kk][2], acc_s[2 * kk][3]),
-          detail::PackPair<kType>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
-          detail::PackPair<kType>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
+      const uint32_t a[4] = {detail::PackPair<kType>(acc_s[2 * kk][0], acc_s[2 * kk][1]),
+                             detail::PackPair<kType>(acc_s[2 * kk][2], acc_s[2 * kk][3]),
+                             detail::PackPair<kType>(acc_s[2 * kk + 1][0], acc_s[2 * kk + 1][1]),
+                             detail::PackPair<kType>(acc_s[2 * kk + 1][2], acc_s[2 * kk + 1][3])};
 #pragma unroll
       for (int dd = 0; dd < kHeadDim / 16; ++dd) {
         uint32_t b[4];

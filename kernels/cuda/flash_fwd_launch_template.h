@@ -17,9 +17,9 @@ GpuStatus RunFlashFwd(const FlashFwdParams& p, cudaStream_t stream) {
   auto* kernel = &FlashFwdKernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   if constexpr (kSmem > 48 * 1024) {
-    ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-        "flash forward: raising the shared-memory limit"));
+    ATTNSERVE_GPU_RETURN_IF_ERROR(
+        CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
+                  "flash forward: raising the shared-memory limit"));
   }
   const dim3 grid(static_cast<unsigned>(num_m_blocks) * p.num_seqs, p.num_heads);
   kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p, num_m_blocks);
@@ -33,9 +33,9 @@ GpuStatus RunFlashFwdGenericImpl(const FlashFwdParams& p, cudaStream_t stream) {
   const int smem = kGenericWarps * p.head_dim * static_cast<int>(sizeof(float));
   auto* kernel = &FlashFwdGenericKernel<Element>;
   if (smem > 48 * 1024) {
-    ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        "generic attention forward: raising the shared-memory limit"));
+    ATTNSERVE_GPU_RETURN_IF_ERROR(
+        CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                  "generic attention forward: raising the shared-memory limit"));
   }
   const dim3 grid(static_cast<unsigned>(blocks_per_seq) * p.num_seqs, p.num_heads);
   kernel<<<grid, kGenericWarps * 32, smem, stream>>>(p, blocks_per_seq);

@@ -57,9 +57,9 @@ struct FlashFwdParams {
   int head_dim = 0;      // of q and k
   int v_head_dim = 0;    // of v and o
 
-  float scale = 1.0f;        // multiplies q.k
-  float scale_log2 = 1.0f;   // scale * log2(e): the kernels work in exp2 units
-  bool causal = false;       // bottom-right aligned per sequence: j <= i + kv_len - q_len
+  float scale = 1.0f;       // multiplies q.k
+  float scale_log2 = 1.0f;  // scale * log2(e): the kernels work in exp2 units
+  bool causal = false;      // bottom-right aligned per sequence: j <= i + kv_len - q_len
 
   // Optional boolean mask (0 = blocked), element (s, h, i, j) at
   // mask + s * mask_batch_stride + h * mask_head_stride + i * mask_row_stride + j * mask_col_stride

@@ -26,10 +26,10 @@ inline GpuStatus CublasCheck(cublasStatus_t s, const char* what) {
           ")"};
 }
 
-#define ATTNSERVE_GPU_RETURN_IF_ERROR(expr)            \
-  do {                                                 \
+#define ATTNSERVE_GPU_RETURN_IF_ERROR(expr)             \
+  do {                                                  \
     ::attnserve::kernels::cuda::GpuStatus _st = (expr); \
-    if (!_st.ok()) return _st;                         \
+    if (!_st.ok()) return _st;                          \
   } while (0)
 
 }  // namespace attnserve::kernels::cuda

@@ -52,9 +52,9 @@ struct FlashFwdTraits {
       kSmemMaskBytes;
 
   // Per-thread register tiles (m16n8 accumulators of 4 floats).
-  static constexpr int kSTiles = kBlockN / 8;   // score tiles per warp row
-  static constexpr int kOTiles = kHeadDim / 8;  // output tiles per warp row
-  static constexpr int kQSteps = kHeadDim / 16; // k16 steps of Q.K^T
+  static constexpr int kSTiles = kBlockN / 8;    // score tiles per warp row
+  static constexpr int kOTiles = kHeadDim / 8;   // output tiles per warp row
+  static constexpr int kQSteps = kHeadDim / 16;  // k16 steps of Q.K^T
 
   static_assert(kBlockM == 16 * kNWarps, "one m16 row tile per warp");
   static_assert(kHeadDim % 16 == 0 && kHeadDim >= 64 && kHeadDim <= 256,

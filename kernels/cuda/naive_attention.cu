@@ -18,7 +18,9 @@ constexpr int kSoftmaxThreads = 256;
 template <typename Element>
 __device__ __forceinline__ Element RoundTo(float x);
 template <>
-__device__ __forceinline__ __half RoundTo<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half RoundTo<__half>(float x) {
+  return __float2half_rn(x);
+}
 template <>
 __device__ __forceinline__ __nv_bfloat16 RoundTo<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
@@ -53,7 +55,8 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   float* row = s + row_offset;
   Element* prow = prob + row_offset;
   const int limit = KeyLimit(i, q_len, kv_len, key_length, causal);
-  const uint8_t* mrow = mask != nullptr ? mask + h * mask_head_stride + i * mask_row_stride : nullptr;
+  const uint8_t* mrow =
+      mask != nullptr ? mask + h * mask_head_stride + i * mask_row_stride : nullptr;
   auto allowed = [&](int j) {
     return j < limit && (mrow == nullptr || mrow[j * mask_col_stride] != 0);
   };
@@ -96,8 +99,8 @@ size_t NaiveAttentionWorkspaceBytes(const FlashFwdParams& p, const int* cu_seqle
 
 GpuStatus NaiveAttentionForward(const FlashFwdParams& p, ComputeType type,
                                 const int* cu_seqlens_q_host, const int* cu_seqlens_k_host,
-                                const int* key_lengths_host, float* weights, void* workspace, cublasHandle_t blas,
-                                cudaStream_t stream) {
+                                const int* key_lengths_host, float* weights, void* workspace,
+                                cublasHandle_t blas, cudaStream_t stream) {
   const cudaDataType_t dt = type == ComputeType::kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
   const int group = p.num_heads / p.num_kv_heads;
   const float zero = 0.0f;
@@ -120,7 +123,8 @@ GpuStatus NaiveAttentionForward(const FlashFwdParams& p, ComputeType type,
     const size_t esize = 2;
     for (int g = 0; g < p.num_kv_heads; ++g) {
       // Row-major S[h] (q_len x kv_len) is column-major S^T = K Q^T: m = kv_len, n = q_len.
-      const void* k = static_cast<const char*>(p.k) + (k_begin * p.k_row_stride + g * p.k_head_stride) * esize;
+      const void* k =
+          static_cast<const char*>(p.k) + (k_begin * p.k_row_stride + g * p.k_head_stride) * esize;
       const void* q = static_cast<const char*>(p.q) +
                       (q_begin * p.q_row_stride + int64_t{g} * group * p.q_head_stride) * esize;
       ATTNSERVE_GPU_RETURN_IF_ERROR(CublasCheck(
@@ -140,14 +144,15 @@ GpuStatus NaiveAttentionForward(const FlashFwdParams& p, ComputeType type,
           p.mask_head_stride, p.mask_row_stride, p.mask_col_stride);
     } else {
       MaskedSoftmaxKernel<<<grid, kSoftmaxThreads, 0, stream>>>(
-          scores, static_cast<__nv_bfloat16*>(prob), q_len, kv_len, key_length, p.causal,
-          mask, p.mask_head_stride, p.mask_row_stride, p.mask_col_stride);
+          scores, static_cast<__nv_bfloat16*>(prob), q_len, kv_len, key_length, p.causal, mask,
+          p.mask_head_stride, p.mask_row_stride, p.mask_col_stride);
     }
     ATTNSERVE_GPU_RETURN_IF_ERROR(
         CudaCheck(cudaGetLastError(), "naive attention: masked softmax launch"));
     for (int g = 0; g < p.num_kv_heads; ++g) {
       // Row-major O[h] (q_len x Dv, ld o_row_stride) is column-major O^T = V^T P^T.
-      const void* v = static_cast<const char*>(p.v) + (k_begin * p.v_row_stride + g * p.v_head_stride) * esize;
+      const void* v =
+          static_cast<const char*>(p.v) + (k_begin * p.v_row_stride + g * p.v_head_stride) * esize;
       const void* pr = static_cast<const char*>(prob) + int64_t{g} * group * plane * esize;
       float* o = p.o + q_begin * p.o_row_stride + int64_t{g} * group * p.o_head_stride;
       ATTNSERVE_GPU_RETURN_IF_ERROR(CublasCheck(

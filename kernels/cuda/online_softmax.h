@@ -72,8 +72,8 @@ ATTNSERVE_HD int NumKeyBlocks(int row_begin, int row_end, int q_len, int kv_len,
 
 // Whether every key of [col_begin, col_begin + block_n) is below the limit of every row in
 // [row_begin, row_end): such a tile needs no per-element limit check (only the mask, if any).
-ATTNSERVE_HD bool TileFullyAllowed(int row_begin, int col_begin, int block_n, int q_len,
-                                   int kv_len, int key_length, bool causal) {
+ATTNSERVE_HD bool TileFullyAllowed(int row_begin, int col_begin, int block_n, int q_len, int kv_len,
+                                   int key_length, bool causal) {
   return col_begin + block_n <= KeyLimit(row_begin, q_len, kv_len, key_length, causal);
 }
 
@@ -95,8 +95,7 @@ ATTNSERVE_HD float OnlineSoftmaxRescale(OnlineSoftmaxRow& row, float tile_max_lo
   const float new_max = Max(row.max_log2, tile_max_log2);
   // While every score so far is blocked the max stays -inf; -inf - -inf would be NaN, and
   // nothing has been accumulated yet, so any factor will do: 1.
-  const float factor =
-      new_max == NegativeInfinity() ? 1.0f : Exp2(row.max_log2 - new_max);
+  const float factor = new_max == NegativeInfinity() ? 1.0f : Exp2(row.max_log2 - new_max);
   row.max_log2 = new_max;
   row.sum *= factor;
   return factor;

@@ -1,6 +1,8 @@
 // attnserve::Client beyond the unary calls service_test.cc covers: async calls, the stream,
 // retries and round_robin through the service config (against fake servers that count calls),
 // the target helpers, and the client's own fp16/bf16 packing against the kernels'.
+#include "client/client.h"
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -8,7 +10,6 @@
 #include <set>
 #include <vector>
 
-#include "client/client.h"
 #include "client/float_codec.h"
 #include "client/stream.h"
 #include "gmock/gmock.h"
@@ -68,9 +69,8 @@ TEST_F(LiveClientTest, FutureAndCallbackMatchTheSyncCall) {
   ASSERT_TRUE(sync.ok()) << sync.status();
   auto future = client_->AttendAsync(request);
   std::promise<absl::StatusOr<v1::AttendResponse>> got;
-  client_->AttendAsync(request, [&](absl::StatusOr<v1::AttendResponse> r) {
-    got.set_value(std::move(r));
-  });
+  client_->AttendAsync(request,
+                       [&](absl::StatusOr<v1::AttendResponse> r) { got.set_value(std::move(r)); });
   auto a = future.get();
   auto b = got.get_future().get();
   ASSERT_TRUE(a.ok()) << a.status();

@@ -23,13 +23,13 @@ namespace {
 constexpr int kTokens = 16384;
 constexpr int kHeads = 16;
 
-#define BENCH_CHECK(expr)                                             \
-  do {                                                                \
-    const GpuStatus _s = (expr);                                      \
-    if (!_s.ok()) {                                                   \
-      state.SkipWithError(_s.error.c_str());                          \
-      return;                                                         \
-    }                                                                 \
+#define BENCH_CHECK(expr)                    \
+  do {                                       \
+    const GpuStatus _s = (expr);             \
+    if (!_s.ok()) {                          \
+      state.SkipWithError(_s.error.c_str()); \
+      return;                                \
+    }                                        \
   } while (0)
 
 struct DeviceProblem {
@@ -72,8 +72,9 @@ void BM_Attention(benchmark::State& state, bool naive, ComputeType type, int d, 
   std::vector<int> cu_host(batch + 1);
   for (int b = 0; b <= batch; ++b) cu_host[b] = b * len;
   BENCH_CHECK(dp.Alloc(&cu, cu_host.size() * sizeof(int)));
-  BENCH_CHECK(CudaCheck(cudaMemcpy(cu, cu_host.data(), cu_host.size() * sizeof(int),
-                                   cudaMemcpyHostToDevice), "copy"));
+  BENCH_CHECK(CudaCheck(
+      cudaMemcpy(cu, cu_host.data(), cu_host.size() * sizeof(int), cudaMemcpyHostToDevice),
+      "copy"));
   p.q = q;
   p.k = k;
   p.v = v;
@@ -96,8 +97,8 @@ void BM_Attention(benchmark::State& state, bool naive, ComputeType type, int d, 
     BENCH_CHECK(CublasCheck(cublasCreate(&blas), "cublasCreate"));
   }
   auto run = [&]() -> GpuStatus {
-    return naive ? NaiveAttentionForward(p, type, cu_host.data(), cu_host.data(), nullptr,
-                                         nullptr, ws, blas, nullptr)
+    return naive ? NaiveAttentionForward(p, type, cu_host.data(), cu_host.data(), nullptr, nullptr,
+                                         ws, blas, nullptr)
                  : FlashForward(p, type, nullptr);
   };
   BENCH_CHECK(run());  // warm-up (module load, handle setup)
@@ -148,8 +149,8 @@ int main(int argc, char** argv) {
           for (bool naive : {false, true}) {
             const std::string name = std::string(naive ? "naive" : "flash") + "/" +
                                      (type == ComputeType::kFloat16 ? "fp16" : "bf16") + "/d" +
-                                     std::to_string(d) + "/causal" + (causal ? "1" : "0") +
-                                     "/L" + std::to_string(len);
+                                     std::to_string(d) + "/causal" + (causal ? "1" : "0") + "/L" +
+                                     std::to_string(len);
             benchmark::RegisterBenchmark(name.c_str(), BM_Attention, naive, type, d, causal, len)
                 ->UseManualTime()
                 ->Unit(benchmark::kMillisecond)

@@ -27,10 +27,9 @@ std::string Floats(std::initializer_list<float> values) {
 }
 
 TEST(SafetensorsTest, ParsesTensorsAndMetadata) {
-  const std::string f = File(
-      R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-      R"("__metadata__":{"num_heads":"4"}})",
-      Floats({1.5f, -2.0f}));
+  const std::string f = File(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                             R"("__metadata__":{"num_heads":"4"}})",
+                             Floats({1.5f, -2.0f}));
   auto parsed = ParseSafetensors(f);
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   EXPECT_EQ(parsed->metadata.at("num_heads"), "4");

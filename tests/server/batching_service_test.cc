@@ -18,9 +18,9 @@
 namespace attnserve {
 namespace {
 
-using ::testing::HasSubstr;
 using testing::AttendCase;
 using testing::AttendShape;
+using ::testing::HasSubstr;
 using testing::MakeAttendCase;
 using testing::MaxAbsError;
 using testing::MetricSample;
@@ -84,9 +84,10 @@ TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenc
   options.batching.batcher.max_batch_requests = 16;
   options.batching.batcher.max_queue_delay = absl::Milliseconds(5);
   Start(options);
-  const AttendShape shapes[] = {
-      {1, 4, 2, 8, 12, 16, 16}, {2, 4, 2, 3, 20, 16, 16}, {1, 2, 2, 5, 5, 32, 8},
-      {3, 8, 1, 4, 9, 8, 8}};
+  const AttendShape shapes[] = {{1, 4, 2, 8, 12, 16, 16},
+                                {2, 4, 2, 3, 20, 16, 16},
+                                {1, 2, 2, 5, 5, 32, 8},
+                                {3, 8, 1, 4, 9, 8, 8}};
   std::vector<AttendCase> cases;
   for (int i = 0; i < 64; ++i) {
     cases.push_back(MakeAttendCase(v1::DTYPE_FLOAT32, shapes[i % 4], i % 3 == 0, i % 5 == 0,
@@ -105,9 +106,9 @@ TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenc
               1e-5)
         << i;
     if (i % 5 == 0) {
-      EXPECT_LE(MaxAbsError(TensorToFloats(responses[i]->weights()).value(),
-                            cases[i].expected.weights),
-                1e-6);
+      EXPECT_LE(
+          MaxAbsError(TensorToFloats(responses[i]->weights()).value(), cases[i].expected.weights),
+          1e-6);
     }
     max_batch = std::max(max_batch, responses[i]->timing().batch_size());
   }
@@ -116,8 +117,7 @@ TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenc
 }
 
 // A request's bits do not depend on its batch: computed alone, then among companions.
-void ExpectBatchInvariance(BatchingServiceTest* t, testing::GatedBackend* gate,
-                           Client* client) {
+void ExpectBatchInvariance(BatchingServiceTest* t, testing::GatedBackend* gate, Client* client) {
   AttendCase probe = MakeAttendCase(v1::DTYPE_FLOAT32, {2, 4, 2, 9, 17, 32, 32}, true, false, 7);
   auto alone = client->Attend(probe.request);
   ASSERT_TRUE(alone.ok()) << alone.status();
@@ -238,7 +238,7 @@ TEST_F(BatchingServiceTest, ShutdownFinishesTheRunningBatchAndAnswersTheQueueUna
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 3));
   std::thread shutdown([&] { host_->Shutdown(absl::Milliseconds(200)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the grace period
-  gate_->Open();  // the running batch completes
+  gate_->Open();                                                // the running batch completes
   shutdown.join();
   blocker.join();  // EXPECTs the blocker's OK
   for (auto& t : queued) t.join();

@@ -24,9 +24,8 @@ class Certificates {
     dir_ = fs::temp_directory_path() / ("attnserve-tls-" + std::to_string(::getpid()));
     fs::create_directories(dir_);
     const std::string d = dir_.string();
-    const std::string script =
-        "set -e; cd '" + d + "'\n" +
-        R"(
+    const std::string script = "set -e; cd '" + d + "'\n" +
+                               R"(
 mkca() { openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=$1" -keyout $1.key -out $1.pem 2>/dev/null; }
 mkcert() {  # name ca extensions
   openssl req -newkey rsa:2048 -nodes -subj "/CN=$1" -keyout $1.key -out $1.csr 2>/dev/null

@@ -1,7 +1,7 @@
 // An in-process server (the same ServerHost main() runs) called through attnserve::Client.
 #include <cmath>
-#include <sstream>
 #include <random>
+#include <sstream>
 #include <vector>
 
 #include "client/client.h"
@@ -133,11 +133,9 @@ TEST_F(ServiceTest, SeedVectorsRoundTripThroughLoadModuleAndMultiHeadAttention) 
     request.mutable_options()->set_return_weights(true);
     auto response = client_->MultiHeadAttention(request);
     ASSERT_TRUE(response.ok()) << response.status();
-    EXPECT_LE(testing::MaxAbsDiff(TensorToFloats(response->output()).value(),
-                                  c->expected_output),
+    EXPECT_LE(testing::MaxAbsDiff(TensorToFloats(response->output()).value(), c->expected_output),
               1e-5);
-    EXPECT_LE(testing::MaxAbsDiff(TensorToFloats(response->weights()).value(),
-                                  c->expected_weights),
+    EXPECT_LE(testing::MaxAbsDiff(TensorToFloats(response->weights()).value(), c->expected_weights),
               1e-5);
   }
 }
@@ -228,50 +226,93 @@ TEST_F(ServiceTest, MalformedAttendRequestsGetClearErrors) {
       {"missing key", [](auto* r) { r->clear_key(); }, StatusCode::kInvalidArgument,
        "key is required"},
       {"dtype unspecified", [](auto* r) { r->mutable_query()->set_dtype(v1::DTYPE_UNSPECIFIED); },
-       StatusCode::kInvalidArgument, "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_UNSPECIFIED"},
-      {"dtype unknown number", [](auto* r) { r->mutable_query()->set_dtype(static_cast<v1::Dtype>(42)); },
+       StatusCode::kInvalidArgument,
+       "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_UNSPECIFIED"},
+      {"dtype unknown number",
+       [](auto* r) { r->mutable_query()->set_dtype(static_cast<v1::Dtype>(42)); },
        StatusCode::kInvalidArgument, "was 42"},
       {"bool query", [](auto* r) { r->mutable_query()->set_dtype(v1::DTYPE_BOOL); },
-       StatusCode::kInvalidArgument, "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_BOOL"},
-      {"mixed dtypes", [](auto* r) { *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT16, {2, 2, 5, 8}, std::vector<float>(160)); },
-       StatusCode::kInvalidArgument, "key.dtype must equal query.dtype (DTYPE_FLOAT32); was DTYPE_FLOAT16"},
+       StatusCode::kInvalidArgument,
+       "query.dtype must be FLOAT32, FLOAT16 or BFLOAT16; was DTYPE_BOOL"},
+      {"mixed dtypes",
+       [](auto* r) {
+         *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT16, {2, 2, 5, 8}, std::vector<float>(160));
+       },
+       StatusCode::kInvalidArgument,
+       "key.dtype must equal query.dtype (DTYPE_FLOAT32); was DTYPE_FLOAT16"},
       {"wrong byte count", [](auto* r) { r->mutable_query()->mutable_data()->pop_back(); },
        StatusCode::kInvalidArgument, "query.data must hold 768 bytes"},
       {"rank 3", [](auto* r) { r->mutable_query()->mutable_shape()->RemoveLast(); },
        StatusCode::kInvalidArgument, "query.shape must have 4 dimensions; was [2, 4, 3]"},
-      {"zero dim", [](auto* r) { r->mutable_key()->set_shape(2, 0); },
-       StatusCode::kInvalidArgument, "key.shape[2] must be >= 1; was 0"},
+      {"zero dim", [](auto* r) { r->mutable_key()->set_shape(2, 0); }, StatusCode::kInvalidArgument,
+       "key.shape[2] must be >= 1; was 0"},
       {"negative dim", [](auto* r) { r->mutable_value()->set_shape(3, -8); },
        StatusCode::kInvalidArgument, "value.shape[3] must be >= 1; was -8"},
       {"overflowing dims", [](auto* r) { r->mutable_query()->set_shape(0, int64_t{1} << 62); },
        StatusCode::kResourceExhausted, "more than the limit"},
-      {"batch mismatch", [](auto* r) { r->mutable_key()->set_shape(0, 1); r->mutable_key()->mutable_data()->resize(320); },
+      {"batch mismatch",
+       [](auto* r) {
+         r->mutable_key()->set_shape(0, 1);
+         r->mutable_key()->mutable_data()->resize(320);
+       },
        StatusCode::kInvalidArgument, "key.shape[0] must equal query.shape[0] (2); was 1"},
-      {"head dim mismatch", [](auto* r) { *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {2, 2, 5, 4}, std::vector<float>(80)); },
+      {"head dim mismatch",
+       [](auto* r) {
+         *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {2, 2, 5, 4}, std::vector<float>(80));
+       },
        StatusCode::kInvalidArgument, "key.shape[3] must equal query.shape[3] (8); was 4"},
-      {"k/v length mismatch", [](auto* r) { *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {2, 2, 6, 8}, std::vector<float>(192)); },
+      {"k/v length mismatch",
+       [](auto* r) {
+         *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {2, 2, 6, 8}, std::vector<float>(192));
+       },
        StatusCode::kInvalidArgument, "value.shape[2] must equal key.shape[2] (5); was 6"},
-      {"Hq not a multiple of Hkv", [](auto* r) {
+      {"Hq not a multiple of Hkv",
+       [](auto* r) {
          *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {2, 3, 5, 8}, std::vector<float>(240));
-         *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {2, 3, 5, 8}, std::vector<float>(240)); },
-       StatusCode::kInvalidArgument, "query.shape[1] (Hq = 4) must be a multiple of key.shape[1] (Hkv = 3)"},
-      {"mask not broadcastable", [](auto* r) { *r->mutable_options()->mutable_mask() = MakeMask({2, 1, 1, 4}, std::vector<uint8_t>(8, 1)); },
-       StatusCode::kInvalidArgument, "options.mask shape [2, 1, 1, 4] is not broadcastable to [B, H, Lq, Lk] = [2, 4, 3, 5]"},
-      {"mask not bool", [](auto* r) { *r->mutable_options()->mutable_mask() = MakeTensor(v1::DTYPE_FLOAT32, {5}, std::vector<float>(5, 1)); },
+         *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {2, 3, 5, 8}, std::vector<float>(240));
+       },
+       StatusCode::kInvalidArgument,
+       "query.shape[1] (Hq = 4) must be a multiple of key.shape[1] (Hkv = 3)"},
+      {"mask not broadcastable",
+       [](auto* r) {
+         *r->mutable_options()->mutable_mask() = MakeMask({2, 1, 1, 4}, std::vector<uint8_t>(8, 1));
+       },
+       StatusCode::kInvalidArgument,
+       "options.mask shape [2, 1, 1, 4] is not broadcastable to [B, H, Lq, Lk] = [2, 4, 3, 5]"},
+      {"mask not bool",
+       [](auto* r) {
+         *r->mutable_options()->mutable_mask() =
+             MakeTensor(v1::DTYPE_FLOAT32, {5}, std::vector<float>(5, 1));
+       },
        StatusCode::kInvalidArgument, "options.mask.dtype must be BOOL; was DTYPE_FLOAT32"},
-      {"mask value 2", [](auto* r) { v1::Tensor m = MakeMask({5}, {1, 1, 1, 1, 1}); (*m.mutable_data())[3] = 2; *r->mutable_options()->mutable_mask() = m; },
+      {"mask value 2",
+       [](auto* r) {
+         v1::Tensor m = MakeMask({5}, {1, 1, 1, 1, 1});
+         (*m.mutable_data())[3] = 2;
+         *r->mutable_options()->mutable_mask() = m;
+       },
        StatusCode::kInvalidArgument, "element 3 was 2"},
       {"key_lengths count", [](auto* r) { r->mutable_options()->add_key_lengths(5); },
-       StatusCode::kInvalidArgument, "options.key_lengths must be empty or hold B (2) entries; had 1"},
-      {"key_lengths range", [](auto* r) { r->mutable_options()->add_key_lengths(5); r->mutable_options()->add_key_lengths(6); },
+       StatusCode::kInvalidArgument,
+       "options.key_lengths must be empty or hold B (2) entries; had 1"},
+      {"key_lengths range",
+       [](auto* r) {
+         r->mutable_options()->add_key_lengths(5);
+         r->mutable_options()->add_key_lengths(6);
+       },
        StatusCode::kInvalidArgument, "options.key_lengths[1] must be in [0, Lk = 5]; was 6"},
       {"scale NaN", [](auto* r) { r->mutable_options()->set_scale(std::nanf("")); },
        StatusCode::kInvalidArgument, "options.scale must be finite; was nan"},
-      {"head dim over 256", [](auto* r) {
-         *r->mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300));
+      {"head dim over 256",
+       [](auto* r) {
+         *r->mutable_query() =
+             MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300));
          *r->mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300));
-         *r->mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300)); },
-       StatusCode::kInvalidArgument, "query.shape[3] (head dim D) is 300; the kernels support head dimensions up to 256"},
+         *r->mutable_value() =
+             MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 1, 300}, std::vector<float>(300));
+       },
+       StatusCode::kInvalidArgument,
+       "query.shape[3] (head dim D) is 300; the kernels support head dimensions up to 256"},
   };
   ASSERT_GE(std::size(cases), 15u);
   for (const Malformed& c : cases) {
@@ -368,8 +409,7 @@ TEST(ParseModuleSpecTest, ParsesNamePathAndHeads) {
 TEST(ServerHostTest, StartupModulesLoadFromFilesAndBadFilesFailStartup) {
   server::ServerOptions options;
   options.listen_address = "127.0.0.1:0";
-  options.modules.push_back(
-      {"causal", testing::SeedVectorsDir() + "/causal.safetensors", 0});
+  options.modules.push_back({"causal", testing::SeedVectorsDir() + "/causal.safetensors", 0});
   auto metrics = metrics::Metrics::Create({}).value();
   auto host = server::ServerHost::Start(options, metrics.get());
   ASSERT_TRUE(host.ok()) << host.status();
@@ -401,11 +441,13 @@ TEST_F(ServiceTest, EveryRequestIsCountedByRpcAndCode) {
   const std::string text = metrics_->ExpositionText();
   EXPECT_EQ(MetricSample(text, "attnserve_requests_total", {"rpc=\"Attend\"", "code=\"OK\""}), 3);
   EXPECT_EQ(MetricSample(text, "attnserve_requests_total",
-                   {"rpc=\"Attend\"", "code=\"INVALID_ARGUMENT\""}),
+                         {"rpc=\"Attend\"", "code=\"INVALID_ARGUMENT\""}),
             2);
-  EXPECT_EQ(MetricSample(text, "attnserve_requests_total", {"rpc=\"ListModules\"", "code=\"OK\""}), 1);
+  EXPECT_EQ(MetricSample(text, "attnserve_requests_total", {"rpc=\"ListModules\"", "code=\"OK\""}),
+            1);
   EXPECT_EQ(MetricSample(text, "attnserve_request_duration_seconds_count", {"rpc=\"Attend\""}), 5);
-  EXPECT_EQ(MetricSample(text, "attnserve_batch_size_requests_count", {}), 3);  // computed ones only
+  EXPECT_EQ(MetricSample(text, "attnserve_batch_size_requests_count", {}),
+            3);  // computed ones only
   EXPECT_GT(MetricSample(text, "attnserve_flops_total", {}), 0);
   EXPECT_EQ(MetricSample(text, "attnserve_requests_in_flight", {}), 0);
   // The demo module's float32 weights: 4 matrices of 64x64 and 4 biases of 64.

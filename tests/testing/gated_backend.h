@@ -17,8 +17,8 @@ namespace attnserve::testing {
 // Thread-safe.
 class GatedBackend final : public kernels::Backend {
  public:
-  explicit GatedBackend(std::unique_ptr<kernels::Backend> inner =
-                            std::make_unique<kernels::ReferenceBackend>())
+  explicit GatedBackend(
+      std::unique_ptr<kernels::Backend> inner = std::make_unique<kernels::ReferenceBackend>())
       : inner_(std::move(inner)) {}
 
   void Open() {

@@ -18,8 +18,8 @@ std::vector<float> RandomNormal(size_t n, uint32_t seed) {
 AttendCase MakeAttendCase(v1::Dtype dtype, const AttendShape& s, bool causal, bool return_weights,
                           uint32_t seed) {
   AttendCase c;
-  *c.request.mutable_query() = MakeTensor(
-      dtype, {s.b, s.hq, s.lq, s.d}, RandomNormal(size_t(s.b) * s.hq * s.lq * s.d, 3 * seed));
+  *c.request.mutable_query() = MakeTensor(dtype, {s.b, s.hq, s.lq, s.d},
+                                          RandomNormal(size_t(s.b) * s.hq * s.lq * s.d, 3 * seed));
   *c.request.mutable_key() = MakeTensor(
       dtype, {s.b, s.hkv, s.lk, s.d}, RandomNormal(size_t(s.b) * s.hkv * s.lk * s.d, 3 * seed + 1));
   *c.request.mutable_value() =

@@ -26,7 +26,8 @@ absl::StatusOr<SeedCase> LoadSeedCase(const std::string& name) {
   if (!weights.ok()) return weights.status();
   c.weights = *std::move(weights);
 
-  auto floats = [&](const char* tensor, std::vector<int64_t>* shape) -> absl::StatusOr<std::vector<float>> {
+  auto floats = [&](const char* tensor,
+                    std::vector<int64_t>* shape) -> absl::StatusOr<std::vector<float>> {
     auto t = file->Find(tensor);
     if (!t.ok()) return t.status();
     if (shape != nullptr) *shape = (*t)->shape;

@@ -1,6 +1,7 @@
-// CPU tests of the online-softmax tile logic the CUDA kernels share (kernels/cuda/online_softmax.h):
-// the key-limit and block-skipping arithmetic against AttentionParams, and a tiled softmax-
-// weighted sum built from the same helpers against a direct float64 computation.
+// CPU tests of the online-softmax tile logic the CUDA kernels share
+// (kernels/cuda/online_softmax.h): the key-limit and block-skipping arithmetic against
+// AttentionParams, and a tiled softmax- weighted sum built from the same helpers against a direct
+// float64 computation.
 #include "kernels/cuda/online_softmax.h"
 
 #include <cmath>
@@ -147,7 +148,7 @@ TEST(OnlineSoftmaxTest, RescaleFromAllBlockedState) {
   EXPECT_EQ(OnlineSoftmaxRescale(row, -kInf), 1.0f);  // no NaN from -inf - -inf
   EXPECT_EQ(OnlineSoftmaxProb(row, -kInf), 0.0f);
   EXPECT_EQ(row.sum, 0.0f);
-  EXPECT_EQ(OnlineSoftmaxRescale(row, 3.0f), 0.0f);   // nothing accumulated yet: factor 2^-inf
+  EXPECT_EQ(OnlineSoftmaxRescale(row, 3.0f), 0.0f);  // nothing accumulated yet: factor 2^-inf
   EXPECT_EQ(OnlineSoftmaxProb(row, 3.0f), 1.0f);
   row.sum = 1.0f;
   EXPECT_FLOAT_EQ(OnlineSoftmaxRescale(row, 4.0f), 0.5f);
