@@ -206,6 +206,28 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
   return f;
 }
 
+// Fills what AttentionParams and MultiHeadParams share: the weights output, the options and the
+// wire dtype.
+template <typename Params>
+void FillShared(const OptionFields& opts, Job* job, Params* p) {
+  p->weights = job->weights.empty() ? nullptr : job->weights.data();
+  p->mask = opts.mask;
+  p->causal = opts.causal;
+  p->key_lengths = opts.key_lengths;
+  p->scale = opts.scale;
+  p->input_dtype = job->dtype;
+}
+
+// The sizes the batcher and the metrics read: tokens (query rows), bytes held while queued
+// (inputs and outputs), floating-point operations.
+void SetSizes(int64_t tokens, double flops, Job* job) {
+  job->tokens = tokens;
+  job->bytes = static_cast<int64_t>(sizeof(float)) *
+               static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
+                                    job->out.size() + job->weights.size());
+  job->flops = flops;
+}
+
 std::vector<float> Decode(const v1::Tensor& t, int64_t n) {
   std::vector<float> out(n);
   kernels::ToFloat32(WireDType(t.dtype()).value(), t.data().data(), n, out.data());
@@ -285,18 +307,8 @@ absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& req
   p.k = {job->k.data(), hkv * lk * d, lk * d, d};
   p.v = {job->v.data(), hkv * lk * dv, lk * dv, dv};
   p.out = {job->out.data(), hq * lq * dv, lq * dv, dv};
-  p.weights = job->weights.empty() ? nullptr : job->weights.data();
-  p.mask = opts->mask;
-  p.causal = opts->causal;
-  p.key_lengths = opts->key_lengths;
-  p.scale = opts->scale;
-  p.input_dtype = job->dtype;
-
-  job->tokens = b * lq;
-  job->bytes = static_cast<int64_t>(sizeof(float)) *
-               static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
-                                    job->out.size() + job->weights.size());
-  job->flops = kernels::AttentionFlops(p);
+  FillShared(*opts, job.get(), &p);
+  SetSizes(b * lq, kernels::AttentionFlops(p), job.get());
   job->signature = Signature(*job, absl::StrCat("h", hq, "/kv", hkv, "/d", d, "/dv", dv));
   return job;
 }
@@ -370,18 +382,8 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
   p.value = self_attention ? job->q.data() : job->v.data();
   p.self_attention = self_attention;
   p.out = job->out.data();
-  p.weights = job->weights.empty() ? nullptr : job->weights.data();
-  p.mask = opts->mask;
-  p.causal = opts->causal;
-  p.key_lengths = opts->key_lengths;
-  p.scale = opts->scale;
-  p.input_dtype = job->dtype;
-
-  job->tokens = b * lq;
-  job->bytes = static_cast<int64_t>(sizeof(float)) *
-               static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
-                                    job->out.size() + job->weights.size());
-  job->flops = kernels::MultiHeadFlops(p);
+  FillShared(*opts, job.get(), &p);
+  SetSizes(b * lq, kernels::MultiHeadFlops(p), job.get());
   job->signature =
       Signature(*job, absl::StrCat("m:", request.module(), self_attention ? "/self" : "/cross"));
   return job;
