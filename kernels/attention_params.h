@@ -30,9 +30,6 @@
 
 namespace attnserve::kernels {
 
-// The value a blocked score is replaced with before the softmax (reference semantics).
-inline constexpr float kBlockedScore = -1e9f;
-
 // A boolean mask broadcast to [batch, num_heads, q_len, kv_len]; 0 = blocked, nonzero = allowed.
 // Broadcast dimensions have stride 0.
 struct MaskView {

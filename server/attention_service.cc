@@ -11,12 +11,6 @@
 namespace attnserve::server {
 namespace {
 
-absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
-  const auto deadline = context.deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
-  return absl::FromChrono(deadline);
-}
-
 // The reactor of a queued unary call: learns of cancellation as it happens (DefaultReactor
 // cannot), so the job leaves the queue without waiting for its batch. Deletes itself.
 class JobReactor final : public grpc::ServerUnaryReactor {
@@ -43,6 +37,12 @@ class RefusedStream final
 };
 
 }  // namespace
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;

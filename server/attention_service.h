@@ -78,6 +78,9 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   const ServiceInfo info_;
 };
 
+// The call's deadline; absl::InfiniteFuture() when the caller set none.
+absl::Time DeadlineOf(const grpc::CallbackServerContext& context);
+
 // absl::Status -> grpc::Status (the canonical codes share their numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 

@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/time/clock.h"
+#include "server/attention_service.h"
 #include "server/request_builder.h"
 
 namespace attnserve::server {
@@ -51,10 +52,7 @@ void AttentionStreamReactor::Handle() {
   if (!job.ok()) return fail(job.status());
 
   (*job)->timing.arrival = arrival;
-  const auto deadline = call_->deadline();
-  (*job)->deadline_at = deadline == std::chrono::system_clock::time_point::max()
-                            ? absl::InfiniteFuture()
-                            : absl::FromChrono(deadline);
+  (*job)->deadline_at = DeadlineOf(*call_);
   (*job)->is_cancelled = [this] { return cancelled_.load(std::memory_order_relaxed); };
   (*job)->done = [this, id, rpc, attend](Job& done_job, absl::Status status) {
     const absl::Time now = absl::Now();

@@ -26,8 +26,6 @@ class Executor {
   // floating-point operations in the metrics.
   void Run(std::vector<std::unique_ptr<Job>> batch);
 
-  kernels::Backend& backend() const { return *backend_; }
-
  private:
   kernels::Backend* backend_;
   metrics::Metrics* metrics_;

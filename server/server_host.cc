@@ -206,8 +206,6 @@ void ServerHost::Shutdown(absl::Duration grace) {
   server_->Wait();
 }
 
-void ServerHost::Wait() { server_->Wait(); }
-
 ServerHost::~ServerHost() { Shutdown(absl::ZeroDuration()); }
 
 }  // namespace attnserve::server

@@ -83,9 +83,6 @@ class ServerHost {
   // the rest UNAVAILABLE, and returns when every call has been answered.
   void Shutdown(absl::Duration grace);
 
-  // Blocks until Shutdown completes.
-  void Wait();
-
  private:
   ServerHost() = default;
 
