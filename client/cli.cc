@@ -5,7 +5,7 @@
 //   attnserve-cli attend --shape=B,Hq,Lq,D [--kv_heads=H] [--kv_len=L] [--dtype=float16]
 //                        [--causal] [--weights]
 //   attnserve-cli mha [--module=demo] --shape=B,L [--causal] [--weights]
-//   attnserve-cli seed --file=../shared/seed-vectors/causal.safetensors
+//   attnserve-cli seed --file=tests/data/seed-vectors/causal.safetensors
 //
 // Security: --tls_ca_file (turns TLS on; the CA that signed the server's certificate),
 // --tls_cert_file/--tls_key_file (mutual TLS), --tls_server_name (name the certificate is checked

@@ -9,7 +9,7 @@
 #   - the base image is Debian bookworm made locally with debootstrap (minbase, the packages a
 #     debian:bookworm-slim has), cached as a tarball in $ATTNSERVE_IMAGE_CACHE (default
 #     /var/tmp/attnserve-image-cache) and imported as localhost/attnserve-base:bookworm; the
-#     first run downloads it from the Debian mirror ($ATTNSERVE_DEBIAN_MIRROR), later runs
+#     first run downloads it from the Debian archive this machine's apt uses, later runs
 #     import the tarball or find the image already in podman's storage;
 #   - podman builds with --isolation chroot and runs with --runtime runc, on the host network
 #     (the server listens on free loopback ports);
@@ -28,7 +28,36 @@ set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${ATTNSERVE_IMAGE_CACHE:-/var/tmp/attnserve-image-cache}
-MIRROR=${ATTNSERVE_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive and its security archive are the ones this machine's apt already uses (no
+# host is named here); ATTNSERVE_DEBIAN_MIRROR and ATTNSERVE_DEBIAN_SECURITY_MIRROR override them.
+apt_uri_for_suite() {  # prints the first URI that the machine's apt sources serve suite $1 from
+  local files=()
+  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+    [[ -f $f ]] && files+=("$f")
+  done
+  ((${#files[@]})) || return 0
+  awk -v want="$1" '
+    function flush() {
+      if (uris != "" && (" " suites " ") ~ (" " want " ") && enabled != "no") {
+        split(uris, u, " "); print u[1]; done = 1; exit
+      }
+      uris = ""; suites = ""; enabled = ""
+    }
+    FNR == 1 { flush() }
+    /^[[:space:]]*#/ { next }
+    /^[[:space:]]*$/ { flush(); next }
+    /^URIs:/ { sub(/^URIs:[[:space:]]*/, ""); uris = $0 }
+    /^Suites:/ { sub(/^Suites:[[:space:]]*/, ""); suites = $0 }
+    /^Enabled:/ { sub(/^Enabled:[[:space:]]*/, ""); enabled = tolower($0) }
+    /^deb[[:space:]]/ {
+      line = $0; sub(/^deb[[:space:]]+(\[[^]]*\][[:space:]]+)?/, "", line)
+      split(line, f, /[[:space:]]+/)
+      if (f[2] == want) { print f[1]; done = 1; exit }
+    }
+    END { if (!done) flush() }' "${files[@]}"
+}
+MIRROR=${ATTNSERVE_DEBIAN_MIRROR:-$(apt_uri_for_suite bookworm)}
+SECURITY_MIRROR=${ATTNSERVE_DEBIAN_SECURITY_MIRROR:-$(apt_uri_for_suite bookworm-security)}
 BASE_IMAGE=localhost/attnserve-base:bookworm
 IMAGE=${ATTNSERVE_TEST_IMAGE:-localhost/attnserve:cpu-test}
 SERVER="" CLI="" BENCH="" PROBE="" FROM_SOURCE=0 KEEP=0
@@ -83,6 +112,7 @@ if ! "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
   tarball=$CACHE/debian-bookworm-minbase.tar
   if [[ ! -s $tarball ]]; then
     step "debootstrap bookworm (minbase) from $MIRROR into $CACHE (first run only)"
+    [[ -n $MIRROR ]] || skip "no apt source serves bookworm here; set ATTNSERVE_DEBIAN_MIRROR"
     rootfs=$CACHE/rootfs.tmp
     rm -rf "$rootfs"
     debootstrap --variant=minbase --components=main bookworm "$rootfs" "$MIRROR" \
@@ -91,19 +121,14 @@ if ! "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
     # What debian:bookworm-slim has besides minbase: the updates and security suites, no apt
     # caches, no package lists, no docs.
     rm -f "$rootfs/etc/apt/sources.list"
-    cat > "$rootfs/etc/apt/sources.list.d/debian.sources" <<EOF
-Types: deb
-URIs: $MIRROR
-Suites: bookworm bookworm-updates
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-
-Types: deb
-URIs: ${MIRROR%/debian}/debian-security
-Suites: bookworm-security
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-EOF
+    {
+      printf 'Types: deb\nURIs: %s\nSuites: bookworm bookworm-updates\nComponents: main\n' "$MIRROR"
+      printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+      if [[ -n $SECURITY_MIRROR ]]; then
+        printf '\nTypes: deb\nURIs: %s\nSuites: bookworm-security\nComponents: main\n' "$SECURITY_MIRROR"
+        printf 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n'
+      fi
+    } > "$rootfs/etc/apt/sources.list.d/debian.sources"
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
       "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/tmp/*
     tar -C "$rootfs" --numeric-owner -cf "$tarball.tmp" .

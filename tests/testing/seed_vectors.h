@@ -1,4 +1,4 @@
-// Loading the reference cases of ../shared/seed-vectors (computed by the PyTorch module).
+// Loading the reference cases of tests/data/seed-vectors (computed by the PyTorch module).
 #ifndef ATTNSERVE_TESTS_TESTING_SEED_VECTORS_H_
 #define ATTNSERVE_TESTS_TESTING_SEED_VECTORS_H_
 

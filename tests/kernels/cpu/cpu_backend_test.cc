@@ -305,7 +305,7 @@ TEST_P(CpuBackendIsaTest, MultiHeadMatchesReferenceWithinFlashBound) {
   }
 }
 
-// A seed vector (see ../shared/seed-vectors/README.md) loaded as a MultiHeadParams.
+// A seed vector (see tests/data/seed-vectors/README.md) loaded as a MultiHeadParams.
 struct SeedCase {
   std::string buffer;
   SafetensorsFile file;
