@@ -82,6 +82,29 @@ absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& f
   return w;
 }
 
+AttentionParams HeadAttentionParams(const MultiHeadParams& p, const ProjectedQkv& qkv,
+                                    float* concat, int64_t concat_ld) {
+  const int dk = p.module->head_dim();
+  AttentionParams a;
+  a.batch = p.batch;
+  a.num_heads = a.num_kv_heads = p.module->num_heads;
+  a.q_len = p.q_len;
+  a.kv_len = p.kv_len;
+  a.head_dim = a.v_head_dim = dk;
+  // [B, L, h, d_k] through strides: batch entry b at row b·L, head t at column t·d_k.
+  a.q = InputView{qkv.q, int64_t{p.q_len} * qkv.q_ld, dk, qkv.q_ld};
+  a.k = InputView{qkv.k, int64_t{p.kv_len} * qkv.k_ld, dk, qkv.k_ld};
+  a.v = InputView{qkv.v, int64_t{p.kv_len} * qkv.v_ld, dk, qkv.v_ld};
+  a.input_dtype = qkv.dtype;
+  a.out = StridedView<float>{concat, int64_t{p.q_len} * concat_ld, dk, concat_ld};
+  a.weights = p.weights;
+  a.mask = p.mask;
+  a.causal = p.causal;
+  a.key_lengths = p.key_lengths;
+  a.scale = p.scale;
+  return a;
+}
+
 double MultiHeadFlops(const MultiHeadParams& p) {
   const double d = p.module->d_model;
   const double projections =

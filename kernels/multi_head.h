@@ -82,6 +82,27 @@ struct MultiHeadParams {
 struct SafetensorsFile;
 absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& file, int num_heads);
 
+// Where a backend put the projected Q, K and V of a multi-head request: row-major [B·L, ·]
+// buffers of element type `dtype`, head t of a row at columns [t·d_k, (t+1)·d_k), with row
+// strides in elements (3·d_model for a fused QKV buffer, d_model or 2·d_model otherwise).
+struct ProjectedQkv {
+  const void* q = nullptr;
+  int64_t q_ld = 0;
+  const void* k = nullptr;
+  int64_t k_ld = 0;
+  const void* v = nullptr;
+  int64_t v_ld = 0;
+  DType dtype = DType::kFloat32;
+};
+
+// The attention part of multi-head request `p` as one AttentionParams over all h heads
+// (num_kv_heads = h, D = Dv = d_k): inputs from `qkv`, output the concatenated heads written
+// into `concat` [B·Lq, d_model] with row stride concat_ld, and p's weights, mask, causal, key
+// lengths and scale. The one place the split into heads is written down: every backend and
+// test that runs a module's attention through AttentionParams builds it here.
+AttentionParams HeadAttentionParams(const MultiHeadParams& p, const ProjectedQkv& qkv,
+                                    float* concat, int64_t concat_ld);
+
 // Floating-point operations of a multi-head request: four projections (2·B·L·d² each, Q and
 // the output over Lq rows, K and V over Lk rows) plus the attention (4·B·h·Lq·Lk·d_k).
 double MultiHeadFlops(const MultiHeadParams& p);

@@ -76,16 +76,8 @@ void MultiHeadAttention64(const MultiHeadParams& p, const std::vector<double>& q
   concat->assign(int64_t{p.batch} * p.q_len * dm, 0.0);
   weights->assign(int64_t{p.batch} * h * p.q_len * p.kv_len, 0.0);
 
-  AttentionParams shape;  // shape and options only; the rows come from the float64 buffers
-  shape.batch = p.batch;
-  shape.num_heads = shape.num_kv_heads = h;
-  shape.q_len = p.q_len;
-  shape.kv_len = p.kv_len;
-  shape.head_dim = shape.v_head_dim = dk;
-  shape.mask = p.mask;
-  shape.causal = p.causal;
-  shape.key_lengths = p.key_lengths;
-  shape.scale = p.scale;
+  // Shape and options only; the rows come from the float64 buffers.
+  const AttentionParams shape = HeadAttentionParams(p, ProjectedQkv{}, nullptr, dm);
   for (int b = 0; b < p.batch; ++b) {
     for (int t = 0; t < h; ++t) {
       auto k_row = [&](int j) { return &k[(int64_t{b} * p.kv_len + j) * dm + t * dk]; };

@@ -154,34 +154,16 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
     const MultiHeadParams& p = batch[r];
     const MultiHeadWeights& w = *p.module;
     const int dm = w.d_model;
-    const int dk = w.head_dim();
     const int64_t q_rows = int64_t{p.batch} * p.q_len;
     const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
     Buffers& buf = buffers[r];
-    AttentionParams& a = attention[r];
-    a.batch = p.batch;
-    a.num_heads = a.num_kv_heads = w.num_heads;
-    a.q_len = p.q_len;
-    a.kv_len = p.kv_len;
-    a.head_dim = a.v_head_dim = dk;
-    a.weights = p.weights;
-    a.mask = p.mask;
-    a.causal = p.causal;
-    a.key_lengths = p.key_lengths;
-    a.scale = p.scale;
-
-    // A [B, L, h, d_k] view into a projection buffer of row stride `ld`: head t at column t·d_k.
-    auto view = [&](const float* data, int64_t len, int64_t ld) {
-      return InputView{data, len * ld, dk, ld};
-    };
+    ProjectedQkv qkv;
     if (p.self_attention) {
       // One GEMM for Q, K and V: w_qkv is [3·d_model, d_model], the rows of W_q, W_k, W_v.
       buf.qkv = std::make_unique_for_overwrite<float[]>(q_rows * 3 * dm);
       AddGemm(p.query, p.input_dtype, dm, q_rows, dm, w.w_qkv.data(), w.b_qkv.data(), 3 * dm,
               buf.qkv.get(), 3 * dm, &projections);
-      a.q = view(buf.qkv.get(), p.q_len, 3 * dm);
-      a.k = view(buf.qkv.get() + dm, p.kv_len, 3 * dm);
-      a.v = view(buf.qkv.get() + 2 * dm, p.kv_len, 3 * dm);
+      qkv = {buf.qkv.get(), 3 * dm, buf.qkv.get() + dm, 3 * dm, buf.qkv.get() + 2 * dm, 3 * dm};
     } else {
       buf.qkv = std::make_unique_for_overwrite<float[]>(q_rows * dm);
       buf.kv = std::make_unique_for_overwrite<float[]>(kv_rows * 2 * dm);
@@ -197,12 +179,10 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
         AddGemm(p.value, t, dm, kv_rows, dm, w.w_v(), w.b_v(), dm, buf.kv.get() + dm, 2 * dm,
                 &projections);
       }
-      a.q = view(buf.qkv.get(), p.q_len, dm);
-      a.k = view(buf.kv.get(), p.kv_len, 2 * dm);
-      a.v = view(buf.kv.get() + dm, p.kv_len, 2 * dm);
+      qkv = {buf.qkv.get(), dm, buf.kv.get(), 2 * dm, buf.kv.get() + dm, 2 * dm};
     }
     buf.concat = std::make_unique_for_overwrite<float[]>(q_rows * dm);
-    a.out = StridedView<float>{buf.concat.get(), int64_t{p.q_len} * dm, dk, dm};
+    attention[r] = HeadAttentionParams(p, qkv, buf.concat.get(), dm);
     AddGemm(buf.concat.get(), DType::kFloat32, dm, q_rows, dm, w.w_o.data(), w.b_o.data(), dm,
             p.out, dm, &outputs);
   }

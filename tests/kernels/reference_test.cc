@@ -9,6 +9,7 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "kernels/mask.h"
+#include "kernels/multi_head.h"
 #include "tests/testing/seed_vectors.h"
 
 namespace attnserve::kernels {
@@ -225,6 +226,38 @@ TEST(ReferenceMultiHeadTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
     ReferenceMultiHead(p);
     EXPECT_EQ(out32, out16);
   }
+}
+
+// The split into heads: head t of row (b, i) is columns [t·d_k, (t+1)·d_k) of row b·L + i.
+TEST(HeadAttentionParamsTest, SplitsRowsIntoHeadsThroughStrides) {
+  MultiHeadWeights w;
+  w.d_model = 12;
+  w.num_heads = 3;
+  MultiHeadParams p;
+  p.module = &w;
+  p.batch = 2;
+  p.q_len = 5;
+  p.kv_len = 7;
+  p.causal = true;
+  p.scale = 0.5f;
+  std::vector<int32_t> lengths = {7, 3};
+  p.key_lengths = lengths.data();
+  std::vector<uint16_t> qkv(2 * 7 * 36);
+  std::vector<float> concat(2 * 5 * 20);
+  const ProjectedQkv in{qkv.data(), 36, qkv.data() + 12, 36, qkv.data() + 24, 36, DType::kBFloat16};
+  const AttentionParams a = HeadAttentionParams(p, in, concat.data(), 20);
+  EXPECT_EQ(a.num_heads, 3);
+  EXPECT_EQ(a.num_kv_heads, 3);
+  EXPECT_EQ(a.head_dim, 4);
+  EXPECT_EQ(a.v_head_dim, 4);
+  EXPECT_EQ(a.input_dtype, DType::kBFloat16);
+  EXPECT_EQ(a.q.row<uint16_t>(1, 2, 3), qkv.data() + (1 * 5 + 3) * 36 + 2 * 4);
+  EXPECT_EQ(a.k.row<uint16_t>(1, 2, 6), qkv.data() + 12 + (1 * 7 + 6) * 36 + 2 * 4);
+  EXPECT_EQ(a.v.row<uint16_t>(0, 1, 2), qkv.data() + 24 + 2 * 36 + 1 * 4);
+  EXPECT_EQ(a.out.row(1, 2, 4), concat.data() + (1 * 5 + 4) * 20 + 2 * 4);
+  EXPECT_TRUE(a.causal);
+  EXPECT_EQ(a.key_lengths, lengths.data());
+  EXPECT_EQ(a.scale, 0.5f);
 }
 
 }  // namespace

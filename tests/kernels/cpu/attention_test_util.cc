@@ -249,19 +249,8 @@ void NaiveMultiHead32(const MultiHeadParams& p16, std::vector<float>* out,
   const std::vector<float> k = Linear32(key, kv_rows, dm, w.w_k(), w.b_k(), dm);
   const std::vector<float> v = Linear32(value, kv_rows, dm, w.w_v(), w.b_v(), dm);
   std::vector<float> concat(q_rows * dm);
-  AttentionParams a;
-  a.batch = p.batch;
-  a.num_heads = a.num_kv_heads = w.num_heads;
-  a.q_len = p.q_len;
-  a.kv_len = p.kv_len;
-  a.head_dim = a.v_head_dim = dk;
-  a.q = {q.data(), int64_t{p.q_len} * dm, dk, dm};
-  a.k = {k.data(), int64_t{p.kv_len} * dm, dk, dm};
-  a.v = {v.data(), int64_t{p.kv_len} * dm, dk, dm};
-  a.mask = p.mask;
-  a.causal = p.causal;
-  a.key_lengths = p.key_lengths;
-  a.scale = p.scale;
+  const AttentionParams a = HeadAttentionParams(
+      p, ProjectedQkv{q.data(), dm, k.data(), dm, v.data(), dm}, /*concat=*/nullptr, dm);
   std::vector<float> heads;
   NaiveAttention32(a, &heads, weights);
   for (int b = 0; b < p.batch; ++b) {
