@@ -1,11 +1,38 @@
 #include "kernels/multi_head.h"
 
+#include <mutex>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/safetensors.h"
 
 namespace attnserve::kernels {
+
+struct MultiHeadWeights::Bf16Copies {
+  std::once_flag once;
+  std::vector<uint16_t> w_qkv, w_o;
+};
+
+std::shared_ptr<MultiHeadWeights::Bf16Copies> MultiHeadWeights::NewBf16Copies() {
+  return std::make_shared<Bf16Copies>();
+}
+
+namespace {
+MultiHeadWeights::Bf16Copies& Bf16Of(const MultiHeadWeights& w) {
+  MultiHeadWeights::Bf16Copies& c = *w.bf16_copies;
+  std::call_once(c.once, [&] {
+    c.w_qkv.resize(w.w_qkv.size());
+    FromFloat32(DType::kBFloat16, w.w_qkv.data(), w.w_qkv.size(), c.w_qkv.data());
+    c.w_o.resize(w.w_o.size());
+    FromFloat32(DType::kBFloat16, w.w_o.data(), w.w_o.size(), c.w_o.data());
+  });
+  return c;
+}
+}  // namespace
+
+const std::vector<uint16_t>& MultiHeadWeights::w_qkv_bf16() const { return Bf16Of(*this).w_qkv; }
+const std::vector<uint16_t>& MultiHeadWeights::w_o_bf16() const { return Bf16Of(*this).w_o; }
 
 absl::Status ValidateWeights(const MultiHeadWeights& w) {
   if (w.d_model < 1)

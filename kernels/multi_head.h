@@ -43,6 +43,16 @@ struct MultiHeadWeights {
     return static_cast<int64_t>(sizeof(float)) *
            static_cast<int64_t>(w_qkv.size() + b_qkv.size() + w_o.size() + b_o.size());
   }
+
+  // bfloat16 copies of w_qkv and w_o (rounded to nearest even), for backends computing in
+  // bfloat16: made on the first call, thread-safe, shared by copies of this struct.
+  // REQUIRES: w_qkv and w_o are not changed after the first call.
+  const std::vector<uint16_t>& w_qkv_bf16() const;
+  const std::vector<uint16_t>& w_o_bf16() const;
+
+  struct Bf16Copies;
+  std::shared_ptr<Bf16Copies> bf16_copies = NewBf16Copies();
+  static std::shared_ptr<Bf16Copies> NewBf16Copies();
 };
 
 // Checks shapes (d_model >= 1, num_heads >= 1, d_model % num_heads == 0) and vector sizes.

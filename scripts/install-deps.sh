@@ -16,6 +16,8 @@ PACKAGES=(
   prometheus
   # kernels: JSON for safetensors headers, BLAS for projections
   nlohmann-json3-dev libopenblas-dev
+  # kernels: bfloat16 matmul (AMX / AVX512_BF16 kernels chosen by oneDNN at run time)
+  libdnnl-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   openssl

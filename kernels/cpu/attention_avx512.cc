@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/exp_avx512.h"
 #include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::avx512 {
@@ -54,27 +55,7 @@ struct Vec {
       _mm512_mask_storeu_ps(dst + x, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + x)));
     }
   }
-  // exp(x) to about 1 ulp (Cephes expf: range reduction by ln 2 in two parts, degree-5
-  // polynomial, 2^n built in the exponent bits); x < -87 (exp(-inf) included) gives exactly 0.
-  static V Exp(V x) {
-    const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
-    const V n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    V poly = _mm512_set1_ps(1.9875691500e-4f);
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.3981999507e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(8.3334519073e-3f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(4.1665795894e-2f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(1.6666665459e-1f));
-    poly = _mm512_fmadd_ps(poly, r, _mm512_set1_ps(5.0000001201e-1f));
-    const V y = _mm512_fmadd_ps(poly, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e =
-        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow),
-                               _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
-  }
+  static V Exp(V x) { return Exp512(x); }  // exp_avx512.h
 };
 
 }  // namespace

@@ -46,6 +46,35 @@ extern const AttentionKernel kGenericAttentionKernel;
 extern const AttentionKernel kAvx2AttentionKernel;
 extern const AttentionKernel kAvx512AttentionKernel;
 
+// ---------------------------------------------------------------------------------------------
+// The bfloat16 kernel (attention_bf16.cc): Q, K, V and P as bfloat16 operands, float32
+// accumulation and a float32 online softmax. Fused path only (no weights output), head dims up to
+// kMaxBf16HeadDim.
+
+// The 16-bit compute paths. kAuto picks the best one the CPU supports; kNone computes every
+// request on the float32 path (as a CPU without AVX512_BF16 does).
+enum class Bf16Isa { kAuto, kNone, kAvx512Bf16, kAmx };
+
+inline constexpr int kMaxBf16HeadDim = 512;
+
+struct Bf16AttentionKernel {
+  Bf16Isa isa;
+  const char* name;  // "amx_bf16", "avx512_bf16"
+  // Bytes of K and V of one (batch entry, kv head) of p, packed into the layouts the products
+  // read; Pack writes them (64-byte aligned buffer). Each (b, kv head) is packed once per call,
+  // before the tasks that read it.
+  int64_t (*packed_bytes)(const AttentionParams& p);
+  void (*pack)(const AttentionParams& p, int b, int kv_head, void* packed);
+  // Bytes of scratch one task needs (64-byte aligned).
+  int64_t (*scratch_bytes)(int head_dim, int v_head_dim);
+  // Rows [i0, min(i0 + kQueryBlock, q_len)) of (b, h) of p, from the packed K and V of
+  // (b, h / group). REQUIRES: p.weights == nullptr, head dims <= kMaxBf16HeadDim.
+  void (*run)(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch);
+};
+
+extern const Bf16AttentionKernel kAmxAttentionKernel;
+extern const Bf16AttentionKernel kAvx512Bf16AttentionKernel;
+
 }  // namespace attnserve::kernels::cpu
 
 #endif  // ATTNSERVE_KERNELS_CPU_ATTENTION_KERNEL_H_

@@ -17,16 +17,27 @@
 namespace attnserve::kernels::cpu {
 namespace {
 
-// One attention task: rows [i0, i0 + kQueryBlock) of (b, h) of batch item `item`.
+// One attention task: rows [i0, i0 + kQueryBlock) of (b, h) of batch item `item`; `packed` is
+// the packed K and V of (b, h / group) when the item computes in bfloat16, else nullptr.
 struct AttentionTask {
   int item;
   int b;
   int h;
   int i0;
+  const void* packed;
+};
+
+// One packing task of the bfloat16 path: K and V of (b, kv head) of batch item `item`.
+struct PackTask {
+  int item;
+  int b;
+  int kvh;
+  void* packed;
 };
 
 // One projection task: y = x · wᵀ + bias over `rows` rows (see Linear); x of element type
-// x_type, widened to float32 by the task when it is 16-bit.
+// x_type. In float32 (w, y float32; 16-bit x widened by the task) or, when w16 is set, with
+// bfloat16 operands (x rounded to bfloat16 by the task unless it is already; y of type y_type).
 struct GemmTask {
   const void* x;
   DType x_type;
@@ -34,9 +45,11 @@ struct GemmTask {
   int64_t rows;
   int k;
   const float* w;
+  const uint16_t* w16;
   const float* bias;
   int n;
-  float* y;
+  void* y;
+  DType y_type;
   int64_t ldy;
 };
 
@@ -49,14 +62,18 @@ int64_t GemmRowChunk(int64_t rows) {
   return std::clamp<int64_t>(((rows + 7) / 8 + 63) / 64 * 64, 128, 1024);
 }
 
-// Appends the tasks of one projection, cut into chunks of GemmRowChunk(rows) rows.
+// Appends the tasks of one projection, cut into chunks of GemmRowChunk(rows) rows. `w16` (the
+// bfloat16 copy of w, or nullptr) selects the bfloat16 path.
 void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, const float* w,
-             const float* bias, int n, float* y, int64_t ldy, std::vector<GemmTask>* tasks) {
+             const uint16_t* w16, const float* bias, int n, void* y, DType y_type, int64_t ldy,
+             std::vector<GemmTask>* tasks) {
   const int64_t chunk = GemmRowChunk(rows);
-  const size_t esize = DTypeSize(x_type);
+  const size_t x_size = DTypeSize(x_type);
+  const size_t y_size = DTypeSize(y_type);
   for (int64_t r = 0; r < rows; r += chunk) {
-    tasks->push_back(GemmTask{static_cast<const char*>(x) + r * ldx * esize, x_type, ldx,
-                              std::min<int64_t>(chunk, rows - r), k, w, bias, n, y + r * ldy, ldy});
+    tasks->push_back(GemmTask{static_cast<const char*>(x) + r * ldx * x_size, x_type, ldx,
+                              std::min<int64_t>(chunk, rows - r), k, w, w16, bias, n,
+                              static_cast<char*>(y) + r * ldy * y_size, y_type, ldy});
   }
 }
 
@@ -89,45 +106,112 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
     return absl::FailedPreconditionError(
         absl::StrCat("isa ", IsaName(options.isa), " is not supported by this CPU"));
   }
+  if (!CpuSupports(options.bf16_isa)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("bf16_isa ", Bf16IsaName(options.bf16_isa), " is not supported by this CPU"));
+  }
   int threads = options.num_threads;
   if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
   const Isa isa = options.isa == Isa::kAuto ? BestIsa() : options.isa;
+  const Bf16Isa bf16_isa = options.bf16_isa == Bf16Isa::kAuto ? BestBf16Isa() : options.bf16_isa;
   SetBlasSingleThreaded();
-  return std::unique_ptr<CpuBackend>(new CpuBackend(threads, KernelFor(isa)));
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(threads, KernelFor(isa), bf16_isa, options.float32_as_bf16));
 }
 
-CpuBackend::CpuBackend(int num_threads, const AttentionKernel& kernel)
-    : kernel_(kernel), pool_(num_threads) {}
+CpuBackend::CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
+                       bool float32_as_bf16)
+    : kernel_(kernel),
+      bf16_isa_(bf16_isa),
+      bf16_kernel_(bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa)),
+      float32_as_bf16_(float32_as_bf16),
+      pool_(num_threads) {}
+
+bool CpuBackend::ComputesInBf16(DType dtype) const {
+  if (bf16_kernel_ == nullptr) return false;
+  return dtype == DType::kBFloat16 || float32_as_bf16_;
+}
+
+std::string CpuBackend::float32_precision() const {
+  if (float32_as_bf16_ && bf16_kernel_ != nullptr) {
+    return absl::StrCat("bf16: bfloat16 operands, float32 accumulation (", bf16_kernel_->name, ")");
+  }
+  return "fp32: float32 arithmetic";
+}
 
 std::vector<DeviceInfo> CpuBackend::devices() const {
   const int64_t pages = sysconf(_SC_PHYS_PAGES);
   const int64_t page_size = sysconf(_SC_PAGESIZE);
-  return {DeviceInfo{
-      absl::StrCat("cpu: ", CpuModelName(), " (", num_threads(), " threads, ", kernel_.name, ")"),
-      pages > 0 && page_size > 0 ? pages * page_size : 0}};
+  return {DeviceInfo{absl::StrCat("cpu: ", CpuModelName(), " (", num_threads(), " threads, ",
+                                  kernel_.name, ", bf16 ", Bf16IsaName(bf16_isa_), ")"),
+                     pages > 0 && page_size > 0 ? pages * page_size : 0}};
 }
 
 void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
+  // Items on the bfloat16 path get their K and V packed first, one task per (b, kv head), into
+  // one buffer per call (O(B·Hkv·Lk·(D + Dv)) bytes: the size of K and V in bfloat16).
+  std::vector<PackTask> packs;
+  std::vector<int64_t> pack_offset(batch.size(), -1);
+  int64_t pack_bytes = 0;
+  for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
+    const AttentionParams& p = batch[item];
+    if (p.weights != nullptr || p.head_dim > kMaxBf16HeadDim || p.v_head_dim > kMaxBf16HeadDim ||
+        !ComputesInBf16(p.input_dtype)) {
+      continue;
+    }
+    pack_offset[item] = pack_bytes;
+    pack_bytes += int64_t{p.batch} * p.num_kv_heads * bf16_kernel_->packed_bytes(p);
+  }
+  std::unique_ptr<char[], void (*)(char*)> packed(
+      pack_bytes == 0 ? nullptr
+                      : static_cast<char*>(::operator new[](static_cast<size_t>(pack_bytes),
+                                                            std::align_val_t{64})),
+      [](char* p) { ::operator delete[](p, std::align_val_t{64}); });
+  auto packed_of = [&](int item, int b, int kvh) -> char* {
+    const AttentionParams& p = batch[item];
+    return packed.get() + pack_offset[item] +
+           (int64_t{b} * p.num_kv_heads + kvh) * bf16_kernel_->packed_bytes(p);
+  };
+
   std::vector<AttentionTask> tasks;
   for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
     const AttentionParams& p = batch[item];
+    const bool bf16 = pack_offset[item] >= 0;
     const int blocks = (p.q_len + kQueryBlock - 1) / kQueryBlock;
     for (int b = 0; b < p.batch; ++b) {
+      if (bf16) {
+        for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+          packs.push_back(PackTask{item, b, kvh, packed_of(item, b, kvh)});
+        }
+      }
       for (int h = 0; h < p.num_heads; ++h) {
+        const void* kv = bf16 ? packed_of(item, b, h / p.group_size()) : nullptr;
         for (int blk = 0; blk < blocks; ++blk) {
           // Causal blocks get heavier with the row index: queue the heavy ones first so the
           // pool's dynamic scheduling ends evenly. (Order only; results do not depend on it.)
           const int block = p.causal ? blocks - 1 - blk : blk;
-          tasks.push_back(AttentionTask{item, b, h, block * kQueryBlock});
+          tasks.push_back(AttentionTask{item, b, h, block * kQueryBlock, kv});
         }
       }
     }
   }
+  if (!packs.empty()) {
+    pool_.ParallelFor(static_cast<int64_t>(packs.size()), [&](int64_t t) {
+      const PackTask& task = packs[t];
+      bf16_kernel_->pack(batch[task.item], task.b, task.kvh, task.packed);
+    });
+  }
   pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     const AttentionTask& task = tasks[t];
     const AttentionParams& p = batch[task.item];
-    float* scratch = ThreadScratch(kernel_.scratch_floats(p.head_dim, p.v_head_dim));
-    kernel_.run(p, task.b, task.h, task.i0, scratch);
+    if (task.packed != nullptr) {
+      void* scratch =
+          ThreadScratch((bf16_kernel_->scratch_bytes(p.head_dim, p.v_head_dim) + 3) / 4);
+      bf16_kernel_->run(p, task.b, task.h, task.i0, task.packed, scratch);
+    } else {
+      float* scratch = ThreadScratch(kernel_.scratch_floats(p.head_dim, p.v_head_dim));
+      kernel_.run(p, task.b, task.h, task.i0, scratch);
+    }
   });
 }
 
@@ -138,11 +222,12 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionParams> batch) {
 
 absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
   // Per-request intermediates: the projected Q, K, V in [B, L, h, d_k] layout (attention reads
-  // the heads through strides) and the concatenated heads.
-  // Left uninitialised (make_unique_for_overwrite): every element is written before it is read.
+  // the heads through strides; bfloat16 on the 16-bit path, else float32) and the concatenated
+  // heads (float32).
+  // Left uninitialised: every element is written before it is read.
   struct Buffers {
-    std::unique_ptr<float[]> qkv;     // self-attention: [B·L, 3·d_model]; else Q [B·Lq, d_model]
-    std::unique_ptr<float[]> kv;      // cross-attention: K and V, [B·Lk, 2·d_model]
+    std::unique_ptr<char[]> qkv;      // self-attention: [B·L, 3·d_model]; else Q [B·Lq, d_model]
+    std::unique_ptr<char[]> kv;       // cross-attention: K and V, [B·Lk, 2·d_model]
     std::unique_ptr<float[]> concat;  // [B·Lq, d_model]
   };
   std::vector<Buffers> buffers(batch.size());
@@ -154,53 +239,93 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
     const MultiHeadParams& p = batch[r];
     const MultiHeadWeights& w = *p.module;
     const int dm = w.d_model;
+    const int64_t d2 = int64_t{dm} * dm;
     const int64_t q_rows = int64_t{p.batch} * p.q_len;
     const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
+    const bool bf16 = ComputesInBf16(p.input_dtype);
+    const DType proj_type = bf16 ? DType::kBFloat16 : DType::kFloat32;
+    const int64_t esize = static_cast<int64_t>(DTypeSize(proj_type));
+    const uint16_t* w16 = bf16 ? w.w_qkv_bf16().data() : nullptr;
+    const DType t = p.input_dtype;
     Buffers& buf = buffers[r];
     ProjectedQkv qkv;
+    qkv.dtype = proj_type;
     if (p.self_attention) {
       // One GEMM for Q, K and V: w_qkv is [3·d_model, d_model], the rows of W_q, W_k, W_v.
-      buf.qkv = std::make_unique_for_overwrite<float[]>(q_rows * 3 * dm);
-      AddGemm(p.query, p.input_dtype, dm, q_rows, dm, w.w_qkv.data(), w.b_qkv.data(), 3 * dm,
-              buf.qkv.get(), 3 * dm, &projections);
-      qkv = {buf.qkv.get(), 3 * dm, buf.qkv.get() + dm, 3 * dm, buf.qkv.get() + 2 * dm, 3 * dm};
+      buf.qkv = std::make_unique_for_overwrite<char[]>(q_rows * 3 * dm * esize);
+      char* y = buf.qkv.get();
+      AddGemm(p.query, t, dm, q_rows, dm, w.w_qkv.data(), w16, w.b_qkv.data(), 3 * dm, y, proj_type,
+              3 * dm, &projections);
+      qkv.q = y;
+      qkv.k = y + dm * esize;
+      qkv.v = y + 2 * dm * esize;
+      qkv.q_ld = qkv.k_ld = qkv.v_ld = 3 * dm;
     } else {
-      buf.qkv = std::make_unique_for_overwrite<float[]>(q_rows * dm);
-      buf.kv = std::make_unique_for_overwrite<float[]>(kv_rows * 2 * dm);
-      const DType t = p.input_dtype;
-      AddGemm(p.query, t, dm, q_rows, dm, w.w_q(), w.b_q(), dm, buf.qkv.get(), dm, &projections);
+      buf.qkv = std::make_unique_for_overwrite<char[]>(q_rows * dm * esize);
+      buf.kv = std::make_unique_for_overwrite<char[]>(kv_rows * 2 * dm * esize);
+      char* yq = buf.qkv.get();
+      char* ykv = buf.kv.get();
+      AddGemm(p.query, t, dm, q_rows, dm, w.w_q(), w16, w.b_q(), dm, yq, proj_type, dm,
+              &projections);
       if (p.key == p.value) {
         // W_k and W_v are adjacent in w_qkv: one GEMM for both.
-        AddGemm(p.key, t, dm, kv_rows, dm, w.w_k(), w.b_k(), 2 * dm, buf.kv.get(), 2 * dm,
-                &projections);
+        AddGemm(p.key, t, dm, kv_rows, dm, w.w_k(), w16 != nullptr ? w16 + d2 : nullptr, w.b_k(),
+                2 * dm, ykv, proj_type, 2 * dm, &projections);
       } else {
-        AddGemm(p.key, t, dm, kv_rows, dm, w.w_k(), w.b_k(), dm, buf.kv.get(), 2 * dm,
-                &projections);
-        AddGemm(p.value, t, dm, kv_rows, dm, w.w_v(), w.b_v(), dm, buf.kv.get() + dm, 2 * dm,
-                &projections);
+        AddGemm(p.key, t, dm, kv_rows, dm, w.w_k(), w16 != nullptr ? w16 + d2 : nullptr, w.b_k(),
+                dm, ykv, proj_type, 2 * dm, &projections);
+        AddGemm(p.value, t, dm, kv_rows, dm, w.w_v(), w16 != nullptr ? w16 + 2 * d2 : nullptr,
+                w.b_v(), dm, ykv + dm * esize, proj_type, 2 * dm, &projections);
       }
-      qkv = {buf.qkv.get(), dm, buf.kv.get(), 2 * dm, buf.kv.get() + dm, 2 * dm};
+      qkv.q = yq;
+      qkv.q_ld = dm;
+      qkv.k = ykv;
+      qkv.v = ykv + dm * esize;
+      qkv.k_ld = qkv.v_ld = 2 * dm;
     }
     buf.concat = std::make_unique_for_overwrite<float[]>(q_rows * dm);
     attention[r] = HeadAttentionParams(p, qkv, buf.concat.get(), dm);
-    AddGemm(buf.concat.get(), DType::kFloat32, dm, q_rows, dm, w.w_o.data(), w.b_o.data(), dm,
-            p.out, dm, &outputs);
+    AddGemm(buf.concat.get(), DType::kFloat32, dm, q_rows, dm, w.w_o.data(),
+            bf16 ? w.w_o_bf16().data() : nullptr, w.b_o.data(), dm, p.out, DType::kFloat32, dm,
+            &outputs);
   }
 
   auto run_gemms = [&](const std::vector<GemmTask>& tasks) {
     pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
       const GemmTask& g = tasks[t];
+      const size_t x_size = DTypeSize(g.x_type);
+      const char* x = static_cast<const char*>(g.x);
+      if (g.w16 != nullptr) {
+        // bfloat16 operands: x as it is when it is bfloat16, else rounded chunk-wise.
+        if (g.x_type == DType::kBFloat16) {
+          LinearBf16(reinterpret_cast<const uint16_t*>(x), g.ldx, g.rows, g.k, g.w16, g.bias, g.n,
+                     g.y, g.y_type, g.ldy);
+          return;
+        }
+        float* wide = ThreadScratch(g.k + (g.rows * g.k + 1) / 2);
+        uint16_t* x16 = reinterpret_cast<uint16_t*>(wide + g.k);
+        for (int64_t r = 0; r < g.rows; ++r) {
+          const char* row = x + r * g.ldx * x_size;
+          const float* f = reinterpret_cast<const float*>(row);
+          if (g.x_type != DType::kFloat32) {
+            ToFloat32(g.x_type, row, g.k, wide);
+            f = wide;
+          }
+          FromFloat32(DType::kBFloat16, f, g.k, x16 + r * g.k);
+        }
+        LinearBf16(x16, g.k, g.rows, g.k, g.w16, g.bias, g.n, g.y, g.y_type, g.ldy);
+        return;
+      }
+      float* y = static_cast<float*>(g.y);
       if (g.x_type == DType::kFloat32) {
-        Linear(static_cast<const float*>(g.x), g.ldx, g.rows, g.k, g.w, g.bias, g.n, g.y, g.ldy);
+        Linear(reinterpret_cast<const float*>(x), g.ldx, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);
         return;
       }
       // 16-bit inputs: this chunk's rows widened (exactly) into the thread's scratch.
-      float* x = ThreadScratch(g.rows * g.k);
-      const size_t esize = DTypeSize(g.x_type);
-      for (int64_t r = 0; r < g.rows; ++r) {
-        ToFloat32(g.x_type, static_cast<const char*>(g.x) + r * g.ldx * esize, g.k, x + r * g.k);
-      }
-      Linear(x, g.k, g.rows, g.k, g.w, g.bias, g.n, g.y, g.ldy);
+      float* xf = ThreadScratch(g.rows * g.k);
+      for (int64_t r = 0; r < g.rows; ++r)
+        ToFloat32(g.x_type, x + r * g.ldx * x_size, g.k, xf + r * g.k);
+      Linear(xf, g.k, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);
     });
   };
   run_gemms(projections);

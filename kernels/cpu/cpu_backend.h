@@ -2,6 +2,15 @@
 // for AVX-512 and AVX2 with a portable fallback chosen at run time, on a thread pool of its own;
 // multi-head projections through single-threaded OpenBLAS sgemm on the same pool.
 //
+// 16-bit compute: on CPUs with AVX512_BF16 (and AMX), BFLOAT16 requests (and, opted in,
+// FLOAT32/FLOAT16 ones) compute with bfloat16 operands and float32 accumulation: projections
+// through oneDNN's matmul, attention through attention_bf16.cc (the fused path; requests asking
+// for the weights, or with head dims above kMaxBf16HeadDim, take the float32 kernel on the
+// bfloat16-rounded operands). FLOAT16 inputs keep float32 arithmetic by default: rounding them to
+// bfloat16 would drop 3 of the 10 mantissa bits the caller sent, and this CPU generation has no
+// float16 product with float32 accumulation (AVX512_FP16 accumulates in float16; AMX has only
+// BF16 and INT8), so exactness wins unless float32_as_bf16 asks for speed.
+//
 // Work is split into tasks whose arithmetic depends only on their own request:
 //   attention   one task per (item, batch entry, query head, block of kQueryBlock query rows);
 //   projections one task per block of rows of one request's GEMM, the block size a function of
@@ -38,6 +47,19 @@ struct CpuBackendOptions {
   // force one (tests compare them; kGeneric is the plain portable path). Default: kAuto.
   // REQUIRES: the CPU supports it.
   Isa isa = Isa::kAuto;
+
+  // Affects results and performance.
+  // The 16-bit path: bfloat16 operands with float32 accumulation (attention_bf16.cc, oneDNN
+  // projections). kAuto = the best this CPU has (AMX, then AVX512_BF16); kNone computes every
+  // request in float32 (what a CPU without AVX512_BF16 does); the others force one (tests use
+  // them to cover each path). Default: kAuto. REQUIRES: the CPU supports it.
+  Bf16Isa bf16_isa = Bf16Isa::kAuto;
+
+  // Affects results and performance.
+  // How FLOAT32 and FLOAT16 requests compute: false = exact float32 arithmetic (default); true =
+  // like BFLOAT16 requests, with bfloat16 operands and float32 accumulation (when a 16-bit path
+  // exists). BFLOAT16 requests always take the 16-bit path when there is one.
+  bool float32_as_bf16 = false;
 };
 
 class CpuBackend final : public Backend {
@@ -52,16 +74,26 @@ class CpuBackend final : public Backend {
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
 
+  std::string float32_precision() const override;
+
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return kernel_.isa; }
+  // The 16-bit path in use (kNone when there is none).
+  Bf16Isa bf16_isa() const { return bf16_isa_; }
+  // True when requests with inputs of `dtype` compute with bfloat16 operands.
+  bool ComputesInBf16(DType dtype) const;
 
  private:
-  CpuBackend(int num_threads, const AttentionKernel& kernel);
+  CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
+             bool float32_as_bf16);
 
   // Runs the attention of every item of `batch` on the pool.
   void RunAttention(absl::Span<const AttentionParams> batch);
 
   const AttentionKernel& kernel_;
+  const Bf16Isa bf16_isa_;
+  const Bf16AttentionKernel* const bf16_kernel_;  // nullptr when bf16_isa_ is kNone
+  const bool float32_as_bf16_;
   ThreadPool pool_;
 };
 

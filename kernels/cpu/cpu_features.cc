@@ -1,5 +1,8 @@
 #include "kernels/cpu/cpu_features.h"
 
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <fstream>
 #include <string>
 
@@ -42,6 +45,80 @@ const AttentionKernel& KernelFor(Isa isa) {
 #endif
   (void)isa;
   return kGenericAttentionKernel;
+}
+
+namespace {
+
+#if defined(ATTNSERVE_CPU_X86_KERNELS)
+// Linux keeps AMX tile data off until a process asks (since 5.16): without this, the first tile
+// instruction faults.
+bool RequestAmxPermission() {
+  constexpr int kArchReqXcompPerm = 0x1023;
+  constexpr int kXfeatureXtiledata = 18;
+  static const bool granted = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return granted;
+}
+
+bool HasAvx512Bf16() { return CpuSupports(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16"); }
+
+// AMX-BF16 and AMX-TILE: CPUID leaf 7, subleaf 0, EDX bits 22 and 24 (GCC 12's
+// __builtin_cpu_supports does not know them).
+bool HasAmxBf16() {
+  unsigned eax, ebx, ecx, edx;
+  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+  return (edx >> 22 & 1) != 0 && (edx >> 24 & 1) != 0;
+}
+#endif
+
+}  // namespace
+
+bool CpuSupports(Bf16Isa isa) {
+  switch (isa) {
+    case Bf16Isa::kAuto:
+    case Bf16Isa::kNone:
+      return true;
+#if defined(ATTNSERVE_CPU_X86_KERNELS)
+    case Bf16Isa::kAvx512Bf16:
+      return HasAvx512Bf16();
+    case Bf16Isa::kAmx:
+      return HasAvx512Bf16() && HasAmxBf16() && RequestAmxPermission();
+#else
+    case Bf16Isa::kAvx512Bf16:
+    case Bf16Isa::kAmx:
+      return false;
+#endif
+  }
+  return false;
+}
+
+Bf16Isa BestBf16Isa() {
+  if (CpuSupports(Bf16Isa::kAmx)) return Bf16Isa::kAmx;
+  if (CpuSupports(Bf16Isa::kAvx512Bf16)) return Bf16Isa::kAvx512Bf16;
+  return Bf16Isa::kNone;
+}
+
+const Bf16AttentionKernel& Bf16KernelFor(Bf16Isa isa) {
+#if defined(ATTNSERVE_CPU_X86_KERNELS)
+  if (isa == Bf16Isa::kAmx) return kAmxAttentionKernel;
+  return kAvx512Bf16AttentionKernel;
+#else
+  (void)isa;
+  __builtin_trap();  // REQUIRES CpuSupports(isa), never true here
+#endif
+}
+
+const char* Bf16IsaName(Bf16Isa isa) {
+  switch (isa) {
+    case Bf16Isa::kAuto:
+      return "auto";
+    case Bf16Isa::kNone:
+      return "none";
+    case Bf16Isa::kAvx512Bf16:
+      return "avx512_bf16";
+    case Bf16Isa::kAmx:
+      return "amx_bf16";
+  }
+  return "unknown";
 }
 
 const char* IsaName(Isa isa) {

@@ -19,6 +19,17 @@ Isa BestIsa();
 // The kernel table of `isa`. REQUIRES: isa != kAuto and CpuSupports(isa).
 const AttentionKernel& KernelFor(Isa isa);
 
+// True when the bfloat16 path `isa` can run here (kNone and kAuto always). For kAmx this also
+// asks Linux for permission to use the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM), once per
+// process; a refusal makes kAmx unsupported.
+bool CpuSupports(Bf16Isa isa);
+// The best bfloat16 path this CPU supports (kAmx, kAvx512Bf16 or kNone).
+Bf16Isa BestBf16Isa();
+// The kernel of `isa`. REQUIRES: isa is kAmx or kAvx512Bf16 and CpuSupports(isa).
+const Bf16AttentionKernel& Bf16KernelFor(Bf16Isa isa);
+// "amx_bf16", "avx512_bf16", "none" or "auto".
+const char* Bf16IsaName(Bf16Isa isa);
+
 // "avx512", "avx2", "generic" or "auto".
 const char* IsaName(Isa isa);
 

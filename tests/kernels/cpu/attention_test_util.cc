@@ -35,7 +35,112 @@ std::vector<float> Linear32(const float* x, int64_t rows, int k, const float* w,
   return y;
 }
 
+float Bf16(float x) { return BFloat16ToFloat(FloatToBFloat16(x)); }
+
+std::vector<float> RoundedBf16(const float* x, int64_t n) {
+  std::vector<float> out(x, x + n);
+  for (float& v : out) v = Bf16(v);
+  return out;
+}
+
+// The attention of NaiveAttention32 / NaiveAttentionBf16 over float32 inputs; `bf16` rounds the
+// operands of both products.
+void NaiveAttention(const AttentionParams& p, bool bf16, std::vector<float>* out,
+                    std::vector<float>* weights) {
+  auto round = [&](float x) { return bf16 ? Bf16(x) : x; };
+  out->assign(int64_t{p.batch} * p.num_heads * p.q_len * p.v_head_dim, 0.0f);
+  weights->assign(int64_t{p.batch} * p.num_heads * p.q_len * p.kv_len, 0.0f);
+  std::vector<float> score(p.kv_len);
+  std::vector<bool> allowed(p.kv_len);
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      const int kvh = h / p.group_size();
+      for (int i = 0; i < p.q_len; ++i) {
+        const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
+        const float* q = p.q.row<float>(b, h, i);
+        const int limit = p.key_limit(b, i);
+        float mx = -INFINITY;
+        bool any = false;
+        for (int j = 0; j < p.kv_len; ++j) {
+          allowed[j] = j < limit && (!p.mask.present() || p.mask.at(b, h, i, j) != 0);
+          if (!allowed[j]) continue;
+          const float* k = p.k.row<float>(b, kvh, j);
+          float dot = 0.0f;
+          for (int d = 0; d < p.head_dim; ++d) dot += round(q[d]) * round(k[d]);
+          score[j] = p.scale * dot;
+          mx = std::max(mx, score[j]);
+          any = true;
+        }
+        float* w = &(*weights)[row * p.kv_len];
+        float sum = 0.0f;
+        for (int j = 0; j < p.kv_len; ++j) {
+          w[j] = !any ? 1.0f : (allowed[j] ? std::exp(score[j] - mx) : 0.0f);
+          sum += w[j];
+        }
+        float* o = &(*out)[row * p.v_head_dim];
+        for (int j = 0; j < p.kv_len; ++j) {
+          w[j] /= sum;
+          const float* v = p.v.row<float>(b, kvh, j);
+          const float wj = round(w[j]);
+          for (int d = 0; d < p.v_head_dim; ++d) o[d] += wj * round(v[d]);
+        }
+      }
+    }
+  }
+}
+
+// The module of NaiveMultiHead32 / NaiveMultiHeadBf16 over float32 inputs.
+void NaiveMultiHead(const MultiHeadParams& p, bool bf16, std::vector<float>* out,
+                    std::vector<float>* weights) {
+  const MultiHeadWeights& w = *p.module;
+  const int dm = w.d_model;
+  const int dk = w.head_dim();
+  const int64_t q_rows = int64_t{p.batch} * p.q_len;
+  const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
+  auto maybe_round = [&](const void* x, int64_t n) {
+    const auto* f = static_cast<const float*>(x);
+    return bf16 ? RoundedBf16(f, n) : std::vector<float>(f, f + n);
+  };
+  const std::vector<float> query = maybe_round(p.query, q_rows * dm);
+  const std::vector<float> key = maybe_round(p.key, kv_rows * dm);
+  const std::vector<float> value = maybe_round(p.value, kv_rows * dm);
+  const std::vector<float> w_qkv = maybe_round(w.w_qkv.data(), 3 * int64_t{dm} * dm);
+  const std::vector<float> w_o = maybe_round(w.w_o.data(), int64_t{dm} * dm);
+  const int64_t d2 = int64_t{dm} * dm;
+  std::vector<float> q = Linear32(query.data(), q_rows, dm, w_qkv.data(), w.b_q(), dm);
+  std::vector<float> k = Linear32(key.data(), kv_rows, dm, w_qkv.data() + d2, w.b_k(), dm);
+  std::vector<float> v = Linear32(value.data(), kv_rows, dm, w_qkv.data() + 2 * d2, w.b_v(), dm);
+  std::vector<float> concat(q_rows * dm);
+  const AttentionParams a = HeadAttentionParams(
+      p, ProjectedQkv{q.data(), dm, k.data(), dm, v.data(), dm}, /*concat=*/nullptr, dm);
+  std::vector<float> heads;
+  NaiveAttention(a, bf16, &heads, weights);  // rounds Q, K, V and P when bf16
+  for (int b = 0; b < p.batch; ++b) {
+    for (int t = 0; t < w.num_heads; ++t) {
+      for (int i = 0; i < p.q_len; ++i) {
+        for (int c = 0; c < dk; ++c) {
+          const float x = heads[((int64_t{b} * w.num_heads + t) * p.q_len + i) * dk + c];
+          concat[(int64_t{b} * p.q_len + i) * dm + t * dk + c] = bf16 ? Bf16(x) : x;
+        }
+      }
+    }
+  }
+  *out = Linear32(concat.data(), q_rows, dm, w_o.data(), w.b_o.data(), dm);
+}
+
 }  // namespace
+
+void NaiveAttentionBf16(const AttentionParams& p16, std::vector<float>* out,
+                        std::vector<float>* weights) {
+  Float32Inputs widened;
+  NaiveAttention(WithFloat32Inputs(p16, &widened), /*bf16=*/true, out, weights);
+}
+
+void NaiveMultiHeadBf16(const MultiHeadParams& p16, std::vector<float>* out,
+                        std::vector<float>* weights) {
+  Float32Inputs widened;
+  NaiveMultiHead(WithFloat32Inputs(p16, &widened), /*bf16=*/true, out, weights);
+}
 
 std::string AttentionSpec::DebugString() const {
   std::string lengths;
@@ -192,78 +297,13 @@ void AttentionCase::PoisonOutputs() {
 void NaiveAttention32(const AttentionParams& p16, std::vector<float>* out,
                       std::vector<float>* weights) {
   Float32Inputs widened;
-  const AttentionParams p = WithFloat32Inputs(p16, &widened);
-  out->assign(int64_t{p.batch} * p.num_heads * p.q_len * p.v_head_dim, 0.0f);
-  weights->assign(int64_t{p.batch} * p.num_heads * p.q_len * p.kv_len, 0.0f);
-  std::vector<float> score(p.kv_len);
-  std::vector<bool> allowed(p.kv_len);
-  for (int b = 0; b < p.batch; ++b) {
-    for (int h = 0; h < p.num_heads; ++h) {
-      const int kvh = h / p.group_size();
-      for (int i = 0; i < p.q_len; ++i) {
-        const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
-        const float* q = p.q.row<float>(b, h, i);
-        const int limit = p.key_limit(b, i);
-        float mx = -INFINITY;
-        bool any = false;
-        for (int j = 0; j < p.kv_len; ++j) {
-          allowed[j] = j < limit && (!p.mask.present() || p.mask.at(b, h, i, j) != 0);
-          if (!allowed[j]) continue;
-          const float* k = p.k.row<float>(b, kvh, j);
-          float dot = 0.0f;
-          for (int d = 0; d < p.head_dim; ++d) dot += q[d] * k[d];
-          score[j] = p.scale * dot;
-          mx = std::max(mx, score[j]);
-          any = true;
-        }
-        float* w = &(*weights)[row * p.kv_len];
-        float sum = 0.0f;
-        for (int j = 0; j < p.kv_len; ++j) {
-          w[j] = !any ? 1.0f : (allowed[j] ? std::exp(score[j] - mx) : 0.0f);
-          sum += w[j];
-        }
-        float* o = &(*out)[row * p.v_head_dim];
-        for (int j = 0; j < p.kv_len; ++j) {
-          w[j] /= sum;
-          const float* v = p.v.row<float>(b, kvh, j);
-          for (int d = 0; d < p.v_head_dim; ++d) o[d] += w[j] * v[d];
-        }
-      }
-    }
-  }
+  NaiveAttention(WithFloat32Inputs(p16, &widened), /*bf16=*/false, out, weights);
 }
 
 void NaiveMultiHead32(const MultiHeadParams& p16, std::vector<float>* out,
                       std::vector<float>* weights) {
   Float32Inputs widened;
-  const MultiHeadParams p = WithFloat32Inputs(p16, &widened);
-  const MultiHeadWeights& w = *p.module;
-  const int dm = w.d_model;
-  const int dk = w.head_dim();
-  const int64_t q_rows = int64_t{p.batch} * p.q_len;
-  const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
-  const auto* query = static_cast<const float*>(p.query);
-  const auto* key = static_cast<const float*>(p.key);
-  const auto* value = static_cast<const float*>(p.value);
-  const std::vector<float> q = Linear32(query, q_rows, dm, w.w_q(), w.b_q(), dm);
-  const std::vector<float> k = Linear32(key, kv_rows, dm, w.w_k(), w.b_k(), dm);
-  const std::vector<float> v = Linear32(value, kv_rows, dm, w.w_v(), w.b_v(), dm);
-  std::vector<float> concat(q_rows * dm);
-  const AttentionParams a = HeadAttentionParams(
-      p, ProjectedQkv{q.data(), dm, k.data(), dm, v.data(), dm}, /*concat=*/nullptr, dm);
-  std::vector<float> heads;
-  NaiveAttention32(a, &heads, weights);
-  for (int b = 0; b < p.batch; ++b) {
-    for (int t = 0; t < w.num_heads; ++t) {
-      for (int i = 0; i < p.q_len; ++i) {
-        for (int c = 0; c < dk; ++c) {
-          concat[(int64_t{b} * p.q_len + i) * dm + t * dk + c] =
-              heads[((int64_t{b} * w.num_heads + t) * p.q_len + i) * dk + c];
-        }
-      }
-    }
-  }
-  *out = Linear32(concat.data(), q_rows, dm, w.w_o.data(), w.b_o.data(), dm);
+  NaiveMultiHead(WithFloat32Inputs(p16, &widened), /*bf16=*/false, out, weights);
 }
 
 double MaxAbsError(const std::vector<float>& a, const std::vector<double>& ref) {

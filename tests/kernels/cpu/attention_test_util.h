@@ -81,6 +81,15 @@ void NaiveAttention32(const AttentionParams& p, std::vector<float>* out,
 void NaiveMultiHead32(const MultiHeadParams& p, std::vector<float>* out,
                       std::vector<float>* weights);
 
+// The plain bfloat16 implementations the 16-bit paths are bounded by: every operand of a product
+// (inputs, weights, projected Q, K, V, the softmax weights, the concatenated heads) rounded to
+// bfloat16, products accumulated in float32, softmax in float32 (std::exp), materialised per row.
+// Same outputs as the float32 versions.
+void NaiveAttentionBf16(const AttentionParams& p, std::vector<float>* out,
+                        std::vector<float>* weights);
+void NaiveMultiHeadBf16(const MultiHeadParams& p, std::vector<float>* out,
+                        std::vector<float>* weights);
+
 // max_n |a[n] - ref[n]|; infinity if any a[n] is not finite or the sizes differ.
 double MaxAbsError(const std::vector<float>& a, const std::vector<double>& ref);
 // True when every element is finite.

@@ -1,0 +1,492 @@
+// The fused attention kernel in bfloat16 with float32 accumulation, for CPUs with AVX512_BF16
+// (and AMX tiles where present). Compiled with per-file flags (kernels/cpu/CMakeLists.txt);
+// reached only through kAmxAttentionKernel / kAvx512Bf16AttentionKernel after the run-time checks
+// in cpu_features.h.
+//
+// Operands: Q, K, V and the probabilities P are rounded to bfloat16 (BFLOAT16 inputs are used as
+// they are); both products accumulate in float32; the online softmax (scale, masks, running max,
+// exp, running sum, rescale) is float32 throughout. This is the arithmetic of a plain
+// "bf16 operands, fp32 accumulation" implementation, computed FlashAttention-style.
+//
+// Layout. Before the attention tasks, K and V of each (batch entry, kv head) are packed once, key
+// tile by key tile, into the layouts the products read (the "VNNI" pair layout of AMX and
+// vdpbf16ps: two consecutive reduction elements side by side):
+//   K tile t: [Dp/2][kKeyTile][2]   so that S = Q·Kᵀ has K as its right operand
+//   V tile t: [kKeyTile/2][Dvp][2]  so that O = P·V has V as its right operand
+// (Dp, Dvp: D, Dv rounded up to 32, zero padded; keys past Lk are zero). A task then packs its
+// kQueryBlock query rows [M][Dp], and per key tile computes S [M][kKeyTile] (float32), the
+// softmax row by row into P [M][kKeyTile] (bfloat16), O_tile = P·V [M][Dvp], and
+// O = O·alpha + O_tile. Packing is exact re-arrangement (plus the one rounding of float32 and
+// float16 inputs to bfloat16), so results do not depend on where the packing ran.
+//
+// The two instantiations differ only in the tile product (TileGemm): AMX tiles (TDPBF16PS on
+// 16x32 by 32x16 tiles, 2x2 blocking) or AVX512_BF16 (VDPBF16PS, 4 rows x 4 vectors). Their
+// summation orders differ, so their bits differ; each is deterministic.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/exp_avx512.h"
+#include "kernels/dtype.h"
+
+namespace attnserve::kernels::cpu::bf16 {
+namespace {
+
+constexpr int kQ = kQueryBlock;  // 64
+constexpr int kN = kKeyTile;     // 128
+constexpr float kNegInf = -__builtin_inff();
+static_assert(kQ % 32 == 0 && kN % 32 == 0, "tiles are whole AMX blocks");
+
+int MinInt(int a, int b) { return a < b ? a : b; }
+int MaxInt(int a, int b) { return a > b ? a : b; }
+int Round32(int n) { return (n + 31) / 32 * 32; }
+int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+int KeyLimit(const AttentionParams& p, int b, int i) {
+  int limit = p.kv_len;
+  if (p.causal) {
+    const int causal_limit = i + p.kv_len - p.q_len + 1;
+    if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
+  }
+  if (p.key_lengths != nullptr && p.key_lengths[b] < limit) limit = p.key_lengths[b];
+  return limit;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversions.
+
+// n elements of `type` at src to bfloat16 (float32 and float16 round to nearest even; bfloat16 is
+// copied), then zeros up to n_pad.
+void ToBf16Row(DType type, const void* src, int n, int n_pad, uint16_t* dst) {
+  int x = 0;
+  if (type == DType::kBFloat16) {
+    std::memcpy(dst, src, sizeof(uint16_t) * n);
+    x = n;
+  } else {
+    for (; x < n; x += 16) {
+      const int count = MinInt(16, n - x);
+      const __mmask16 m = static_cast<__mmask16>((1u << count) - 1);
+      __m512 f;
+      if (type == DType::kFloat32) {
+        f = _mm512_maskz_loadu_ps(m, static_cast<const float*>(src) + x);
+      } else {
+        f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + x));
+      }
+      const __m256i h = reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(f));
+      _mm256_mask_storeu_epi16(dst + x, m, h);
+    }
+    x = n;
+  }
+  for (; x < n_pad; ++x) dst[x] = 0;
+}
+
+// n elements of `type` at src to float32 (exact for all three types).
+void ToFloatRow(DType type, const void* src, int n, float* dst) {
+  if (type == DType::kFloat32) {
+    std::memcpy(dst, src, sizeof(float) * n);
+  } else if (type == DType::kBFloat16) {
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    for (int x = 0; x < n; ++x) dst[x] = __builtin_bit_cast(float, uint32_t{h[x]} << 16);
+  } else {
+    for (int x = 0; x < n; x += 16) {
+      const __mmask16 m = static_cast<__mmask16>((1u << MinInt(16, n - x)) - 1);
+      _mm512_mask_storeu_ps(
+          dst + x, m,
+          _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(src) + x)));
+    }
+  }
+}
+
+struct Rows {
+  const char* base;
+  int64_t stride;
+  int esize;
+  const void* row(int64_t j) const { return base + j * stride * esize; }
+};
+
+Rows InputRows(const AttentionParams& p, const InputView& view, int b, int h) {
+  const int esize = p.input_dtype == DType::kFloat32 ? 4 : 2;
+  return Rows{
+      static_cast<const char*>(view.data) + (b * view.batch_stride + h * view.head_stride) * esize,
+      view.row_stride, esize};
+}
+
+// ---------------------------------------------------------------------------------------------
+// Packed K and V of one (batch entry, kv head).
+
+struct PackedShape {
+  int dp, dvp, tiles;
+  int64_t k_tile_elems() const { return int64_t{dp} * kN; }
+  int64_t v_tile_elems() const { return int64_t{kN} * dvp; }
+  int64_t bytes() const { return Align64(tiles * (k_tile_elems() + v_tile_elems()) * 2); }
+};
+
+PackedShape ShapeOf(const AttentionParams& p) {
+  return PackedShape{Round32(p.head_dim), Round32(p.v_head_dim), (p.kv_len + kN - 1) / kN};
+}
+
+int64_t PackedBytes(const AttentionParams& p) { return ShapeOf(p).bytes(); }
+
+void Pack(const AttentionParams& p, int b, int kvh, void* packed) {
+  const PackedShape sh = ShapeOf(p);
+  const Rows k = InputRows(p, p.k, b, kvh);
+  const Rows v = InputRows(p, p.v, b, kvh);
+  uint16_t* kp = static_cast<uint16_t*>(packed);
+  uint16_t* vp = kp + sh.tiles * sh.k_tile_elems();
+  uint16_t row_a[512 + 32], row_b[512 + 32];  // D, Dv <= 512 (kMaxBf16HeadDim)
+  for (int t = 0; t < sh.tiles; ++t) {
+    const int j0 = t * kN;
+    const int keys = MinInt(kN, p.kv_len - j0);
+    // K: word (xx, j) = (K[j][2xx], K[j][2xx + 1]).
+    uint32_t* kt = reinterpret_cast<uint32_t*>(kp + t * sh.k_tile_elems());
+    for (int j = 0; j < kN; ++j) {
+      if (j < keys) {
+        ToBf16Row(p.input_dtype, k.row(j0 + j), p.head_dim, sh.dp, row_a);
+      } else {
+        std::memset(row_a, 0, sizeof(uint16_t) * sh.dp);
+      }
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(row_a);
+      for (int xx = 0; xx < sh.dp / 2; ++xx) kt[int64_t{xx} * kN + j] = words[xx];
+    }
+    // V: pair jj, column c = (V[2jj][c], V[2jj + 1][c]).
+    uint16_t* vt = vp + t * sh.v_tile_elems();
+    for (int jj = 0; jj < kN / 2; ++jj) {
+      const int ja = 2 * jj, jb = 2 * jj + 1;
+      if (ja < keys) {
+        ToBf16Row(p.input_dtype, v.row(j0 + ja), p.v_head_dim, sh.dvp, row_a);
+      } else {
+        std::memset(row_a, 0, sizeof(uint16_t) * sh.dvp);
+      }
+      if (jb < keys) {
+        ToBf16Row(p.input_dtype, v.row(j0 + jb), p.v_head_dim, sh.dvp, row_b);
+      } else {
+        std::memset(row_b, 0, sizeof(uint16_t) * sh.dvp);
+      }
+      uint16_t* out = vt + int64_t{jj} * sh.dvp * 2;
+      for (int c = 0; c < sh.dvp; c += 32) {
+        // Interleave 32 columns of the two rows: out[2c'] = a[c'], out[2c' + 1] = b[c'].
+        const __m512i a = _mm512_loadu_si512(row_a + c);
+        const __m512i bb = _mm512_loadu_si512(row_b + c);
+        const __m512i lo_idx =
+            _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8, 39, 7,
+                             38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+        const __m512i hi_idx = _mm512_add_epi16(lo_idx, _mm512_set1_epi16(16));
+        _mm512_storeu_si512(out + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, bb));
+        _mm512_storeu_si512(out + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, bb));
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tile products: C[M][N] = A[M][K] · B, A row-major bfloat16 (lda elements), B in pair layout
+// [K/2][N][2] bfloat16, C row-major float32 (ldc floats). M, N, K multiples of 32.
+
+struct alignas(64) TileConfig {
+  uint8_t palette_id;
+  uint8_t start_row;
+  uint8_t reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+};
+
+void ConfigureTiles() {
+  TileConfig cfg;
+  std::memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  for (int t = 0; t < 8; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+void GemmAmx(const uint16_t* a, int lda, const uint16_t* b, float* c, int ldc, int m, int n,
+             int k) {
+  const int64_t a_stride = int64_t{lda} * 2;  // bytes
+  const int64_t b_stride = int64_t{n} * 4;    // bytes per pair row
+  const int64_t c_stride = int64_t{ldc} * 4;
+  for (int i = 0; i < m; i += 32) {
+    for (int j = 0; j < n; j += 32) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int x = 0; x < k; x += 32) {
+        _tile_loadd(4, a + int64_t{i} * lda + x, a_stride);
+        _tile_loadd(5, a + int64_t{i + 16} * lda + x, a_stride);
+        _tile_loadd(6, b + (int64_t{x / 2} * n + j) * 2, b_stride);
+        _tile_loadd(7, b + (int64_t{x / 2} * n + j + 16) * 2, b_stride);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+      }
+      _tile_stored(0, c + int64_t{i} * ldc + j, c_stride);
+      _tile_stored(1, c + int64_t{i} * ldc + j + 16, c_stride);
+      _tile_stored(2, c + int64_t{i + 16} * ldc + j, c_stride);
+      _tile_stored(3, c + int64_t{i + 16} * ldc + j + 16, c_stride);
+    }
+  }
+}
+
+template <int kVecs>
+inline void DpBlock(const uint16_t* a, int lda, const uint16_t* b, int n, float* c, int ldc,
+                    int k) {
+  __m512 acc[4][kVecs];
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+  }
+  for (int xx = 0; xx < k / 2; ++xx) {
+    __m512bh bv[kVecs];
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) {
+      bv[v] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(b + (int64_t{xx} * n + 16 * v) * 2));
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, a + int64_t{r} * lda + 2 * xx, sizeof pair);
+      const __m512bh av = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
+#pragma GCC unroll 4
+      for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < 4; ++r) {
+#pragma GCC unroll 4
+    for (int v = 0; v < kVecs; ++v) _mm512_storeu_ps(c + int64_t{r} * ldc + 16 * v, acc[r][v]);
+  }
+}
+
+void GemmAvx512Bf16(const uint16_t* a, int lda, const uint16_t* b, float* c, int ldc, int m, int n,
+                    int k) {
+  for (int i = 0; i < m; i += 4) {
+    int j = 0;
+    for (; j + 64 <= n; j += 64) {
+      DpBlock<4>(a + int64_t{i} * lda, lda, b + j * 2, n, c + int64_t{i} * ldc + j, ldc, k);
+    }
+    if (j < n) {  // n is a multiple of 32
+      DpBlock<2>(a + int64_t{i} * lda, lda, b + j * 2, n, c + int64_t{i} * ldc + j, ldc, k);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-task scratch.
+
+struct Scratch {
+  uint16_t* qa;  // [kQ][Dp]
+  float* s;      // [kQ][kN]
+  uint16_t* pa;  // [kQ][kN]
+  float* ot;     // [kQ][Dvp]: P·V of the current tile
+  float* o;      // [kQ][Dvp]: running output
+  float* m;      // [kQ]
+  float* l;      // [kQ]
+  float* mean;   // [Dvp]
+  float* row;    // [max(Dp, Dvp)]
+};
+
+int64_t ScratchBytes(int d, int dv) {
+  const int64_t dp = Round32(d), dvp = Round32(dv);
+  return Align64(kQ * dp * 2) + Align64(int64_t{kQ} * kN * 4) + Align64(int64_t{kQ} * kN * 2) +
+         2 * Align64(kQ * dvp * 4) + 2 * Align64(kQ * 4) + Align64(dvp * 4) +
+         Align64((dp > dvp ? dp : dvp) * 4);
+}
+
+Scratch Carve(void* base, int d, int dv) {
+  const int64_t dp = Round32(d), dvp = Round32(dv);
+  char* at = static_cast<char*>(base);
+  auto take = [&](int64_t bytes) {
+    char* p = at;
+    at += Align64(bytes);
+    return p;
+  };
+  Scratch s;
+  s.qa = reinterpret_cast<uint16_t*>(take(kQ * dp * 2));
+  s.s = reinterpret_cast<float*>(take(int64_t{kQ} * kN * 4));
+  s.pa = reinterpret_cast<uint16_t*>(take(int64_t{kQ} * kN * 2));
+  s.ot = reinterpret_cast<float*>(take(kQ * dvp * 4));
+  s.o = reinterpret_cast<float*>(take(kQ * dvp * 4));
+  s.m = reinterpret_cast<float*>(take(kQ * 4));
+  s.l = reinterpret_cast<float*>(take(kQ * 4));
+  s.mean = reinterpret_cast<float*>(take(dvp * 4));
+  s.row = reinterpret_cast<float*>(take((dp > dvp ? dp : dvp) * 4));
+  return s;
+}
+
+// The mask bits of row (b, h, i) for keys [j0, j0 + 16) as a lane mask (1 = allowed).
+__mmask16 MaskBits(const MaskView& mk, const uint8_t* row, int j0, int count) {
+  const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1);
+  if (mk.col_stride == 1) {
+    const __m128i bytes = _mm_maskz_loadu_epi8(lanes, row + j0);
+    return _mm_mask_cmpneq_epi8_mask(lanes, bytes, _mm_setzero_si128());
+  }
+  if (mk.col_stride == 0) return row[0] != 0 ? lanes : 0;
+  unsigned bits = 0;
+  for (int x = 0; x < count; ++x) bits |= unsigned{row[(j0 + x) * mk.col_stride] != 0} << x;
+  return static_cast<__mmask16>(bits);
+}
+
+template <bool kAmx>
+void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
+  const PackedShape sh = ShapeOf(p);
+  const Scratch s = Carve(scratch, p.head_dim, p.v_head_dim);
+  const int rows = MinInt(kQ, p.q_len - i0);
+  const int m_rows = Round32(rows);
+  const int dp = sh.dp, dvp = sh.dvp;
+  const int kvh = h / (p.num_heads / p.num_kv_heads);
+  if constexpr (kAmx) ConfigureTiles();
+
+  // Queries, rounded to bfloat16 ([m_rows][Dp], padded rows zero), and the row limits.
+  const Rows q = InputRows(p, p.q, b, h);
+  int min_limit = p.kv_len, max_limit = 0;
+  int limit[kQ];
+  for (int r = 0; r < m_rows; ++r) {
+    if (r < rows) {
+      ToBf16Row(p.input_dtype, q.row(i0 + r), p.head_dim, dp, s.qa + int64_t{r} * dp);
+      limit[r] = KeyLimit(p, b, i0 + r);
+      min_limit = MinInt(min_limit, limit[r]);
+      max_limit = MaxInt(max_limit, limit[r]);
+    } else {
+      std::memset(s.qa + int64_t{r} * dp, 0, sizeof(uint16_t) * dp);
+      std::memset(s.pa + int64_t{r} * kN, 0, sizeof(uint16_t) * kN);
+    }
+  }
+  for (int r = 0; r < kQ; ++r) {
+    s.m[r] = kNegInf;
+    s.l[r] = 0.0f;
+  }
+  std::memset(s.o, 0, sizeof(float) * kQ * dvp);
+  const uint16_t* kp = static_cast<const uint16_t*>(packed);
+  const uint16_t* vp = kp + sh.tiles * sh.k_tile_elems();
+  const __m512 scale = _mm512_set1_ps(p.scale);
+  const __m512 neg_inf = _mm512_set1_ps(kNegInf);
+  const MaskView& mk = p.mask;
+
+  for (int j0 = 0; j0 < max_limit; j0 += kN) {
+    const int t = j0 / kN;
+    const int keys = MinInt(kN, p.kv_len - j0);
+    const int k_pad = Round32(keys);
+    // 1. S = Q·Kᵀ over the tile ([m_rows][k_pad], float32).
+    if constexpr (kAmx) {
+      GemmAmx(s.qa, dp, kp + t * sh.k_tile_elems(), s.s, kN, m_rows, kN, dp);
+    } else {
+      GemmAvx512Bf16(s.qa, dp, kp + t * sh.k_tile_elems(), s.s, kN, m_rows, kN, dp);
+    }
+    // 2. Online softmax, row by row, in float32; P rounded to bfloat16.
+    for (int r = 0; r < rows; ++r) {
+      float* sr = s.s + int64_t{r} * kN;
+      const int allowed_end = MinInt(keys, limit[r] - j0);  // keys at or past it are blocked
+      const uint8_t* mrow = mk.data != nullptr ? mk.data + b * mk.batch_stride +
+                                                     h * mk.head_stride + (i0 + r) * mk.row_stride
+                                               : nullptr;
+      __m512 vmax = neg_inf;
+      for (int x = 0; x < keys; x += 16) {
+        const int count = MinInt(16, keys - x);
+        const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1);
+        __mmask16 ok =
+            allowed_end <= x
+                ? 0
+                : (allowed_end >= x + 16 ? lanes
+                                         : static_cast<__mmask16>((1u << (allowed_end - x)) - 1));
+        if (mrow != nullptr && ok != 0) ok &= MaskBits(mk, mrow, j0 + x, count);
+        const __m512 v = _mm512_mask_mul_ps(neg_inf, ok, _mm512_loadu_ps(sr + x), scale);
+        _mm512_storeu_ps(sr + x, v);
+        vmax = _mm512_max_ps(vmax, v);
+      }
+      const float tile_max = _mm512_reduce_max_ps(vmax);
+      const float m_old = s.m[r];
+      const float m_new = m_old > tile_max ? m_old : tile_max;
+      const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+      const float alpha = _mm512_cvtss_f32(Exp512(_mm512_set1_ps(m_old - m_ref)));
+      const __m512 ref = _mm512_set1_ps(m_ref);
+      __m512 vsum = _mm512_setzero_ps();
+      uint16_t* pr = s.pa + int64_t{r} * kN;
+      for (int x = 0; x < k_pad; x += 16) {
+        __m512 e = _mm512_setzero_ps();
+        if (x < keys) {
+          const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, keys - x)) - 1);
+          e = _mm512_maskz_mov_ps(lanes, Exp512(_mm512_sub_ps(_mm512_loadu_ps(sr + x), ref)));
+        }
+        vsum = _mm512_add_ps(vsum, e);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + x),
+                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+      }
+      s.l[r] = s.l[r] * alpha + _mm512_reduce_add_ps(vsum);
+      s.m[r] = m_new;
+      // O = O · alpha (the tile's P·V is added below).
+      float* orow = s.o + int64_t{r} * dvp;
+      const __m512 va = _mm512_set1_ps(alpha);
+      for (int c = 0; c < dvp; c += 16) {
+        _mm512_storeu_ps(orow + c, _mm512_mul_ps(_mm512_loadu_ps(orow + c), va));
+      }
+    }
+    // 3. O_tile = P·V_tile ([m_rows][Dvp]), then O += O_tile.
+    const uint16_t* vt = vp + t * sh.v_tile_elems();
+    if constexpr (kAmx) {
+      GemmAmx(s.pa, kN, vt, s.ot, dvp, m_rows, dvp, k_pad);
+    } else {
+      GemmAvx512Bf16(s.pa, kN, vt, s.ot, dvp, m_rows, dvp, k_pad);
+    }
+    for (int r = 0; r < rows; ++r) {
+      float* orow = s.o + int64_t{r} * dvp;
+      const float* trow = s.ot + int64_t{r} * dvp;
+      for (int c = 0; c < dvp; c += 16) {
+        _mm512_storeu_ps(orow + c,
+                         _mm512_add_ps(_mm512_loadu_ps(orow + c), _mm512_loadu_ps(trow + c)));
+      }
+    }
+  }
+  if constexpr (kAmx) _tile_release();
+
+  // 4. out = O / l; a row that met no allowed key gets the mean of all values (float32).
+  const Rows v = InputRows(p, p.v, b, kvh);
+  bool have_mean = false;
+  for (int r = 0; r < rows; ++r) {
+    float* out =
+        p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
+    if (s.m[r] == kNegInf) {
+      if (!have_mean) {
+        for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] = 0.0f;
+        for (int j = 0; j < p.kv_len; ++j) {
+          ToFloatRow(p.input_dtype, v.row(j), p.v_head_dim, s.row);
+          for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] += s.row[c];
+        }
+        const float inv = 1.0f / static_cast<float>(p.kv_len);
+        for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] *= inv;
+        have_mean = true;
+      }
+      for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];
+    } else {
+      const float inv_l = 1.0f / s.l[r];
+      const float* orow = s.o + int64_t{r} * dvp;
+      for (int c = 0; c < p.v_head_dim; ++c) out[c] = orow[c] * inv_l;
+    }
+  }
+}
+
+void RunAmx(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
+  Run<true>(p, b, h, i0, packed, scratch);
+}
+void RunAvx512Bf16(const AttentionParams& p, int b, int h, int i0, const void* packed,
+                   void* scratch) {
+  Run<false>(p, b, h, i0, packed, scratch);
+}
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu::bf16
+
+namespace attnserve::kernels::cpu {
+extern const Bf16AttentionKernel kAmxAttentionKernel = {
+    Bf16Isa::kAmx, "amx_bf16", &bf16::PackedBytes, &bf16::Pack, &bf16::ScratchBytes, &bf16::RunAmx};
+extern const Bf16AttentionKernel kAvx512Bf16AttentionKernel = {
+    Bf16Isa::kAvx512Bf16, "avx512_bf16",       &bf16::PackedBytes,
+    &bf16::Pack,          &bf16::ScratchBytes, &bf16::RunAvx512Bf16};
+}  // namespace attnserve::kernels::cpu
