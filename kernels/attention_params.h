@@ -19,6 +19,25 @@
 // keys, or the uniform average when there are none", which equals the -1e9 fill in float32 and
 // float64 for every score magnitude a real request produces (|s| far below 1e9).
 //
+// Non-finite inputs (the NaN rule; every backend follows it, tests/kernels/nan_rule_test.cc and
+// the CUDA emulation tests check it). IEEE/PyTorch semantics where they are well defined:
+//   1. A row with a NaN or +Inf among its ALLOWED scores (from a NaN or infinity in q or in an
+//      allowed key's k, or float overflow of q.k in the backend's precision) is NaN in every
+//      output column, and every one of its weights is NaN (PyTorch: softmax of a row holding
+//      NaN, or +Inf - +Inf, is NaN).
+//   2. An allowed score of -Inf gets weight exactly 0, like a blocked key (exp(-inf) = 0); a row
+//      whose allowed scores are all -Inf is treated as fully blocked (uniform average).
+//   3. Blocked keys are never consulted: a NaN or infinity in the k of a blocked key, or in the q
+//      of a row with no allowed key, has no effect.
+//   4. A NaN or infinity in v reaches the output as IEEE arithmetic does: column c of a row is
+//      non-finite when a key with nonzero weight has a non-finite v[c] (and for a fully blocked
+//      row, the uniform average over all keys, when any v[c] is non-finite). Whether a key with
+//      zero weight (blocked, -Inf, or underflowed) poisons column c (0 * Inf = NaN) is
+//      unspecified.
+// A row that does not meet rule 1 or 4 has finite outputs. Scores are finite for inputs of
+// magnitude below about 1e18 (float32 q.k cannot overflow); larger inputs may hit rule 1 or 2
+// in one precision and not in another.
+//
 // All strides are in elements (of the view's element type), not bytes. A stride of 0 broadcasts
 // (used for masks). The inputs are views: the server hands over the request's bytes as they
 // arrived, and each backend converts where it computes (the reference up front, the CPU backend

@@ -65,18 +65,21 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     if (allowed(j)) mx = fmaxf(mx, row[j]);
   }
   mx = BlockReduce(mx, true, scratch);
+  // fmaxf drops NaN scores: a row of allowed NaN scores keeps mx = -inf, and its exponentials
+  // are then taken against 0 (as OnlineSoftmaxProb does) so that the NaN reaches the sum.
+  if (mx == NegativeInfinity()) mx = 0.0f;
   float sum = 0.0f;
-  if (mx != NegativeInfinity()) {
-    for (int j = threadIdx.x; j < kv_len; j += kSoftmaxThreads) {
-      if (allowed(j)) sum += expf(row[j] - mx);
-    }
+  for (int j = threadIdx.x; j < kv_len; j += kSoftmaxThreads) {
+    if (allowed(j)) sum += expf(row[j] - mx);
   }
   sum = BlockReduce(sum, false, scratch);
-  const bool blocked = !(sum > 0.0f);
+  // The NaN rule (attention_params.h): a NaN or +Inf score makes the sum NaN, and the whole row
+  // (blocked keys included: 0 * NaN) NaN; only a sum of exactly 0 means "no allowed key".
+  const bool blocked = sum == 0.0f;
   const float inv = blocked ? 0.0f : 1.0f / sum;
   const float uniform = 1.0f / kv_len;
   for (int j = threadIdx.x; j < kv_len; j += kSoftmaxThreads) {
-    const float w = blocked ? uniform : (allowed(j) ? expf(row[j] - mx) * inv : 0.0f);
+    const float w = blocked ? uniform : (allowed(j) ? expf(row[j] - mx) : 0.0f) * inv;
     row[j] = w;
     prow[j] = RoundTo<Element>(w);
   }

@@ -14,7 +14,8 @@
 //      l *= factor; acc *= factor
 //   3. p_j = exp2(s2_j - m_new)                              (0 for blocked keys)
 //      l += sum_j p_j; acc += sum_j p_j * v_j
-//   4. at the end: out = acc / l, or the uniform average of all values when l == 0.
+//   4. at the end: out = acc / l, or the uniform average of all values when l == 0 (a NaN l,
+//      from a NaN or +Inf score, gives a NaN row: the NaN rule of attention_params.h).
 #ifndef ATTNSERVE_KERNELS_CUDA_ONLINE_SOFTMAX_H_
 #define ATTNSERVE_KERNELS_CUDA_ONLINE_SOFTMAX_H_
 
@@ -109,11 +110,14 @@ ATTNSERVE_HD float OnlineSoftmaxProb(const OnlineSoftmaxRow& row, float score_lo
 }
 
 // Step 4: 1 / sum, or 0 for a row with no allowed key (the caller then writes the uniform
-// average of all values; see FullyBlocked).
+// average of all values; see FullyBlocked). The NaN rule (attention_params.h): a NaN or +Inf
+// score makes the sum NaN, and such a row must come out NaN, not look fully blocked; the sum of
+// a row with an allowed finite score is >= 1 (its max contributes exp2(0)), so exactly 0 means
+// "no allowed key" (or only -Inf scores, which count as blocked).
 ATTNSERVE_HD float OnlineSoftmaxInvSum(float total_sum) {
-  return total_sum > 0.0f ? 1.0f / total_sum : 0.0f;
+  return total_sum == 0.0f ? 0.0f : 1.0f / total_sum;
 }
-ATTNSERVE_HD bool OnlineSoftmaxFullyBlocked(float total_sum) { return !(total_sum > 0.0f); }
+ATTNSERVE_HD bool OnlineSoftmaxFullyBlocked(float total_sum) { return total_sum == 0.0f; }
 
 }  // namespace attnserve::kernels::cuda
 

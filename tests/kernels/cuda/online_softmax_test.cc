@@ -158,5 +158,30 @@ TEST(OnlineSoftmaxTest, RescaleFromAllBlockedState) {
   EXPECT_FALSE(OnlineSoftmaxFullyBlocked(1e-30f));
 }
 
+// The NaN rule (attention_params.h): a NaN or +Inf score makes the row NaN; it must not look
+// fully blocked (which would write the uniform average instead).
+TEST(OnlineSoftmaxTest, NonFiniteScoresMakeTheRowNaNNotBlocked) {
+  const float kNaN = std::numeric_limits<float>::quiet_NaN();
+  for (const float bad : {kNaN, kInf}) {
+    OnlineSoftmaxRow row = OnlineSoftmaxInit();
+    const float tile_max = std::fmax(1.0f, bad);  // what fmaxf gives the kernels
+    OnlineSoftmaxRescale(row, tile_max);
+    row.sum += OnlineSoftmaxProb(row, 1.0f) + OnlineSoftmaxProb(row, bad);
+    EXPECT_TRUE(std::isnan(row.sum)) << bad;
+    EXPECT_FALSE(OnlineSoftmaxFullyBlocked(row.sum)) << bad;
+    EXPECT_TRUE(std::isnan(OnlineSoftmaxInvSum(row.sum))) << bad;
+  }
+  // A tile of NaN scores only: the max stays -inf, and the NaN still reaches the sum.
+  OnlineSoftmaxRow row = OnlineSoftmaxInit();
+  OnlineSoftmaxRescale(row, std::fmax(-kInf, kNaN));
+  row.sum += OnlineSoftmaxProb(row, kNaN);
+  EXPECT_FALSE(OnlineSoftmaxFullyBlocked(row.sum));
+  // -Inf scores count as blocked (weight 0).
+  OnlineSoftmaxRow neg = OnlineSoftmaxInit();
+  OnlineSoftmaxRescale(neg, -kInf);
+  neg.sum += OnlineSoftmaxProb(neg, -kInf);
+  EXPECT_TRUE(OnlineSoftmaxFullyBlocked(neg.sum));
+}
+
 }  // namespace
 }  // namespace attnserve::kernels::cuda

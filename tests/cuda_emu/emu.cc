@@ -1,0 +1,251 @@
+// The host emulation of the CUDA execution model (emu.h).
+#include "tests/cuda_emu/emu.h"
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define EMU_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define EMU_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define EMU_POISON(p, n) ((void)(p), (void)(n))
+#define EMU_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
+thread_local uint3 threadIdx;
+thread_local uint3 blockIdx;
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+// The kernels' `extern __shared__ unsigned char smem_raw[]` (declared at block scope inside
+// namespace attnserve::kernels::cuda) names this array: blocks run one at a time, so one buffer
+// serves them all. 228 KiB: the sm_90 per-block maximum.
+namespace attnserve::kernels::cuda {
+alignas(128) unsigned char smem_raw[228 * 1024];
+}  // namespace attnserve::kernels::cuda
+
+namespace emu {
+namespace {
+
+using attnserve::kernels::cuda::smem_raw;
+constexpr size_t kSmemCapacity = sizeof(smem_raw);
+// A barrier that waits longer than this is a deadlock (a barrier not reached by every thread):
+// generous, so that a loaded machine or a sanitizer never trips it on a correct kernel.
+constexpr auto kDeadlockTimeout = std::chrono::seconds(600);
+
+CpAsyncMode g_mode = CpAsyncMode::kLandAtIssue;
+
+// A barrier over a changing set of live threads: a generation count under one mutex; a thread
+// that exits stops counting (CUDA: exited threads no longer take part in __syncthreads).
+struct Barrier {
+  std::mutex mu;
+  std::condition_variable cv;
+  int live = 0;
+  int arrived = 0;
+  uint64_t generation = 0;
+
+  void ReleaseLocked() {
+    arrived = 0;
+    ++generation;
+    cv.notify_all();
+  }
+  // Returns the number of threads that took part.
+  int Arrive(const char* what) {
+    std::unique_lock<std::mutex> lock(mu);
+    const uint64_t gen = generation;
+    const int participants = live;
+    if (++arrived == live) {
+      ReleaseLocked();
+      return participants;
+    }
+    if (!cv.wait_for(lock, kDeadlockTimeout, [&] { return generation != gen; })) {
+      Fail(std::string(what) + ": deadlock (not every live thread reached the barrier)");
+    }
+    return participants;
+  }
+  void Exit() {
+    std::lock_guard<std::mutex> lock(mu);
+    --live;
+    if (arrived > 0 && arrived == live) ReleaseLocked();
+  }
+};
+
+struct Warp {
+  Barrier barrier;
+  Slot slots[2][32];
+};
+
+struct BlockState {
+  Barrier block_barrier;
+  std::vector<std::unique_ptr<Warp>> warps;
+  size_t smem_bytes = 0;
+};
+
+BlockState* g_block = nullptr;  // set by Launch before the block's threads start
+
+struct PendingCopy {
+  void* dst;
+  const void* src;
+  int bytes;
+  int group;  // -1: not yet committed
+};
+
+struct ThreadState {
+  int warp = 0;
+  int lane = 0;
+  uint64_t collectives = 0;  // selects the slot buffer
+  std::deque<PendingCopy> pending;
+  int next_group = 0;
+};
+thread_local ThreadState t_state;
+
+void Land(const PendingCopy& c) { std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes)); }
+
+void FlushAll() {
+  for (const PendingCopy& c : t_state.pending) Land(c);
+  t_state.pending.clear();
+}
+
+}  // namespace
+
+void SetCpAsyncMode(CpAsyncMode mode) { g_mode = mode; }
+CpAsyncMode GetCpAsyncMode() { return g_mode; }
+
+void Fail(const std::string& message) {
+  std::fprintf(stderr, "CUDA emulation: %s (block %u,%u,%u thread %u)\n", message.c_str(),
+               blockIdx.x, blockIdx.y, blockIdx.z, threadIdx.x);
+  std::fflush(stderr);
+  std::abort();
+}
+
+unsigned char* SharedBase() { return smem_raw; }
+size_t SharedSize() { return g_block != nullptr ? g_block->smem_bytes : 0; }
+
+unsigned char* SharedAt(uint32_t addr, int bytes, int align, const char* what) {
+  if (addr % static_cast<uint32_t>(align) != 0) {
+    Fail(std::string(what) + ": shared address " + std::to_string(addr) + " not aligned to " +
+         std::to_string(align));
+  }
+  if (static_cast<size_t>(addr) + static_cast<size_t>(bytes) > SharedSize()) {
+    Fail(std::string(what) + ": shared address " + std::to_string(addr) + " + " +
+         std::to_string(bytes) + " past the launched " + std::to_string(SharedSize()) + " bytes");
+  }
+  return smem_raw + addr;
+}
+
+int LaneId() { return t_state.lane; }
+
+const Slot* WarpExchange(const Slot& mine) {
+  Warp& w = *g_block->warps[static_cast<size_t>(t_state.warp)];
+  const int buf = static_cast<int>(t_state.collectives++ & 1);
+  w.slots[buf][t_state.lane] = mine;
+  const int participants = w.barrier.Arrive("warp collective");
+  if (participants != 32) {
+    Fail("warp collective (op " + std::to_string(mine.op) + ") with only " +
+         std::to_string(participants) + " live lanes");
+  }
+  for (int l = 0; l < 32; ++l) {
+    if (w.slots[buf][l].op != mine.op) {
+      Fail("warp collective: lane " + std::to_string(t_state.lane) + " issued op " +
+           std::to_string(mine.op) + ", lane " + std::to_string(l) + " op " +
+           std::to_string(w.slots[buf][l].op));
+    }
+  }
+  return w.slots[buf];
+}
+
+void SyncThreads() { g_block->block_barrier.Arrive("__syncthreads"); }
+
+void SyncWarp(unsigned mask) {
+  if (mask != 0xffffffffu) Fail("__syncwarp: only the full mask is emulated");
+  Warp& w = *g_block->warps[static_cast<size_t>(t_state.warp)];
+  if (w.barrier.Arrive("__syncwarp") != 32) Fail("__syncwarp with exited lanes");
+}
+
+void CpAsync(void* dst, const void* src, int bytes) {
+  PendingCopy c{dst, src, bytes, -1};
+  if (g_mode == CpAsyncMode::kLandAtIssue) {
+    Land(c);
+  } else {
+    t_state.pending.push_back(c);
+  }
+}
+
+void CpAsyncCommit() {
+  const int group = t_state.next_group++;
+  for (PendingCopy& c : t_state.pending) {
+    if (c.group < 0) c.group = group;
+  }
+}
+
+void CpAsyncWait(int n) {
+  // Groups g <= newest - n must have landed; uncommitted copies are not waited for.
+  const int newest = t_state.next_group - 1;
+  std::deque<PendingCopy> keep;
+  for (const PendingCopy& c : t_state.pending) {
+    if (c.group >= 0 && c.group <= newest - n) {
+      Land(c);
+    } else {
+      keep.push_back(c);
+    }
+  }
+  t_state.pending.swap(keep);
+}
+
+void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  if (smem_bytes > kSmemCapacity) Fail("launch: dynamic shared memory above 228 KiB");
+  const int threads = static_cast<int>(block.x * block.y * block.z);
+  if (threads % 32 != 0 || block.y != 1 || block.z != 1) {
+    Fail("launch: the emulator runs 1-D blocks of whole warps");
+  }
+  const int num_warps = threads / 32;
+  for (unsigned bz = 0; bz < grid.z; ++bz) {
+    for (unsigned by = 0; by < grid.y; ++by) {
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        BlockState state;
+        state.smem_bytes = smem_bytes;
+        state.block_barrier.live = threads;
+        for (int w = 0; w < num_warps; ++w) {
+          state.warps.push_back(std::make_unique<Warp>());
+          state.warps.back()->barrier.live = 32;
+        }
+        EMU_UNPOISON(smem_raw, kSmemCapacity);
+        std::memset(smem_raw, 0xff, smem_bytes);
+        EMU_POISON(smem_raw + smem_bytes, kSmemCapacity - smem_bytes);
+        g_block = &state;
+        std::vector<std::thread> pool;
+        pool.reserve(static_cast<size_t>(threads));
+        for (int t = 0; t < threads; ++t) {
+          pool.emplace_back([&, t] {
+            threadIdx = {static_cast<unsigned>(t), 0, 0};
+            blockIdx = {bx, by, bz};
+            blockDim = block;
+            gridDim = grid;
+            t_state = ThreadState{};
+            t_state.warp = t / 32;
+            t_state.lane = t % 32;
+            body();
+            FlushAll();  // copies never waited for still land (they do on the device)
+            Warp& w = *state.warps[static_cast<size_t>(t / 32)];
+            w.barrier.Exit();
+            state.block_barrier.Exit();
+          });
+        }
+        for (std::thread& th : pool) th.join();
+        g_block = nullptr;
+        EMU_UNPOISON(smem_raw, kSmemCapacity);
+      }
+    }
+  }
+}
+
+}  // namespace emu

@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Writes a copy of kernels/cuda/ with one bug injected, for the mutation smoke test (README.md):
+# the emulation tests built against the copy must fail, or the harness could pass silently.
+# Usage: make_mutant.sh NAME REPO_ROOT OUT_DIR   (the copy goes to OUT_DIR/kernels/cuda)
+# Each mutation replaces an exact piece of kernel text; if the text is not found (the kernel
+# changed), this fails, so that a mutation never silently becomes a no-op.
+set -euo pipefail
+name=$1 root=$2 out=$3
+rm -rf "$out/kernels/cuda"
+mkdir -p "$out/kernels"
+cp -r "$root/kernels/cuda" "$out/kernels/cuda"
+nl=$'\n'
+case "$name" in
+  no_barrier)  # the barrier between reading K[nb] and overwriting it with K[nb + 1]
+    file=flash_fwd_kernel.h
+    from="    detail::CpAsyncWaitAll();${nl}    __syncthreads();${nl}    if (nb + 1 < n_blocks) {"
+    to="    detail::CpAsyncWaitAll();${nl}    if (nb + 1 < n_blocks) {" ;;
+  no_cp_async_wait)  # K[nb] read without waiting for its copy
+    file=flash_fwd_kernel.h
+    from="    detail::CpAsyncWaitAll();${nl}    __syncthreads();${nl}    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_v"
+    to="    __syncthreads();${nl}    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_v" ;;
+  causal_off_by_one)
+    file=online_softmax.h
+    from="int causal_limit = i + kv_len - q_len + 1;"
+    to="int causal_limit = i + kv_len - q_len;" ;;
+  one_tile_short)
+    file=online_softmax.h
+    from="return (limit + block_n - 1) / block_n;"
+    to="return limit / block_n;" ;;
+  v_not_transposed)
+    file=flash_fwd_kernel.h
+    from="detail::LdMatrixX4Trans(b,"
+    to="detail::LdMatrixX4(b," ;;
+  swapped_fragments)
+    file=flash_fwd_kernel.h
+    from="detail::Mma16816<kType>(acc_s[2 * nn], q_frag[kk], b[0], b[1]);"
+    to="detail::Mma16816<kType>(acc_s[2 * nn], q_frag[kk], b[1], b[0]);" ;;
+  stale_mask_tile)  # the next key block's mask tile never loaded
+    file=flash_fwd_kernel.h
+    from="      if (mask_ptr != nullptr) {${nl}        detail::LoadMaskTile"
+    to="      if (false) {${nl}        detail::LoadMaskTile" ;;
+  generic_no_rescale)  # the online-softmax rescale of the accumulators dropped
+    file=flash_fwd_generic_kernel.h
+    from="for (int t = 0; t < kOutPerLane; ++t) acc[t] *= factor;"
+    to="for (int t = 0; t < kOutPerLane; ++t) acc[t] *= 1.0f;" ;;
+  generic_no_syncwarp)  # q staged in shared memory read before every lane wrote it
+    file=flash_fwd_generic_kernel.h
+    from="  __syncwarp();${nl}"
+    to="" ;;
+  *) echo "unknown mutation $name" >&2; exit 2 ;;
+esac
+FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \
+  "$out/kernels/cuda/$file"
