@@ -33,17 +33,32 @@ void AttendRow(const AttentionParams& p, int b, int h, int i, const T* q_row, KR
     any_allowed = true;
   }
 
+  // The NaN rule (attention_params.h): a NaN or +Inf among the allowed scores makes the row
+  // NaN; allowed scores of -Inf weigh 0, and a row of only -Inf is treated as fully blocked.
+  bool poisoned = false;
+  for (int j = 0; j < p.kv_len; ++j) {
+    if (allowed[j] && (std::isnan(score[j]) || score[j] == INFINITY)) poisoned = true;
+  }
+  if (poisoned) {
+    std::fill(weight_row, weight_row + p.kv_len, NAN);
+    std::fill(out_row, out_row + p.v_head_dim, NAN);
+    return;
+  }
+  if (max_score == -INFINITY) any_allowed = false;
+
   // Softmax over the allowed keys; with none allowed, every score is the same -1e9 fill, so
   // the reference softmax is uniform over all keys.
   double sum = 0;
   for (int j = 0; j < p.kv_len; ++j) {
-    weight_row[j] = !any_allowed ? 1.0 : (allowed[j] ? std::exp(score[j] - max_score) : 0.0);
+    weight_row[j] =
+        !any_allowed ? 1.0
+                     : (allowed[j] && score[j] != -INFINITY ? std::exp(score[j] - max_score) : 0.0);
     sum += weight_row[j];
   }
   std::fill(out_row, out_row + p.v_head_dim, 0.0);
   for (int j = 0; j < p.kv_len; ++j) {
     weight_row[j] /= sum;
-    if (weight_row[j] == 0.0) continue;
+    if (weight_row[j] == 0.0) continue;  // blocked keys are never consulted (rule 3)
     const auto* v = v_row(j);
     for (int d = 0; d < p.v_head_dim; ++d) out_row[d] += weight_row[j] * v[d];
   }

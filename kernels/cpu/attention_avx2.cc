@@ -47,7 +47,8 @@ struct Vec {
   // exp(x) to about 1 ulp, as in attention_avx512.cc; x < -87 gives exactly 0.
   static V Exp(V x) {
     const V underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0f)), _mm256_set1_ps(-87.0f));
+    // x second: min/max return it when it is NaN, so exp(NaN) = NaN (the NaN rule).
+    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
     const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);

@@ -452,7 +452,7 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
   for (int r = 0; r < rows; ++r) {
     float* out =
         p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
-    if (s.m[r] == kNegInf) {
+    if (s.l[r] == 0.0f) {  // fully blocked; not m == -inf, which a NaN score can leave
       if (!have_mean) {
         for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] = 0.0f;
         for (int j = 0; j < p.kv_len; ++j) {

@@ -429,7 +429,9 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   for (int r = 0; r < rows; ++r) {
     float* out =
         p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
-    if (s.m[r] == kNegInf) {
+    // Fully blocked (or only -inf scores) <=> the running sum is exactly 0. Not m == -inf: a NaN
+    // score can be lost by the vector max, but never by the sum (the NaN rule: NaN row).
+    if (s.l[r] == 0.0f) {
       if (!have_mean) MeanOfValues(p, v, s);
       have_mean = true;
       for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];
@@ -474,6 +476,13 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
     float* w = weights + int64_t{r} * p.kv_len;
     float mx = kNegInf;
     for (int j = 0; j < p.kv_len; ++j) mx = w[j] > mx ? w[j] : mx;
+    // The NaN rule: a NaN or +inf among the allowed scores makes the row NaN.
+    bool poisoned = false;
+    for (int j = 0; j < p.kv_len; ++j) poisoned |= w[j] != w[j] || w[j] == -kNegInf;
+    if (poisoned) {
+      for (int j = 0; j < p.kv_len; ++j) w[j] = __builtin_nanf("");
+      continue;
+    }
     if (mx == kNegInf) {
       const float u = 1.0f / static_cast<float>(p.kv_len);
       for (int j = 0; j < p.kv_len; ++j) w[j] = u;

@@ -10,10 +10,12 @@
 namespace attnserve::kernels::cpu {
 
 // exp(x) to about 1 ulp (Cephes expf: range reduction by ln 2 in two parts, degree-5 polynomial,
-// 2^n built in the exponent bits); x < -87 (exp(-inf) included) gives exactly 0.
+// 2^n built in the exponent bits); x < -87 (exp(-inf) included) gives exactly 0, NaN gives NaN.
 static inline __m512 Exp512(__m512 x) {
   const __mmask16 underflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
-  x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0f)), _mm512_set1_ps(-87.0f));
+  // Clamp with x as the second operand: min/max return it when it is NaN, so NaN propagates
+  // (the NaN rule of attention_params.h needs exp(NaN) = NaN).
+  x = _mm512_max_ps(_mm512_set1_ps(-87.0f), _mm512_min_ps(_mm512_set1_ps(88.0f), x));
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);

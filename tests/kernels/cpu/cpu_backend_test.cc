@@ -901,6 +901,156 @@ TEST(CpuBackendTest, WithoutBf16PathBFloat16ComputesInFloat32) {
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
 }
 
+// ---------------------------------------------------------------------------------------------
+// The NaN rule of attention_params.h, on the reference, every float32 kernel and every 16-bit
+// path this CPU has. One causal head (Lq = Lk = 70, so key tiles and query blocks both split),
+// non-finite values planted where each rule decides the outcome.
+
+struct NanCase {
+  static constexpr int kLen = 70, kDim = 16;
+  std::vector<float> q = RandomVector(kLen * kDim, 1, DType::kBFloat16);
+  std::vector<float> k = RandomVector(kLen * kDim, 2, DType::kBFloat16);
+  std::vector<float> v = RandomVector(kLen * kDim, 3, DType::kBFloat16);
+  std::vector<uint16_t> q16, k16, v16;
+  std::vector<float> out = std::vector<float>(kLen * kDim, 0.0f);
+  std::vector<int32_t> key_lengths;
+
+  AttentionParams Params(DType dtype) {
+    AttentionParams p;
+    p.batch = p.num_heads = p.num_kv_heads = 1;
+    p.q_len = p.kv_len = kLen;
+    p.head_dim = p.v_head_dim = kDim;
+    p.input_dtype = dtype;
+    p.q = {InputData(dtype, q, &q16), kLen * kDim, kLen * kDim, kDim};
+    p.k = {InputData(dtype, k, &k16), kLen * kDim, kLen * kDim, kDim};
+    p.v = {InputData(dtype, v, &v16), kLen * kDim, kLen * kDim, kDim};
+    p.out = {out.data(), kLen * kDim, kLen * kDim, kDim};
+    p.causal = true;
+    p.key_lengths = key_lengths.empty() ? nullptr : key_lengths.data();
+    p.scale = 0.25f;
+    return p;
+  }
+  bool RowAllNan(int i) const {
+    for (int c = 0; c < kDim; ++c) {
+      if (!std::isnan(out[i * kDim + c])) return false;
+    }
+    return true;
+  }
+  bool RowFinite(int i) const {
+    for (int c = 0; c < kDim; ++c) {
+      if (!std::isfinite(out[i * kDim + c])) return false;
+    }
+    return true;
+  }
+};
+
+void CheckNanRule(Backend& backend, DType dtype) {
+  constexpr int L = NanCase::kLen, D = NanCase::kDim;
+  {
+    SCOPED_TRACE("rule 1: NaN in q row 5 -> row 5 NaN, the others finite");
+    NanCase c;
+    c.q[5 * D + 3] = NAN;
+    ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
+    EXPECT_TRUE(c.RowAllNan(5));
+    for (int i = 0; i < L; ++i) {
+      if (i != 5) EXPECT_TRUE(c.RowFinite(i)) << "row " << i;
+    }
+  }
+  {
+    SCOPED_TRACE("rules 1 and 3: NaN in k row 40 -> rows that see key 40 NaN, earlier finite");
+    NanCase c;
+    c.k[40 * D + 7] = NAN;
+    ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
+    for (int i = 0; i < L; ++i) {
+      if (i < 40) {
+        EXPECT_TRUE(c.RowFinite(i)) << "row " << i;
+      } else {
+        EXPECT_TRUE(c.RowAllNan(i)) << "row " << i;
+      }
+    }
+  }
+  {
+    SCOPED_TRACE("rule 1: +Inf score (q = +Inf against positive k) -> NaN row");
+    NanCase c;
+    for (int j = 0; j < L; ++j) c.k[j * D] = std::abs(c.k[j * D]) + 0.5f;
+    c.q[66 * D] = INFINITY;
+    ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
+    EXPECT_TRUE(c.RowAllNan(66));
+    EXPECT_TRUE(c.RowFinite(65));
+  }
+  {
+    SCOPED_TRACE("rule 2: every allowed score -Inf -> the uniform average of all values");
+    NanCase c;
+    for (int j = 0; j < L; ++j) c.k[j * D] = std::abs(c.k[j * D]) + 0.5f;
+    c.q[69 * D] = -INFINITY;
+    ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
+    for (int col = 0; col < D; ++col) {
+      double mean = 0;
+      for (int j = 0; j < L; ++j) mean += c.v[j * D + col];
+      EXPECT_NEAR(c.out[69 * D + col], mean / L, 1e-5) << "column " << col;
+    }
+  }
+  {
+    SCOPED_TRACE("rule 3: NaN in the k of a key blocked by key_lengths has no effect");
+    NanCase c;
+    c.key_lengths = {50};
+    c.k[60 * D + 2] = NAN;
+    ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
+    for (int i = 0; i < L; ++i) EXPECT_TRUE(c.RowFinite(i)) << "row " << i;
+  }
+  {
+    SCOPED_TRACE("rules 1 and 2 with the weights asked for");
+    NanCase c;
+    for (int j = 0; j < L; ++j) c.k[j * D] = std::abs(c.k[j * D]) + 0.5f;
+    c.q[5 * D + 3] = NAN;
+    c.q[69 * D] = -INFINITY;
+    std::vector<float> weights(L * L, 0.0f);
+    AttentionParams p = c.Params(dtype);
+    p.weights = weights.data();
+    ASSERT_TRUE(backend.Attend({p}).ok());
+    EXPECT_TRUE(c.RowAllNan(5));
+    for (int j = 0; j < L; ++j) {
+      EXPECT_TRUE(std::isnan(weights[5 * L + j])) << "weight " << j;
+      EXPECT_FLOAT_EQ(weights[69 * L + j], 1.0f / L) << "weight " << j;
+    }
+    EXPECT_TRUE(c.RowFinite(4));
+  }
+  {
+    SCOPED_TRACE("rule 4: NaN in v[30][4] -> column 4 NaN for rows that see key 30 only");
+    NanCase c;
+    c.v[30 * D + 4] = NAN;
+    ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
+    for (int i = 30; i < L; ++i) {
+      EXPECT_TRUE(std::isnan(c.out[i * D + 4])) << "row " << i;
+      for (int col = 0; col < D; ++col) {
+        if (col != 4) EXPECT_TRUE(std::isfinite(c.out[i * D + col])) << "row " << i;
+      }
+    }
+  }
+}
+
+TEST(NanRuleTest, Reference) {
+  ReferenceBackend reference;
+  for (DType t : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    CheckNanRule(reference, t);
+  }
+}
+
+TEST_P(CpuBackendIsaTest, FollowsTheNanRule) {
+  for (DType t : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    CheckNanRule(*backend_, t);
+  }
+}
+
+TEST_P(CpuBackendBf16Test, FollowsTheNanRule) {
+  for (DType t : {DType::kBFloat16, DType::kFloat32}) {  // both on the 16-bit path here
+    SCOPED_TRACE(DTypeName(t));
+    CheckNanRule(*backend_, t);
+  }
+}
+
 TEST(CpuBackendTest, CreateRejectsBadOptions) {
   auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = -1});
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
