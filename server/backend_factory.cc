@@ -65,7 +65,12 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> LoadCudaBackend() {
       absl::StrCat("the CUDA backend plugin cannot be loaded (", absl::StrJoin(errors, "; "), ")"));
 }
 
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name, int threads) {
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
+    absl::string_view name, int threads, absl::string_view cpu_float32_precision) {
+  if (cpu_float32_precision != "fp32" && cpu_float32_precision != "bf16") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cpu_float32_precision must be fp32 or bf16; was '", cpu_float32_precision, "'"));
+  }
   if (name == "reference") return std::make_unique<kernels::ReferenceBackend>();
   if (name == "cuda") return LoadCudaBackend();
   if (name == "auto") {
@@ -77,6 +82,7 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view 
   if (name == "auto" || name == "cpu") {
     kernels::cpu::CpuBackendOptions options;
     options.num_threads = threads;
+    options.float32_as_bf16 = cpu_float32_precision == "bf16";
     auto cpu = kernels::cpu::CpuBackend::Create(options);
     if (!cpu.ok()) return cpu.status();
     return std::unique_ptr<kernels::Backend>(*std::move(cpu));

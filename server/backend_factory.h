@@ -17,7 +17,10 @@ namespace attnserve::server {
 //                when the plugin, the CUDA libraries or a device are missing
 //   "auto"       "cuda" when it loads, else "cpu" (saying why on stderr, once)
 // INVALID_ARGUMENT for any other name.
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(absl::string_view name, int threads);
+// `cpu_float32_precision` ("fp32" or "bf16", else INVALID_ARGUMENT) is how the CPU backend
+// computes FLOAT32 and FLOAT16 requests (CpuBackendOptions::float32_as_bf16).
+absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
+    absl::string_view name, int threads, absl::string_view cpu_float32_precision = "fp32");
 
 // Loads the CUDA backend plugin: $ATTNSERVE_CUDA_PLUGIN if set, else libattnserve_cuda.so in
 // <binary>/../lib/attnserve/ (installed) or in the build tree it was built in.

@@ -23,6 +23,9 @@ ABSL_FLAG(
     std::string, backend, "auto",
     "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
 ABSL_FLAG(int, backend_threads, 0, "threads of the CPU backend; 0 = one per core");
+ABSL_FLAG(std::string, cpu_float32_precision, "fp32",
+          "CPU backend, FLOAT32 and FLOAT16 requests: fp32 (exact) or bf16 (bfloat16 operands, "
+          "float32 accumulation, on CPUs with AVX512_BF16)");
 ABSL_FLAG(std::vector<std::string>, module, {},
           "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");
 ABSL_FLAG(bool, demo_module, true, "register the built-in 'demo' module (d_model 64, 4 heads)");
@@ -61,6 +64,7 @@ int Run() {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.backend = absl::GetFlag(FLAGS_backend);
   options.backend_threads = absl::GetFlag(FLAGS_backend_threads);
+  options.cpu_float32_precision = absl::GetFlag(FLAGS_cpu_float32_precision);
   options.demo_module = absl::GetFlag(FLAGS_demo_module);
   options.allow_module_rpc = absl::GetFlag(FLAGS_allow_module_rpc);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -109,7 +113,8 @@ int Run() {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  auto backend = attnserve::server::MakeBackend(options.backend, options.backend_threads);
+  auto backend = attnserve::server::MakeBackend(options.backend, options.backend_threads,
+                                                options.cpu_float32_precision);
   if (!backend.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", backend.status().ToString().c_str());
     return 2;

@@ -87,7 +87,8 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
                                                               metrics::Metrics* metrics) {
-  auto backend = MakeBackend(options.backend, options.backend_threads);
+  auto backend =
+      MakeBackend(options.backend, options.backend_threads, options.cpu_float32_precision);
   if (!backend.ok()) return backend.status();
   return Start(options, *std::move(backend), metrics);
 }

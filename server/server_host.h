@@ -46,6 +46,10 @@ struct ServerOptions {
   std::string backend = "auto";
   // Threads of the CPU backend; 0 = one per core.
   int backend_threads = 0;
+  // How the CPU backend computes FLOAT32 (and FLOAT16) requests: "fp32" (exact float32) or
+  // "bf16" (bfloat16 operands, float32 accumulation, where the CPU has AVX512_BF16; BFLOAT16
+  // requests always are). Reported in GetServerInfo.float32_precision.
+  std::string cpu_float32_precision = "fp32";
   Limits limits;
   BatchingOptions batching;
   bool allow_module_rpc = true;
@@ -69,7 +73,8 @@ class ServerHost {
   static absl::StatusOr<std::unique_ptr<ServerHost>> Start(
       const ServerOptions& options, std::unique_ptr<kernels::Backend> backend,
       metrics::Metrics* metrics);
-  // As above, with the backend MakeBackend(options.backend, options.backend_threads) makes.
+  // As above, with the backend MakeBackend(options.backend, options.backend_threads,
+  // options.cpu_float32_precision) makes.
   static absl::StatusOr<std::unique_ptr<ServerHost>> Start(const ServerOptions& options,
                                                            metrics::Metrics* metrics);
   ~ServerHost();

@@ -11,6 +11,7 @@
 //                    the process already holds
 #include <cblas.h>
 #include <malloc.h>
+#include <omp.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +31,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/projection.h"
 #include "kernels/multi_head.h"
+#include "oneapi/dnnl/dnnl.hpp"
 
 namespace attnserve::kernels::cpu {
 namespace {
@@ -128,63 +130,127 @@ MultiHeadWeights Weights(int d_model, int heads) {
   return w;
 }
 
+// The request's inputs: float32 values, or their bfloat16 encodings.
+struct Inputs {
+  std::vector<float> f32;
+  std::vector<uint16_t> bf16;
+  const void* data(DType t) const {
+    return t == DType::kBFloat16 ? static_cast<const void*>(bf16.data()) : f32.data();
+  }
+};
+Inputs MakeInputs(int64_t n, uint32_t seed) {
+  Inputs in{Random(n, seed), std::vector<uint16_t>(n)};
+  FromFloat32(DType::kBFloat16, in.f32.data(), n, in.bf16.data());
+  return in;
+}
+
+// Which path a backend takes for `dtype`, for the label.
+std::string PathLabel(const CpuBackend& backend, DType dtype) {
+  return backend.ComputesInBf16(dtype) ? std::string(Bf16IsaName(backend.bf16_isa()))
+                                       : std::string("fp32 ") + IsaName(backend.isa());
+}
+
 // Args: B, L, d_model, h. Self-attention, no mask, as torch.nn.MultiheadAttention is measured.
-void BM_MultiHead(benchmark::State& state) {
+void MultiHeadBench(benchmark::State& state, DType dtype) {
   const int batch = state.range(0), len = state.range(1), dm = state.range(2);
   const int heads = state.range(3);
   const MultiHeadWeights w = Weights(dm, heads);
-  const std::vector<float> x = Random(int64_t{batch} * len * dm, 5);
-  std::vector<float> out(x.size());
+  const Inputs x = MakeInputs(int64_t{batch} * len * dm, 5);
+  std::vector<float> out(x.f32.size());
   MultiHeadParams p;
   p.module = &w;
   p.batch = batch;
   p.q_len = p.kv_len = len;
-  p.query = p.key = p.value = x.data();
+  p.input_dtype = dtype;
+  p.query = p.key = p.value = x.data(dtype);
   p.self_attention = true;
   p.out = out.data();
   p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
   CpuBackend& backend = Backend();
+  (void)backend.MultiHead({p});  // the weights' bfloat16 copies are made once, on first use
   const PeakExtra mem = MeasurePeakExtra([&] { (void)backend.MultiHead({p}); });
   for (auto _ : state) {
     (void)backend.MultiHead({p});
     benchmark::DoNotOptimize(out.data());
   }
+  std::string label = PathLabel(backend, dtype);
+  if (backend.ComputesInBf16(dtype)) {
+    label += ", projections " + LinearBf16Impl(1024, dm, 3 * dm, DType::kBFloat16);
+  }
+  state.SetLabel(label);
   state.counters["GFLOP/s"] =
       benchmark::Counter(MultiHeadFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["peak_extra_MiB"] = mem.heap_mib;
   state.counters["peak_rss_extra_MiB"] = mem.rss_mib;
   state.counters["threads"] = backend.num_threads();
 }
+void BM_MultiHead(benchmark::State& state) { MultiHeadBench(state, DType::kFloat32); }
+void BM_MultiHeadBf16(benchmark::State& state) { MultiHeadBench(state, DType::kBFloat16); }
 
-// Args: B, L, d_model, h: the attention part alone, q/k/v [B, h, L, d_model / h].
-void BM_Attention(benchmark::State& state) {
-  const int batch = state.range(0), len = state.range(1), dm = state.range(2);
-  const int heads = state.range(3);
-  const int dk = dm / heads;
-  const int64_t n = int64_t{batch} * heads * len * dk;
-  const std::vector<float> q = Random(n, 6), k = Random(n, 7), v = Random(n, 8);
-  std::vector<float> out(n);
+AttentionParams AttentionOf(int batch, int len, int heads, int dk, DType dtype, const Inputs& q,
+                            const Inputs& k, const Inputs& v, std::vector<float>* out) {
   AttentionParams p;
   p.batch = batch;
   p.num_heads = p.num_kv_heads = heads;
   p.q_len = p.kv_len = len;
   p.head_dim = p.v_head_dim = dk;
-  p.q = {q.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
-  p.k = {k.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
-  p.v = {v.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
-  p.out = {out.data(), int64_t{heads} * len * dk, int64_t{len} * dk, dk};
+  p.input_dtype = dtype;
+  const int64_t bs = int64_t{heads} * len * dk, hs = int64_t{len} * dk;
+  p.q = {q.data(dtype), bs, hs, dk};
+  p.k = {k.data(dtype), bs, hs, dk};
+  p.v = {v.data(dtype), bs, hs, dk};
+  p.out = {out->data(), bs, hs, dk};
   p.scale = 1.0f / std::sqrt(static_cast<float>(dk));
+  return p;
+}
+
+// Args: B, L, d_model, h: the attention part alone, q/k/v [B, h, L, d_model / h].
+void AttentionBench(benchmark::State& state, DType dtype) {
+  const int batch = state.range(0), len = state.range(1), dm = state.range(2);
+  const int heads = state.range(3);
+  const int dk = dm / heads;
+  const int64_t n = int64_t{batch} * heads * len * dk;
+  const Inputs q = MakeInputs(n, 6), k = MakeInputs(n, 7), v = MakeInputs(n, 8);
+  std::vector<float> out(n);
+  const AttentionParams p = AttentionOf(batch, len, heads, dk, dtype, q, k, v, &out);
   CpuBackend& backend = Backend();
   const PeakExtra mem = MeasurePeakExtra([&] { (void)backend.Attend({p}); });
   for (auto _ : state) {
     (void)backend.Attend({p});
     benchmark::DoNotOptimize(out.data());
   }
+  state.SetLabel(PathLabel(backend, dtype));
   state.counters["GFLOP/s"] =
       benchmark::Counter(AttentionFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["peak_extra_MiB"] = mem.heap_mib;
   state.counters["peak_rss_extra_MiB"] = mem.rss_mib;
   state.counters["threads"] = backend.num_threads();
+}
+void BM_Attention(benchmark::State& state) { AttentionBench(state, DType::kFloat32); }
+void BM_AttentionBf16(benchmark::State& state) { AttentionBench(state, DType::kBFloat16); }
+
+// Args: path (2 avx512_bf16, 3 amx_bf16): bfloat16 attention at (B, L, d_model, h) =
+// (4, 1024, 512, 8) on a backend forced to that path (skipped when the CPU lacks it).
+void BM_AttentionBf16Path(benchmark::State& state) {
+  const Bf16Isa path = static_cast<Bf16Isa>(state.range(0));
+  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = g_threads, .bf16_isa = path});
+  if (!backend.ok()) {
+    state.SkipWithError(std::string(backend.status().message()).c_str());
+    return;
+  }
+  const int batch = 4, len = 1024, heads = 8, dk = 64;
+  const int64_t n = int64_t{batch} * heads * len * dk;
+  const Inputs q = MakeInputs(n, 6), k = MakeInputs(n, 7), v = MakeInputs(n, 8);
+  std::vector<float> out(n);
+  const AttentionParams p = AttentionOf(batch, len, heads, dk, DType::kBFloat16, q, k, v, &out);
+  for (auto _ : state) {
+    (void)(*backend)->Attend({p});
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetLabel(Bf16IsaName(path));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(AttentionFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = (*backend)->num_threads();
 }
 
 // Args: isa (1 generic, 2 avx2, 3 avx512): attention at (B, L, d_model, h) = (1, 1024, 512, 8)
@@ -214,7 +280,7 @@ void BM_AttentionIsa(benchmark::State& state) {
     (void)(*backend)->Attend({p});
     benchmark::DoNotOptimize(out.data());
   }
-  state.SetLabel(IsaName(isa));
+  state.SetLabel(IsaName(isa));  // float32 inputs: the float32 kernel of that ISA
   state.counters["GFLOP/s"] =
       benchmark::Counter(AttentionFlops(p) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
   state.counters["threads"] = (*backend)->num_threads();
@@ -239,6 +305,36 @@ void BM_Sgemm(benchmark::State& state) {
   state.counters["threads"] = threads;
 }
 
+// Args: M, N, K, threads. oneDNN matmul C = A·Bᵀ with bfloat16 A and B, float32 C (the
+// projection's shape): the bfloat16 ceiling of this machine, on oneDNN's own threads (OpenMP).
+void BM_OneDnnBf16(benchmark::State& state) {
+  const int m = state.range(0), n = state.range(1), k = state.range(2);
+  const int threads = state.range(3) > 0 ? state.range(3) : Backend().num_threads();
+  const Inputs a = MakeInputs(int64_t{m} * k, 9), b = MakeInputs(int64_t{n} * k, 10);
+  std::vector<float> c(int64_t{m} * n);
+  using dt = dnnl::memory::data_type;
+  const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  const dnnl::memory::desc a_md({m, k}, dt::bf16, {k, 1});
+  const dnnl::memory::desc b_md({k, n}, dt::bf16, {1, k});
+  const dnnl::memory::desc c_md({m, n}, dt::f32, {n, 1});
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a_md, b_md, c_md), engine);
+  const dnnl::matmul matmul(pd);
+  dnnl::memory am(a_md, engine, const_cast<uint16_t*>(a.bf16.data()));
+  dnnl::memory bm(b_md, engine, const_cast<uint16_t*>(b.bf16.data()));
+  dnnl::memory cm(c_md, engine, c.data());
+  omp_set_num_threads(threads);  // this thread's setting (the backend sets 1 on its threads)
+  for (auto _ : state) {
+    matmul.execute(stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    stream.wait();
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetLabel(pd.impl_info_str());
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(2.0 * m * n * k * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = threads;
+}
+
 #define ATTNSERVE_SHAPES \
   Args({4, 128, 512, 8})->Args({4, 1024, 512, 8})->Args({1, 4096, 512, 8})->Args({1, 4096, 1024, 8})
 BENCHMARK(BM_MultiHead)
@@ -248,6 +344,27 @@ BENCHMARK(BM_MultiHead)
     ->MeasureProcessCPUTime();
 BENCHMARK(BM_Attention)
     ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_MultiHeadBf16)
+    ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_AttentionBf16)
+    ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_AttentionBf16Path)
+    ->Arg(static_cast<int>(Bf16Isa::kAvx512Bf16))
+    ->Arg(static_cast<int>(Bf16Isa::kAmx))
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_OneDnnBf16)
+    ->Args({4096, 1536, 512, 0})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime();

@@ -8,6 +8,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
 #include "server/server_host.h"
 #include "tests/testing/exposition.h"
@@ -183,6 +184,27 @@ TEST_F(ServiceTest, ServerInfoDescribesBackendLimitsAndVersion) {
   EXPECT_EQ(active, 1);
   EXPECT_EQ(info->limits().max_head_dim(), 256);
   EXPECT_FALSE(info->float32_precision().empty());
+}
+
+TEST_F(ServiceTest, CpuFloat32PrecisionIsReportedAndChecked) {
+  server::ServerOptions options;
+  options.backend = "cpu";
+  options.cpu_float32_precision = "bf16";
+  host_.reset();
+  StartServer(options);
+  auto info = client_->GetServerInfo();
+  ASSERT_TRUE(info.ok());
+  // "bf16: ..." where the CPU has a 16-bit path (AVX512_BF16), else "fp32: ...".
+  const auto* cpu = dynamic_cast<const kernels::cpu::CpuBackend*>(&host_->backend());
+  ASSERT_NE(cpu, nullptr);
+  EXPECT_THAT(
+      info->float32_precision(),
+      ::testing::StartsWith(cpu->bf16_isa() != kernels::cpu::Bf16Isa::kNone ? "bf16: " : "fp32: "));
+  options.cpu_float32_precision = "fp16";
+  auto bad = server::ServerHost::Start(options, metrics_.get());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("'fp16'"));
 }
 
 TEST_F(ServiceTest, HealthIsServingUntilShutdown) {
