@@ -278,6 +278,25 @@ void GemmAvx512Bf16(const uint16_t* a, int lda, const uint16_t* b, float* c, int
   }
 }
 
+// 2^t for t <= 0 (scores minus their running max, in units of log2 e) or NaN: t = n + f with n
+// an integer and |f| <= 1/2, 2^f by a degree-4 polynomial (the Taylor series of e^(f ln 2);
+// relative error below 4e-5, far under the 2^-9 rounding of P to bfloat16 that follows), and
+// 2^n applied by VSCALEFPS. t < -126 (t = -inf included) gives exactly 0, NaN gives NaN.
+inline __m512 Exp2NonPositive(__m512 t) {
+  const __mmask16 underflow = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-126.0f), _CMP_LT_OQ);
+  t = _mm512_max_ps(_mm512_set1_ps(-126.0f), t);  // t second: NaN stays NaN
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_set1_ps(9.6181291e-3f);                  // ln2^4 / 24
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504109e-2f));  // ln2^3 / 6
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022651e-1f));  // ln2^2 / 2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718e-1f));  // ln2
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+  return _mm512_maskz_mov_ps(static_cast<__mmask16>(~underflow), _mm512_scalef_ps(p, n));
+}
+
+constexpr float kLog2e = 1.44269504088896341f;
+
 // ---------------------------------------------------------------------------------------------
 // Per-task scratch.
 
@@ -348,6 +367,7 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
   const Rows q = InputRows(p, p.q, b, h);
   int min_limit = p.kv_len, max_limit = 0;
   int limit[kQ];
+  float alpha[kQ];  // rescale factor of the current tile, per row
   for (int r = 0; r < m_rows; ++r) {
     if (r < rows) {
       ToBf16Row(p.input_dtype, q.row(i0 + r), p.head_dim, dp, s.qa + int64_t{r} * dp);
@@ -387,10 +407,18 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
       const uint8_t* mrow = mk.data != nullptr ? mk.data + b * mk.batch_stride +
                                                      h * mk.head_stride + (i0 + r) * mk.row_stride
                                                : nullptr;
+      // Every key of the tile allowed (no mask, below the row's limit) and scale > 0: the max
+      // of the raw scores gives the max of the scaled ones, and exp takes s·scale - m in one
+      // fused step. Otherwise blocked scores are first replaced by -inf, scaled, in place.
+      const bool plain = mrow == nullptr && allowed_end >= keys && p.scale > 0.0f;
       __m512 vmax = neg_inf;
       for (int x = 0; x < keys; x += 16) {
         const int count = MinInt(16, keys - x);
         const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1);
+        if (plain) {
+          vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, lanes, sr + x));
+          continue;
+        }
         __mmask16 ok =
             allowed_end <= x
                 ? 0
@@ -401,34 +429,32 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
         _mm512_storeu_ps(sr + x, v);
         vmax = _mm512_max_ps(vmax, v);
       }
-      const float tile_max = _mm512_reduce_max_ps(vmax);
+      const float tile_max =
+          plain ? _mm512_reduce_max_ps(vmax) * p.scale : _mm512_reduce_max_ps(vmax);
       const float m_old = s.m[r];
       const float m_new = m_old > tile_max ? m_old : tile_max;
       const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-      const float alpha = _mm512_cvtss_f32(Exp512(_mm512_set1_ps(m_old - m_ref)));
-      const __m512 ref = _mm512_set1_ps(m_ref);
+      alpha[r] = _mm512_cvtss_f32(Exp2NonPositive(_mm512_set1_ps((m_old - m_ref) * kLog2e)));
+      // exp(s·scale - m) = 2^(s·(scale·log2 e) - m·log2 e), one fused step per vector.
+      const __m512 ref = _mm512_set1_ps(m_ref * kLog2e);
+      const __m512 mul = _mm512_set1_ps(plain ? p.scale * kLog2e : kLog2e);
       __m512 vsum = _mm512_setzero_ps();
       uint16_t* pr = s.pa + int64_t{r} * kN;
       for (int x = 0; x < k_pad; x += 16) {
         __m512 e = _mm512_setzero_ps();
         if (x < keys) {
           const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, keys - x)) - 1);
-          e = _mm512_maskz_mov_ps(lanes, Exp512(_mm512_sub_ps(_mm512_loadu_ps(sr + x), ref)));
+          const __m512 sc = _mm512_loadu_ps(sr + x);
+          e = _mm512_maskz_mov_ps(lanes, Exp2NonPositive(_mm512_fmsub_ps(sc, mul, ref)));
         }
         vsum = _mm512_add_ps(vsum, e);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + x),
                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
       }
-      s.l[r] = s.l[r] * alpha + _mm512_reduce_add_ps(vsum);
+      s.l[r] = s.l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
       s.m[r] = m_new;
-      // O = O · alpha (the tile's P·V is added below).
-      float* orow = s.o + int64_t{r} * dvp;
-      const __m512 va = _mm512_set1_ps(alpha);
-      for (int c = 0; c < dvp; c += 16) {
-        _mm512_storeu_ps(orow + c, _mm512_mul_ps(_mm512_loadu_ps(orow + c), va));
-      }
     }
-    // 3. O_tile = P·V_tile ([m_rows][Dvp]), then O += O_tile.
+    // 3. O_tile = P·V_tile ([m_rows][Dvp]), then O = O · alpha + O_tile.
     const uint16_t* vt = vp + t * sh.v_tile_elems();
     if constexpr (kAmx) {
       GemmAmx(s.pa, kN, vt, s.ot, dvp, m_rows, dvp, k_pad);
@@ -438,9 +464,10 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
     for (int r = 0; r < rows; ++r) {
       float* orow = s.o + int64_t{r} * dvp;
       const float* trow = s.ot + int64_t{r} * dvp;
+      const __m512 va = _mm512_set1_ps(alpha[r]);
       for (int c = 0; c < dvp; c += 16) {
         _mm512_storeu_ps(orow + c,
-                         _mm512_add_ps(_mm512_loadu_ps(orow + c), _mm512_loadu_ps(trow + c)));
+                         _mm512_fmadd_ps(_mm512_loadu_ps(orow + c), va, _mm512_loadu_ps(trow + c)));
       }
     }
   }

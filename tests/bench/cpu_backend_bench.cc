@@ -365,6 +365,12 @@ BENCHMARK(BM_AttentionBf16Path)
     ->MeasureProcessCPUTime();
 BENCHMARK(BM_OneDnnBf16)
     ->Args({4096, 1536, 512, 0})
+    // The attention core's products as oneDNN calls, one thread: a task's S = Q·Kᵀ tile
+    // (64 queries x 128 keys x D 64) and P·V tile (64 x 64 x 128), and coarse tiles.
+    ->Args({64, 128, 64, 1})
+    ->Args({64, 64, 128, 1})
+    ->Args({256, 1024, 64, 1})
+    ->Args({256, 64, 1024, 1})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime();
