@@ -307,7 +307,7 @@ struct Scratch {
   float* ot;     // [kQ][Dvp]: P·V of the current tile
   float* o;      // [kQ][Dvp]: running output
   float* m;      // [kQ]
-  float* l;      // [kQ]
+  float* l;      // [kQ][16]: running sums, per row a vector of 16 partial sums
   float* mean;   // [Dvp]
   float* row;    // [max(Dp, Dvp)]
 };
@@ -315,7 +315,7 @@ struct Scratch {
 int64_t ScratchBytes(int d, int dv) {
   const int64_t dp = Round32(d), dvp = Round32(dv);
   return Align64(kQ * dp * 2) + Align64(int64_t{kQ} * kN * 4) + Align64(int64_t{kQ} * kN * 2) +
-         2 * Align64(kQ * dvp * 4) + 2 * Align64(kQ * 4) + Align64(dvp * 4) +
+         2 * Align64(kQ * dvp * 4) + Align64(kQ * 4) + Align64(kQ * 16 * 4) + Align64(dvp * 4) +
          Align64((dp > dvp ? dp : dvp) * 4);
 }
 
@@ -334,7 +334,7 @@ Scratch Carve(void* base, int d, int dv) {
   s.ot = reinterpret_cast<float*>(take(kQ * dvp * 4));
   s.o = reinterpret_cast<float*>(take(kQ * dvp * 4));
   s.m = reinterpret_cast<float*>(take(kQ * 4));
-  s.l = reinterpret_cast<float*>(take(kQ * 4));
+  s.l = reinterpret_cast<float*>(take(kQ * 16 * 4));
   s.mean = reinterpret_cast<float*>(take(dvp * 4));
   s.row = reinterpret_cast<float*>(take((dp > dvp ? dp : dvp) * 4));
   return s;
@@ -381,7 +381,7 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
   }
   for (int r = 0; r < kQ; ++r) {
     s.m[r] = kNegInf;
-    s.l[r] = 0.0f;
+    _mm512_storeu_ps(s.l + r * 16, _mm512_setzero_ps());
   }
   std::memset(s.o, 0, sizeof(float) * kQ * dvp);
   const uint16_t* kp = static_cast<const uint16_t*>(packed);
@@ -451,7 +451,9 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + x),
                             reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
       }
-      s.l[r] = s.l[r] * alpha[r] + _mm512_reduce_add_ps(vsum);
+      // The running sum stays a vector of partial sums (one horizontal sum per row, at the end).
+      float* lr = s.l + r * 16;
+      _mm512_storeu_ps(lr, _mm512_fmadd_ps(_mm512_loadu_ps(lr), _mm512_set1_ps(alpha[r]), vsum));
       s.m[r] = m_new;
     }
     // 3. O_tile = P·V_tile ([m_rows][Dvp]), then O = O · alpha + O_tile.
@@ -479,7 +481,8 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
   for (int r = 0; r < rows; ++r) {
     float* out =
         p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
-    if (s.l[r] == 0.0f) {  // fully blocked; not m == -inf, which a NaN score can leave
+    const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(s.l + r * 16));
+    if (l == 0.0f) {  // fully blocked; not m == -inf, which a NaN score can leave
       if (!have_mean) {
         for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] = 0.0f;
         for (int j = 0; j < p.kv_len; ++j) {
@@ -492,9 +495,12 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
       }
       for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];
     } else {
-      const float inv_l = 1.0f / s.l[r];
+      const __m512 inv_l = _mm512_set1_ps(1.0f / l);
       const float* orow = s.o + int64_t{r} * dvp;
-      for (int c = 0; c < p.v_head_dim; ++c) out[c] = orow[c] * inv_l;
+      for (int c = 0; c < p.v_head_dim; c += 16) {
+        const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, p.v_head_dim - c)) - 1);
+        _mm512_mask_storeu_ps(out + c, lanes, _mm512_mul_ps(_mm512_loadu_ps(orow + c), inv_l));
+      }
     }
   }
 }
