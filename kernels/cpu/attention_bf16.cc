@@ -505,6 +505,8 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
   }
 }
 
+void ToBf16(DType type, const void* src, int n, uint16_t* dst) { ToBf16Row(type, src, n, n, dst); }
+
 void RunAmx(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
   Run<true>(p, b, h, i0, packed, scratch);
 }
@@ -518,8 +520,9 @@ void RunAvx512Bf16(const AttentionParams& p, int b, int h, int i0, const void* p
 
 namespace attnserve::kernels::cpu {
 extern const Bf16AttentionKernel kAmxAttentionKernel = {
-    Bf16Isa::kAmx, "amx_bf16", &bf16::PackedBytes, &bf16::Pack, &bf16::ScratchBytes, &bf16::RunAmx};
+    Bf16Isa::kAmx,       "amx_bf16",    &bf16::PackedBytes, &bf16::Pack,
+    &bf16::ScratchBytes, &bf16::RunAmx, &bf16::ToBf16};
 extern const Bf16AttentionKernel kAvx512Bf16AttentionKernel = {
-    Bf16Isa::kAvx512Bf16, "avx512_bf16",       &bf16::PackedBytes,
-    &bf16::Pack,          &bf16::ScratchBytes, &bf16::RunAvx512Bf16};
+    Bf16Isa::kAvx512Bf16, "avx512_bf16",        &bf16::PackedBytes, &bf16::Pack,
+    &bf16::ScratchBytes,  &bf16::RunAvx512Bf16, &bf16::ToBf16};
 }  // namespace attnserve::kernels::cpu

@@ -70,6 +70,9 @@ struct Bf16AttentionKernel {
   // Rows [i0, min(i0 + kQueryBlock, q_len)) of (b, h) of p, from the packed K and V of
   // (b, h / group). REQUIRES: p.weights == nullptr, head dims <= kMaxBf16HeadDim.
   void (*run)(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch);
+  // n elements of `type` (FLOAT32, FLOAT16, BFLOAT16) at src to bfloat16 (round to nearest
+  // even), vectorised: the projections' input rows.
+  void (*to_bf16)(DType type, const void* src, int n, uint16_t* dst);
 };
 
 extern const Bf16AttentionKernel kAmxAttentionKernel;

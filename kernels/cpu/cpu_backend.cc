@@ -342,16 +342,9 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
                      g.y, g.y_type, g.ldy);
           return;
         }
-        float* wide = ThreadScratch(g.k + (g.rows * g.k + 1) / 2);
-        uint16_t* x16 = reinterpret_cast<uint16_t*>(wide + g.k);
+        uint16_t* x16 = reinterpret_cast<uint16_t*>(ThreadScratch((g.rows * g.k + 1) / 2));
         for (int64_t r = 0; r < g.rows; ++r) {
-          const char* row = x + r * g.ldx * x_size;
-          const float* f = reinterpret_cast<const float*>(row);
-          if (g.x_type != DType::kFloat32) {
-            ToFloat32(g.x_type, row, g.k, wide);
-            f = wide;
-          }
-          FromFloat32(DType::kBFloat16, f, g.k, x16 + r * g.k);
+          bf16_kernel_->to_bf16(g.x_type, x + r * g.ldx * x_size, g.k, x16 + r * g.k);
         }
         LinearBf16(x16, g.k, g.rows, g.k, g.w16, g.bias, g.n, g.y, g.y_type, g.ldy);
         return;
