@@ -7,6 +7,7 @@
 //
 // The launches mirror flash_fwd_launch_template.h (which uses <<<>>> and so is not compiled
 // here): block shape, dynamic shared memory and grid from the same traits and helpers.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -14,12 +15,14 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
 #include "kernels/cuda/flash_fwd_generic_kernel.h"
 #include "kernels/cuda/flash_fwd_kernel.h"
+#include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/kernel_traits.h"
 #include "kernels/reference.h"
@@ -101,8 +104,9 @@ template <typename Traits>
 void LaunchTensorCore(const FlashFwdParams& p) {
   const int num_m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (num_m_blocks == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
-  const dim3 grid(static_cast<unsigned>(num_m_blocks) * p.num_seqs, p.num_heads);
-  emu::Launch(grid, dim3(Traits::kNThreads), Traits::kSmemBytes,
+  const int64_t blocks = FlashGridBlocks(num_m_blocks, p.num_seqs, p.num_heads);
+  ASSERT_LE(blocks, kMaxGridX);
+  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(Traits::kNThreads), Traits::kSmemBytes,
               [&] { FlashFwdKernel<Traits>(p, num_m_blocks); });
 }
 
@@ -111,8 +115,9 @@ void LaunchGeneric(const FlashFwdParams& p) {
   const int blocks_per_seq = (p.max_seqlen_q + kGenericWarps - 1) / kGenericWarps;
   if (blocks_per_seq == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
   const size_t smem = kGenericWarps * p.head_dim * sizeof(float);
-  const dim3 grid(static_cast<unsigned>(blocks_per_seq) * p.num_seqs, p.num_heads);
-  emu::Launch(grid, dim3(kGenericWarps * 32), smem,
+  const int64_t blocks = FlashGridBlocks(blocks_per_seq, p.num_seqs, p.num_heads);
+  ASSERT_LE(blocks, kMaxGridX);
+  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(kGenericWarps * 32), smem,
               [&] { FlashFwdGenericKernel<Element>(p, blocks_per_seq); });
 }
 
@@ -436,6 +441,66 @@ TEST_P(FlashEmuTest, NaNRule) {
   for (size_t e = 0; e < r.out.size(); ++e) {
     EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
   }
+}
+
+// The launch grid (flash_grid.h) covers every (m block, head, sequence) exactly once, past
+// grid y's 65535 limit on heads.
+TEST(FlashGridTest, EveryBlockOnceBeyond65535Heads) {
+  for (const auto& [m_blocks, seqs, heads] :
+       std::vector<std::tuple<int, int, int>>{{1, 1, 65536}, {3, 2, 70001}, {5, 7, 3}}) {
+    const int64_t blocks = FlashGridBlocks(m_blocks, seqs, heads);
+    ASSERT_EQ(blocks, int64_t{m_blocks} * seqs * heads);
+    std::vector<uint8_t> seen(static_cast<size_t>(blocks), 0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const FlashBlockCoord c = FlashBlockOf(static_cast<unsigned>(b), m_blocks, heads);
+      ASSERT_TRUE(c.m_block >= 0 && c.m_block < m_blocks && c.head >= 0 && c.head < heads &&
+                  c.seq >= 0 && c.seq < seqs);
+      uint8_t& s = seen[(size_t(c.seq) * heads + c.head) * m_blocks + c.m_block];
+      ASSERT_EQ(s, 0) << "block " << b << " computed twice";
+      s = 1;
+    }
+  }
+}
+
+// q/k/v [1, 65536, 1, 8] (65536 heads, the review's case): the generic kernel's blocks of the
+// first and last heads compute them (only those blocks are emulated; the rest stay unwritten).
+TEST(FlashGridTest, SixtyFiveThousandHeads) {
+  const int kHeads = 65536, kD = 8;
+  std::mt19937 rng(3);
+  Buffer16 q = MakeBuffer(size_t(kHeads) * kD, ComputeType::kFloat16, rng, -1, 1);
+  Buffer16 k = MakeBuffer(size_t(kHeads) * kD, ComputeType::kFloat16, rng, -1, 1);
+  Buffer16 v = MakeBuffer(size_t(kHeads) * kD, ComputeType::kFloat16, rng, -1, 1);
+  std::vector<float> o(size_t(kHeads) * kD, -12345.0f);
+  const int cu[2] = {0, 1};
+  FlashFwdParams p;
+  p.q = q.bits.get();
+  p.k = k.bits.get();
+  p.v = v.bits.get();
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t{kHeads} * kD;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = kD;
+  p.o = o.data();
+  p.cu_seqlens_q = cu;
+  p.cu_seqlens_k = cu;
+  p.num_seqs = 1;
+  p.max_seqlen_q = 1;
+  p.num_heads = p.num_kv_heads = kHeads;
+  p.head_dim = p.v_head_dim = kD;
+  p.scale = 0.5f;
+  p.scale_log2 = 0.5f * kLog2e;
+  const std::vector<int> checked = {0, 1, 65534, 65535};
+  emu::SetBlockFilter([&](const uint3& b) {
+    const FlashBlockCoord c = FlashBlockOf(b.x, 1, kHeads);
+    return std::find(checked.begin(), checked.end(), c.head) != checked.end();
+  });
+  LaunchKernel(Kernel::kGeneric, ComputeType::kFloat16, p);
+  emu::SetBlockFilter(nullptr);
+  // One key: softmax weight 1, the output is v of the head's key.
+  for (int h : checked) {
+    for (int d = 0; d < kD; ++d) {
+      EXPECT_EQ(o[size_t(h) * kD + d], v.values[size_t(h) * kD + d]) << h << " " << d;
+    }
+  }
+  EXPECT_EQ(o[size_t(2) * kD], -12345.0f);  // not emulated
 }
 
 std::vector<Param> AllParams() {
