@@ -46,11 +46,7 @@ struct FlashFwdTraits {
   static constexpr int kSmemQElems = kBlockM * kHeadDim;
   static constexpr int kSmemKElems = kBlockN * kHeadDim;
   static constexpr int kSmemVElems = kBlockN * kHeadDim;
-  // The mask tile, one byte a score, rows padded by one bank (4 bytes): the 8 rows a warp's
-  // lanes read at once (lane / 4) then fall in 8 different banks; unpadded, rows kBlockN bytes
-  // apart met in 4 (kBlockN 64) or 8 (kBlockN 128) ways on the same bank.
-  static constexpr int kMaskRowStride = kBlockN + 4;
-  static constexpr int kSmemMaskBytes = kBlockM * kMaskRowStride;
+  static constexpr int kSmemMaskBytes = kBlockM * kBlockN;  // the mask tile, one byte a score
   static constexpr int kSmemBytes =
       (kSmemQElems + kSmemKElems + kSmemVElems) * static_cast<int>(sizeof(Element)) +
       kSmemMaskBytes;
@@ -72,8 +68,7 @@ struct FlashFwdTraits {
 
 // The specialised instances (one .cu file each, see flash_fwd_hdim*.cu).
 // hdim 64: kBlockN 128 halves the number of key-loop iterations (and barriers) for the small
-// tiles; registers: 64 (S) + 32 (O) + 16 (Q) floats per thread; 48.25 KiB of shared memory (the
-// launch raises the 48 KiB default).
+// tiles; registers: 64 (S) + 32 (O) + 16 (Q) floats per thread; 48 KiB of shared memory.
 template <ComputeType kType>
 using FlashFwdTraitsHdim64 = FlashFwdTraits<64, 64, 128, 4, kType>;
 // hdim 128: 64 (O) + 32 (S) + 32 (Q) registers of tiles per thread; 52 KiB of shared memory.
