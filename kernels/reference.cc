@@ -27,11 +27,6 @@ void AttendRow(const AttentionParams& p, int b, int h, int i, const T* q_row, KR
     double dot = 0;
     for (int d = 0; d < p.head_dim; ++d) dot += static_cast<double>(q_row[d]) * k[d];
     score[j] = dot * static_cast<double>(p.scale);
-    // The NaN rule (attention_params.h): an allowed score of -Inf weighs 0, like a blocked key.
-    if (score[j] == -INFINITY) {
-      allowed[j] = false;
-      continue;
-    }
     max_score = std::max(max_score, score[j]);
     any_allowed = true;
   }

@@ -350,13 +350,10 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
       const V alpha = Vec::Exp(Vec::Sub(m_old, m_ref));
       // 6. Probabilities p_j = exp(s_j - m_new) in place, and their sum, in key order.
       V sum = Vec::Zero();
-      //    The NaN rule (attention_params.h): Exp flushes NaN to 0, so a NaN or +Inf score
-      //    (d NaN) reaches the sum as d * 0, which is 0 for every finite or blocked d.
       for (int j = 0; j < keys; ++j) {
-        const V d = Vec::Sub(Vec::Load(s.st + j * kQ + r), m_ref);
-        const V pr = Vec::Exp(d);
+        const V pr = Vec::Exp(Vec::Sub(Vec::Load(s.st + j * kQ + r), m_ref));
         Vec::Store(s.st + j * kQ + r, pr);
-        sum = Vec::Add(sum, Vec::Add(pr, Vec::Mul(Vec::ZeroIfNegInf(d), Vec::Zero())));
+        sum = Vec::Add(sum, pr);
       }
       // 7. Running sum l = l · alpha + sum_j p_j; keep m_new and alpha for the P·V step.
       Vec::Store(s.l + r, Vec::Add(Vec::Mul(Vec::Load(s.l + r), alpha), sum));
@@ -368,13 +365,12 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
            s.ot);
   }
 
-  // 9. Normalise: out = O / l; a row that met no allowed key (l == 0: allowed -Inf scores
-  //    count as blocked) gets the mean of all values; a NaN l makes the row NaN.
+  // 9. Normalise: out = O / l; a row that met no allowed key gets the mean of all values.
   bool have_mean = false;
   for (int r = 0; r < rows; ++r) {
     float* out =
         p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
-    if (s.l[r] == 0.0f) {
+    if (s.m[r] == kNegInf) {
       if (!have_mean) MeanOfValues(p, v, s.mean);
       have_mean = true;
       for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];

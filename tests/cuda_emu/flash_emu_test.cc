@@ -431,6 +431,25 @@ TEST_P(FlashEmuTest, NaNRule) {
     const Outcome r3 = Check(c);
     for (float x : r3.out) EXPECT_TRUE(std::isfinite(x));
   }
+  // Rule 2: an allowed score of -Inf weighs 0; with key length 1 and that key's score -Inf
+  // (k[0, 0, 0] = -Inf, q[0, 0, 0] = 0.5) row 0 of head 0 is fully blocked: the same output as
+  // with key length 0 (the mean of the values). Compared run to run, so the check does not
+  // depend on the reference's handling of -Inf.
+  {
+    Case neg = Base("k_neg_inf");
+    neg.seqs = {{1, 20}};
+    neg.key_lengths = {1};
+    neg.q_poison = 0.5f;
+    neg.k_poison = -kInf;
+    Case blocked = neg;
+    blocked.key_lengths = {0};
+    const Outcome a = RunCase(neg, GetParam().kernel, GetParam().type, 1);
+    const Outcome b = RunCase(blocked, GetParam().kernel, GetParam().type, 1);
+    for (int d = 0; d < neg.v_head_dim; ++d) {
+      EXPECT_EQ(a.out[d], b.out[d]) << "column " << d;
+      EXPECT_TRUE(std::isfinite(a.out[d])) << "column " << d;
+    }
+  }
   // Rule 4: a NaN in v[key 0, column 3] with every key allowed: column 3 NaN in every row of the
   // heads reading it, the other columns finite.
   Case c = Base("v_nan");
