@@ -7,8 +7,8 @@
 //                                             finished shape); no new shape starts after S
 //                                             seconds (default 100)
 //   flash_bench --smoke                       every kernel path once on a small problem (masks,
-//                                             key lengths, causal, GQA, generic, naive), for
-//                                             compute-sanitizer memcheck and racecheck
+//                                             key lengths, causal, GQA, generic, naive, decode),
+//                                             for compute-sanitizer memcheck and racecheck
 //
 // Inputs are generated once, on the device (a hash of the index, uniform with variance 1), at
 // the largest shape, and every shape reads a prefix: no host random numbers, no per-shape
@@ -168,6 +168,85 @@ void RunShape(const Shape& s, const Operands& ops, float* o, cublasHandle_t blas
   std::fflush(stdout);
 }
 
+// A decode step: kDecodeSeqs sequences of one query token over 4096 keys each, 8 query heads on
+// 1 kv head (GQA 8), d = 128, fp16: the fused kernel (one block per query head, 1 of 64 rows
+// used) against the decode path (flash_decode_kernel.h). Memory-bound: the figure is the K and V
+// bytes read (each once) per second. 1 warm-up + kDecodeIters timed calls.
+constexpr int kDecodeSeqs = 16;
+constexpr int kDecodeIters = 10;
+void RunDecodeShape(bool decode, const Operands& ops, float* o, FILE* out) {
+  constexpr int kLen = 4096, kGroup = 8, kD = 128;
+  std::vector<int> cu_q(kDecodeSeqs + 1), cu_k(kDecodeSeqs + 1);
+  for (int b = 0; b <= kDecodeSeqs; ++b) {
+    cu_q[b] = b;
+    cu_k[b] = b * kLen;
+  }
+  int *dq = nullptr, *dk = nullptr;
+  CheckCuda(cudaMalloc(&dq, cu_q.size() * sizeof(int)), "cudaMalloc cu_seqlens");
+  CheckCuda(cudaMalloc(&dk, cu_k.size() * sizeof(int)), "cudaMalloc cu_seqlens");
+  CheckCuda(cudaMemcpy(dq, cu_q.data(), cu_q.size() * sizeof(int), cudaMemcpyHostToDevice), "copy");
+  CheckCuda(cudaMemcpy(dk, cu_k.data(), cu_k.size() * sizeof(int), cudaMemcpyHostToDevice), "copy");
+  FlashFwdParams p;
+  p.q = ops.q;
+  p.k = ops.k;
+  p.v = ops.v;
+  p.o = o;
+  p.q_row_stride = p.o_row_stride = int64_t{kGroup} * kD;
+  p.k_row_stride = p.v_row_stride = kD;
+  p.q_head_stride = p.o_head_stride = kD;
+  p.k_head_stride = p.v_head_stride = kD;
+  p.cu_seqlens_q = dq;
+  p.cu_seqlens_k = dk;
+  p.num_seqs = kDecodeSeqs;
+  p.max_seqlen_q = 1;
+  p.num_heads = kGroup;
+  p.num_kv_heads = 1;
+  p.head_dim = p.v_head_dim = kD;
+  p.scale = 1.0f / std::sqrt(static_cast<float>(kD));
+  p.scale_log2 = p.scale * 1.4426950408889634f;
+  void* ws = nullptr;
+  if (decode) {
+    CheckCuda(cudaMalloc(&ws, FlashDecodeWorkspaceBytes(p, kLen)), "cudaMalloc decode workspace");
+  }
+  auto run = [&] {
+    Check(decode ? FlashDecode(p, ComputeType::kFloat16, kLen, ws, nullptr)
+                 : FlashForward(p, ComputeType::kFloat16, nullptr));
+  };
+  run();
+  CheckCuda(cudaDeviceSynchronize(), "warm-up");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int i = 0; i < kDecodeIters; ++i) {
+    cudaEventRecord(start);
+    run();
+    cudaEventRecord(stop);
+    CheckCuda(cudaEventSynchronize(stop), "timed call");
+    float t = 0.0f;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  cudaFree(dq);
+  cudaFree(dk);
+  if (ws != nullptr) cudaFree(ws);
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2];
+  const double bytes = 2.0 * kDecodeSeqs * kLen * kD * 2;  // K and V, fp16, one kv head
+  const std::string name = std::string(decode ? "decode" : "fused") + "/fp16/d128/gqa8/L4096";
+  std::fprintf(out,
+               "{\"name\": \"%s\", \"B\": %d, \"H\": %d, \"iters\": %d, \"median_ms\": %.4f, "
+               "\"min_ms\": %.4f, \"kv_GBps\": %.1f}\n",
+               name.c_str(), kDecodeSeqs, kGroup, kDecodeIters, median, ms.front(),
+               bytes / (median / 1e3) / 1e9);
+  std::fflush(out);
+  std::printf("%-32s %9.4f ms  %7.1f GB/s of K and V\n", name.c_str(), median,
+              bytes / (median / 1e3) / 1e9);
+  std::fflush(stdout);
+}
+
 // The shapes in order of value: if the budget runs out, the most important figures exist.
 std::vector<Shape> Sweep() {
   const ComputeType f16 = ComputeType::kFloat16, b16 = ComputeType::kBFloat16;
@@ -252,6 +331,46 @@ void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t bl
       }
     }
   }
+  // The decode path: one query token per sequence (the second has none), GQA 4, key lengths
+  // (0 included), a key-padding mask.
+  const std::vector<int> cu_q1 = {0, 1, 1, 2};
+  int* cq1 = nullptr;
+  CheckCuda(cudaMalloc(&cq1, 4 * sizeof(int)), "smoke");
+  CheckCuda(cudaMemcpy(cq1, cu_q1.data(), 4 * sizeof(int), cudaMemcpyHostToDevice), "smoke");
+  for (ComputeType type : {ComputeType::kFloat16, ComputeType::kBFloat16}) {
+    const Operands& ops = type == ComputeType::kFloat16 ? f16 : b16;
+    for (int d : {64, 96, 128}) {
+      FlashFwdParams p;
+      p.q = ops.q;
+      p.k = ops.k;
+      p.v = ops.v;
+      p.o = o;
+      p.num_heads = 8;
+      p.num_kv_heads = 2;
+      p.q_row_stride = p.o_row_stride = int64_t{p.num_heads} * d;
+      p.k_row_stride = p.v_row_stride = int64_t{p.num_kv_heads} * d;
+      p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
+      p.cu_seqlens_q = cq1;
+      p.cu_seqlens_k = ck;
+      p.num_seqs = 3;
+      p.max_seqlen_q = 1;
+      p.head_dim = p.v_head_dim = d;
+      p.scale = 0.1f;
+      p.scale_log2 = 0.1f * 1.4426950408889634f;
+      p.key_lengths = kl;
+      p.mask = mask;
+      p.mask_batch_stride = 130;
+      p.mask_col_stride = 1;
+      p.v_mean = v_mean;
+      void* ws = nullptr;
+      CheckCuda(cudaMalloc(&ws, FlashDecodeWorkspaceBytes(p, 130)), "smoke");
+      Check(FlashDecode(p, type, 130, ws, nullptr));
+      CheckCuda(cudaDeviceSynchronize(), "smoke decode");
+      cudaFree(ws);
+      std::printf("smoke: %s decode d%d ok\n", ComputeTypeName(type), d);
+    }
+  }
+  cudaFree(cq1);
   cudaFree(cq);
   cudaFree(ck);
   cudaFree(kl);
@@ -306,6 +425,8 @@ int main(int argc, char** argv) {
       }
       RunShape(s, s.type == ComputeType::kFloat16 ? f16 : b16, o, blas, out);
     }
+    // The decode step (milliseconds in all): the fused kernel, then the decode path.
+    for (bool decode : {false, true}) RunDecodeShape(decode, f16, o, out);
     std::fclose(out);
   } catch (const Fail& f) {
     std::fprintf(stderr, "flash_bench: %s\n", f.what.c_str());

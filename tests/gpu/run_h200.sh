@@ -26,7 +26,11 @@
 # shapes by value (the fp16/bf16 d128 L4096 figures first, the generic kernel last), so the
 # timeout of 115 s is never reached by a running shape (the largest call is 1.37e14 FLOPs,
 # under 3 s at the floor). SDPA repeats the flash shapes with 1 warm-up + 3 timed calls: 2.8e15
-# FLOPs, 28 s at a floor of 100 TFLOP/s, plus about 15 s of torch start-up.
+# FLOPs, 28 s at a floor of 100 TFLOP/s, plus about 15 s of torch start-up. After the sweep
+# (budget or not) a decode step, the fused kernel against the decode path (16 sequences x 4096
+# keys, GQA 8, d128: 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
+# compute-sanitizer runs flash_bench --smoke: 18 fused, 6 naive and 6 decode launches on at
+# most 330 keys; 25 s each leaves a 100x slowdown room.
 #
 # Prepare here (no GPU needed):
 #   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release
