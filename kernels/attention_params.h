@@ -19,8 +19,10 @@
 // keys, or the uniform average when there are none", which equals the -1e9 fill in float32 and
 // float64 for every score magnitude a real request produces (|s| far below 1e9).
 //
-// Non-finite inputs (the NaN rule; every backend follows it, tests/kernels/nan_rule_test.cc and
-// the CUDA emulation tests check it). IEEE/PyTorch semantics where they are well defined:
+// Non-finite inputs (the NaN rule; every backend follows it: NanRuleTest in
+// tests/kernels/cpu/cpu_backend_test.cc checks the reference and the CPU backend,
+// tests/cuda_emu/flash_emu_test.cc the CUDA kernels). IEEE/PyTorch semantics where they are
+// well defined:
 //   1. A row with a NaN or +Inf among its ALLOWED scores (from a NaN or infinity in q or in an
 //      allowed key's k, or float overflow of q.k in the backend's precision) is NaN in every
 //      output column, and every one of its weights is NaN (PyTorch: softmax of a row holding

@@ -237,9 +237,11 @@ absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
     }
     pool_held_bytes_ = after;
   }
-  if (w->device != nullptr) cudaFree(w->device);
+  // Stream-ordered free and allocation: cudaFree/cudaMalloc synchronise the whole device, so
+  // one worker growing its buffer stalled every other worker's kernels.
+  if (w->device != nullptr) cudaFreeAsync(w->device, w->stream);
   w->device = nullptr;
-  const cudaError_t e = cudaMalloc(reinterpret_cast<void**>(&w->device), want);
+  const cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&w->device), want, w->stream);
   if (e != cudaSuccess) {
     cudaGetLastError();
     w->device = nullptr;

@@ -36,6 +36,17 @@ GpuStatus RunFlashFwdHdim(const FlashFwdParams& p, cudaStream_t stream);
 template <ComputeType kType>
 GpuStatus RunFlashFwdGeneric(const FlashFwdParams& p, cudaStream_t stream);
 
+// The decode-shaped path (flash_decode_kernel.h): one query token per sequence, the query heads
+// of a GQA group packed into one block's rows, the keys split into chunks of a fixed size and
+// merged in order (batch-invariant). DecodeSupported: max_seqlen_q <= 1, num_heads /
+// num_kv_heads in {1, 2, 4, 8}, v_head_dim <= 128, head_dim <= 256. `max_seqlen_k` is the
+// largest kv_len of the batch (sizes the grid); `workspace` holds FlashDecodeWorkspaceBytes.
+// Not yet chosen by CudaBackend: tested on the host emulation (tests/cuda_emu).
+bool DecodeSupported(const FlashFwdParams& p);
+size_t FlashDecodeWorkspaceBytes(const FlashFwdParams& p, int max_seqlen_k);
+GpuStatus FlashDecode(const FlashFwdParams& p, ComputeType type, int max_seqlen_k, void* workspace,
+                      cudaStream_t stream);
+
 // The plain path, with the reference's semantics and materialised weights: per sequence and
 // key/value head, S = scale * Q K^T (cuBLAS strided-batched GEMM, 16-bit operands, fp32
 // output), a masked softmax kernel writing fp32 weights and 16-bit probabilities P, then

@@ -2,6 +2,7 @@
 // GQA branch at run time inside the kernels.
 #include <cstdint>
 
+#include "kernels/cuda/flash_decode_shape.h"
 #include "kernels/cuda/flash_fwd.h"
 
 namespace attnserve::kernels::cuda {
@@ -25,6 +26,20 @@ FlashPath SelectFlashPath(const FlashFwdParams& p) {
   }
   if (p.v_head_dim <= kGenericMaxVHeadDim && p.head_dim >= 1) return FlashPath::kGeneric;
   return FlashPath::kUnsupported;
+}
+
+bool DecodeSupported(const FlashFwdParams& p) {
+  if (p.num_kv_heads < 1 || p.num_heads % p.num_kv_heads != 0) return false;
+  const int group = p.num_heads / p.num_kv_heads;
+  return p.max_seqlen_q <= 1 && (group == 1 || group == 2 || group == 4 || group == 8) &&
+         p.v_head_dim >= 1 && p.v_head_dim <= kDecodeMaxVHeadDim && p.head_dim >= 1 &&
+         p.head_dim <= 256;
+}
+
+size_t FlashDecodeWorkspaceBytes(const FlashFwdParams& p, int max_seqlen_k) {
+  const int group = p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 0;
+  return sizeof(float) * static_cast<size_t>(p.num_seqs) * p.num_kv_heads *
+         DecodeSplits(max_seqlen_k) * DecodeSlotFloats(group, p.v_head_dim);
 }
 
 const char* FlashPathName(FlashPath path) {

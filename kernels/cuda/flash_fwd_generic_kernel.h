@@ -10,6 +10,7 @@
 #define ATTNSERVE_KERNELS_CUDA_FLASH_FWD_GENERIC_KERNEL_H_
 
 #include "kernels/cuda/device_utils.h"
+#include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/online_softmax.h"
 
@@ -26,9 +27,11 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   const int lane = threadIdx.x % 32;
   float* q_s = reinterpret_cast<float*>(smem_raw) + warp * p.head_dim;
 
-  const int seq = blockIdx.x / blocks_per_seq;
-  const int i = (blockIdx.x % blocks_per_seq) * kGenericWarps + warp;
-  const int head = blockIdx.y;
+  // One 1-D grid (flash_grid.h), blocks of kGenericWarps rows as the m blocks.
+  const FlashBlockCoord coord = FlashBlockOf(blockIdx.x, blocks_per_seq, p.num_heads);
+  const int seq = coord.seq;
+  const int i = coord.m_block * kGenericWarps + warp;
+  const int head = coord.head;
   const int q_begin = p.cu_seqlens_q[seq];
   const int q_len = p.cu_seqlens_q[seq + 1] - q_begin;
   if (i >= q_len) return;  // whole warp; only __syncwarp below

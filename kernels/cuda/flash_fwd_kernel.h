@@ -10,6 +10,7 @@
 #define ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
 
 #include "kernels/cuda/device_utils.h"
+#include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/kernel_traits.h"
 #include "kernels/cuda/online_softmax.h"
@@ -78,11 +79,11 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Element* s_v = s_k + Traits::kSmemKElems;
   uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);  // [kBlockM, kBlockN]
 
-  // Blocks are ordered (m block fastest, then sequence) on x and head on y, so neighbouring
-  // blocks read the same K/V from L2.
-  const int m_block = blockIdx.x % num_m_blocks;
-  const int seq = blockIdx.x / num_m_blocks;
-  const int head = blockIdx.y;
+  // One 1-D grid (flash_grid.h): m block fastest, then head, then sequence.
+  const FlashBlockCoord coord = FlashBlockOf(blockIdx.x, num_m_blocks, p.num_heads);
+  const int m_block = coord.m_block;
+  const int seq = coord.seq;
+  const int head = coord.head;
   const int q_begin = p.cu_seqlens_q[seq];
   const int q_len = p.cu_seqlens_q[seq + 1] - q_begin;
   const int m0 = m_block * kBlockM;

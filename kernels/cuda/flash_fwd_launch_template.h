@@ -6,6 +6,7 @@
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/cuda/flash_fwd_generic_kernel.h"
 #include "kernels/cuda/flash_fwd_kernel.h"
+#include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/kernel_traits.h"
 
 namespace attnserve::kernels::cuda {
@@ -21,8 +22,9 @@ GpuStatus RunFlashFwd(const FlashFwdParams& p, cudaStream_t stream) {
         CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
                   "flash forward: raising the shared-memory limit"));
   }
-  const dim3 grid(static_cast<unsigned>(num_m_blocks) * p.num_seqs, p.num_heads);
-  kernel<<<grid, Traits::kNThreads, kSmem, stream>>>(p, num_m_blocks);
+  const int64_t blocks = FlashGridBlocks(num_m_blocks, p.num_seqs, p.num_heads);
+  if (blocks > kMaxGridX) return {"flash forward: more than 2^31 - 1 blocks"};
+  kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, kSmem, stream>>>(p, num_m_blocks);
   return CudaCheck(cudaGetLastError(), "flash forward: launch");
 }
 
@@ -37,8 +39,9 @@ GpuStatus RunFlashFwdGenericImpl(const FlashFwdParams& p, cudaStream_t stream) {
         CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
                   "generic attention forward: raising the shared-memory limit"));
   }
-  const dim3 grid(static_cast<unsigned>(blocks_per_seq) * p.num_seqs, p.num_heads);
-  kernel<<<grid, kGenericWarps * 32, smem, stream>>>(p, blocks_per_seq);
+  const int64_t blocks = FlashGridBlocks(blocks_per_seq, p.num_seqs, p.num_heads);
+  if (blocks > kMaxGridX) return {"generic attention forward: more than 2^31 - 1 blocks"};
+  kernel<<<static_cast<unsigned>(blocks), kGenericWarps * 32, smem, stream>>>(p, blocks_per_seq);
   return CudaCheck(cudaGetLastError(), "generic attention forward: launch");
 }
 

@@ -8,6 +8,7 @@
 
 #include "kernels/cuda/device_utils.h"
 #include "kernels/cuda/flash_fwd.h"
+#include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/online_softmax.h"
 
 namespace attnserve::kernels::cuda {
@@ -49,8 +50,9 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
                         int64_t mask_head_stride, int64_t mask_row_stride,
                         int64_t mask_col_stride) {
   __shared__ float scratch[kSoftmaxThreads / 32];
-  const int i = blockIdx.x;
-  const int h = blockIdx.y;
+  // One 1-D grid (grid y is capped at 65535 and heads are not): row fastest, then head.
+  const int i = static_cast<int>(blockIdx.x % q_len);
+  const int h = static_cast<int>(blockIdx.x / q_len);
   const int64_t row_offset = (int64_t{h} * q_len + i) * kv_len;
   float* row = s + row_offset;
   Element* prow = prob + row_offset;
@@ -140,7 +142,9 @@ GpuStatus NaiveAttentionForward(const FlashFwdParams& p, ComputeType type,
     }
     const int key_length = key_lengths_host != nullptr ? key_lengths_host[s] : kv_len;
     const uint8_t* mask = p.mask != nullptr ? p.mask + s * p.mask_batch_stride : nullptr;
-    const dim3 grid(q_len, p.num_heads);
+    const int64_t blocks = int64_t{q_len} * p.num_heads;
+    if (blocks > kMaxGridX) return {"naive attention: more than 2^31 - 1 rows x heads"};
+    const unsigned grid = static_cast<unsigned>(blocks);
     if (type == ComputeType::kFloat16) {
       MaskedSoftmaxKernel<<<grid, kSoftmaxThreads, 0, stream>>>(
           scores, static_cast<__half*>(prob), q_len, kv_len, key_length, p.causal, mask,

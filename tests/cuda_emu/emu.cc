@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -43,6 +44,7 @@ constexpr size_t kSmemCapacity = sizeof(smem_raw);
 constexpr auto kDeadlockTimeout = std::chrono::seconds(600);
 
 CpAsyncMode g_mode = CpAsyncMode::kLandAtIssue;
+std::function<bool(const uint3&)> g_block_filter;
 
 // A barrier over a changing set of live threads: a generation count under one mutex; a thread
 // that exits stops counting (CUDA: exited threads no longer take part in __syncthreads).
@@ -118,6 +120,7 @@ void FlushAll() {
 }  // namespace
 
 void SetCpAsyncMode(CpAsyncMode mode) { g_mode = mode; }
+void SetBlockFilter(std::function<bool(const uint3&)> keep) { g_block_filter = std::move(keep); }
 CpAsyncMode GetCpAsyncMode() { return g_mode; }
 
 void Fail(const std::string& message) {
@@ -203,6 +206,13 @@ void CpAsyncWait(int n) {
 
 void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
   if (smem_bytes > kSmemCapacity) Fail("launch: dynamic shared memory above 228 KiB");
+  // CUDA's launch limits (compute capability 8.x/9.x): a grid the device would reject with
+  // cudaErrorInvalidConfiguration is rejected here too.
+  if (grid.x > 2147483647u || grid.y > 65535u || grid.z > 65535u) {
+    Fail("launch: grid (" + std::to_string(grid.x) + ", " + std::to_string(grid.y) + ", " +
+         std::to_string(grid.z) + ") beyond CUDA's limits (2^31 - 1, 65535, 65535)");
+  }
+  if (block.x * block.y * block.z > 1024u) Fail("launch: more than 1024 threads per block");
   const int threads = static_cast<int>(block.x * block.y * block.z);
   if (threads % 32 != 0 || block.y != 1 || block.z != 1) {
     Fail("launch: the emulator runs 1-D blocks of whole warps");
@@ -211,6 +221,7 @@ void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
   for (unsigned bz = 0; bz < grid.z; ++bz) {
     for (unsigned by = 0; by < grid.y; ++by) {
       for (unsigned bx = 0; bx < grid.x; ++bx) {
+        if (g_block_filter && !g_block_filter(uint3{bx, by, bz})) continue;
         BlockState state;
         state.smem_bytes = smem_bytes;
         state.block_barrier.live = threads;

@@ -65,6 +65,10 @@ CpAsyncMode GetCpAsyncMode();
 // each block's start; the bytes past it poisoned under ASan and rejected by the emulated ops).
 void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body);
 
+// Runs only the blocks for which `keep(blockIdx)` is true in later launches (nullptr: all), so
+// that a test can check a few blocks of a very large grid (the other outputs stay unwritten).
+void SetBlockFilter(std::function<bool(const uint3&)> keep);
+
 // Aborts with a message (emulation misuse or a kernel bug the emulator detected).
 [[noreturn]] void Fail(const std::string& message);
 

@@ -7,19 +7,25 @@
 //
 // The launches mirror flash_fwd_launch_template.h (which uses <<<>>> and so is not compiled
 // here): block shape, dynamic shared memory and grid from the same traits and helpers.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
+#include "kernels/cuda/flash_decode_kernel.h"
+#include "kernels/cuda/flash_decode_shape.h"
 #include "kernels/cuda/flash_fwd_generic_kernel.h"
 #include "kernels/cuda/flash_fwd_kernel.h"
+#include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/kernel_traits.h"
 #include "kernels/reference.h"
@@ -31,9 +37,19 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-enum class Kernel { kHdim64, kHdim128, kGeneric };
+enum class Kernel { kHdim64, kHdim128, kGeneric, kDecode };
 const char* KernelName(Kernel k) {
-  return k == Kernel::kHdim64 ? "hdim64" : k == Kernel::kHdim128 ? "hdim128" : "generic";
+  switch (k) {
+    case Kernel::kHdim64:
+      return "hdim64";
+    case Kernel::kHdim128:
+      return "hdim128";
+    case Kernel::kGeneric:
+      return "generic";
+    case Kernel::kDecode:
+      return "decode";
+  }
+  return "?";
 }
 
 enum class MaskLayout {
@@ -101,8 +117,9 @@ template <typename Traits>
 void LaunchTensorCore(const FlashFwdParams& p) {
   const int num_m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (num_m_blocks == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
-  const dim3 grid(static_cast<unsigned>(num_m_blocks) * p.num_seqs, p.num_heads);
-  emu::Launch(grid, dim3(Traits::kNThreads), Traits::kSmemBytes,
+  const int64_t blocks = FlashGridBlocks(num_m_blocks, p.num_seqs, p.num_heads);
+  ASSERT_LE(blocks, kMaxGridX);
+  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(Traits::kNThreads), Traits::kSmemBytes,
               [&] { FlashFwdKernel<Traits>(p, num_m_blocks); });
 }
 
@@ -111,14 +128,56 @@ void LaunchGeneric(const FlashFwdParams& p) {
   const int blocks_per_seq = (p.max_seqlen_q + kGenericWarps - 1) / kGenericWarps;
   if (blocks_per_seq == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
   const size_t smem = kGenericWarps * p.head_dim * sizeof(float);
-  const dim3 grid(static_cast<unsigned>(blocks_per_seq) * p.num_seqs, p.num_heads);
-  emu::Launch(grid, dim3(kGenericWarps * 32), smem,
+  const int64_t blocks = FlashGridBlocks(blocks_per_seq, p.num_seqs, p.num_heads);
+  ASSERT_LE(blocks, kMaxGridX);
+  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(kGenericWarps * 32), smem,
               [&] { FlashFwdGenericKernel<Element>(p, blocks_per_seq); });
+}
+
+// The decode path's two kernels, as flash_decode.cu launches them; the workspace is exact-size
+// and NaN-filled, so a slot read before it is written shows.
+template <typename Element, int kGroup>
+void LaunchDecodeGroup(const FlashFwdParams& p) {
+  int max_k = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    max_k = std::max(max_k, p.cu_seqlens_k[s + 1] - p.cu_seqlens_k[s]);
+  }
+  const int max_splits = DecodeSplits(max_k);
+  if (max_splits == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
+  const size_t n =
+      size_t(p.num_seqs) * p.num_kv_heads * max_splits * DecodeSlotFloats(kGroup, p.v_head_dim);
+  std::unique_ptr<float[]> ws(new float[n]);
+  std::fill(ws.get(), ws.get() + n, kNaN);
+  const int64_t split_blocks = int64_t{p.num_seqs} * p.num_kv_heads * max_splits;
+  emu::Launch(dim3(static_cast<unsigned>(split_blocks)), dim3(kDecodeWarps * 32),
+              DecodeSplitSmemBytes(kGroup, p.head_dim, p.v_head_dim),
+              [&] { FlashDecodeSplitKernel<Element, kGroup>(p, max_splits, ws.get()); });
+  emu::Launch(dim3(static_cast<unsigned>(p.num_seqs * p.num_heads)), dim3(kDecodeMaxVHeadDim), 0,
+              [&] { FlashDecodeCombineKernel<kGroup>(p, max_splits, ws.get()); });
+}
+
+template <typename Element>
+void LaunchDecode(const FlashFwdParams& p) {
+  ASSERT_LE(p.max_seqlen_q, 1);
+  ASSERT_LE(p.v_head_dim, kDecodeMaxVHeadDim);
+  switch (p.num_heads / p.num_kv_heads) {
+    case 1:
+      return LaunchDecodeGroup<Element, 1>(p);
+    case 2:
+      return LaunchDecodeGroup<Element, 2>(p);
+    case 4:
+      return LaunchDecodeGroup<Element, 4>(p);
+    case 8:
+      return LaunchDecodeGroup<Element, 8>(p);
+  }
+  FAIL() << "group size not supported by the decode path";
 }
 
 void LaunchKernel(Kernel kernel, ComputeType type, const FlashFwdParams& p) {
   const bool f16 = type == ComputeType::kFloat16;
   switch (kernel) {
+    case Kernel::kDecode:
+      return f16 ? LaunchDecode<__half>(p) : LaunchDecode<__nv_bfloat16>(p);
     case Kernel::kHdim64:
       return f16 ? LaunchTensorCore<FlashFwdTraitsHdim64<ComputeType::kFloat16>>(p)
                  : LaunchTensorCore<FlashFwdTraitsHdim64<ComputeType::kBFloat16>>(p);
@@ -149,9 +208,11 @@ Outcome RunCase(const Case& c, Kernel kernel, ComputeType type, uint32_t seed) {
     max_k = std::max(max_k, c.seqs[s].kv_len);
   }
   const int total_q = cu_q[S], total_k = cu_k[S];
-  Buffer16 q = MakeBuffer(size_t(total_q) * H * D, type, rng, -1.5f, 1.5f);
-  Buffer16 k = MakeBuffer(size_t(total_k) * Hkv * D, type, rng, -1.5f, 1.5f);
-  Buffer16 v = MakeBuffer(size_t(total_k) * Hkv * Dv, type, rng, -1.0f, 1.0f);
+  // One generator per tensor: a sequence's values depend only on its place in the pack.
+  std::mt19937 rng_q(seed), rng_k(seed + 1), rng_v(seed + 2);
+  Buffer16 q = MakeBuffer(size_t(total_q) * H * D, type, rng_q, -1.5f, 1.5f);
+  Buffer16 k = MakeBuffer(size_t(total_k) * Hkv * D, type, rng_k, -1.5f, 1.5f);
+  Buffer16 v = MakeBuffer(size_t(total_k) * Hkv * Dv, type, rng_v, -1.0f, 1.0f);
   if (c.q_poison != 0.0f) Poison(q, 0, c.q_poison, type);
   if (c.k_poison != 0.0f) Poison(k, size_t(c.poison_key) * Hkv * D, c.k_poison, type);
   if (c.v_poison != 0.0f) Poison(v, 3, c.v_poison, type);
@@ -285,7 +346,7 @@ Outcome RunCase(const Case& c, Kernel kernel, ComputeType type, uint32_t seed) {
 // P.V on the tensor-core paths (2^-11 relative in fp16, 2^-8 in bf16); the generic kernel keeps
 // P in float32.
 double Tolerance(Kernel kernel, ComputeType type) {
-  if (kernel == Kernel::kGeneric) return 2e-5;
+  if (kernel == Kernel::kGeneric || kernel == Kernel::kDecode) return 2e-5;
   return type == ComputeType::kFloat16 ? 2e-3 : 1.2e-2;
 }
 
@@ -426,6 +487,25 @@ TEST_P(FlashEmuTest, NaNRule) {
     const Outcome r3 = Check(c);
     for (float x : r3.out) EXPECT_TRUE(std::isfinite(x));
   }
+  // Rule 2: an allowed score of -Inf weighs 0; with key length 1 and that key's score -Inf
+  // (k[0, 0, 0] = -Inf, q[0, 0, 0] = 0.5) row 0 of head 0 is fully blocked: the same output as
+  // with key length 0 (the mean of the values). Compared run to run, so the check does not
+  // depend on the reference's handling of -Inf.
+  {
+    Case neg = Base("k_neg_inf");
+    neg.seqs = {{1, 20}};
+    neg.key_lengths = {1};
+    neg.q_poison = 0.5f;
+    neg.k_poison = -kInf;
+    Case blocked = neg;
+    blocked.key_lengths = {0};
+    const Outcome a = RunCase(neg, GetParam().kernel, GetParam().type, 1);
+    const Outcome b = RunCase(blocked, GetParam().kernel, GetParam().type, 1);
+    for (int d = 0; d < neg.v_head_dim; ++d) {
+      EXPECT_EQ(a.out[d], b.out[d]) << "column " << d;
+      EXPECT_TRUE(std::isfinite(a.out[d])) << "column " << d;
+    }
+  }
   // Rule 4: a NaN in v[key 0, column 3] with every key allowed: column 3 NaN in every row of the
   // heads reading it, the other columns finite.
   Case c = Base("v_nan");
@@ -437,6 +517,168 @@ TEST_P(FlashEmuTest, NaNRule) {
     EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
   }
 }
+
+// The launch grid (flash_grid.h) covers every (m block, head, sequence) exactly once, past
+// grid y's 65535 limit on heads.
+TEST(FlashGridTest, EveryBlockOnceBeyond65535Heads) {
+  for (const auto& [m_blocks, seqs, heads] :
+       std::vector<std::tuple<int, int, int>>{{1, 1, 65536}, {3, 2, 70001}, {5, 7, 3}}) {
+    const int64_t blocks = FlashGridBlocks(m_blocks, seqs, heads);
+    ASSERT_EQ(blocks, int64_t{m_blocks} * seqs * heads);
+    std::vector<uint8_t> seen(static_cast<size_t>(blocks), 0);
+    for (int64_t b = 0; b < blocks; ++b) {
+      const FlashBlockCoord c = FlashBlockOf(static_cast<unsigned>(b), m_blocks, heads);
+      ASSERT_TRUE(c.m_block >= 0 && c.m_block < m_blocks && c.head >= 0 && c.head < heads &&
+                  c.seq >= 0 && c.seq < seqs);
+      uint8_t& s = seen[(size_t(c.seq) * heads + c.head) * m_blocks + c.m_block];
+      ASSERT_EQ(s, 0) << "block " << b << " computed twice";
+      s = 1;
+    }
+  }
+}
+
+// q/k/v [1, 65536, 1, 8] (65536 heads, the review's case): the generic kernel's blocks of the
+// first and last heads compute them (only those blocks are emulated; the rest stay unwritten).
+TEST(FlashGridTest, SixtyFiveThousandHeads) {
+  const int kHeads = 65536, kD = 8;
+  std::mt19937 rng(3);
+  Buffer16 q = MakeBuffer(size_t(kHeads) * kD, ComputeType::kFloat16, rng, -1, 1);
+  Buffer16 k = MakeBuffer(size_t(kHeads) * kD, ComputeType::kFloat16, rng, -1, 1);
+  Buffer16 v = MakeBuffer(size_t(kHeads) * kD, ComputeType::kFloat16, rng, -1, 1);
+  std::vector<float> o(size_t(kHeads) * kD, -12345.0f);
+  const int cu[2] = {0, 1};
+  FlashFwdParams p;
+  p.q = q.bits.get();
+  p.k = k.bits.get();
+  p.v = v.bits.get();
+  p.q_row_stride = p.k_row_stride = p.v_row_stride = p.o_row_stride = int64_t{kHeads} * kD;
+  p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = kD;
+  p.o = o.data();
+  p.cu_seqlens_q = cu;
+  p.cu_seqlens_k = cu;
+  p.num_seqs = 1;
+  p.max_seqlen_q = 1;
+  p.num_heads = p.num_kv_heads = kHeads;
+  p.head_dim = p.v_head_dim = kD;
+  p.scale = 0.5f;
+  p.scale_log2 = 0.5f * kLog2e;
+  const std::vector<int> checked = {0, 1, 65534, 65535};
+  emu::SetBlockFilter([&](const uint3& b) {
+    const FlashBlockCoord c = FlashBlockOf(b.x, 1, kHeads);
+    return std::find(checked.begin(), checked.end(), c.head) != checked.end();
+  });
+  LaunchKernel(Kernel::kGeneric, ComputeType::kFloat16, p);
+  emu::SetBlockFilter(nullptr);
+  // One key: softmax weight 1, the output is v of the head's key.
+  for (int h : checked) {
+    for (int d = 0; d < kD; ++d) {
+      EXPECT_EQ(o[size_t(h) * kD + d], v.values[size_t(h) * kD + d]) << h << " " << d;
+    }
+  }
+  EXPECT_EQ(o[size_t(2) * kD], -12345.0f);  // not emulated
+}
+
+// The decode-shaped path (flash_decode_kernel.h): Lq = 1, GQA heads packed into a block's rows,
+// keys split in chunks of kDecodeSplitKeys and merged in order.
+class FlashDecodeEmuTest : public testing::TestWithParam<ComputeType> {
+ protected:
+  Outcome Check(const Case& c, uint32_t seed = 1) {
+    const Outcome r = RunCase(c, Kernel::kDecode, GetParam(), seed);
+    ExpectMatches(c, Kernel::kDecode, GetParam(), r);
+    return r;
+  }
+};
+
+// Key counts around the split size (1, 255, 256, 257, 700), a sequence with no query, GQA 8/1.
+TEST_P(FlashDecodeEmuTest, SplitBoundariesAndGqaPacking) {
+  Case c;
+  c.name = "decode_gqa8";
+  c.seqs = {{1, 1}, {1, 255}, {1, 256}, {0, 40}, {1, 257}, {1, 700}};
+  c.num_heads = 8;
+  c.num_kv_heads = 1;
+  Check(c);
+  c.name = "decode_gqa1_d24";
+  c.num_heads = c.num_kv_heads = 3;
+  c.head_dim = c.v_head_dim = 24;
+  Check(c);
+}
+
+// Causal (no effect at Lq = 1), key lengths {Lk, 0, 1, odd} over 2 splits, GQA 4/2, D = Dv = 128.
+TEST_P(FlashDecodeEmuTest, KeyLengthsAndCausal) {
+  Case c;
+  c.name = "decode_key_lengths";
+  c.seqs = {{1, 600}, {1, 600}, {1, 600}, {1, 600}};
+  c.key_lengths = {600, 0, 1, 301};
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 128;
+  c.causal = true;
+  Check(c);
+}
+
+// Per-head masks (some heads of a group blocked entirely) and everything blocked; D != Dv.
+TEST_P(FlashDecodeEmuTest, Masks) {
+  for (MaskLayout m : {MaskLayout::kPerHead, MaskLayout::kKeyPadding, MaskLayout::kAllBlocked}) {
+    Case c;
+    c.name = "decode_mask" + std::to_string(static_cast<int>(m));
+    c.seqs = {{1, 300}, {1, 17}};
+    c.num_heads = 4;
+    c.num_kv_heads = 2;
+    c.head_dim = 40;
+    c.v_head_dim = 72;
+    c.mask = m;
+    Check(c);
+  }
+}
+
+// The NaN rule: NaN/+Inf in q makes that head's row NaN; NaN in v poisons its column.
+TEST_P(FlashDecodeEmuTest, NaNRule) {
+  for (const float bad : {kNaN, kInf}) {
+    Case c;
+    c.name = "decode_q_nonfinite";
+    c.seqs = {{1, 300}};
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.q_poison = bad;
+    const Outcome r = Check(c);
+    for (int d = 0; d < c.v_head_dim; ++d) {
+      EXPECT_TRUE(std::isnan(r.out[d])) << d;                    // head 0
+      EXPECT_TRUE(std::isfinite(r.out[c.v_head_dim + d])) << d;  // head 1
+    }
+  }
+  Case c;
+  c.name = "decode_v_nan";
+  c.seqs = {{1, 300}};
+  c.v_poison = kNaN;
+  c.num_kv_heads = 1;
+  const Outcome r = Check(c);
+  for (size_t e = 0; e < r.out.size(); ++e) {
+    EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
+  }
+}
+
+// Batch invariance: a sequence's output bits are the same alone and packed after companions of
+// other lengths (the split size is fixed, never derived from the batch).
+TEST_P(FlashDecodeEmuTest, BatchInvariantBitwise) {
+  Case alone;
+  alone.name = "decode_alone";
+  alone.seqs = {{1, 777}};
+  alone.num_heads = 4;
+  alone.num_kv_heads = 1;
+  Case packed = alone;
+  packed.name = "decode_packed";
+  packed.seqs = {{1, 777}, {1, 3000}, {1, 5}};
+  const Outcome a = Check(alone);
+  const Outcome b = Check(packed);
+  ASSERT_GE(b.out.size(), a.out.size());
+  EXPECT_EQ(std::memcmp(a.out.data(), b.out.data(), a.out.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, FlashDecodeEmuTest,
+                         testing::Values(ComputeType::kFloat16, ComputeType::kBFloat16),
+                         [](const testing::TestParamInfo<ComputeType>& info) {
+                           return std::string(ComputeTypeName(info.param));
+                         });
 
 std::vector<Param> AllParams() {
   std::vector<Param> all;

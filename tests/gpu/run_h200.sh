@@ -1,16 +1,42 @@
 #!/usr/bin/env bash
-# Every GPU check of the CUDA backend in one call, well under ten minutes, compiling nothing:
-#   1. nvidia-smi line (card, driver, clocks)                      -> $OUT/nvidia_smi.txt
-#   2. GPU tests: cuda_backend_test (bounds vs float64 reference)  -> $OUT/gpu_tests.{json,log}
-#   3. kernel sweep: flash_bench (fused vs cuBLAS naive)           -> $OUT/flash_bench.{json,log}
-#   4. PyTorch SDPA in the same run, merged, table printed last    -> $OUT/gpu_results.json
-# Results go to $OUT when set, else the current folder.
+# The GPU check of the CUDA backend in one call, within 5 minutes on an H200, compiling nothing.
+# Every step writes its results as they come (into $OUT when set, else the current folder), so a
+# run cut short still leaves every finished figure.
+#
+#   step                                                     output                   limit
+#   0. ldd of the two binaries: every library found          ldd.txt                  < 1 s
+#   1. nvidia-smi line (card, driver, clocks)                nvidia_smi.txt           ~ 1 s
+#   2. GPU tests: cuda_backend_test vs the float64 reference gpu_tests.{log,json}     50 s
+#   3. kernel sweep: flash_bench (fused vs cuBLAS naive)     flash_bench.{jsonl,log}  115 s
+#   4. PyTorch SDPA on the finished shapes, merged           gpu_results.json         55 s
+#   5. compute-sanitizer memcheck and racecheck on           sanitizer_*.log          25 s each
+#      flash_bench --smoke (every kernel path, small)
+#   worst case: 1 + 1 + 50 + 115 + 55 + 25 + 25 = 272 s, under 300 s.
+#
+# Why the sweep fits (flash_bench.cu): inputs are generated once, on the device (q, k, v of
+# 4096 tokens x 16 heads x 128 per dtype: 6 fills of 8.4M numbers, milliseconds; the previous
+# sweep drew ~100M host random numbers per Google Benchmark call, 0.46 s per 33.5M here, about
+# 330 s in all). Each shape: 1 warm-up + 3 timed calls (fixed). FLOPs per call
+# 4 * 4096 * 16 * L * d (halved for causal): L4096 d128 1.37e14, d64 6.9e13; L1024 d128 1.7e13;
+# L2048 d128 3.4e13; the generic kernel's d96 L1024 1.3e13. Over the 16 shapes, times 4 calls:
+#   tensor-core flash  2.7e15 FLOPs   at a floor of  50 TFLOP/s: 54 s   (at 200: 13 s)
+#   cuBLAS naive       8.2e14         at a floor of  20 TFLOP/s: 41 s
+#   generic kernel     5.2e13         at a floor of   2 TFLOP/s: 26 s
+# 121 s at the floors: flash_bench starts no new shape after 100 s (--budget_s) and orders the
+# shapes by value (the fp16/bf16 d128 L4096 figures first, the generic kernel last), so the
+# timeout of 115 s is never reached by a running shape (the largest call is 1.37e14 FLOPs,
+# under 3 s at the floor). SDPA repeats the flash shapes with 1 warm-up + 3 timed calls: 2.8e15
+# FLOPs, 28 s at a floor of 100 TFLOP/s, plus about 15 s of torch start-up. After the sweep
+# (budget or not) a decode step, the fused kernel against the decode path (16 sequences x 4096
+# keys, GQA 8, d128: 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
+# compute-sanitizer runs flash_bench --smoke: 18 fused, 6 naive and 6 decode launches on at
+# most 330 keys; 25 s each leaves a 100x slowdown room.
 #
 # Prepare here (no GPU needed):
 #   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release
 #   cmake --build build-cuda -j2 --target cuda_backend_test flash_bench
 #   tests/gpu/make_bundle.sh build-cuda
-# Run there (device tool, carry ["build-cuda/gpu_bundle"]):
+# Run there (device tool, carry ["build-cuda/gpu_bundle"], timeout_s 330):
 #   bash tests/gpu/run_h200.sh build-cuda/gpu_bundle
 set -uo pipefail
 BUNDLE=${1:-build-cuda/gpu_bundle}
@@ -20,25 +46,50 @@ mkdir -p "$RESULTS"
 CUBLAS_DIR=$(dirname "$(find /usr/local/cuda*/lib64 /usr/local/cuda*/targets /usr/lib /opt \
   -name 'libcublas.so.13*' 2>/dev/null | head -1)" 2>/dev/null)
 export LD_LIBRARY_PATH="$BUNDLE/lib:${CUBLAS_DIR:-/usr/local/cuda/lib64}:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-echo "cuBLAS from: ${CUBLAS_DIR:-?}"
+
+echo "== 0. ldd"
+ldd "$BUNDLE/cuda_backend_test" "$BUNDLE/flash_bench" > "$RESULTS/ldd.txt" 2>&1
+if grep -q "not found" "$RESULTS/ldd.txt"; then
+  grep "not found" "$RESULTS/ldd.txt"
+  echo "missing libraries (ldd.txt); nothing else would run"
+  exit 1
+fi
+echo "all libraries found (cuBLAS from ${CUBLAS_DIR:-?})"
+
+echo "== 1. nvidia-smi"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm \
   --format=csv | tee "$RESULTS/nvidia_smi.txt"
 
-echo "== GPU tests"
-timeout 150 "$BUNDLE/cuda_backend_test" --gtest_output="json:$RESULTS/gpu_tests.json" \
-  >"$RESULTS/gpu_tests.log" 2>&1
+echo "== 2. GPU tests"
+timeout 50 "$BUNDLE/cuda_backend_test" --gtest_output="json:$RESULTS/gpu_tests.json" \
+  > "$RESULTS/gpu_tests.log" 2>&1
 tests_rc=$?
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |Failure|error:" "$RESULTS/gpu_tests.log" | head -40
-echo "gpu tests exit code: $tests_rc"
+echo "gpu tests exit code: $tests_rc (124: cut at 50 s; the log has every finished test)"
 
-echo "== kernel sweep"
-timeout 280 "$BUNDLE/flash_bench" --benchmark_out="$RESULTS/flash_bench.json" \
-  --benchmark_out_format=json --benchmark_counters_tabular=true >"$RESULTS/flash_bench.log" 2>&1
-bench_rc=$?
+echo "== 3. kernel sweep"
+rm -f "$RESULTS/flash_bench.jsonl"
+timeout 115 "$BUNDLE/flash_bench" --out="$RESULTS/flash_bench.jsonl" --budget_s=100 \
+  2>&1 | tee "$RESULTS/flash_bench.log"
+bench_rc=${PIPESTATUS[0]}
 echo "flash_bench exit code: $bench_rc"
 
-echo "== SDPA comparison and summary"
-PYTHONUNBUFFERED=1 timeout 120 python3 "$HERE/sdpa_compare.py" "$RESULTS/flash_bench.json" \
+echo "== 4. SDPA comparison and summary"
+PYTHONUNBUFFERED=1 timeout 55 python3 "$HERE/sdpa_compare.py" "$RESULTS/flash_bench.jsonl" \
   "$RESULTS/gpu_results.json" "$RESULTS/gpu_tests.json"
+echo "sdpa_compare exit code: $?"
+
+echo "== 5. compute-sanitizer"
+SANITIZER=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -1)
+if [[ -n "$SANITIZER" ]]; then
+  for tool in memcheck racecheck; do
+    timeout 25 "$SANITIZER" --tool "$tool" --error-exitcode 3 "$BUNDLE/flash_bench" --smoke \
+      > "$RESULTS/sanitizer_$tool.log" 2>&1
+    echo "$tool exit code: $? (0 clean, 3 errors found, 124 cut at 25 s)"
+    tail -n 3 "$RESULTS/sanitizer_$tool.log"
+  done
+else
+  echo "compute-sanitizer not found; skipped" | tee "$RESULTS/sanitizer_memcheck.log"
+fi
 echo "gpu tests exit code: $tests_rc; flash_bench exit code: $bench_rc"
 [[ $tests_rc -eq 0 && $bench_rc -eq 0 ]]
