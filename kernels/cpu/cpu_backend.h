@@ -10,6 +10,8 @@
 // bfloat16 would drop 3 of the 10 mantissa bits the caller sent, and this CPU generation has no
 // float16 product with float32 accumulation (AVX512_FP16 accumulates in float16; AMX has only
 // BF16 and INT8), so exactness wins unless float32_as_bf16 asks for speed.
+// Memory of the 16-bit path: K and V of a call packed once in bfloat16 (the size of K and V in
+// bfloat16); up to 64 MiB of that buffer stays with the calling thread for its next call.
 //
 // Work is split into tasks whose arithmetic depends only on their own request:
 //   attention   one task per (item, batch entry, query head, block of kQueryBlock query rows);
