@@ -953,7 +953,9 @@ void CheckNanRule(Backend& backend, DType dtype) {
     ASSERT_TRUE(backend.Attend({c.Params(dtype)}).ok());
     EXPECT_TRUE(c.RowAllNan(5));
     for (int i = 0; i < L; ++i) {
-      if (i != 5) EXPECT_TRUE(c.RowFinite(i)) << "row " << i;
+      if (i != 5) {
+        EXPECT_TRUE(c.RowFinite(i)) << "row " << i;
+      }
     }
   }
   {
@@ -1023,7 +1025,9 @@ void CheckNanRule(Backend& backend, DType dtype) {
     for (int i = 30; i < L; ++i) {
       EXPECT_TRUE(std::isnan(c.out[i * D + 4])) << "row " << i;
       for (int col = 0; col < D; ++col) {
-        if (col != 4) EXPECT_TRUE(std::isfinite(c.out[i * D + col])) << "row " << i;
+        if (col != 4) {
+          EXPECT_TRUE(std::isfinite(c.out[i * D + col])) << "row " << i;
+        }
       }
     }
   }
