@@ -74,7 +74,7 @@ bool Compatible(const AttentionParams& a, const AttentionParams& b) {
   return a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
          a.head_dim == b.head_dim && a.v_head_dim == b.v_head_dim && a.causal == b.causal &&
          a.scale == b.scale && !a.mask.present() && !b.mask.present() && a.weights == nullptr &&
-         b.weights == nullptr;
+         b.weights == nullptr && (a.q_len == 1) == (b.q_len == 1);
 }
 
 }  // namespace
@@ -442,7 +442,15 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   fp.o_row_stride = int64_t{hq} * dv;
   fp.o_head_stride = dv;
   const bool naive = with_weights || SelectFlashPath(fp) == FlashPath::kUnsupported;
-  const size_t d_ws = dev.Add(naive ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k) : 0);
+  // Decode steps (one query token per sequence) take the decode path (flash_decode_kernel.h).
+  // Compatible() never packs a q_len == 1 item with others, so the choice depends only on the
+  // item itself (batch invariance).
+  const bool decode = !naive && DecodeSupported(fp);
+  int max_k = 0;
+  for (int s = 0; s < num_seqs; ++s) max_k = std::max(max_k, cu_k[s + 1] - cu_k[s]);
+  const size_t d_ws = dev.Add(naive    ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k)
+                              : decode ? FlashDecodeWorkspaceBytes(fp, max_k)
+                                       : 0);
   st = ReserveDevice(w, dev.size());
   if (!st.ok()) return st;
   char* base = w->device;
@@ -532,6 +540,8 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
                                               any_key_lengths ? klen : nullptr,
                                               with_weights ? At<float>(base, d_weights) : nullptr,
                                               At<void>(base, d_ws), w->blas, stream));
+  } else if (decode) {
+    RETURN_IF_GPU_ERROR(FlashDecode(fp, type, max_k, At<void>(base, d_ws), stream));
   } else {
     RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
   }

@@ -7,7 +7,9 @@
 // weights are packed into one variable-length launch (cumulative sequence offsets); each
 // (sequence, head, query block) is computed by one thread block over all of its keys in a fixed
 // order, so an item's bits never depend on its batch companions (backend.h). Items asking for
-// weights take the cuBLAS path that materialises them (NaiveAttentionForward).
+// weights take the cuBLAS path that materialises them (NaiveAttentionForward). Decode steps
+// (q_len == 1) are packed only with each other and, where DecodeSupported, take the decode path
+// (flash_decode_kernel.h: GQA heads packed, keys split in chunks of a fixed size).
 //
 // Precision (PrecisionPolicy() returns this as one line, for GetServerInfo):
 //   attention  q, k, v rounded to the operand type (bfloat16 by default for FLOAT32 requests,
