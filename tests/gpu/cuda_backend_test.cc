@@ -175,6 +175,21 @@ TEST_P(CudaBackendTest, GroupedQueryHeads) {
   }
 }
 
+// Decode steps (q_len == 1) take the decode path (flash_decode_kernel.h): GQA groups 8, 2 and
+// 1, key counts around its split size, key lengths with 0 (a fully blocked row), D = 80.
+TEST_P(CudaBackendTest, DecodeSteps) {
+  std::mt19937 rng(11);
+  struct Shape {
+    int hq, hkv, lk, d;
+  };
+  for (const Shape& s :
+       {Shape{8, 1, 700, 128}, Shape{4, 2, 257, 64}, Shape{16, 2, 300, 64}, Shape{3, 3, 256, 80}}) {
+    Problem pr = MakeProblem(rng, 3, s.hq, s.hkv, 1, s.lk, s.d, s.d);
+    pr.key_lengths = {s.lk, 0, s.lk / 2 + 1};
+    CheckAgainstReference(pr, "decode");
+  }
+}
+
 // An item's output bits do not depend on its batch companions or their order.
 TEST_P(CudaBackendTest, BatchInvarianceIsBitwise) {
   std::mt19937 rng(7);
