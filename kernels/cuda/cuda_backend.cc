@@ -77,7 +77,37 @@ bool Compatible(const AttentionParams& a, const AttentionParams& b) {
          b.weights == nullptr && (a.q_len == 1) == (b.q_len == 1);
 }
 
+// An upper bound of the pinned staging an item adds to a launch group (RunAttentionGroup's
+// host layout without the alignment, which kGroupSlack covers): q, k, v, out, a float32 copy
+// of v, the sequence tables.
+int64_t PinnedBytes(const AttentionParams& p) {
+  const int64_t q = int64_t{p.batch} * p.q_len * p.num_heads;
+  const int64_t k = int64_t{p.batch} * p.kv_len * p.num_kv_heads;
+  return int64_t{sizeof(float)} *
+             (q * (p.head_dim + p.v_head_dim) + k * (p.head_dim + 2 * p.v_head_dim)) +
+         int64_t{3 * sizeof(int)} * p.batch;
+}
+constexpr int64_t kGroupSlack = 16 * 256;  // Layout rounds each of a group's buffers to 256
+
 }  // namespace
+
+std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const AttentionParams> batch,
+                                                           int64_t pinned_limit) {
+  std::vector<std::pair<size_t, size_t>> groups;
+  size_t i = 0;
+  while (i < batch.size()) {
+    int64_t bytes = kGroupSlack + PinnedBytes(batch[i]);
+    size_t j = i + 1;
+    while (j < batch.size() && Compatible(batch[i], batch[j]) &&
+           bytes + PinnedBytes(batch[j]) <= pinned_limit) {
+      bytes += PinnedBytes(batch[j]);
+      ++j;
+    }
+    groups.emplace_back(i, j);
+    i = j;
+  }
+  return groups;
+}
 
 int CudaDeviceCount() {
   int n = 0;
@@ -343,18 +373,15 @@ absl::Status CudaBackend::AttendAs(absl::Span<const AttentionParams> batch, Comp
   RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
   Worker* w = AcquireWorker();
   absl::Cleanup release = [&] { ReleaseWorker(w); };
-  size_t i = 0;
-  while (i < batch.size()) {
-    size_t j = i + 1;
-    while (j < batch.size() && Compatible(batch[i], batch[j])) ++j;
-    absl::Status s = RunAttentionGroup(w, batch.subspan(i, j - i), type);
+  for (const auto& [begin, end] :
+       PlanAttentionGroups(batch, options_.pinned_staging_bytes_per_stream)) {
+    absl::Status s = RunAttentionGroup(w, batch.subspan(begin, end - begin), type);
     if (!s.ok()) {
       // Leave the stream idle for the next call whatever happened.
       cudaStreamSynchronize(w->stream);
       cudaGetLastError();
       return s;
     }
-    i = j;
   }
   return absl::OkStatus();
 }

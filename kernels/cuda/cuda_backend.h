@@ -33,10 +33,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/flash_params.h"
 
@@ -125,6 +127,15 @@ class CudaBackend final : public Backend {
   int64_t pool_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The launch groups CudaBackend::AttendAs forms from `batch`, as [begin, end) index pairs:
+// maximal runs of consecutive items that can share a launch (same heads, head dims, causality
+// and scale, no mask, no weights, q_len == 1 or not) and whose pinned staging fits
+// `pinned_limit` bytes together, so that a large batch is computed in several launches instead
+// of failing whole. An item whose own staging exceeds the limit forms a group alone (and fails
+// with RESOURCE_EXHAUSTED). Every item's bits are the same in any grouping (batch invariance).
+std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const AttentionParams> batch,
+                                                           int64_t pinned_limit);
 
 // The factory the server calls (--backend=cuda|auto): CudaBackend::Create as a Backend.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);
