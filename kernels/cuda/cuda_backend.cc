@@ -77,6 +77,31 @@ bool Compatible(const AttentionParams& a, const AttentionParams& b) {
          b.weights == nullptr && (a.q_len == 1) == (b.q_len == 1);
 }
 
+// Errors after which the CUDA context is unusable: every later CUDA call of the process fails
+// with them until cudaDeviceReset.
+bool IsStickyError(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Streams and handles of a worker (its buffers grow on demand).
+GpuStatus InitWorker(CudaBackend::Worker* w);
+// Releases everything a worker holds; errors are ignored (the context may be broken).
+void FreeWorker(CudaBackend::Worker* w);
+
 // An upper bound of the pinned staging an item adds to a launch group (RunAttentionGroup's
 // host layout without the alignment, which kGroupSlack covers): q, k, v, out, a float32 copy
 // of v, the sequence tables.
@@ -172,13 +197,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       absl::StrCat("cuda:", options.device, ": ", prop.name, " (sm_", prop.major, prop.minor, ")"),
       static_cast<int64_t>(prop.totalGlobalMem)));
   for (int i = 0; i < options.num_streams; ++i) {
-    auto w = std::make_unique<Worker>();
-    RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking),
-                                  "cudaStreamCreate"));
-    RETURN_IF_GPU_ERROR(CublasCheck(cublasCreate(&w->blas), "cublasCreate"));
-    RETURN_IF_GPU_ERROR(CublasCheck(cublasLtCreate(&w->lt), "cublasLtCreate"));
-    RETURN_IF_GPU_ERROR(CublasCheck(cublasSetStream(w->blas, w->stream), "cublasSetStream"));
-    backend->workers_.push_back(std::move(w));
+    backend->workers_.push_back(std::make_unique<Worker>());
+    RETURN_IF_GPU_ERROR(InitWorker(backend->workers_.back().get()));
   }
   absl::MutexLock lock(&backend->mu_);
   for (auto& w : backend->workers_) backend->idle_.push_back(w.get());
@@ -195,16 +215,32 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options, std::string device_n
                          int64_t total_bytes)
     : options_(options), device_name_(std::move(device_name)), device_total_bytes_(total_bytes) {}
 
+namespace {
+
+GpuStatus InitWorker(CudaBackend::Worker* w) {
+  ATTNSERVE_GPU_RETURN_IF_ERROR(
+      CudaCheck(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  ATTNSERVE_GPU_RETURN_IF_ERROR(CublasCheck(cublasCreate(&w->blas), "cublasCreate"));
+  ATTNSERVE_GPU_RETURN_IF_ERROR(CublasCheck(cublasLtCreate(&w->lt), "cublasLtCreate"));
+  return CublasCheck(cublasSetStream(w->blas, w->stream), "cublasSetStream");
+}
+
+void FreeWorker(CudaBackend::Worker* w) {
+  if (w->stream != nullptr) cudaStreamSynchronize(w->stream);
+  if (w->device != nullptr) cudaFree(w->device);
+  if (w->pinned != nullptr) cudaFreeHost(w->pinned);
+  if (w->lt != nullptr) cublasLtDestroy(w->lt);
+  if (w->blas != nullptr) cublasDestroy(w->blas);
+  if (w->stream != nullptr) cudaStreamDestroy(w->stream);
+  cudaGetLastError();
+  *w = CudaBackend::Worker{};
+}
+
+}  // namespace
+
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
-  for (auto& w : workers_) {
-    if (w->stream != nullptr) cudaStreamSynchronize(w->stream);
-    if (w->device != nullptr) cudaFree(w->device);
-    if (w->pinned != nullptr) cudaFreeHost(w->pinned);
-    if (w->lt != nullptr) cublasLtDestroy(w->lt);
-    if (w->blas != nullptr) cublasDestroy(w->blas);
-    if (w->stream != nullptr) cudaStreamDestroy(w->stream);
-  }
+  for (auto& w : workers_) FreeWorker(w.get());
 }
 
 std::vector<DeviceInfo> CudaBackend::devices() const {
@@ -241,6 +277,13 @@ CudaBackend::Worker* CudaBackend::AcquireWorker() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](std::vector<Worker*>* idle) { return !idle->empty(); }, &idle_));
+  if (needs_reset_) {
+    mu_.Await(absl::Condition(
+        +[](CudaBackend* b)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return b->idle_.size() == b->workers_.size(); },
+        this));
+    if (needs_reset_) ResetDeviceLocked();
+  }
   Worker* w = idle_.back();
   idle_.pop_back();
   return w;
@@ -249,6 +292,37 @@ CudaBackend::Worker* CudaBackend::AcquireWorker() {
 void CudaBackend::ReleaseWorker(Worker* w) {
   absl::MutexLock lock(&mu_);
   idle_.push_back(w);
+}
+
+absl::Status CudaBackend::MarkFaulted(absl::Status s) {
+  // CUDA and cuBLAS failures are INTERNAL; a full pool or staging (RESOURCE_EXHAUSTED) is no
+  // fault, and must not cost the device-wide synchronisation below.
+  if (s.code() != absl::StatusCode::kInternal) return s;
+  // The caller drained its stream; a sticky error now shows on any call.
+  const cudaError_t last = cudaGetLastError();
+  if (!IsStickyError(last) && !IsStickyError(cudaDeviceSynchronize())) return s;
+  cudaGetLastError();
+  {
+    absl::MutexLock lock(&mu_);
+    needs_reset_ = true;
+  }
+  return absl::Status(s.code(), absl::StrCat(s.message(),
+                                             " (device fault: the device is re-initialised "
+                                             "before the next call)"));
+}
+
+void CudaBackend::ResetDeviceLocked() {
+  // Every worker is idle (AcquireWorker waited), so nothing of this backend runs on the device.
+  cudaSetDevice(options_.device);
+  for (auto& w : workers_) FreeWorker(w.get());
+  cudaDeviceReset();
+  cudaGetLastError();
+  cudaSetDevice(options_.device);
+  pool_held_bytes_ = 0;
+  pinned_held_bytes_ = 0;
+  bool ok = true;
+  for (auto& w : workers_) ok = InitWorker(w.get()).ok() && ok;
+  needs_reset_ = !ok;  // a failed re-initialisation is retried by the next call
 }
 
 absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
@@ -379,8 +453,7 @@ absl::Status CudaBackend::AttendAs(absl::Span<const AttentionParams> batch, Comp
     if (!s.ok()) {
       // Leave the stream idle for the next call whatever happened.
       cudaStreamSynchronize(w->stream);
-      cudaGetLastError();
-      return s;
+      return MarkFaulted(std::move(s));
     }
   }
   return absl::OkStatus();
@@ -609,8 +682,7 @@ absl::Status CudaBackend::MultiHeadAs(absl::Span<const MultiHeadParams> batch, C
     absl::Status s = RunMultiHead(w, p, type);
     if (!s.ok()) {
       cudaStreamSynchronize(w->stream);
-      cudaGetLastError();
-      return s;
+      return MarkFaulted(std::move(s));
     }
   }
   return absl::OkStatus();

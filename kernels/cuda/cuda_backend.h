@@ -22,7 +22,9 @@
 //   projections TF32 tensor cores (10-bit mantissa operands), float32 accumulation and bias.
 //
 // Errors: a CUDA or cuBLAS failure fails the call with INTERNAL naming the step (the process
-// never aborts); a call needing more device memory than the pool allows, or more pinned staging
+// never aborts); after a device fault that breaks the CUDA context (an illegal address, ...)
+// the backend re-initialises the device before its next call instead of failing every later
+// one; a call needing more device memory than the pool allows, or more pinned staging
 // than allowed, fails with RESOURCE_EXHAUSTED.
 //
 // Thread-safety: thread-safe. Each call takes one of num_streams workers (stream, cuBLAS
@@ -107,8 +109,17 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(const CudaBackendOptions& options, std::string device_name, int64_t total_bytes);
+  // Takes an idle worker. After a device fault (MarkFaulted) it first waits for every worker to
+  // be idle and re-initialises the device (cudaDeviceReset, new streams and handles).
   Worker* AcquireWorker();
   void ReleaseWorker(Worker* w);
+  // Called on a failed call with w's stream drained: if the CUDA context is broken (a "sticky"
+  // error such as an illegal address), every later call would fail, so the next AcquireWorker
+  // re-initialises the device. Returns `s`, its message saying so when that is the case.
+  // cudaDeviceReset resets the device for the whole process: one CudaBackend per device per
+  // process (the server's case) is assumed.
+  absl::Status MarkFaulted(absl::Status s);
+  void ResetDeviceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grow `w`'s device buffer / pinned staging to at least `bytes`, within the bounds.
   absl::Status ReserveDevice(Worker* w, size_t bytes);
   absl::Status ReservePinned(Worker* w, size_t bytes);
@@ -126,6 +137,7 @@ class CudaBackend final : public Backend {
   std::vector<Worker*> idle_ ABSL_GUARDED_BY(mu_);
   int64_t pool_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool needs_reset_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // The launch groups CudaBackend::AttendAs forms from `batch`, as [begin, end) index pairs:
