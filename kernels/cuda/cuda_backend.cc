@@ -74,10 +74,65 @@ bool Compatible(const AttentionParams& a, const AttentionParams& b) {
   return a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
          a.head_dim == b.head_dim && a.v_head_dim == b.v_head_dim && a.causal == b.causal &&
          a.scale == b.scale && !a.mask.present() && !b.mask.present() && a.weights == nullptr &&
-         b.weights == nullptr;
+         b.weights == nullptr && (a.q_len == 1) == (b.q_len == 1);
 }
 
+// Errors after which the CUDA context is unusable: every later CUDA call of the process fails
+// with them until cudaDeviceReset.
+bool IsStickyError(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// Streams and handles of a worker (its buffers grow on demand).
+GpuStatus InitWorker(CudaBackend::Worker* w);
+// Releases everything a worker holds; errors are ignored (the context may be broken).
+void FreeWorker(CudaBackend::Worker* w);
+
+// An upper bound of the pinned staging an item adds to a launch group (RunAttentionGroup's
+// host layout without the alignment, which kGroupSlack covers): q, k, v, out, a float32 copy
+// of v, the sequence tables.
+int64_t PinnedBytes(const AttentionParams& p) {
+  const int64_t q = int64_t{p.batch} * p.q_len * p.num_heads;
+  const int64_t k = int64_t{p.batch} * p.kv_len * p.num_kv_heads;
+  return int64_t{sizeof(float)} *
+             (q * (p.head_dim + p.v_head_dim) + k * (p.head_dim + 2 * p.v_head_dim)) +
+         int64_t{3 * sizeof(int)} * p.batch;
+}
+constexpr int64_t kGroupSlack = 16 * 256;  // Layout rounds each of a group's buffers to 256
+
 }  // namespace
+
+std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const AttentionParams> batch,
+                                                           int64_t pinned_limit) {
+  std::vector<std::pair<size_t, size_t>> groups;
+  size_t i = 0;
+  while (i < batch.size()) {
+    int64_t bytes = kGroupSlack + PinnedBytes(batch[i]);
+    size_t j = i + 1;
+    while (j < batch.size() && Compatible(batch[i], batch[j]) &&
+           bytes + PinnedBytes(batch[j]) <= pinned_limit) {
+      bytes += PinnedBytes(batch[j]);
+      ++j;
+    }
+    groups.emplace_back(i, j);
+    i = j;
+  }
+  return groups;
+}
 
 int CudaDeviceCount() {
   int n = 0;
@@ -142,13 +197,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       absl::StrCat("cuda:", options.device, ": ", prop.name, " (sm_", prop.major, prop.minor, ")"),
       static_cast<int64_t>(prop.totalGlobalMem)));
   for (int i = 0; i < options.num_streams; ++i) {
-    auto w = std::make_unique<Worker>();
-    RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking),
-                                  "cudaStreamCreate"));
-    RETURN_IF_GPU_ERROR(CublasCheck(cublasCreate(&w->blas), "cublasCreate"));
-    RETURN_IF_GPU_ERROR(CublasCheck(cublasLtCreate(&w->lt), "cublasLtCreate"));
-    RETURN_IF_GPU_ERROR(CublasCheck(cublasSetStream(w->blas, w->stream), "cublasSetStream"));
-    backend->workers_.push_back(std::move(w));
+    backend->workers_.push_back(std::make_unique<Worker>());
+    RETURN_IF_GPU_ERROR(InitWorker(backend->workers_.back().get()));
   }
   absl::MutexLock lock(&backend->mu_);
   for (auto& w : backend->workers_) backend->idle_.push_back(w.get());
@@ -165,16 +215,32 @@ CudaBackend::CudaBackend(const CudaBackendOptions& options, std::string device_n
                          int64_t total_bytes)
     : options_(options), device_name_(std::move(device_name)), device_total_bytes_(total_bytes) {}
 
+namespace {
+
+GpuStatus InitWorker(CudaBackend::Worker* w) {
+  ATTNSERVE_GPU_RETURN_IF_ERROR(
+      CudaCheck(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking), "cudaStreamCreate"));
+  ATTNSERVE_GPU_RETURN_IF_ERROR(CublasCheck(cublasCreate(&w->blas), "cublasCreate"));
+  ATTNSERVE_GPU_RETURN_IF_ERROR(CublasCheck(cublasLtCreate(&w->lt), "cublasLtCreate"));
+  return CublasCheck(cublasSetStream(w->blas, w->stream), "cublasSetStream");
+}
+
+void FreeWorker(CudaBackend::Worker* w) {
+  if (w->stream != nullptr) cudaStreamSynchronize(w->stream);
+  if (w->device != nullptr) cudaFree(w->device);
+  if (w->pinned != nullptr) cudaFreeHost(w->pinned);
+  if (w->lt != nullptr) cublasLtDestroy(w->lt);
+  if (w->blas != nullptr) cublasDestroy(w->blas);
+  if (w->stream != nullptr) cudaStreamDestroy(w->stream);
+  cudaGetLastError();
+  *w = CudaBackend::Worker{};
+}
+
+}  // namespace
+
 CudaBackend::~CudaBackend() {
   cudaSetDevice(options_.device);
-  for (auto& w : workers_) {
-    if (w->stream != nullptr) cudaStreamSynchronize(w->stream);
-    if (w->device != nullptr) cudaFree(w->device);
-    if (w->pinned != nullptr) cudaFreeHost(w->pinned);
-    if (w->lt != nullptr) cublasLtDestroy(w->lt);
-    if (w->blas != nullptr) cublasDestroy(w->blas);
-    if (w->stream != nullptr) cudaStreamDestroy(w->stream);
-  }
+  for (auto& w : workers_) FreeWorker(w.get());
 }
 
 std::vector<DeviceInfo> CudaBackend::devices() const {
@@ -211,6 +277,13 @@ CudaBackend::Worker* CudaBackend::AcquireWorker() {
   absl::MutexLock lock(&mu_);
   mu_.Await(absl::Condition(
       +[](std::vector<Worker*>* idle) { return !idle->empty(); }, &idle_));
+  if (needs_reset_) {
+    mu_.Await(absl::Condition(
+        +[](CudaBackend* b)
+             ABSL_NO_THREAD_SAFETY_ANALYSIS { return b->idle_.size() == b->workers_.size(); },
+        this));
+    if (needs_reset_) ResetDeviceLocked();
+  }
   Worker* w = idle_.back();
   idle_.pop_back();
   return w;
@@ -219,6 +292,37 @@ CudaBackend::Worker* CudaBackend::AcquireWorker() {
 void CudaBackend::ReleaseWorker(Worker* w) {
   absl::MutexLock lock(&mu_);
   idle_.push_back(w);
+}
+
+absl::Status CudaBackend::MarkFaulted(absl::Status s) {
+  // CUDA and cuBLAS failures are INTERNAL; a full pool or staging (RESOURCE_EXHAUSTED) is no
+  // fault, and must not cost the device-wide synchronisation below.
+  if (s.code() != absl::StatusCode::kInternal) return s;
+  // The caller drained its stream; a sticky error now shows on any call.
+  const cudaError_t last = cudaGetLastError();
+  if (!IsStickyError(last) && !IsStickyError(cudaDeviceSynchronize())) return s;
+  cudaGetLastError();
+  {
+    absl::MutexLock lock(&mu_);
+    needs_reset_ = true;
+  }
+  return absl::Status(s.code(), absl::StrCat(s.message(),
+                                             " (device fault: the device is re-initialised "
+                                             "before the next call)"));
+}
+
+void CudaBackend::ResetDeviceLocked() {
+  // Every worker is idle (AcquireWorker waited), so nothing of this backend runs on the device.
+  cudaSetDevice(options_.device);
+  for (auto& w : workers_) FreeWorker(w.get());
+  cudaDeviceReset();
+  cudaGetLastError();
+  cudaSetDevice(options_.device);
+  pool_held_bytes_ = 0;
+  pinned_held_bytes_ = 0;
+  bool ok = true;
+  for (auto& w : workers_) ok = InitWorker(w.get()).ok() && ok;
+  needs_reset_ = !ok;  // a failed re-initialisation is retried by the next call
 }
 
 absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
@@ -343,18 +447,14 @@ absl::Status CudaBackend::AttendAs(absl::Span<const AttentionParams> batch, Comp
   RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
   Worker* w = AcquireWorker();
   absl::Cleanup release = [&] { ReleaseWorker(w); };
-  size_t i = 0;
-  while (i < batch.size()) {
-    size_t j = i + 1;
-    while (j < batch.size() && Compatible(batch[i], batch[j])) ++j;
-    absl::Status s = RunAttentionGroup(w, batch.subspan(i, j - i), type);
+  for (const auto& [begin, end] :
+       PlanAttentionGroups(batch, options_.pinned_staging_bytes_per_stream)) {
+    absl::Status s = RunAttentionGroup(w, batch.subspan(begin, end - begin), type);
     if (!s.ok()) {
       // Leave the stream idle for the next call whatever happened.
       cudaStreamSynchronize(w->stream);
-      cudaGetLastError();
-      return s;
+      return MarkFaulted(std::move(s));
     }
-    i = j;
   }
   return absl::OkStatus();
 }
@@ -442,7 +542,15 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   fp.o_row_stride = int64_t{hq} * dv;
   fp.o_head_stride = dv;
   const bool naive = with_weights || SelectFlashPath(fp) == FlashPath::kUnsupported;
-  const size_t d_ws = dev.Add(naive ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k) : 0);
+  // Decode steps (one query token per sequence) take the decode path (flash_decode_kernel.h).
+  // Compatible() never packs a q_len == 1 item with others, so the choice depends only on the
+  // item itself (batch invariance).
+  const bool decode = !naive && DecodeSupported(fp);
+  int max_k = 0;
+  for (int s = 0; s < num_seqs; ++s) max_k = std::max(max_k, cu_k[s + 1] - cu_k[s]);
+  const size_t d_ws = dev.Add(naive    ? NaiveAttentionWorkspaceBytes(fp, cu_q, cu_k)
+                              : decode ? FlashDecodeWorkspaceBytes(fp, max_k)
+                                       : 0);
   st = ReserveDevice(w, dev.size());
   if (!st.ok()) return st;
   char* base = w->device;
@@ -532,6 +640,8 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
                                               any_key_lengths ? klen : nullptr,
                                               with_weights ? At<float>(base, d_weights) : nullptr,
                                               At<void>(base, d_ws), w->blas, stream));
+  } else if (decode) {
+    RETURN_IF_GPU_ERROR(FlashDecode(fp, type, max_k, At<void>(base, d_ws), stream));
   } else {
     RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
   }
@@ -572,8 +682,7 @@ absl::Status CudaBackend::MultiHeadAs(absl::Span<const MultiHeadParams> batch, C
     absl::Status s = RunMultiHead(w, p, type);
     if (!s.ok()) {
       cudaStreamSynchronize(w->stream);
-      cudaGetLastError();
-      return s;
+      return MarkFaulted(std::move(s));
     }
   }
   return absl::OkStatus();

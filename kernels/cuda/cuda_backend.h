@@ -7,7 +7,9 @@
 // weights are packed into one variable-length launch (cumulative sequence offsets); each
 // (sequence, head, query block) is computed by one thread block over all of its keys in a fixed
 // order, so an item's bits never depend on its batch companions (backend.h). Items asking for
-// weights take the cuBLAS path that materialises them (NaiveAttentionForward).
+// weights take the cuBLAS path that materialises them (NaiveAttentionForward). Decode steps
+// (q_len == 1) are packed only with each other and, where DecodeSupported, take the decode path
+// (flash_decode_kernel.h: GQA heads packed, keys split in chunks of a fixed size).
 //
 // Precision (PrecisionPolicy() returns this as one line, for GetServerInfo):
 //   attention  q, k, v rounded to the operand type (bfloat16 by default for FLOAT32 requests,
@@ -20,7 +22,9 @@
 //   projections TF32 tensor cores (10-bit mantissa operands), float32 accumulation and bias.
 //
 // Errors: a CUDA or cuBLAS failure fails the call with INTERNAL naming the step (the process
-// never aborts); a call needing more device memory than the pool allows, or more pinned staging
+// never aborts); after a device fault that breaks the CUDA context (an illegal address, ...)
+// the backend re-initialises the device before its next call instead of failing every later
+// one; a call needing more device memory than the pool allows, or more pinned staging
 // than allowed, fails with RESOURCE_EXHAUSTED.
 //
 // Thread-safety: thread-safe. Each call takes one of num_streams workers (stream, cuBLAS
@@ -31,10 +35,12 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/flash_params.h"
 
@@ -103,8 +109,17 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(const CudaBackendOptions& options, std::string device_name, int64_t total_bytes);
+  // Takes an idle worker. After a device fault (MarkFaulted) it first waits for every worker to
+  // be idle and re-initialises the device (cudaDeviceReset, new streams and handles).
   Worker* AcquireWorker();
   void ReleaseWorker(Worker* w);
+  // Called on a failed call with w's stream drained: if the CUDA context is broken (a "sticky"
+  // error such as an illegal address), every later call would fail, so the next AcquireWorker
+  // re-initialises the device. Returns `s`, its message saying so when that is the case.
+  // cudaDeviceReset resets the device for the whole process: one CudaBackend per device per
+  // process (the server's case) is assumed.
+  absl::Status MarkFaulted(absl::Status s);
+  void ResetDeviceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grow `w`'s device buffer / pinned staging to at least `bytes`, within the bounds.
   absl::Status ReserveDevice(Worker* w, size_t bytes);
   absl::Status ReservePinned(Worker* w, size_t bytes);
@@ -122,7 +137,17 @@ class CudaBackend final : public Backend {
   std::vector<Worker*> idle_ ABSL_GUARDED_BY(mu_);
   int64_t pool_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool needs_reset_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+// The launch groups CudaBackend::AttendAs forms from `batch`, as [begin, end) index pairs:
+// maximal runs of consecutive items that can share a launch (same heads, head dims, causality
+// and scale, no mask, no weights, q_len == 1 or not) and whose pinned staging fits
+// `pinned_limit` bytes together, so that a large batch is computed in several launches instead
+// of failing whole. An item whose own staging exceeds the limit forms a group alone (and fails
+// with RESOURCE_EXHAUSTED). Every item's bits are the same in any grouping (batch invariance).
+std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const AttentionParams> batch,
+                                                           int64_t pinned_limit);
 
 // The factory the server calls (--backend=cuda|auto): CudaBackend::Create as a Backend.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(const CudaBackendOptions& options);

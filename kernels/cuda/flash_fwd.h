@@ -41,7 +41,8 @@ GpuStatus RunFlashFwdGeneric(const FlashFwdParams& p, cudaStream_t stream);
 // merged in order (batch-invariant). DecodeSupported: max_seqlen_q <= 1, num_heads /
 // num_kv_heads in {1, 2, 4, 8}, v_head_dim <= 128, head_dim <= 256. `max_seqlen_k` is the
 // largest kv_len of the batch (sizes the grid); `workspace` holds FlashDecodeWorkspaceBytes.
-// Not yet chosen by CudaBackend: tested on the host emulation (tests/cuda_emu).
+// CudaBackend takes it for items with q_len == 1; tested on the host emulation (tests/cuda_emu),
+// not yet run on a GPU.
 bool DecodeSupported(const FlashFwdParams& p);
 size_t FlashDecodeWorkspaceBytes(const FlashFwdParams& p, int max_seqlen_k);
 GpuStatus FlashDecode(const FlashFwdParams& p, ComputeType type, int max_seqlen_k, void* workspace,

@@ -175,6 +175,21 @@ TEST_P(CudaBackendTest, GroupedQueryHeads) {
   }
 }
 
+// Decode steps (q_len == 1) take the decode path (flash_decode_kernel.h): GQA groups 8, 2 and
+// 1, key counts around its split size, key lengths with 0 (a fully blocked row), D = 80.
+TEST_P(CudaBackendTest, DecodeSteps) {
+  std::mt19937 rng(11);
+  struct Shape {
+    int hq, hkv, lk, d;
+  };
+  for (const Shape& s :
+       {Shape{8, 1, 700, 128}, Shape{4, 2, 257, 64}, Shape{16, 2, 300, 64}, Shape{3, 3, 256, 80}}) {
+    Problem pr = MakeProblem(rng, 3, s.hq, s.hkv, 1, s.lk, s.d, s.d);
+    pr.key_lengths = {s.lk, 0, s.lk / 2 + 1};
+    CheckAgainstReference(pr, "decode");
+  }
+}
+
 // An item's output bits do not depend on its batch companions or their order.
 TEST_P(CudaBackendTest, BatchInvarianceIsBitwise) {
   std::mt19937 rng(7);
@@ -310,6 +325,40 @@ INSTANTIATE_TEST_SUITE_P(OperandTypes, CudaBackendTest,
 
 // Runs everywhere: without a device the factory must say UNAVAILABLE (the server then falls
 // back to the CPU), and CudaDeviceCount must answer 0 rather than fail.
+// The launch groups of AttendAs (no device needed): a large batch is chunked to the pinned
+// staging limit instead of failing whole.
+AttentionParams Shape(int batch, int heads, int q_len, int kv_len) {
+  AttentionParams p;
+  p.batch = batch;
+  p.num_heads = p.num_kv_heads = heads;
+  p.q_len = q_len;
+  p.kv_len = kv_len;
+  p.head_dim = p.v_head_dim = 64;
+  return p;
+}
+
+TEST(PlanAttentionGroupsTest, ChunksToThePinnedLimit) {
+  // One item: 4 bytes x (1024 x 8 x 128 + 1024 x 8 x 192) + 12 = 10485772 bytes of staging.
+  const std::vector<AttentionParams> five(5, Shape(1, 8, 1024, 1024));
+  using Groups = std::vector<std::pair<size_t, size_t>>;
+  EXPECT_EQ(PlanAttentionGroups(five, int64_t{1} << 30), (Groups{{0, 5}}));
+  // Room for two items (and the layout's slack) per launch.
+  EXPECT_EQ(PlanAttentionGroups(five, 2 * 10485772 + 4096), (Groups{{0, 2}, {2, 4}, {4, 5}}));
+  EXPECT_EQ(PlanAttentionGroups(five, 2 * 10485772 + 4095),
+            (Groups{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}}));
+  // An item over the limit alone forms its own group (RunAttentionGroup then reports it).
+  EXPECT_EQ(PlanAttentionGroups(five, 1000), (Groups{{0, 1}, {1, 2}, {2, 3}, {3, 4}, {4, 5}}));
+}
+
+TEST(PlanAttentionGroupsTest, NeverPacksIncompatibleItems) {
+  std::vector<AttentionParams> items = {Shape(1, 8, 16, 64), Shape(2, 8, 16, 64),
+                                        Shape(1, 4, 16, 64), Shape(1, 4, 1, 64),
+                                        Shape(3, 4, 1, 64),  Shape(1, 4, 2, 64)};
+  using Groups = std::vector<std::pair<size_t, size_t>>;
+  // Heads differ between 1 and 2; q_len == 1 (decode steps) is packed only with q_len == 1.
+  EXPECT_EQ(PlanAttentionGroups(items, int64_t{1} << 30), (Groups{{0, 2}, {2, 3}, {3, 5}, {5, 6}}));
+}
+
 TEST(CudaBackendCreateTest, UnavailableWithoutDevice) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a device is present";
   auto b = CreateCudaBackend(CudaBackendOptions{});
