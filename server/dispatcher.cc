@@ -57,6 +57,8 @@ void BatchingDispatcher::NotifyCancelled() { batcher_->NotifyCancelled(); }
 
 void BatchingDispatcher::Shutdown(absl::Duration grace) { batcher_->Shutdown(grace); }
 
+void BatchingDispatcher::EndGracePeriod() { batcher_->EndGracePeriod(); }
+
 void BatchingDispatcher::PublishStats() {
   const batching::BatcherStats now = batcher_->stats();
   batching::MutexLock lock(&published_mu_);

@@ -38,6 +38,10 @@ class Dispatcher {
   // Stops accepting, computes what is queued for up to `grace`, answers what is left
   // UNAVAILABLE and joins the threads. Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;
+
+  // Ends Shutdown()'s grace period now (it may be running on another thread): what is still
+  // queued is answered UNAVAILABLE at once. Never blocks.
+  virtual void EndGracePeriod() = 0;
 };
 
 // The batching settings of the server (flags of the same names; GetServerInfo reports them).
@@ -60,6 +64,7 @@ class BatchingDispatcher final : public Dispatcher {
   absl::Status Submit(std::unique_ptr<Job>* job) override;
   void NotifyCancelled() override;
   void Shutdown(absl::Duration grace) override;
+  void EndGracePeriod() override;
 
   // The options in force (with batching off: the effective batch of one).
   const batching::BatcherOptions& options() const { return options_; }

@@ -1,7 +1,29 @@
 // attnserve: the server binary. Flags configure everything; see --help.
+//
+// Signals. SIGTERM and SIGINT start a drain (ServerHost::Shutdown); the process exits 0 once it
+// is done. A second SIGTERM or SIGINT during the drain cuts it short (ServerHost::EndGracePeriod):
+// queued requests are answered UNAVAILABLE, gRPC stops without waiting for open calls, and the
+// process exits with status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT) within
+// kForcedExitWait, leaving a batch still computing behind if need be (its callers see the
+// connection close, which gRPC clients report as UNAVAILABLE).
+//
+// The signals are blocked in every thread and taken by the main thread with sigwait: no handler,
+// no async-signal-safety concerns. Blocking them in main() would be too late: a thread inherits
+// its creator's mask, and libopenblas starts its thread pool in its library constructor, which
+// runs before main() and before the executable's own static constructors. So they are blocked
+// from .preinit_array, which the dynamic loader runs before any library constructor. (A thread
+// with the signals unblocked receives them whenever the main thread is not inside sigwait, and
+// the default action kills the process: that is how a second SIGTERM used to kill it at once.)
+#include <netdb.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -10,6 +32,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "kernels/safetensors.h"
 #include "server/server_host.h"
 #include "server/version.h"
@@ -54,6 +77,64 @@ ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 
 namespace {
+
+// SIGTERM, SIGINT and SIGUSR1 (the drain thread's wake-up call to the main thread).
+sigset_t ControlSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);
+  return signals;
+}
+
+void BlockControlSignals(int, char**, char**) {
+  const sigset_t signals = ControlSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+// Run by the dynamic loader before any shared library's constructor (see the top of the file).
+__attribute__((section(".preinit_array"),
+               used)) void (*const block_control_signals)(int, char**,
+                                                          char**) = &BlockControlSignals;
+
+// After a second signal, how long the drain may still take (the batch being computed) before the
+// process exits without it.
+constexpr absl::Duration kForcedExitWait = absl::Seconds(1);
+
+// Stops the /metrics endpoint and returns once it has. civetweb's listener thread notices the
+// stop only when its poll() returns, which takes up to 2 s on an idle socket; a connection
+// makes it return, so one is made every few milliseconds until the stop is done.
+void StopMetricsEndpoint(std::unique_ptr<attnserve::metrics::Metrics> metrics,
+                         const std::string& address) {
+  const int port = metrics->listening_port();
+  if (port <= 0) return;  // no endpoint
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints,
+                  &addresses) != 0) {
+    addresses = nullptr;  // cannot poke: the stop takes its time
+  }
+  std::atomic<bool> stopped{false};
+  std::thread poke([&] {
+    while (addresses != nullptr && !stopped.load()) {
+      const int fd = socket(addresses->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        connect(fd, addresses->ai_addr, addresses->ai_addrlen);
+        close(fd);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  metrics.reset();
+  stopped.store(true);
+  poke.join();
+  if (addresses != nullptr) freeaddrinfo(addresses);
+}
 
 int Run() {
   using attnserve::server::ServerOptions;
@@ -101,13 +182,11 @@ int Run() {
     options.modules.push_back(*parsed);
   }
 
-  // Block the shutdown signals in every thread (gRPC's start after this), and wait for them
-  // here with sigwait: no async-signal-safety concerns, no self-pipe.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  // Blocked since before main() (see the top); again here in case the loader did not run
+  // .preinit_array (a static or sanitizer-wrapped start), before any thread of ours starts.
+  const sigset_t signals = ControlSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const pthread_t main_thread = pthread_self();
 
   auto backend = attnserve::server::MakeBackend(options.backend, options.backend_threads);
   if (!backend.ok()) {
@@ -151,13 +230,37 @@ int Run() {
   }
 
   int signal = 0;
-  sigwait(&signals, &signal);
+  do {
+    sigwait(&signals, &signal);
+  } while (signal == SIGUSR1);
   const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   std::fprintf(stderr, "attnserve: %s received; draining for up to %s\n", strsignal(signal),
                absl::FormatDuration(grace).c_str());
-  (*host)->Shutdown(grace);
+  absl::Notification drained;
+  std::thread drain([&] {
+    (*host)->Shutdown(grace);
+    drained.Notify();
+    pthread_kill(main_thread, SIGUSR1);  // wakes the sigwait below
+  });
+  int exit_code = 0;
+  while (!drained.HasBeenNotified()) {
+    sigwait(&signals, &signal);
+    if (signal == SIGUSR1 || drained.HasBeenNotified()) continue;
+    exit_code = 128 + signal;
+    std::fprintf(stderr, "attnserve: %s received again; answering what is queued UNAVAILABLE\n",
+                 strsignal(signal));
+    (*host)->EndGracePeriod();
+    if (!drained.WaitForNotificationWithTimeout(kForcedExitWait)) {
+      std::fprintf(stderr, "attnserve: exiting with a batch still computing\n");
+      std::fflush(nullptr);
+      _exit(exit_code);  // the batch thread still runs: no destructor may run
+    }
+  }
+  drain.join();
+  host->reset();
+  StopMetricsEndpoint(*std::move(metrics), metrics_options.listen_address);
   std::fprintf(stderr, "attnserve: stopped\n");
-  return 0;
+  return exit_code;
 }
 
 }  // namespace

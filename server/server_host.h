@@ -60,6 +60,9 @@ struct ServerOptions {
   std::vector<ModuleSpec> modules;
 };
 
+// Counts the AttentionService calls gRPC has open (server_host.cc).
+class OpenCalls;
+
 // Thread-safe: Shutdown may be called from any thread, once or more.
 class ServerHost {
  public:
@@ -79,9 +82,20 @@ class ServerHost {
   ModuleRegistry& modules() { return modules_; }
   kernels::Backend& backend() { return *backend_; }
 
-  // Reports NOT_SERVING, stops accepting calls, finishes queued work for up to `grace`, answers
-  // the rest UNAVAILABLE, and returns when every call has been answered.
+  // The drain. Reports NOT_SERVING on grpc.health.v1; from then on the service answers new
+  // Attend/MultiHeadAttention requests UNAVAILABLE (gRPC keeps accepting calls while queued work
+  // finishes, so a late caller gets a code retry policies retry, not CANCELLED); computes what is
+  // queued for up to `grace` and answers the rest UNAVAILABLE; waits until no AttentionService
+  // call is open (at most until `grace` + 1 s, for answers still being written); then stops
+  // gRPC, which cancels what is left (health Watch streams, streams held open by their callers)
+  // and closes the connections. Returns when all of that is done: at once when idle.
   void Shutdown(absl::Duration grace);
+
+  // Cuts a Shutdown() running on another thread short (a second SIGTERM): what is still queued
+  // is answered UNAVAILABLE now, and gRPC waits for open calls no more than 200 ms longer;
+  // Shutdown() returns once the batch being computed, if any, is done too. May precede
+  // Shutdown() (which then drains nothing). Never blocks.
+  void EndGracePeriod();
 
  private:
   ServerHost() = default;
@@ -92,6 +106,7 @@ class ServerHost {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<AttentionService> service_;
+  std::shared_ptr<OpenCalls> open_calls_;  // shared with gRPC's interceptor factory
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   batching::Mutex shutdown_mu_;

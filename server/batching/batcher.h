@@ -53,6 +53,8 @@
 //   with UNAVAILABLE; the batch threads are joined. Returns when all of that is done, which is
 //   after the grace period when a process_batch call runs longer than it. The destructor calls
 //   Shutdown(absl::ZeroDuration()); call Shutdown() first for a graceful drain.
+//   EndGracePeriod() ends the grace period now, from another thread, also before or during
+//   Shutdown(): a drain cut short (attnserve's second SIGTERM).
 //
 // Thread-safety: thread-safe. Every method may be called from any thread, except as the
 // callbacks section says.
@@ -214,7 +216,7 @@ class Batcher {
         // below releases it, so with a zero grace period no batch leaves after Shutdown().
         work_cv_.NotifyAll();
       }
-      while (!policy_.empty() && clock_->Now() < grace_end) {
+      while (!policy_.empty() && !grace_ended_ && clock_->Now() < grace_end) {
         clock_->WaitUntil(&mu_, &drained_cv_, grace_end);
       }
       stopping_ = true;
@@ -228,6 +230,15 @@ class Batcher {
     }
     for (std::thread& thread : threads_) thread.join();
     threads_.clear();
+  }
+
+  // See the contract above. Never blocks.
+  void EndGracePeriod() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      MutexLock lock(&mu_);
+      grace_ended_ = true;
+    }
+    drained_cv_.NotifyAll();
   }
 
   // A snapshot of the counters and gauges.
@@ -350,6 +361,8 @@ class Batcher {
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
   // Shutdown() has started: refuse new tasks, send queued batches at once.
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // EndGracePeriod() was called: Shutdown() stops waiting for the queues to empty.
+  bool grace_ended_ ABSL_GUARDED_BY(mu_) = false;
   // The grace period is over: batch threads exit after their current batch.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Batch threads wait on work_cv_ (work queued, cancellations, shutdown); Shutdown() waits on

@@ -374,6 +374,39 @@ TEST_F(BatcherTest, ShutdownRejectsWhatIsLeftAfterTheGracePeriod) {
   EXPECT_EQ(batcher_->stats().shut_down, 2);
 }
 
+TEST_F(BatcherTest, EndGracePeriodCutsADrainShort) {
+  options_.max_batch_requests = 1;
+  HoldBatchWith(1);
+  Start();
+  Add("k", Task(1));
+  busy_.WaitForNotification();
+  Add("k", Task(2));
+  Add("k", Task(3));
+  std::thread shutdown([this] { batcher_->Shutdown(absl::Hours(1)); });
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Hours(1)));
+  batcher_->EndGracePeriod();
+  // Rejected without the clock moving and while the busy batch still runs.
+  ASSERT_TRUE(recorder_.WaitForRejects(2));
+  for (const auto& r : recorder_.rejects()) {
+    EXPECT_EQ(r.code, absl::StatusCode::kUnavailable) << "task " << r.id;
+  }
+  release_.Notify();
+  shutdown.join();
+  EXPECT_EQ(recorder_.batches().size(), 1u);
+  EXPECT_EQ(batcher_->stats().shut_down, 2);
+}
+
+TEST_F(BatcherTest, EndGracePeriodBeforeShutdownMakesItsGraceZero) {
+  options_.max_queue_delay = absl::Seconds(100);
+  Start();
+  Add("k", Task(1));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Seconds(100)));
+  batcher_->EndGracePeriod();
+  batcher_->Shutdown(absl::Hours(1));
+  ASSERT_EQ(recorder_.rejects().size(), 1u);
+  EXPECT_EQ(recorder_.rejects()[0].code, absl::StatusCode::kUnavailable);
+}
+
 TEST_F(BatcherTest, DestructorRejectsQueuedTasks) {
   options_.max_queue_delay = absl::Seconds(100);
   Start();
