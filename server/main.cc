@@ -37,43 +37,60 @@
 #include "server/server_host.h"
 #include "server/version.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port for gRPC; port 0 picks a free one");
+// The defaults of the flags that set ServerOptions are ServerOptions' own (server_host.h).
+static const attnserve::server::ServerOptions kDefaults;
+
+ABSL_FLAG(std::string, listen, kDefaults.listen_address,
+          "host:port for gRPC; port 0 picks a free one");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port serving Prometheus /metrics; empty = no endpoint");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once the server is SERVING");
 ABSL_FLAG(
-    std::string, backend, "auto",
+    std::string, backend, kDefaults.backend,
     "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
-ABSL_FLAG(int, backend_threads, 0, "threads of the CPU backend; 0 = one per core");
+ABSL_FLAG(int, backend_threads, kDefaults.backend_threads,
+          "threads of the CPU backend; 0 = one per core");
 ABSL_FLAG(std::vector<std::string>, module, {},
           "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");
-ABSL_FLAG(bool, demo_module, true, "register the built-in 'demo' module (d_model 64, 4 heads)");
-ABSL_FLAG(bool, allow_module_rpc, true, "allow LoadModule/UnloadModule over the API");
-ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20, "largest request message, bytes");
-ABSL_FLAG(int64_t, max_tensor_elements, int64_t{64} << 20, "largest tensor, elements");
-ABSL_FLAG(int64_t, max_sequence_length, 65536, "largest Lq or Lk");
-ABSL_FLAG(int64_t, max_module_bytes, int64_t{1} << 30, "largest module weights, bytes");
-ABSL_FLAG(bool, batching, true, "batch requests dynamically; false: compute each alone");
-ABSL_FLAG(int, max_batch_requests, 32, "most requests in one batch");
-ABSL_FLAG(int64_t, max_batch_tokens, 4096, "most tokens (query rows, B*Lq each) in one batch");
-ABSL_FLAG(int64_t, max_queue_delay_us, 0,
+ABSL_FLAG(bool, demo_module, kDefaults.demo_module,
+          "register the built-in 'demo' module (d_model 64, 4 heads)");
+ABSL_FLAG(bool, allow_module_rpc, kDefaults.allow_module_rpc,
+          "allow LoadModule/UnloadModule over the API");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.limits.max_message_bytes,
+          "largest request message, bytes");
+ABSL_FLAG(int64_t, max_tensor_elements, kDefaults.limits.max_tensor_elements,
+          "largest tensor, elements");
+ABSL_FLAG(int64_t, max_sequence_length, kDefaults.limits.max_sequence_length, "largest Lq or Lk");
+ABSL_FLAG(int64_t, max_module_bytes, kDefaults.limits.max_module_bytes,
+          "largest module weights, bytes");
+ABSL_FLAG(bool, batching, kDefaults.batching.enabled,
+          "batch requests dynamically; false: compute each alone");
+ABSL_FLAG(int, max_batch_requests, kDefaults.batching.batcher.max_batch_requests,
+          "most requests in one batch");
+ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.batching.batcher.max_batch_tokens,
+          "most tokens (query rows, B*Lq each) in one batch");
+ABSL_FLAG(int64_t, max_queue_delay_us,
+          absl::ToInt64Microseconds(kDefaults.batching.batcher.max_queue_delay),
           "longest a request waits for companions before its batch leaves");
-ABSL_FLAG(int, max_queued_requests, 1024, "requests queued before UNAVAILABLE");
-ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
+ABSL_FLAG(int, max_queued_requests, kDefaults.batching.batcher.max_queued_requests,
+          "requests queued before UNAVAILABLE");
+ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.batching.batcher.max_queued_bytes,
           "bytes of queued requests before UNAVAILABLE");
-ABSL_FLAG(int, batch_threads, 1, "threads computing batches (the backend parallelises inside one)");
-ABSL_FLAG(int64_t, max_stream_in_flight, 256, "most requests of one stream in flight");
+ABSL_FLAG(int, batch_threads, kDefaults.batching.batcher.num_batch_threads,
+          "threads computing batches (the backend parallelises inside one)");
+ABSL_FLAG(int64_t, max_stream_in_flight, kDefaults.limits.max_stream_in_flight,
+          "most requests of one stream in flight");
 ABSL_FLAG(std::string, tls_cert_file, "", "PEM server certificate chain: serve TLS");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token every call must carry ('authorization: Bearer <token>')");
-ABSL_FLAG(int64_t, max_connection_age_ms, 0,
+ABSL_FLAG(int64_t, max_connection_age_ms, absl::ToInt64Milliseconds(kDefaults.max_connection_age),
           "close client connections after this long so clients re-resolve and spread over new "
           "replicas (0 = never)");
-ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
+ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdown_grace),
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 
 namespace {
@@ -158,6 +175,7 @@ int Run() {
   options.batching.batcher.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.batching.batcher.num_batch_threads = absl::GetFlag(FLAGS_batch_threads);
   options.max_connection_age = absl::Milliseconds(absl::GetFlag(FLAGS_max_connection_age_ms));
+  options.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -233,12 +251,11 @@ int Run() {
   do {
     sigwait(&signals, &signal);
   } while (signal == SIGUSR1);
-  const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   std::fprintf(stderr, "attnserve: %s received; draining for up to %s\n", strsignal(signal),
-               absl::FormatDuration(grace).c_str());
+               absl::FormatDuration(options.shutdown_grace).c_str());
   absl::Notification drained;
   std::thread drain([&] {
-    (*host)->Shutdown(grace);
+    (*host)->Shutdown(options.shutdown_grace);
     drained.Notify();
     pthread_kill(main_thread, SIGUSR1);  // wakes the sigwait below
   });

@@ -47,7 +47,13 @@ struct ServerOptions {
   // Threads of the CPU backend; 0 = one per core.
   int backend_threads = 0;
   Limits limits;
-  BatchingOptions batching;
+  // The batcher's defaults, except that a batch waits for no companions: max_queue_delay 0
+  // (measured in tests/bench/BATCHING.md).
+  BatchingOptions batching = [] {
+    BatchingOptions batching;
+    batching.batcher.max_queue_delay = absl::ZeroDuration();
+    return batching;
+  }();
   bool allow_module_rpc = true;
   TlsOptions tls;
   // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>".
@@ -55,6 +61,9 @@ struct ServerOptions {
   // Closes client connections after this long (plus a grace for calls in flight), so that clients
   // re-resolve DNS and spread over replicas added since. Zero: never.
   absl::Duration max_connection_age = absl::ZeroDuration();
+  // On SIGTERM/SIGINT, how long queued work may take before what is left is answered
+  // UNAVAILABLE (main's drain; ServerHost::Shutdown takes it as an argument).
+  absl::Duration shutdown_grace = absl::Seconds(10);
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
