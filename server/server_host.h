@@ -55,6 +55,15 @@ struct ServerOptions {
   // Closes client connections after this long (plus a grace for calls in flight), so that clients
   // re-resolve DNS and spread over replicas added since. Zero: never.
   absl::Duration max_connection_age = absl::ZeroDuration();
+  // Transport admission: what gRPC accepts before a call costs the server anything.
+  // Most calls (HTTP/2 streams) open at once on one connection; a client's further calls wait
+  // on its side (and expire there) instead of piling up in the server. 0: gRPC's default (no
+  // limit). Default: 1024.
+  int max_concurrent_streams = 1024;
+  // Memory gRPC may use for its buffers across all connections (grpc::ResourceQuota): under
+  // pressure it stops reading from sockets. 0: unbounded. REQUIRES: 0 or above
+  // limits.max_message_bytes. Default: 0.
+  int64_t transport_memory_bytes = 0;
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;

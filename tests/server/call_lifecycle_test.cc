@@ -333,5 +333,42 @@ TEST_F(CallLifecycleTest, AStreamItemWithNeitherRequestIsInvalidAndNotCountedAsM
   EXPECT_LE(Requests("MultiHeadAttention", "INVALID_ARGUMENT"), 0);  // -1: no such series
 }
 
+TEST_F(CallLifecycleTest, CallsOverAConnectionsStreamLimitWaitInTheClientNotTheServer) {
+  server::ServerOptions options;
+  options.max_concurrent_streams = 2;
+  Start(options);
+  std::thread blocker = Block();  // on client_'s connection
+  auto channel = OwnConnection(target_);
+  auto stub = v1::AttentionService::NewStub(channel);
+  {
+    // One finished call first: the client has the server's SETTINGS (the limit) from then on.
+    grpc::ClientContext context;
+    v1::GetServerInfoResponse info;
+    ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  }
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
+  std::vector<std::thread> held;
+  for (int i = 0; i < 2; ++i) {
+    held.emplace_back([&] {
+      grpc::ClientContext context;
+      v1::AttendResponse response;
+      EXPECT_TRUE(stub->Attend(&context, c.request, &response).ok());
+    });
+  }
+  ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 2));
+  // Both of the connection's streams are taken: a third call cannot reach the server, whatever
+  // the timing, and ends at its deadline in the client.
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(300));
+  v1::AttendResponse response;
+  EXPECT_EQ(stub->Attend(&context, c.request, &response).error_code(),
+            grpc::StatusCode::DEADLINE_EXCEEDED);
+  gate_->Open();
+  for (auto& t : held) t.join();
+  blocker.join();
+  EXPECT_EQ(Requests("Attend", "OK"), 3);
+  EXPECT_LE(Requests("Attend", "DEADLINE_EXCEEDED"), 0) << "the third call reached the server";
+}
+
 }  // namespace
 }  // namespace attnserve
