@@ -3,7 +3,7 @@
 //
 // A Job is built from a proto request by request_builder.h (which validates everything a
 // caller controls), computed by an Executor as part of a batch, and answered exactly once
-// through `done`.
+// through its Call (server/call.h).
 #ifndef ATTNSERVE_SERVER_JOB_H_
 #define ATTNSERVE_SERVER_JOB_H_
 
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "kernels/attention_params.h"
 #include "kernels/dtype.h"
 #include "kernels/multi_head.h"
+#include "server/call.h"
+#include "server/metrics/metrics.h"
 #include "server/module_registry.h"
 
 namespace attnserve::server {
@@ -60,30 +63,26 @@ struct Job {
   int64_t bytes = 0;   // memory the job holds while queued (inputs and outputs)
   double flops = 0;
 
-  absl::Time deadline_at = absl::InfiniteFuture();
-  // Polled before computing: true when the caller went away.
-  std::function<bool()> is_cancelled = [] { return false; };
-
   JobTiming timing;
 
-  // Called exactly once with the outcome; on OK the job's out/weights/timing are final. May run
-  // on any thread; must not block.
-  absl::AnyInvocable<void(Job&, absl::Status)> done;
+  // The request this job computes: its deadline, cancellation, metrics and its one answer.
+  // Set by the service before the job is submitted (request_builder leaves it null).
+  std::unique_ptr<Call> call;
 
   // The batcher's task concept (server/batching/batch_task.h).
-  bool IsCancelled() const { return is_cancelled(); }
-  absl::Time deadline() const { return deadline_at; }
+  bool IsCancelled() const { return call != nullptr && call->IsCancelled(); }
+  absl::Time deadline() const {
+    return call != nullptr ? call->deadline() : absl::InfiniteFuture();
+  }
   int64_t num_tokens() const { return tokens; }
   int64_t num_bytes() const { return bytes; }
+  uint64_t owner() const { return call != nullptr ? call->caller().connection() : 0; }
 
-  // Answers the caller (exactly once; later calls are ignored).
-  void Finish(absl::Status status) {
-    if (finished_.exchange(true)) return;
-    done(*this, std::move(status));
+  // Answers the caller (exactly once; later calls are ignored). On OK the outputs and timing
+  // are final. `drop`: why the job was not computed, from whoever decided it.
+  void Finish(absl::Status status, std::optional<metrics::DropReason> drop = std::nullopt) {
+    if (call != nullptr) call->Finish(std::move(status), this, drop);
   }
-
- private:
-  std::atomic<bool> finished_{false};
 };
 
 }  // namespace attnserve::server

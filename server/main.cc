@@ -90,6 +90,11 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(int64_t, max_connection_age_ms, absl::ToInt64Milliseconds(kDefaults.max_connection_age),
           "close client connections after this long so clients re-resolve and spread over new "
           "replicas (0 = never)");
+ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
+          "most calls (HTTP/2 streams) open at once on one connection; 0 = no limit");
+ABSL_FLAG(int64_t, transport_memory_bytes, kDefaults.transport_memory_bytes,
+          "memory gRPC may use for its buffers over all connections (it stops reading sockets "
+          "beyond); 0 = unbounded");
 ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdown_grace),
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 
@@ -175,6 +180,8 @@ int Run() {
   options.batching.batcher.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.batching.batcher.num_batch_threads = absl::GetFlag(FLAGS_batch_threads);
   options.max_connection_age = absl::Milliseconds(absl::GetFlag(FLAGS_max_connection_age_ms));
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
   options.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);

@@ -12,6 +12,7 @@
 #include "grpc/support/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
@@ -251,6 +252,14 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         GRPC_ARG_MAX_CONNECTION_AGE_MS,
         static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
+  }
+  if (options.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  }
+  if (options.transport_memory_bytes > 0) {
+    grpc::ResourceQuota quota("attnserve");
+    quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+    builder.SetResourceQuota(quota);
   }
   builder.RegisterService(host->service_.get());
   host->open_calls_ = std::make_shared<OpenCalls>();

@@ -64,6 +64,15 @@ struct ServerOptions {
   // On SIGTERM/SIGINT, how long queued work may take before what is left is answered
   // UNAVAILABLE (main's drain; ServerHost::Shutdown takes it as an argument).
   absl::Duration shutdown_grace = absl::Seconds(10);
+  // Transport admission: what gRPC accepts before a call costs the server anything.
+  // Most calls (HTTP/2 streams) open at once on one connection; a client's further calls wait
+  // on its side (and expire there) instead of piling up in the server. 0: gRPC's default (no
+  // limit). Default: 1024.
+  int max_concurrent_streams = 1024;
+  // Memory gRPC may use for its buffers across all connections (grpc::ResourceQuota): under
+  // pressure it stops reading from sockets. 0: unbounded. REQUIRES: 0 or above
+  // limits.max_message_bytes. Default: 0.
+  int64_t transport_memory_bytes = 0;
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
