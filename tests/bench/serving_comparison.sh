@@ -94,7 +94,7 @@ run tiny_echo "$echo_target" "${tiny[@]}"
 backend_bench=$build/tests/bench/cpu_backend_bench
 if [[ -x $backend_bench ]]; then
   "$backend_bench" --threads="$threads" --benchmark_min_time=2 --benchmark_format=json \
-    --benchmark_filter='BM_MultiHead/(1|4)/128/512/8$' > "$tmp/backend.json" 2> /dev/null || true
+    --benchmark_filter='BM_MultiHead/(1|4)/128/512/8/' > "$tmp/backend.json" 2> /dev/null || true
 fi
 
 /usr/bin/python3 - "$tmp" "$threads" "$duration" "$concurrency" <<'PY'
