@@ -18,11 +18,17 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
   UnaryReactor(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
       : caller_(context, dispatcher) {}
   const Caller* caller() const { return &caller_; }
+  // The call moves this many bytes (request and response): see OnDone.
+  void set_bytes(size_t bytes) { bytes_ = bytes; }
   void OnCancel() override { caller_.Cancel(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    if (bytes_ >= kTrimAfterBytes) TrimAfterLargeCall();
+    delete this;
+  }
 
  private:
   Caller caller_;
+  size_t bytes_ = 0;
 };
 
 }  // namespace
@@ -78,6 +84,7 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
       dispatcher_(dispatcher),
       metrics_(metrics),
       info_(std::move(info)) {
+  ReturnLargeBlocksToTheSystem();
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
 
@@ -87,17 +94,20 @@ grpc::ServerUnaryReactor* AttentionService::Compute(grpc::CallbackServerContext*
                                                     const grpc::ByteBuffer* request_bytes,
                                                     grpc::ByteBuffer* response_bytes, Build build) {
   auto* reactor = new UnaryReactor(*context, dispatcher_);
-  auto call = std::make_unique<Call>(
-      metrics_, rpc, reactor->caller(),
-      [reactor, response_bytes](const absl::Status& status, Job* job, absl::Time now) {
-        if (status.ok()) {
-          Response response;
-          WriteOutputs(*job, &response);
-          WriteTiming(job->timing, now, response.mutable_timing());
-          SerializeMessage(response, response_bytes);
-        }
-        reactor->Finish(ToGrpcStatus(status));
-      });
+  auto call =
+      std::make_unique<Call>(metrics_, rpc, reactor->caller(),
+                             [reactor, response_bytes, request_size = request_bytes->Length()](
+                                 const absl::Status& status, Job* job, absl::Time now) {
+                               if (status.ok()) {
+                                 Response response;
+                                 WriteOutputs(*job, &response);
+                                 WriteTiming(job->timing, now, response.mutable_timing());
+                                 ReleaseBuffers(job);
+                                 SerializeMessage(response, response_bytes);
+                               }
+                               reactor->set_bytes(request_size + response_bytes->Length());
+                               reactor->Finish(ToGrpcStatus(status));
+                             });
   if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
     call->Finish(std::move(s));
     return reactor;

@@ -91,8 +91,10 @@ void AttentionStreamReactor::Handle() {
   auto call = std::make_unique<Call>(
       context_.metrics, rpc, &caller_,
       [this, id, owns_id = !duplicate](const absl::Status& status, Job* job, absl::Time now) {
+        const v1::AttentionStreamResponse response = MakeResponse(id, status, job, now);
+        if (job != nullptr) ReleaseBuffers(job);
         grpc::ByteBuffer bytes;
-        SerializeMessage(MakeResponse(id, status, job, now), &bytes);
+        SerializeMessage(response, &bytes);
         Respond(std::move(bytes), id, owns_id);
       });
   if (duplicate) {
@@ -139,6 +141,7 @@ void AttentionStreamReactor::OnWriteDone(bool ok) {
   Actions actions;
   {
     batching::MutexLock lock(&mu_);
+    if (writes_.front().Length() >= kTrimAfterBytes) TrimAfterLargeCall();
     writes_.pop_front();
     writing_ = false;
     // A failed write means the call is over (cancelled or broken): drop what is left; the

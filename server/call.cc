@@ -1,5 +1,7 @@
 #include "server/call.h"
 
+#include <malloc.h>
+
 #include <chrono>
 #include <string>
 
@@ -15,6 +17,12 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
 }
+
+namespace {
+std::atomic<bool> trim_pending{false};
+}  // namespace
+
+void TrimAfterLargeCall() { trim_pending.store(true, std::memory_order_release); }
 
 Caller::Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
     : deadline_(DeadlineOf(context)),
@@ -36,6 +44,10 @@ Call::Call(metrics::Metrics* metrics, metrics::Rpc rpc, const Caller* caller, Re
       arrival_(absl::Now()),
       respond_(std::move(respond)) {
   metrics_->RequestStarted();
+  if (trim_pending.load(std::memory_order_relaxed) &&
+      trim_pending.exchange(false, std::memory_order_acq_rel)) {
+    malloc_trim(0);
+  }
 }
 
 Call::~Call() {

@@ -50,6 +50,7 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     job->timing.batch_size = static_cast<int>(live.size());
     job->timing.backend = backend_name;
     job->Finish(status);
+    job.reset();  // its buffers go now, not after the whole batch has been answered
   }
 }
 

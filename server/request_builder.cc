@@ -1,5 +1,7 @@
 #include "server/request_builder.h"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <limits>
 
@@ -396,6 +398,20 @@ void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
   std::string* data = out->mutable_data();
   data->resize(values.size() * kernels::DTypeSize(dtype));
   kernels::FromFloat32(dtype, values.data(), values.size(), data->data());
+}
+
+void ReleaseBuffers(Job* job) {
+  for (std::vector<float>* v : {&job->q, &job->k, &job->v, &job->out, &job->weights}) {
+    std::vector<float>().swap(*v);
+  }
+}
+
+void ReturnLargeBlocksToTheSystem() {
+  static const bool done = [] {
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    return true;
+  }();
+  (void)done;
 }
 
 void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out) {

@@ -40,6 +40,15 @@ void WriteOutputs(const Job& job, Response* response) {
 }
 void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out);
 
+// Frees a job's decoded inputs and outputs (once they are written into a response), so that a
+// response being encoded does not hold its data twice over.
+void ReleaseBuffers(Job* job);
+
+// Makes the allocator hand large blocks (1 MiB and up) back to the system when they are freed:
+// glibc otherwise raises its mmap threshold after the first large free (up to 32 MiB), after
+// which large tensors come from heaps that keep their pages. Process-wide; idempotent.
+void ReturnLargeBlocksToTheSystem();
+
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_REQUEST_BUILDER_H_
