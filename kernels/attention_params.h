@@ -1,6 +1,7 @@
 // The one parameter struct every attention kernel takes (reference, CPU, CUDA).
 //
-// It describes a dense attention problem over float32 buffers the caller owns:
+// It describes a dense attention problem over buffers the caller owns: inputs q, k, v of one
+// element type (FLOAT32, FLOAT16 or BFLOAT16, `input_dtype`), outputs in float32:
 //
 //   out[b, h, i, :] = sum_j softmax_j(s[b, h, i, j]) * v[b, h / group, j, :]
 //   s[b, h, i, j]   = scale * dot(q[b, h, i, :], k[b, h / group, j, :])   if allowed(b, h, i, j)
@@ -18,7 +19,11 @@
 // keys, or the uniform average when there are none", which equals the -1e9 fill in float32 and
 // float64 for every score magnitude a real request produces (|s| far below 1e9).
 //
-// All strides are in elements, not bytes. A stride of 0 broadcasts (used for masks).
+// All strides are in elements (of the view's element type), not bytes. A stride of 0 broadcasts
+// (used for masks). The inputs are views: the server hands over the request's bytes as they
+// arrived, and each backend converts where it computes (the reference up front, the CPU backend
+// per tile on its pool, CUDA on the device), so a 16-bit tensor is never widened to a float32
+// copy of its own.
 // Filled in exactly one place per caller (server/request_builder.cc for the service, the test
 // helpers for tests), so every backend sees the same layout conventions.
 #ifndef ATTNSERVE_KERNELS_ATTENTION_PARAMS_H_
@@ -45,7 +50,27 @@ struct MaskView {
   }
 };
 
-// A [batch, heads, rows, cols]-indexed strided float32 tensor view.
+// A [batch, heads, rows, cols]-indexed strided view of input elements whose type is given
+// elsewhere (AttentionParams::input_dtype). Strides count elements; the last dimension is
+// contiguous.
+struct InputView {
+  const void* data = nullptr;
+  int64_t batch_stride = 0;
+  int64_t head_stride = 0;
+  int64_t row_stride = 0;
+
+  int64_t offset(int64_t b, int64_t h, int64_t i) const {
+    return b * batch_stride + h * head_stride + i * row_stride;
+  }
+  // The row (b, h, i) as elements of T (float for FLOAT32, uint16_t for FLOAT16 / BFLOAT16).
+  // REQUIRES: T matches the view's element type.
+  template <typename T>
+  const T* row(int64_t b, int64_t h, int64_t i) const {
+    return static_cast<const T*>(data) + offset(b, h, i);
+  }
+};
+
+// A [batch, heads, rows, cols]-indexed strided float32 tensor view (outputs).
 template <typename T>
 struct StridedView {
   T* data = nullptr;
@@ -68,10 +93,16 @@ struct AttentionParams {
   int head_dim = 0;      // D, of q and k
   int v_head_dim = 0;    // Dv, of v and out
 
-  // Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (strided).
-  StridedView<const float> q;
-  StridedView<const float> k;
-  StridedView<const float> v;
+  // Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (strided), all three of
+  // element type input_dtype.
+  InputView q;
+  InputView k;
+  InputView v;
+  // The element type of q, k and v: kFloat32, kFloat16 or kBFloat16 (never kBool). It is also
+  // the request's type on the wire, which a backend may use to choose its arithmetic (CUDA
+  // computes FLOAT16 in float16 and BFLOAT16 in bfloat16; the CPU backend's choice is in
+  // cpu_backend.h). Outputs are float32 whatever it is.
+  DType input_dtype = DType::kFloat32;
 
   // Output [B, Hq, Lq, Dv] (strided).
   StridedView<float> out;
@@ -84,11 +115,6 @@ struct AttentionParams {
   bool causal = false;
   const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
   float scale = 1.0f;                    // multiplies q.k before masking
-
-  // The dtype the request's tensors had on the wire. Inputs arrive here as float32 either way
-  // (FLOAT16/BFLOAT16 convert exactly); a backend computing in 16-bit types may use it to keep
-  // FLOAT16 requests in float16 and BFLOAT16 in bfloat16. The CPU paths compute in float32.
-  DType input_dtype = DType::kFloat32;
 
   int group_size() const { return num_heads / num_kv_heads; }
 

@@ -54,9 +54,12 @@ struct MultiHeadParams {
   int batch = 0;
   int q_len = 0;
   int kv_len = 0;
-  const float* query = nullptr;  // [B, Lq, d_model]
-  const float* key = nullptr;    // [B, Lk, d_model]
-  const float* value = nullptr;  // [B, Lk, d_model]
+  // Inputs, dense row-major (row stride d_model elements), of element type input_dtype: views of
+  // the caller's bytes, converted by the backend where it computes (see attention_params.h).
+  const void* query = nullptr;          // [B, Lq, d_model]
+  const void* key = nullptr;            // [B, Lk, d_model]
+  const void* value = nullptr;          // [B, Lk, d_model]
+  DType input_dtype = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16, as in AttentionParams
   // True when key and value are the query (self-attention): a backend may project all three
   // with one fused GEMM. REQUIRES key == value == query when set.
   bool self_attention = false;
@@ -69,7 +72,6 @@ struct MultiHeadParams {
   bool causal = false;
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
-  DType input_dtype = DType::kFloat32;  // as in AttentionParams
 };
 
 // Builds module weights from a safetensors file holding the reference module's state_dict()

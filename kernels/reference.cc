@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/dtype.h"
+
 namespace attnserve::kernels {
 namespace {
 
@@ -97,9 +99,64 @@ void MultiHeadAttention64(const MultiHeadParams& p, const std::vector<double>& q
   }
 }
 
+// A dense float32 copy of the [batch, heads, rows, cols] view `src` of element type `type`.
+std::vector<float> Widen(DType type, const InputView& src, int batch, int heads, int rows, int cols,
+                         InputView* dense) {
+  std::vector<float> out(int64_t{batch} * heads * rows * cols);
+  const size_t esize = DTypeSize(type);
+  for (int b = 0; b < batch; ++b) {
+    for (int h = 0; h < heads; ++h) {
+      for (int i = 0; i < rows; ++i) {
+        const char* row = static_cast<const char*>(src.data) + src.offset(b, h, i) * esize;
+        ToFloat32(type, row, cols, &out[((int64_t{b} * heads + h) * rows + i) * cols]);
+      }
+    }
+  }
+  *dense = InputView{out.data(), int64_t{heads} * rows * cols, int64_t{rows} * cols, cols};
+  return out;
+}
+
 }  // namespace
 
-Reference64 ReferenceAttention64(const AttentionParams& p) {
+AttentionParams WithFloat32Inputs(const AttentionParams& p, Float32Inputs* storage) {
+  if (p.input_dtype == DType::kFloat32) return p;
+  AttentionParams f = p;
+  f.input_dtype = DType::kFloat32;
+  storage->q = Widen(p.input_dtype, p.q, p.batch, p.num_heads, p.q_len, p.head_dim, &f.q);
+  storage->k = Widen(p.input_dtype, p.k, p.batch, p.num_kv_heads, p.kv_len, p.head_dim, &f.k);
+  storage->v = Widen(p.input_dtype, p.v, p.batch, p.num_kv_heads, p.kv_len, p.v_head_dim, &f.v);
+  return f;
+}
+
+MultiHeadParams WithFloat32Inputs(const MultiHeadParams& p, Float32Inputs* storage) {
+  if (p.input_dtype == DType::kFloat32) return p;
+  MultiHeadParams f = p;
+  f.input_dtype = DType::kFloat32;
+  const int64_t dm = p.module->d_model;
+  auto widen = [&](const void* src, int64_t rows, std::vector<float>* dst) {
+    dst->resize(rows * dm);
+    ToFloat32(p.input_dtype, src, dst->size(), dst->data());
+    return dst->data();
+  };
+  f.query = widen(p.query, int64_t{p.batch} * p.q_len, &storage->q);
+  if (p.key == p.query) {
+    f.key = f.query;
+  } else {
+    f.key = widen(p.key, int64_t{p.batch} * p.kv_len, &storage->k);
+  }
+  if (p.value == p.query) {
+    f.value = f.query;
+  } else if (p.value == p.key) {
+    f.value = f.key;
+  } else {
+    f.value = widen(p.value, int64_t{p.batch} * p.kv_len, &storage->v);
+  }
+  return f;
+}
+
+Reference64 ReferenceAttention64(const AttentionParams& p16) {
+  Float32Inputs widened;
+  const AttentionParams p = WithFloat32Inputs(p16, &widened);
   Reference64 r;
   r.out.resize(int64_t{p.batch} * p.num_heads * p.q_len * p.v_head_dim);
   r.weights.resize(int64_t{p.batch} * p.num_heads * p.q_len * p.kv_len);
@@ -109,8 +166,8 @@ Reference64 ReferenceAttention64(const AttentionParams& p) {
         const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
         const int kvh = h / p.group_size();
         AttendRow(
-            p, b, h, i, p.q.row(b, h, i), [&](int j) { return p.k.row(b, kvh, j); },
-            [&](int j) { return p.v.row(b, kvh, j); }, &r.out[row * p.v_head_dim],
+            p, b, h, i, p.q.row<float>(b, h, i), [&](int j) { return p.k.row<float>(b, kvh, j); },
+            [&](int j) { return p.v.row<float>(b, kvh, j); }, &r.out[row * p.v_head_dim],
             &r.weights[row * p.kv_len]);
       }
     }
@@ -135,14 +192,19 @@ void ReferenceAttention(const AttentionParams& p) {
   }
 }
 
-Reference64 ReferenceMultiHead64(const MultiHeadParams& p) {
+Reference64 ReferenceMultiHead64(const MultiHeadParams& p16) {
+  Float32Inputs widened;
+  const MultiHeadParams p = WithFloat32Inputs(p16, &widened);
   const MultiHeadWeights& w = *p.module;
   const int dm = w.d_model;
   const int64_t q_rows = int64_t{p.batch} * p.q_len;
   const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
-  const std::vector<double> q = Linear(p.query, q_rows, dm, w.w_q(), w.b_q(), dm);
-  const std::vector<double> k = Linear(p.key, kv_rows, dm, w.w_k(), w.b_k(), dm);
-  const std::vector<double> v = Linear(p.value, kv_rows, dm, w.w_v(), w.b_v(), dm);
+  const auto* query = static_cast<const float*>(p.query);
+  const auto* key = static_cast<const float*>(p.key);
+  const auto* value = static_cast<const float*>(p.value);
+  const std::vector<double> q = Linear(query, q_rows, dm, w.w_q(), w.b_q(), dm);
+  const std::vector<double> k = Linear(key, kv_rows, dm, w.w_k(), w.b_k(), dm);
+  const std::vector<double> v = Linear(value, kv_rows, dm, w.w_v(), w.b_v(), dm);
   Reference64 r;
   std::vector<double> concat;
   MultiHeadAttention64(p, q, k, v, &concat, &r.weights);

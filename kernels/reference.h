@@ -21,7 +21,18 @@ struct Reference64 {
   std::vector<double> weights;  // dense [B, Hq, Lq, Lk]
 };
 
+// Float32 copies of 16-bit inputs, for the paths that widen up front (the reference, tests).
+struct Float32Inputs {
+  std::vector<float> q, k, v;  // dense; empty when the inputs are float32 already
+};
+// p with its inputs as float32 (input_dtype kFloat32): p itself when they are float32 already;
+// otherwise views of dense copies (exact: every FLOAT16 and BFLOAT16 value is a float32) held by
+// *storage, which must outlive the result.
+AttentionParams WithFloat32Inputs(const AttentionParams& p, Float32Inputs* storage);
+MultiHeadParams WithFloat32Inputs(const MultiHeadParams& p, Float32Inputs* storage);
+
 // Computes p in float64 and returns dense float64 results; p.out and p.weights are not touched.
+// Inputs of any input_dtype (widened up front).
 Reference64 ReferenceAttention64(const AttentionParams& p);
 Reference64 ReferenceMultiHead64(const MultiHeadParams& p);
 

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <deque>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -32,6 +34,48 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
 };
 
 }  // namespace
+
+// Runs posted work in order on one thread of its own; the destructor finishes what was posted.
+class WorkThread {
+ public:
+  WorkThread() : thread_([this] { Run(); }) {}
+  ~WorkThread() {
+    {
+      batching::MutexLock lock(&mu_);
+      stopping_ = true;
+    }
+    cv_.NotifyAll();
+    thread_.join();
+  }
+  void Post(absl::AnyInvocable<void()> work) {
+    {
+      batching::MutexLock lock(&mu_);
+      work_.push_back(std::move(work));
+    }
+    cv_.NotifyAll();
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      absl::AnyInvocable<void()> work;
+      {
+        batching::MutexLock lock(&mu_);
+        while (work_.empty() && !stopping_) cv_.Wait(&mu_);
+        if (work_.empty()) return;
+        work = std::move(work_.front());
+        work_.pop_front();
+      }
+      work();
+    }
+  }
+
+  batching::Mutex mu_;
+  batching::CondVar cv_;
+  std::deque<absl::AnyInvocable<void()>> work_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts after the members it reads
+};
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -83,7 +127,8 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
       modules_(modules),
       dispatcher_(dispatcher),
       metrics_(metrics),
-      info_(std::move(info)) {
+      info_(std::move(info)),
+      loader_(std::make_unique<WorkThread>()) {
   ReturnLargeBlocksToTheSystem();
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
@@ -168,23 +213,39 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::A
                                     Authorize(*context, options_.auth_token));
 }
 
+AttentionService::~AttentionService() = default;
+
 grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerContext* context,
                                                        const v1::LoadModuleRequest* request,
                                                        v1::LoadModuleResponse* response) {
-  return AnswerNow(*context, metrics::Rpc::kLoadModule, [&]() -> absl::Status {
-    if (!options_.allow_module_rpc) {
-      return absl::PermissionDeniedError(
-          "LoadModule is switched off on this server (--allow_module_rpc=false)");
-    }
-    if (auto s = ModuleRegistry::ValidateName(request->name(), "name"); !s.ok()) return s;
+  auto* reactor = new UnaryReactor(*context, /*dispatcher=*/nullptr);
+  auto call = std::make_unique<Call>(metrics_, metrics::Rpc::kLoadModule, reactor->caller(),
+                                     [reactor](const absl::Status& status, Job*, absl::Time) {
+                                       reactor->Finish(ToGrpcStatus(status));
+                                     });
+  absl::Status status = Authorize(*context, options_.auth_token);
+  if (status.ok() && !options_.allow_module_rpc) {
+    status = absl::PermissionDeniedError(
+        "LoadModule is switched off on this server (--allow_module_rpc=false)");
+  }
+  if (status.ok()) status = ModuleRegistry::ValidateName(request->name(), "name");
+  if (!status.ok()) {
+    call->Finish(std::move(status));
+    return reactor;
+  }
+  // `request` and `response` live until the call finishes, which only the posted work does.
+  loader_->Post([this, request, response, call = std::move(call)] {
     auto module = ModuleFromSafetensors(request->name(), "rpc", request->safetensors(),
                                         request->num_heads(), options_.limits.max_module_bytes);
-    if (!module.ok()) return module.status();
-    if (auto s = modules_->Add(*module, request->replace()); !s.ok()) return s;
-    metrics_->SetModuleBytes(modules_->TotalBytes());
-    FillModuleInfo(**module, response->mutable_module());
-    return absl::OkStatus();
+    absl::Status status = module.status();
+    if (status.ok()) status = modules_->Add(*module, request->replace());
+    if (status.ok()) {
+      metrics_->SetModuleBytes(modules_->TotalBytes());
+      FillModuleInfo(**module, response->mutable_module());
+    }
+    call->Finish(std::move(status));
   });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerContext* context,

@@ -36,6 +36,8 @@ using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule
                         v1::AttentionService::WithRawCallbackMethod_AttentionStream<
                             v1::AttentionService::Service>>>>>>>;
 
+class WorkThread;  // attention_service.cc
+
 // Thread-safe. Does not own its collaborators; they outlive it. Every request has one Call
 // (call.h) that owns its life; the handlers here only say how to respond.
 class AttentionService final : public AttentionServiceBase {
@@ -52,6 +54,8 @@ class AttentionService final : public AttentionServiceBase {
   // Every rpc is counted in `metrics` (by rpc and code, with its server time).
   AttentionService(const Options& options, ModuleRegistry* modules, Dispatcher* dispatcher,
                    metrics::Metrics* metrics, ServiceInfo info);
+  // Waits for module loads in progress.
+  ~AttentionService() override;
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const grpc::ByteBuffer* request,
@@ -91,6 +95,9 @@ class AttentionService final : public AttentionServiceBase {
   Dispatcher* const dispatcher_;
   metrics::Metrics* const metrics_;
   const ServiceInfo info_;
+  // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
+  // gRPC's few callback threads.
+  std::unique_ptr<WorkThread> loader_;
 };
 
 // OK, or UNAUTHENTICATED when `auth_token` is set and the call does not carry it.

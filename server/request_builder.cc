@@ -209,7 +209,7 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
 }
 
 // Fills what AttentionParams and MultiHeadParams share: the weights output, the options and the
-// wire dtype.
+// inputs' element type.
 template <typename Params>
 void FillShared(const OptionFields& opts, Job* job, Params* p) {
   p->weights = job->weights.empty() ? nullptr : job->weights.data();
@@ -217,7 +217,9 @@ void FillShared(const OptionFields& opts, Job* job, Params* p) {
   p->causal = opts.causal;
   p->key_lengths = opts.key_lengths;
   p->scale = opts.scale;
-  p->input_dtype = job->dtype;
+  // The inputs are decoded to float32 (Decode), so that is their element type here; the wire
+  // dtype stays in job->dtype and the signature.
+  p->input_dtype = kernels::DType::kFloat32;
 }
 
 // The sizes the batcher and the metrics read: tokens (query rows), bytes held while queued

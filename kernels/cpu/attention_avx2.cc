@@ -1,11 +1,12 @@
-// The fused attention kernel for AVX2 + FMA. Compiled with per-file flags
-// (kernels/cpu/CMakeLists.txt); reached only through kAvx2AttentionKernel after the run-time
+// The fused attention kernel for AVX2 + FMA (+ F16C for FLOAT16 inputs). Compiled with per-file
+// flags (kernels/cpu/CMakeLists.txt); reached only through kAvx2AttentionKernel after the run-time
 // check in cpu_features.h.
 #include <immintrin.h>
 
 #include <cstdint>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::avx2 {
 namespace {
@@ -34,6 +35,14 @@ struct Vec {
   }
   static V ZeroIfNegInf(V x) {
     return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-__builtin_inff()), _CMP_EQ_OQ), x);
+  }
+  static void HalfToFloat(const uint16_t* src, int n, float* dst) {
+    int x = 0;
+    for (; x + 8 <= n; x += 8) {
+      _mm256_storeu_ps(dst + x,
+                       _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + x))));
+    }
+    if (x < n) ToFloat32(DType::kFloat16, src + x, n - x, dst + x);  // out of line, generic code
   }
   // exp(x) to about 1 ulp, as in attention_avx512.cc; x < -87 gives exactly 0.
   static V Exp(V x) {

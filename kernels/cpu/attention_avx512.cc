@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::avx512 {
 namespace {
@@ -41,6 +42,17 @@ struct Vec {
     return _mm512_mask_mov_ps(x,
                               _mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ),
                               _mm512_setzero_ps());
+  }
+  static void HalfToFloat(const uint16_t* src, int n, float* dst) {
+    int x = 0;
+    for (; x + 16 <= n; x += 16) {
+      _mm512_storeu_ps(
+          dst + x, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x))));
+    }
+    if (x < n) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (n - x)) - 1);
+      _mm512_mask_storeu_ps(dst + x, m, _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, src + x)));
+    }
   }
   // exp(x) to about 1 ulp (Cephes expf: range reduction by ln 2 in two parts, degree-5
   // polynomial, 2^n built in the exponent bits); x < -87 (exp(-inf) included) gives exactly 0.

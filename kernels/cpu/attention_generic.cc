@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::generic {
 namespace {
@@ -31,6 +32,9 @@ struct Vec {
   static V MaskBeyond(V s, V limit, V pos) { return pos >= limit ? -__builtin_inff() : s; }
   static V ZeroIfNegInf(V x) { return x == -__builtin_inff() ? 0.0f : x; }
   static V Exp(V x) { return std::exp(x); }
+  static void HalfToFloat(const uint16_t* src, int n, float* dst) {
+    ToFloat32(DType::kFloat16, src, n, dst);
+  }
 };
 
 }  // namespace

@@ -10,7 +10,8 @@
 //     kPvCols, kPvVecs             register block of the P·V kernel (value columns x row vectors)
 //     Zero, Set1, Load, Store, Add, Sub, Mul, Max, Fmadd(a, b, c) = a·b + c,
 //     Exp (exp(-inf) = 0), MaskBeyond(s, limit, pos) = pos >= limit ? -inf : s,
-//     ZeroIfNegInf(x) = x == -inf ? 0 : x
+//     ZeroIfNegInf(x) = x == -inf ? 0 : x,
+//     HalfToFloat(src, n, dst)     n IEEE binary16 values to float32 (exact)
 //
 // Everything here has internal linkage (an unnamed namespace inside the ISA namespace), and the
 // body calls no inline function of another header (not even AttentionParams' helpers): an
@@ -21,7 +22,9 @@
 // packs Qᵀ [D][kQueryBlock] once, computes Sᵀ = K·Qᵀ tile by tile [keys][rows] straight from the
 // caller's strided K rows, and accumulates Oᵀ [Dv][rows] straight from the strided V rows. The
 // running max, running sum and rescale factors of the online softmax are then plain vertical
-// vector operations; K and V are never copied.
+// vector operations; float32 K and V are never copied. FLOAT16 / BFLOAT16 inputs are widened
+// (exactly) one key tile at a time into the task's scratch, so a 16-bit request gives the bits a
+// float32 request with the same values gives, and no float32 copy of a whole tensor exists.
 
 namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE {
 namespace {
@@ -53,6 +56,8 @@ int KeyLimit(const AttentionParams& p, int b, int i) {
 // Per-task scratch, carved from one 64-byte aligned buffer. Every [.][kQ] row starts on a
 // 64-byte boundary.
 struct Scratch {
+  float* kt;     // [kKeyTile][D]: a key tile widened to float32 (16-bit inputs only)
+  float* vt;     // [kKeyTile][Dv]: a value tile widened to float32 (16-bit inputs only)
   float* qt;     // [D][kQ]: scaled queries, transposed
   float* st;     // [kKeyTile][kQ]: scores, then probabilities, of one key tile
   float* ot;     // [Dv][kQ]: unnormalised output accumulator, transposed
@@ -64,13 +69,16 @@ struct Scratch {
 };
 
 int64_t ScratchFloats(int d, int dv) {
-  return Align16(int64_t{d} * kQ) + Align16(int64_t{kKeyTile} * kQ) + Align16(int64_t{dv} * kQ) +
+  return Align16(int64_t{kKeyTile} * d) + Align16(int64_t{kKeyTile} * dv) +
+         Align16(int64_t{d} * kQ) + Align16(int64_t{kKeyTile} * kQ) + Align16(int64_t{dv} * kQ) +
          4 * kQ + Align16(dv);
 }
 
 Scratch CarveScratch(float* base, int d, int dv) {
   Scratch s;
-  s.qt = base;
+  s.kt = base;
+  s.vt = s.kt + Align16(int64_t{kKeyTile} * d);
+  s.qt = s.vt + Align16(int64_t{kKeyTile} * dv);
   s.st = s.qt + Align16(int64_t{d} * kQ);
   s.ot = s.st + Align16(int64_t{kKeyTile} * kQ);
   s.m = s.ot + Align16(int64_t{dv} * kQ);
@@ -236,15 +244,62 @@ void PvTile(const float* pt, int keys, const float* v, int64_t v_stride, int dv,
 }
 
 // ---------------------------------------------------------------------------------------------
+// Input rows of any element type.
+
+// n elements of `type` at src, widened to float32 (exact).
+void WidenRow(DType type, const void* src, int n, float* dst) {
+  if (type == DType::kFloat32) {
+    const float* f = static_cast<const float*>(src);
+    for (int x = 0; x < n; ++x) dst[x] = f[x];
+  } else if (type == DType::kBFloat16) {
+    const uint16_t* h = static_cast<const uint16_t*>(src);
+    for (int x = 0; x < n; ++x) dst[x] = __builtin_bit_cast(float, uint32_t{h[x]} << 16);
+  } else {
+    Vec::HalfToFloat(static_cast<const uint16_t*>(src), n, dst);
+  }
+}
+
+// The rows of one kv head of q, k or v, as stored: `base` is row 0, `stride` counts elements.
+struct Rows {
+  const char* base;
+  int64_t stride;
+  DType type;
+  int cols;
+  int esize;
+
+  const void* row(int64_t j) const { return base + j * stride * esize; }
+  // Rows [j0, j0 + n) as float32: in place when they are float32, else widened into buf
+  // [n][cols]. Sets *ld to the row stride of the result.
+  const float* Float32(int j0, int n, float* buf, int64_t* ld) const {
+    if (type == DType::kFloat32) {
+      *ld = stride;
+      return reinterpret_cast<const float*>(base) + j0 * stride;
+    }
+    for (int j = 0; j < n; ++j) WidenRow(type, row(j0 + j), cols, buf + int64_t{j} * cols);
+    *ld = cols;
+    return buf;
+  }
+};
+
+Rows InputRows(const AttentionParams& p, const InputView& view, int b, int h, int cols) {
+  const int esize = p.input_dtype == DType::kFloat32 ? 4 : 2;
+  return Rows{
+      static_cast<const char*>(view.data) + (b * view.batch_stride + h * view.head_stride) * esize,
+      view.row_stride, p.input_dtype, cols, esize};
+}
+
+// ---------------------------------------------------------------------------------------------
 // Shared steps of both paths.
 
 // Packs qt[x][r] = scale · q[i0 + r][x] (rows past `rows` are zero up to padded_rows) and the
 // per-row key limits; returns the smallest and largest limit over the real rows.
 void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int padded_rows,
                  const Scratch& s, int* min_limit, int* max_limit) {
-  const float* q = p.q.data + b * p.q.batch_stride + h * p.q.head_stride + i0 * p.q.row_stride;
+  const Rows q = InputRows(p, p.q, b, h, p.head_dim);
   for (int r = 0; r < rows; ++r) {
-    const float* qr = q + r * p.q.row_stride;
+    // Widened into the (not yet used) key tile buffer, then scaled and transposed.
+    int64_t ld;
+    const float* qr = q.Float32(i0 + r, 1, s.kt, &ld);
     for (int x = 0; x < p.head_dim; ++x) s.qt[int64_t{x} * kQ + r] = qr[x] * p.scale;
   }
   for (int x = 0; x < p.head_dim; ++x) {
@@ -283,10 +338,12 @@ void ApplyMask(const AttentionParams& p, int b, int h, int i0, int j0, int keys,
 
 // Writes the mean of all Lk value rows (the uniform average a row with no allowed key gets),
 // summed in key order.
-void MeanOfValues(const AttentionParams& p, const float* v, float* mean) {
+void MeanOfValues(const AttentionParams& p, const Rows& v, const Scratch& s) {
+  float* mean = s.mean;
   for (int c = 0; c < p.v_head_dim; ++c) mean[c] = 0.0f;
   for (int j = 0; j < p.kv_len; ++j) {
-    const float* vr = v + j * p.v.row_stride;
+    int64_t ld;
+    const float* vr = v.Float32(j, 1, s.vt, &ld);
     for (int c = 0; c < p.v_head_dim; ++c) mean[c] += vr[c];
   }
   const float inv = 1.0f / static_cast<float>(p.kv_len);
@@ -301,8 +358,8 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   const int row_vecs = (rows + kW - 1) / kW;
   const int padded_rows = row_vecs * kW;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const float* k = p.k.data + b * p.k.batch_stride + kvh * p.k.head_stride;
-  const float* v = p.v.data + b * p.v.batch_stride + kvh * p.v.head_stride;
+  const Rows k = InputRows(p, p.k, b, kvh, p.head_dim);
+  const Rows v = InputRows(p, p.v, b, kvh, p.v_head_dim);
 
   int min_limit, max_limit;
   PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit);
@@ -317,10 +374,11 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   // (alpha = exp(0) = 1, p = 0), so skipping never changes a result.
   for (int j0 = 0; j0 < max_limit; j0 += kKeyTile) {
     const int keys = MinInt(kKeyTile, p.kv_len - j0);
-    const float* kt = k + j0 * p.k.row_stride;
+    int64_t k_ld;
+    const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
 
     // 1. Scores of the tile: st[j][r] = scale·q_r · k_j.
-    ScoreTile(s.qt, p.head_dim, kt, p.k.row_stride, keys, row_vecs, s.st);
+    ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
     // 2. Blocked scores become -inf: the explicit mask, then causality and key length.
     if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
     const bool need_limit = j0 + keys > min_limit;
@@ -361,8 +419,9 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
       Vec::Store(s.alpha + r, alpha);
     }
     // 8. Rescale and accumulate the output: O = O · alpha + P · V_tile.
-    PvTile(s.st, keys, v + j0 * p.v.row_stride, p.v.row_stride, p.v_head_dim, row_vecs, s.alpha,
-           s.ot);
+    int64_t v_ld;
+    const float* vt = v.Float32(j0, keys, s.vt, &v_ld);
+    PvTile(s.st, keys, vt, v_ld, p.v_head_dim, row_vecs, s.alpha, s.ot);
   }
 
   // 9. Normalise: out = O / l; a row that met no allowed key gets the mean of all values.
@@ -371,7 +430,7 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
     float* out =
         p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
     if (s.m[r] == kNegInf) {
-      if (!have_mean) MeanOfValues(p, v, s.mean);
+      if (!have_mean) MeanOfValues(p, v, s);
       have_mean = true;
       for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];
     } else {
@@ -390,8 +449,8 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
   const int row_vecs = (rows + kW - 1) / kW;
   const int padded_rows = row_vecs * kW;
   const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const float* k = p.k.data + b * p.k.batch_stride + kvh * p.k.head_stride;
-  const float* v = p.v.data + b * p.v.batch_stride + kvh * p.v.head_stride;
+  const Rows k = InputRows(p, p.k, b, kvh, p.head_dim);
+  const Rows v = InputRows(p, p.v, b, kvh, p.v_head_dim);
   float* weights = p.weights + ((int64_t{b} * p.num_heads + h) * p.q_len + i0) * p.kv_len;
 
   int min_limit, max_limit;
@@ -400,7 +459,9 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
   // Scores, blocked ones -inf, into the weights rows.
   for (int j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
     const int keys = MinInt(kKeyTile, p.kv_len - j0);
-    ScoreTile(s.qt, p.head_dim, k + j0 * p.k.row_stride, p.k.row_stride, keys, row_vecs, s.st);
+    int64_t k_ld;
+    const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
+    ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
     if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
     for (int r = 0; r < rows; ++r) {
       float* w = weights + int64_t{r} * p.kv_len + j0;
@@ -434,8 +495,9 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
       for (int r = 0; r < rows; ++r) s.st[j * kQ + r] = weights[int64_t{r} * p.kv_len + j0 + j];
       for (int r = rows; r < padded_rows; ++r) s.st[j * kQ + r] = 0.0f;
     }
-    PvTile(s.st, keys, v + j0 * p.v.row_stride, p.v.row_stride, p.v_head_dim, row_vecs, s.alpha,
-           s.ot);
+    int64_t v_ld;
+    const float* vt = v.Float32(j0, keys, s.vt, &v_ld);
+    PvTile(s.st, keys, vt, v_ld, p.v_head_dim, row_vecs, s.alpha, s.ot);
   }
   for (int r = 0; r < rows; ++r) {
     float* out =

@@ -25,9 +25,11 @@ struct AttentionTask {
   int i0;
 };
 
-// One projection task: y = x · wᵀ + bias over `rows` rows (see Linear).
+// One projection task: y = x · wᵀ + bias over `rows` rows (see Linear); x of element type
+// x_type, widened to float32 by the task when it is 16-bit.
 struct GemmTask {
-  const float* x;
+  const void* x;
+  DType x_type;
   int64_t ldx;
   int64_t rows;
   int k;
@@ -48,16 +50,18 @@ int64_t GemmRowChunk(int64_t rows) {
 }
 
 // Appends the tasks of one projection, cut into chunks of GemmRowChunk(rows) rows.
-void AddGemm(const float* x, int64_t ldx, int64_t rows, int k, const float* w, const float* bias,
-             int n, float* y, int64_t ldy, std::vector<GemmTask>* tasks) {
+void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, const float* w,
+             const float* bias, int n, float* y, int64_t ldy, std::vector<GemmTask>* tasks) {
   const int64_t chunk = GemmRowChunk(rows);
+  const size_t esize = DTypeSize(x_type);
   for (int64_t r = 0; r < rows; r += chunk) {
-    tasks->push_back(GemmTask{x + r * ldx, ldx, std::min<int64_t>(chunk, rows - r), k, w, bias, n,
-                              y + r * ldy, ldy});
+    tasks->push_back(GemmTask{static_cast<const char*>(x) + r * ldx * esize, x_type, ldx,
+                              std::min<int64_t>(chunk, rows - r), k, w, bias, n, y + r * ldy, ldy});
   }
 }
 
 // A 64-byte aligned scratch buffer per thread, grown on demand and kept for the next call.
+// Attention tasks and projection tasks run in separate phases and never hold it at once.
 float* ThreadScratch(int64_t floats) {
   struct Buffer {
     float* data = nullptr;
@@ -168,27 +172,29 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
 
     // A [B, L, h, d_k] view into a projection buffer of row stride `ld`: head t at column t·d_k.
     auto view = [&](const float* data, int64_t len, int64_t ld) {
-      return StridedView<const float>{data, len * ld, dk, ld};
+      return InputView{data, len * ld, dk, ld};
     };
     if (p.self_attention) {
       // One GEMM for Q, K and V: w_qkv is [3·d_model, d_model], the rows of W_q, W_k, W_v.
       buf.qkv = std::make_unique_for_overwrite<float[]>(q_rows * 3 * dm);
-      AddGemm(p.query, dm, q_rows, dm, w.w_qkv.data(), w.b_qkv.data(), 3 * dm, buf.qkv.get(),
-              3 * dm, &projections);
+      AddGemm(p.query, p.input_dtype, dm, q_rows, dm, w.w_qkv.data(), w.b_qkv.data(), 3 * dm,
+              buf.qkv.get(), 3 * dm, &projections);
       a.q = view(buf.qkv.get(), p.q_len, 3 * dm);
       a.k = view(buf.qkv.get() + dm, p.kv_len, 3 * dm);
       a.v = view(buf.qkv.get() + 2 * dm, p.kv_len, 3 * dm);
     } else {
       buf.qkv = std::make_unique_for_overwrite<float[]>(q_rows * dm);
       buf.kv = std::make_unique_for_overwrite<float[]>(kv_rows * 2 * dm);
-      AddGemm(p.query, dm, q_rows, dm, w.w_q(), w.b_q(), dm, buf.qkv.get(), dm, &projections);
+      const DType t = p.input_dtype;
+      AddGemm(p.query, t, dm, q_rows, dm, w.w_q(), w.b_q(), dm, buf.qkv.get(), dm, &projections);
       if (p.key == p.value) {
         // W_k and W_v are adjacent in w_qkv: one GEMM for both.
-        AddGemm(p.key, dm, kv_rows, dm, w.w_k(), w.b_k(), 2 * dm, buf.kv.get(), 2 * dm,
+        AddGemm(p.key, t, dm, kv_rows, dm, w.w_k(), w.b_k(), 2 * dm, buf.kv.get(), 2 * dm,
                 &projections);
       } else {
-        AddGemm(p.key, dm, kv_rows, dm, w.w_k(), w.b_k(), dm, buf.kv.get(), 2 * dm, &projections);
-        AddGemm(p.value, dm, kv_rows, dm, w.w_v(), w.b_v(), dm, buf.kv.get() + dm, 2 * dm,
+        AddGemm(p.key, t, dm, kv_rows, dm, w.w_k(), w.b_k(), dm, buf.kv.get(), 2 * dm,
+                &projections);
+        AddGemm(p.value, t, dm, kv_rows, dm, w.w_v(), w.b_v(), dm, buf.kv.get() + dm, 2 * dm,
                 &projections);
       }
       a.q = view(buf.qkv.get(), p.q_len, dm);
@@ -197,13 +203,24 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
     }
     buf.concat = std::make_unique_for_overwrite<float[]>(q_rows * dm);
     a.out = StridedView<float>{buf.concat.get(), int64_t{p.q_len} * dm, dk, dm};
-    AddGemm(buf.concat.get(), dm, q_rows, dm, w.w_o.data(), w.b_o.data(), dm, p.out, dm, &outputs);
+    AddGemm(buf.concat.get(), DType::kFloat32, dm, q_rows, dm, w.w_o.data(), w.b_o.data(), dm,
+            p.out, dm, &outputs);
   }
 
   auto run_gemms = [&](const std::vector<GemmTask>& tasks) {
     pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
       const GemmTask& g = tasks[t];
-      Linear(g.x, g.ldx, g.rows, g.k, g.w, g.bias, g.n, g.y, g.ldy);
+      if (g.x_type == DType::kFloat32) {
+        Linear(static_cast<const float*>(g.x), g.ldx, g.rows, g.k, g.w, g.bias, g.n, g.y, g.ldy);
+        return;
+      }
+      // 16-bit inputs: this chunk's rows widened (exactly) into the thread's scratch.
+      float* x = ThreadScratch(g.rows * g.k);
+      const size_t esize = DTypeSize(g.x_type);
+      for (int64_t r = 0; r < g.rows; ++r) {
+        ToFloat32(g.x_type, static_cast<const char*>(g.x) + r * g.ldx * esize, g.k, x + r * g.k);
+      }
+      Linear(x, g.k, g.rows, g.k, g.w, g.bias, g.n, g.y, g.ldy);
     });
   };
   run_gemms(projections);

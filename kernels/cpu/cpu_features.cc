@@ -12,7 +12,9 @@ bool CpuSupports(Isa isa) {
       return true;
 #if defined(ATTNSERVE_CPU_X86_KERNELS)
     case Isa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+      // F16C widens FLOAT16 inputs; every CPU with AVX2 and FMA has it.
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
     case Isa::kAvx512:
       // The kernel uses F (and DQ through the compiler's choices) plus FMA.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&

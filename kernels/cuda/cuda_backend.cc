@@ -13,6 +13,7 @@
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/online_softmax.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::kernels::cuda {
 
@@ -383,6 +384,10 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   const size_t h_v = host.Add(tk * hkv * dv * sizeof(float));
   const size_t h_o = host.Add(tq * hq * dv * sizeof(float));
   const size_t h_cu = host.Add((3 * num_seqs + 2) * sizeof(int));
+  // 16-bit inputs (the group shares one input_dtype, and OperandType made it `type`) go to the
+  // device as they are; only the value mean, when needed, reads a float32 copy of v.
+  const bool as_is = first.input_dtype != DType::kFloat32;
+  const size_t h_v32 = host.Add(as_is && need_mean ? tk * hkv * dv * sizeof(float) : 0);
   // Device buffers.
   Layout dev;
   const size_t d_q32 = dev.Add(tq * hq * d * sizeof(float));
@@ -475,23 +480,40 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   const Tensor tensors[3] = {{h_q, d_q32, d_q16, hq, d, tq, 0},
                              {h_k, d_k32, d_k16, hkv, d, tk, 1},
                              {h_v, d_v32, d_v16, hkv, dv, tk, 2}};
+  const size_t esize = DTypeSize(first.input_dtype);
   for (const Tensor& t : tensors) {
-    float* dst = At<float>(w->pinned, t.host);
+    char* dst = At<char>(w->pinned, t.host);
+    float* dst32 = At<float>(w->pinned, h_v32);
+    const bool widen_v = as_is && need_mean && t.which == 2;
     int64_t token0 = 0;
     for (const AttentionParams& p : items) {
-      const StridedView<const float>& view = t.which == 0 ? p.q : (t.which == 1 ? p.k : p.v);
+      const InputView& view = t.which == 0 ? p.q : (t.which == 1 ? p.k : p.v);
       const int len = t.which == 0 ? p.q_len : p.kv_len;
       for (int b = 0; b < p.batch; ++b) {
         for (int h = 0; h < t.heads; ++h) {
           for (int r = 0; r < len; ++r) {
-            std::memcpy(dst + ((token0 + r) * t.heads + h) * t.dim, view.row(b, h, r),
-                        t.dim * sizeof(float));
+            const int64_t at = ((token0 + r) * t.heads + h) * t.dim;
+            const char* src = static_cast<const char*>(view.data) + view.offset(b, h, r) * esize;
+            std::memcpy(dst + at * esize, src, t.dim * esize);
+            if (widen_v) ToFloat32(first.input_dtype, src, t.dim, dst32 + at);
           }
         }
         token0 += len;
       }
     }
     const int64_t n = t.tokens * t.heads * t.dim;
+    if (as_is) {
+      RETURN_IF_GPU_ERROR(CudaCheck(
+          cudaMemcpyAsync(At<char>(base, t.dev16), dst, n * esize, cudaMemcpyHostToDevice, stream),
+          "copying inputs to the device"));
+      if (widen_v) {
+        RETURN_IF_GPU_ERROR(
+            CudaCheck(cudaMemcpyAsync(At<float>(base, t.dev32), dst32, n * sizeof(float),
+                                      cudaMemcpyHostToDevice, stream),
+                      "copying inputs to the device"));
+      }
+      continue;
+    }
     RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(At<float>(base, t.dev32), dst, n * sizeof(float),
                                                   cudaMemcpyHostToDevice, stream),
                                   "copying inputs to the device"));
@@ -665,9 +687,11 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   const float* wqkv = At<float>(base, d_wqkv);
   const float* bqkv = At<float>(base, d_bqkv);
   void* lt_ws = At<void>(base, d_lt);
-  auto stage = [&](size_t host_off, size_t dev_off, const float* src, int64_t rows) {
+  // The projections take float32: 16-bit inputs are widened while they are staged (the staging
+  // copy is made either way).
+  auto stage = [&](size_t host_off, size_t dev_off, const void* src, int64_t rows) {
     float* dst = At<float>(w->pinned, host_off);
-    std::memcpy(dst, src, rows * dm * sizeof(float));
+    ToFloat32(p.input_dtype, src, rows * dm, dst);
     return h2d(dev_off, dst, rows * dm * sizeof(float), "copying inputs");
   };
   RETURN_IF_GPU_ERROR(stage(h_xq, d_xq, p.query, nq));

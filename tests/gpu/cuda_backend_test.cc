@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "kernels/reference.h"
 
 namespace attnserve::kernels::cuda {
@@ -272,6 +273,35 @@ TEST_P(CudaBackendTest, ReportsMemoryAndDevice) {
   EXPECT_EQ(backend_->name(), "cuda");
   ASSERT_EQ(backend_->devices().size(), 1u);
   EXPECT_FALSE(backend_->PrecisionPolicy().empty());
+}
+
+// FLOAT16 / BFLOAT16 inputs go to the device as they are (AttentionParams::input_dtype): they
+// must give the bits of the same values given as float32 and computed in that operand type, and
+// so meet the same bound against float64.
+TEST_P(CudaBackendTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
+  const DType dtype = GetParam() == ComputeType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+  std::mt19937 rng(11);
+  for (bool blocked : {false, true}) {
+    Problem pr = MakeProblem(rng, 2, 4, 2, 70, 90, 64, 64);
+    if (blocked) pr.key_lengths = {0, 50};  // needs the value mean
+    std::vector<uint16_t> enc[3];
+    std::vector<float>* x[3] = {&pr.q, &pr.k, &pr.v};
+    for (int n = 0; n < 3; ++n) {
+      enc[n].resize(x[n]->size());
+      FromFloat32(dtype, x[n]->data(), x[n]->size(), enc[n].data());
+      ToFloat32(dtype, enc[n].data(), x[n]->size(), x[n]->data());
+    }
+    CheckAgainstReference(pr, blocked ? "blocked rows" : "dense");
+    ASSERT_TRUE(backend_->AttendAs({pr.Params(false)}, GetParam()).ok());
+    const std::vector<float> out32 = pr.out;
+    AttentionParams p = pr.Params(false);
+    p.input_dtype = dtype;
+    p.q.data = enc[0].data();
+    p.k.data = enc[1].data();
+    p.v.data = enc[2].data();
+    ASSERT_TRUE(backend_->Attend({p}).ok());
+    EXPECT_EQ(std::memcmp(pr.out.data(), out32.data(), out32.size() * sizeof(float)), 0);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(OperandTypes, CudaBackendTest,

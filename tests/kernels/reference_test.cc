@@ -3,9 +3,11 @@
 #include "kernels/reference.h"
 
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "kernels/mask.h"
 #include "tests/testing/seed_vectors.h"
 
@@ -65,7 +67,7 @@ struct Problem {
     p.weights = weights.data();
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
   }
-  const float* v_row(int b, int h, int j) const { return p.v.row(b, h, j); }
+  const float* v_row(int b, int h, int j) const { return p.v.row<float>(b, h, j); }
 };
 
 TEST(ReferenceAttentionTest, SingleKeyReturnsItsValue) {
@@ -161,6 +163,67 @@ TEST(ReferenceAttentionTest, OptionsCombineWithAnd) {
     EXPECT_EQ(pr.weights[i * 4 + 1], 0.0f);
     EXPECT_EQ(pr.weights[i * 4 + 3], 0.0f);
     EXPECT_NEAR(pr.weights[i * 4 + 0] + pr.weights[i * 4 + 2], 1.0, 1e-7);
+  }
+}
+
+// FLOAT16 / BFLOAT16 inputs arrive as views of their encodings (strided: here a row stride
+// wider than the row) and are widened exactly, so they give the bits of their float32 values.
+TEST(ReferenceAttentionTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    Problem wide(2, 2, 1, 5, 7, 6);
+    wide.p.causal = true;
+    // Round the float32 inputs through t, and encode them with a row stride of 8 (> D = 6).
+    std::vector<uint16_t> enc[3];
+    std::vector<float>* src[3] = {&wide.q, &wide.k, &wide.v};
+    InputView* views[3] = {&wide.p.q, &wide.p.k, &wide.p.v};
+    Problem narrow(2, 2, 1, 5, 7, 6);
+    narrow.p.causal = true;
+    narrow.p.input_dtype = t;
+    InputView* narrow_views[3] = {&narrow.p.q, &narrow.p.k, &narrow.p.v};
+    for (int n = 0; n < 3; ++n) {
+      std::vector<float>& x = *src[n];
+      std::vector<uint16_t> packed(x.size());
+      FromFloat32(t, x.data(), x.size(), packed.data());
+      ToFloat32(t, packed.data(), x.size(), x.data());
+      const int64_t rows = static_cast<int64_t>(x.size()) / 6;
+      enc[n].assign(rows * 8, 0xffff);  // NaN padding that must never be read
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int c = 0; c < 6; ++c) enc[n][r * 8 + c] = packed[r * 6 + c];
+      }
+      const InputView& v = *views[n];
+      *narrow_views[n] = InputView{enc[n].data(), v.batch_stride / 6 * 8, v.head_stride / 6 * 8, 8};
+    }
+    ReferenceAttention(wide.p);
+    ReferenceAttention(narrow.p);
+    EXPECT_EQ(wide.out, narrow.out);
+    EXPECT_EQ(wide.weights, narrow.weights);
+  }
+}
+
+TEST(ReferenceMultiHeadTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
+  auto c = LoadSeedCase("cross_padding");
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(t));
+    testing::SeedCase rounded = *c;
+    std::vector<uint16_t> enc[3];
+    std::vector<float>* x[3] = {&rounded.query, &rounded.key, &rounded.value};
+    for (int n = 0; n < 3; ++n) {
+      enc[n].resize(x[n]->size());
+      FromFloat32(t, x[n]->data(), x[n]->size(), enc[n].data());
+      ToFloat32(t, enc[n].data(), x[n]->size(), x[n]->data());
+    }
+    std::vector<float> out32(c->expected_output.size()), out16(out32.size());
+    ReferenceMultiHead(testing::SeedParams(rounded, out32.data(), nullptr));
+    MultiHeadParams p = testing::SeedParams(rounded, out16.data(), nullptr);
+    ASSERT_FALSE(p.self_attention);
+    p.input_dtype = t;
+    p.query = enc[0].data();
+    p.key = enc[1].data();
+    p.value = enc[2].data();
+    ReferenceMultiHead(p);
+    EXPECT_EQ(out32, out16);
   }
 }
 

@@ -2,8 +2,10 @@
 
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/reference.h"
 
 namespace attnserve::kernels::testing {
 namespace {
@@ -53,6 +55,19 @@ std::vector<float> RandomVector(int64_t n, uint32_t seed, DType dtype) {
   return v;
 }
 
+std::vector<uint16_t> Encode16(DType dtype, const std::vector<float>& values) {
+  std::vector<uint16_t> out(values.size());
+  FromFloat32(dtype, values.data(), values.size(), out.data());
+  return out;
+}
+
+const void* InputData(DType dtype, const std::vector<float>& values,
+                      std::vector<uint16_t>* storage) {
+  if (dtype == DType::kFloat32) return values.data();
+  *storage = Encode16(dtype, values);
+  return storage->data();
+}
+
 AttentionCase::AttentionCase(const AttentionSpec& spec) : spec_(spec) {
   const AttentionSpec& s = spec_;
   q_ = RandomVector(int64_t{s.batch} * s.num_heads * s.q_len * s.head_dim, s.seed, s.dtype);
@@ -60,6 +75,11 @@ AttentionCase::AttentionCase(const AttentionSpec& spec) : spec_(spec) {
   k_ = RandomVector(int64_t{s.batch} * s.num_kv_heads * s.kv_len * s.head_dim, s.seed + 1, s.dtype);
   v_ = RandomVector(int64_t{s.batch} * s.num_kv_heads * s.kv_len * s.v_head_dim, s.seed + 2,
                     s.dtype);
+  if (s.dtype != DType::kFloat32) {
+    q16_ = Encode16(s.dtype, q_);
+    k16_ = Encode16(s.dtype, k_);
+    v16_ = Encode16(s.dtype, v_);
+  }
   out_.assign(int64_t{s.batch} * s.num_heads * s.q_len * s.v_head_dim, 0.0f);
   weights_.assign(int64_t{s.batch} * s.num_heads * s.q_len * s.kv_len, 0.0f);
 
@@ -103,8 +123,18 @@ AttentionCase::AttentionCase(const AttentionSpec& spec) : spec_(spec) {
 }
 
 AttentionParams AttentionCase::params(bool with_weights) {
+  return Params(with_weights, /*as_float32=*/false);
+}
+
+AttentionParams AttentionCase::float32_params(bool with_weights) {
+  return Params(with_weights, /*as_float32=*/true);
+}
+
+AttentionParams AttentionCase::Params(bool with_weights, bool as_float32) {
   const AttentionSpec& s = spec_;
+  const bool wide = as_float32 || s.dtype == DType::kFloat32;
   AttentionParams p;
+  p.input_dtype = wide ? DType::kFloat32 : s.dtype;
   p.batch = s.batch;
   p.num_heads = s.num_heads;
   p.num_kv_heads = s.num_kv_heads;
@@ -114,15 +144,19 @@ AttentionParams AttentionCase::params(bool with_weights) {
   p.v_head_dim = s.v_head_dim;
   // Dense [B, H, L, D], or interleaved [B, L, H, D] (the projected layout of the module).
   auto layout = [&](auto* data, int heads, int len, int dim) {
-    using T = std::remove_pointer_t<decltype(data)>;
+    using View =
+        std::conditional_t<std::is_same_v<decltype(data), float*>, StridedView<float>, InputView>;
     if (s.interleaved) {
-      return StridedView<T>{data, int64_t{len} * heads * dim, dim, int64_t{heads} * dim};
+      return View{data, int64_t{len} * heads * dim, dim, int64_t{heads} * dim};
     }
-    return StridedView<T>{data, int64_t{heads} * len * dim, int64_t{len} * dim, dim};
+    return View{data, int64_t{heads} * len * dim, int64_t{len} * dim, dim};
   };
-  p.q = layout(static_cast<const float*>(q_.data()), s.num_heads, s.q_len, s.head_dim);
-  p.k = layout(static_cast<const float*>(k_.data()), s.num_kv_heads, s.kv_len, s.head_dim);
-  p.v = layout(static_cast<const float*>(v_.data()), s.num_kv_heads, s.kv_len, s.v_head_dim);
+  auto input = [&](const std::vector<float>& f, const std::vector<uint16_t>& h) {
+    return wide ? static_cast<const void*>(f.data()) : static_cast<const void*>(h.data());
+  };
+  p.q = layout(input(q_, q16_), s.num_heads, s.q_len, s.head_dim);
+  p.k = layout(input(k_, k16_), s.num_kv_heads, s.kv_len, s.head_dim);
+  p.v = layout(input(v_, v16_), s.num_kv_heads, s.kv_len, s.v_head_dim);
   p.out = layout(out_.data(), s.num_heads, s.q_len, s.v_head_dim);
   p.weights = with_weights ? weights_.data() : nullptr;
   p.mask = mask_view_;
@@ -155,8 +189,10 @@ void AttentionCase::PoisonOutputs() {
   std::fill(weights_.begin(), weights_.end(), nan);
 }
 
-void NaiveAttention32(const AttentionParams& p, std::vector<float>* out,
+void NaiveAttention32(const AttentionParams& p16, std::vector<float>* out,
                       std::vector<float>* weights) {
+  Float32Inputs widened;
+  const AttentionParams p = WithFloat32Inputs(p16, &widened);
   out->assign(int64_t{p.batch} * p.num_heads * p.q_len * p.v_head_dim, 0.0f);
   weights->assign(int64_t{p.batch} * p.num_heads * p.q_len * p.kv_len, 0.0f);
   std::vector<float> score(p.kv_len);
@@ -166,14 +202,14 @@ void NaiveAttention32(const AttentionParams& p, std::vector<float>* out,
       const int kvh = h / p.group_size();
       for (int i = 0; i < p.q_len; ++i) {
         const int64_t row = (int64_t{b} * p.num_heads + h) * p.q_len + i;
-        const float* q = p.q.row(b, h, i);
+        const float* q = p.q.row<float>(b, h, i);
         const int limit = p.key_limit(b, i);
         float mx = -INFINITY;
         bool any = false;
         for (int j = 0; j < p.kv_len; ++j) {
           allowed[j] = j < limit && (!p.mask.present() || p.mask.at(b, h, i, j) != 0);
           if (!allowed[j]) continue;
-          const float* k = p.k.row(b, kvh, j);
+          const float* k = p.k.row<float>(b, kvh, j);
           float dot = 0.0f;
           for (int d = 0; d < p.head_dim; ++d) dot += q[d] * k[d];
           score[j] = p.scale * dot;
@@ -189,7 +225,7 @@ void NaiveAttention32(const AttentionParams& p, std::vector<float>* out,
         float* o = &(*out)[row * p.v_head_dim];
         for (int j = 0; j < p.kv_len; ++j) {
           w[j] /= sum;
-          const float* v = p.v.row(b, kvh, j);
+          const float* v = p.v.row<float>(b, kvh, j);
           for (int d = 0; d < p.v_head_dim; ++d) o[d] += w[j] * v[d];
         }
       }
@@ -197,16 +233,21 @@ void NaiveAttention32(const AttentionParams& p, std::vector<float>* out,
   }
 }
 
-void NaiveMultiHead32(const MultiHeadParams& p, std::vector<float>* out,
+void NaiveMultiHead32(const MultiHeadParams& p16, std::vector<float>* out,
                       std::vector<float>* weights) {
+  Float32Inputs widened;
+  const MultiHeadParams p = WithFloat32Inputs(p16, &widened);
   const MultiHeadWeights& w = *p.module;
   const int dm = w.d_model;
   const int dk = w.head_dim();
   const int64_t q_rows = int64_t{p.batch} * p.q_len;
   const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
-  const std::vector<float> q = Linear32(p.query, q_rows, dm, w.w_q(), w.b_q(), dm);
-  const std::vector<float> k = Linear32(p.key, kv_rows, dm, w.w_k(), w.b_k(), dm);
-  const std::vector<float> v = Linear32(p.value, kv_rows, dm, w.w_v(), w.b_v(), dm);
+  const auto* query = static_cast<const float*>(p.query);
+  const auto* key = static_cast<const float*>(p.key);
+  const auto* value = static_cast<const float*>(p.value);
+  const std::vector<float> q = Linear32(query, q_rows, dm, w.w_q(), w.b_q(), dm);
+  const std::vector<float> k = Linear32(key, kv_rows, dm, w.w_k(), w.b_k(), dm);
+  const std::vector<float> v = Linear32(value, kv_rows, dm, w.w_v(), w.b_v(), dm);
   std::vector<float> concat(q_rows * dm);
   AttentionParams a;
   a.batch = p.batch;

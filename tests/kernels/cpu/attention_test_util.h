@@ -34,7 +34,7 @@ struct AttentionSpec {
   MaskKind mask = MaskKind::kNone;
   bool causal = false;
   std::vector<int32_t> key_lengths;  // empty: none
-  DType dtype = DType::kFloat32;     // inputs are rounded through this type
+  DType dtype = DType::kFloat32;     // the inputs' element type (values drawn, then rounded)
   bool interleaved = false;          // q/k/v/out as [B, L, H, D] instead of [B, H, L, D]
   float input_scale = 1.0f;          // q is drawn from N(0, input_scale²)
   uint32_t seed = 1;
@@ -50,8 +50,11 @@ class AttentionCase {
   AttentionCase& operator=(const AttentionCase&) = delete;
 
   const AttentionSpec& spec() const { return spec_; }
-  // The parameters, writing to out() (and weights() when with_weights).
+  // The parameters, writing to out() (and weights() when with_weights). The inputs are views of
+  // spec().dtype elements (16-bit encodings for FLOAT16 / BFLOAT16).
   AttentionParams params(bool with_weights = false);
+  // The same problem over float32 copies of the same input values (input_dtype kFloat32).
+  AttentionParams float32_params(bool with_weights = false);
   // The output, as a dense [B, H, Lq, Dv] copy.
   std::vector<float> DenseOut() const;
   std::vector<float>& weights() { return weights_; }
@@ -60,13 +63,16 @@ class AttentionCase {
 
  private:
   AttentionSpec spec_;
+  AttentionParams Params(bool with_weights, bool as_float32);
+
   std::vector<float> q_, k_, v_, out_, weights_;
+  std::vector<uint16_t> q16_, k16_, v16_;  // encodings of q_, k_, v_ when dtype is 16-bit
   std::vector<uint8_t> mask_;
   MaskView mask_view_;
 };
 
-// Plain float32 attention: scores materialised per row, float accumulation, std::exp.
-// Returns dense out [B, H, Lq, Dv] and weights [B, H, Lq, Lk].
+// Plain float32 attention: scores materialised per row, float accumulation, std::exp (inputs of
+// any dtype, widened first). Returns dense out [B, H, Lq, Dv] and weights [B, H, Lq, Lk].
 void NaiveAttention32(const AttentionParams& p, std::vector<float>* out,
                       std::vector<float>* weights);
 
@@ -85,6 +91,13 @@ bool AllFinite(const std::vector<float>& a);
 MultiHeadWeights RandomWeights(int d_model, int num_heads, uint32_t seed);
 // n values ~ N(0, 1), rounded through dtype.
 std::vector<float> RandomVector(int64_t n, uint32_t seed, DType dtype = DType::kFloat32);
+// The encodings of `values` in the 16-bit `dtype` (values must be representable, e.g. from
+// RandomVector with that dtype).
+std::vector<uint16_t> Encode16(DType dtype, const std::vector<float>& values);
+// A pointer to `values` as elements of dtype: values itself for kFloat32, else *storage filled
+// with their 16-bit encodings.
+const void* InputData(DType dtype, const std::vector<float>& values,
+                      std::vector<uint16_t>* storage);
 
 }  // namespace attnserve::kernels::testing
 

@@ -20,6 +20,7 @@ namespace {
 using ::attnserve::kernels::testing::AllFinite;
 using ::attnserve::kernels::testing::AttentionCase;
 using ::attnserve::kernels::testing::AttentionSpec;
+using ::attnserve::kernels::testing::InputData;
 using ::attnserve::kernels::testing::MaskKind;
 using ::attnserve::kernels::testing::MaxAbsError;
 using ::attnserve::kernels::testing::NaiveAttention32;
@@ -223,6 +224,34 @@ TEST_P(CpuBackendIsaTest, AttendWithWeightsMatchesReferenceWithinFlashBound) {
   }
 }
 
+// The float32 path widens FLOAT16 / BFLOAT16 views exactly, tile by tile: the bits equal those
+// of the same values given as float32, with and without weights, on every layout of the sweep.
+TEST_P(CpuBackendIsaTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
+  for (AttentionSpec spec : SweepSpecs()) {
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      spec.dtype = t;
+      SCOPED_TRACE(spec.DebugString());
+      for (bool with_weights : {false, true}) {
+        AttentionCase c(spec);
+        c.PoisonOutputs();
+        ASSERT_TRUE(backend_->Attend({c.float32_params(with_weights)}).ok());
+        const std::vector<float> out32 = c.DenseOut();
+        const std::vector<float> weights32 = c.weights();
+        c.PoisonOutputs();
+        ASSERT_TRUE(backend_->Attend({c.params(with_weights)}).ok());
+        const std::vector<float> out16 = c.DenseOut();
+        ASSERT_TRUE(AllFinite(out16));
+        ASSERT_EQ(std::memcmp(out16.data(), out32.data(), out16.size() * sizeof(float)), 0);
+        if (with_weights) {
+          ASSERT_EQ(
+              std::memcmp(c.weights().data(), weights32.data(), weights32.size() * sizeof(float)),
+              0);
+        }
+      }
+    }
+  }
+}
+
 TEST_P(CpuBackendIsaTest, FullyBlockedRowsAverageAllValues) {
   // Every key blocked (key length 0, and a mask of zeros): each row is the mean of all Lk values.
   AttentionCase c({.batch = 2,
@@ -258,48 +287,59 @@ TEST_P(CpuBackendIsaTest, MultiHeadMatchesReferenceWithinFlashBound) {
   };
   uint32_t seed = 100;
   for (const Case& t : cases) {
-    SCOPED_TRACE(::testing::Message() << "d_model=" << t.d_model << " h=" << t.heads << " B="
-                                      << t.batch << " Lq=" << t.q_len << " Lk=" << t.kv_len);
-    const MultiHeadWeights w = RandomWeights(t.d_model, t.heads, seed++);
-    const std::vector<float> query = RandomVector(int64_t{t.batch} * t.q_len * t.d_model, seed++);
-    const std::vector<float> key = RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++);
-    const std::vector<float> value = RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++);
-    std::vector<uint8_t> mask;
-    MultiHeadParams p;
-    p.module = &w;
-    p.batch = t.batch;
-    p.q_len = t.q_len;
-    p.kv_len = t.kv_len;
-    p.query = query.data();
-    p.key = t.self ? query.data() : key.data();
-    p.value = t.self ? query.data() : (t.same_kv ? key.data() : value.data());
-    p.self_attention = t.self;
-    p.causal = t.causal;
-    p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
-    if (t.mask == MaskKind::kKeyPadding) {
-      mask.resize(int64_t{t.batch} * t.kv_len);
-      for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 7 % 5) != 0;
-      p.mask = MaskView{mask.data(), t.kv_len, 0, 0, 1};
-    } else if (t.mask == MaskKind::kBlockedRows) {
-      mask.resize(int64_t{t.batch} * t.q_len * t.kv_len);
-      for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 13 % 7) > 2;
-      for (int j = 0; j < t.kv_len; ++j) mask[j] = 0;  // row 0 of batch entry 0
-      p.mask = MaskView{mask.data(), int64_t{t.q_len} * t.kv_len, 0, t.kv_len, 1};
-    }
-    const Reference64 ref = ReferenceMultiHead64(p);
-    std::vector<float> naive_out, naive_weights;
-    NaiveMultiHead32(p, &naive_out, &naive_weights);
-    for (bool with_weights : {false, true}) {
-      std::vector<float> out(int64_t{t.batch} * t.q_len * t.d_model, NAN);
-      std::vector<float> weights(int64_t{t.batch} * t.heads * t.q_len * t.kv_len, NAN);
-      p.out = out.data();
-      p.weights = with_weights ? weights.data() : nullptr;
-      ASSERT_TRUE(backend_->MultiHead({p}).ok());
-      ASSERT_TRUE(AllFinite(out));
-      ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
-      if (with_weights) {
-        ExpectWithinBound(MaxAbsError(weights, ref.weights),
-                          MaxAbsError(naive_weights, ref.weights), "weights");
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "d_model=" << t.d_model << " h=" << t.heads << " B=" << t.batch
+                   << " Lq=" << t.q_len << " Lk=" << t.kv_len << " dtype=" << DTypeName(dtype));
+      const MultiHeadWeights w = RandomWeights(t.d_model, t.heads, seed++);
+      const std::vector<float> query =
+          RandomVector(int64_t{t.batch} * t.q_len * t.d_model, seed++, dtype);
+      const std::vector<float> key =
+          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
+      const std::vector<float> value =
+          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
+      std::vector<uint16_t> query16, key16, value16;
+      const void* q_data = InputData(dtype, query, &query16);
+      const void* k_data = InputData(dtype, key, &key16);
+      const void* v_data = InputData(dtype, value, &value16);
+      std::vector<uint8_t> mask;
+      MultiHeadParams p;
+      p.module = &w;
+      p.batch = t.batch;
+      p.q_len = t.q_len;
+      p.kv_len = t.kv_len;
+      p.input_dtype = dtype;
+      p.query = q_data;
+      p.key = t.self ? q_data : k_data;
+      p.value = t.self ? q_data : (t.same_kv ? k_data : v_data);
+      p.self_attention = t.self;
+      p.causal = t.causal;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
+      if (t.mask == MaskKind::kKeyPadding) {
+        mask.resize(int64_t{t.batch} * t.kv_len);
+        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 7 % 5) != 0;
+        p.mask = MaskView{mask.data(), t.kv_len, 0, 0, 1};
+      } else if (t.mask == MaskKind::kBlockedRows) {
+        mask.resize(int64_t{t.batch} * t.q_len * t.kv_len);
+        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 13 % 7) > 2;
+        for (int j = 0; j < t.kv_len; ++j) mask[j] = 0;  // row 0 of batch entry 0
+        p.mask = MaskView{mask.data(), int64_t{t.q_len} * t.kv_len, 0, t.kv_len, 1};
+      }
+      const Reference64 ref = ReferenceMultiHead64(p);
+      std::vector<float> naive_out, naive_weights;
+      NaiveMultiHead32(p, &naive_out, &naive_weights);
+      for (bool with_weights : {false, true}) {
+        std::vector<float> out(int64_t{t.batch} * t.q_len * t.d_model, NAN);
+        std::vector<float> weights(int64_t{t.batch} * t.heads * t.q_len * t.kv_len, NAN);
+        p.out = out.data();
+        p.weights = with_weights ? weights.data() : nullptr;
+        ASSERT_TRUE(backend_->MultiHead({p}).ok());
+        ASSERT_TRUE(AllFinite(out));
+        ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
+        if (with_weights) {
+          ExpectWithinBound(MaxAbsError(weights, ref.weights),
+                            MaxAbsError(naive_weights, ref.weights), "weights");
+        }
       }
     }
   }
