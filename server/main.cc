@@ -2,7 +2,7 @@
 //
 // Signals. SIGTERM and SIGINT start a drain (ServerHost::Shutdown); the process exits 0 once it
 // is done. A second SIGTERM or SIGINT during the drain cuts it short (ServerHost::EndGracePeriod):
-// queued requests are answered UNAVAILABLE, gRPC stops without waiting for open calls, and the
+// queued requests are answered UNAVAILABLE, gRPC waits for open calls 200 ms more at most, and the
 // process exits with status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT) within
 // kForcedExitWait, leaving a batch still computing behind if need be (its callers see the
 // connection close, which gRPC clients report as UNAVAILABLE).

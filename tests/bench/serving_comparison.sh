@@ -6,8 +6,9 @@
 #  2. attnserve vs attnserve-bench-echo (same gRPC stack, answers with the query, computes
 #     nothing) on tiny requests: what serving itself costs, as a throughput ratio.
 #  3. attnserve's GFLOP/s on the large requests (mha d_model 512, L=128) vs the CPU backend's own
-#     speed on the same shape called directly (cpu_backend_bench BM_MultiHead, alone and as a
-#     batch of 4), same thread count: what serving costs on real work. Skipped when
+#     speed on the same shape called directly (cpu_backend_bench BM_MultiHead, alone and as
+#     batches of 4 and 8; the server's mean batch is printed), same thread count, run before the
+#     servers start: what serving costs on real work. Skipped when
 #     BUILD_DIR/tests/bench/cpu_backend_bench is not built (ATTNSERVE_BUILD_BENCHMARKS=ON).
 #
 #   tests/bench/serving_comparison.sh [BUILD_DIR]      (default: build)
@@ -46,6 +47,13 @@ wait_port() {
   for _ in $(seq 1200); do [[ -s $1 ]] && { cat "$1"; return; }; sleep 0.05; done
   echo "a server did not start; logs:" >&2; tail -n 20 "$tmp"/*.log >&2; exit 1
 }
+
+# The backend alone first, before any server runs.
+backend_bench=$build/tests/bench/cpu_backend_bench
+if [[ -x $backend_bench ]]; then
+  "$backend_bench" --threads="$threads" --benchmark_min_time=2 --benchmark_format=json \
+    --benchmark_filter='BM_MultiHead/(1|4|8)/128/512/8/' > "$tmp/backend.json" 2> /dev/null || true
+fi
 
 modules="small=$seeds/cross_padding.safetensors:4,large=$seeds/seed_demo.safetensors:8"
 "$server" --listen=127.0.0.1:0 --port_file="$tmp/attnserve.port" --metrics_address= \
@@ -90,12 +98,6 @@ run large_attnserve "$attnserve" "${large[@]}"
 run large_torch "$torch" "${large[@]}"
 run tiny_attnserve "$attnserve" "${tiny[@]}"
 run tiny_echo "$echo_target" "${tiny[@]}"
-
-backend_bench=$build/tests/bench/cpu_backend_bench
-if [[ -x $backend_bench ]]; then
-  "$backend_bench" --threads="$threads" --benchmark_min_time=2 --benchmark_format=json \
-    --benchmark_filter='BM_MultiHead/(1|4)/128/512/8/' > "$tmp/backend.json" 2> /dev/null || true
-fi
 
 /usr/bin/python3 - "$tmp" "$threads" "$duration" "$concurrency" <<'PY'
 import json, os, sys
