@@ -157,18 +157,19 @@ grpc::ServerUnaryReactor* AttentionService::Compute(grpc::CallbackServerContext*
     call->Finish(std::move(s));
     return reactor;
   }
-  Request request;
-  if (!ParseMessage(*request_bytes, &request)) {
+  auto request = std::make_shared<Request>();  // the job's inputs are views into it
+  if (!ParseMessage(*request_bytes, request.get())) {
     call->Finish(absl::InvalidArgumentError(absl::StrCat("the message (", request_bytes->Length(),
                                                          " bytes) is not a valid ",
                                                          Request::descriptor()->full_name())));
     return reactor;
   }
-  absl::StatusOr<std::unique_ptr<Job>> job = build(request);
+  absl::StatusOr<std::unique_ptr<Job>> job = build(*request);
   if (!job.ok()) {
     call->Finish(job.status());
     return reactor;
   }
+  (*job)->request = std::move(request);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
   dispatcher_->Submit(*std::move(job));

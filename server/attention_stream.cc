@@ -63,8 +63,9 @@ void AttentionStreamReactor::OnReadDone(bool ok) {
 
 void AttentionStreamReactor::Handle() {
   ++messages_read_;
-  v1::AttentionStreamRequest request;
-  if (!ParseMessage(read_, &request)) {
+  auto owned = std::make_shared<v1::AttentionStreamRequest>();  // the job's inputs view it
+  const v1::AttentionStreamRequest& request = *owned;
+  if (!ParseMessage(read_, owned.get())) {
     const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
         "message ", messages_read_, " of the stream (", read_.Length(),
         " bytes) is not a valid attnserve.v1.AttentionStreamRequest; the stream ends after "
@@ -117,6 +118,7 @@ void AttentionStreamReactor::Handle() {
           "request must set attend or multi_head_attention; neither was set");
   }
   if (!job.ok()) return call->Finish(job.status());
+  (*job)->request = std::move(owned);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
   context_.dispatcher->Submit(*std::move(job));

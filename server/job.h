@@ -1,5 +1,5 @@
-// A validated request on its way to a backend: decoded float32 inputs, output buffers, the
-// kernel parameters pointing into them, and how to answer the caller.
+// A validated request on its way to a backend: views of the request's input bytes, output
+// buffers, the kernel parameters pointing into them, and how to answer the caller.
 //
 // A Job is built from a proto request by request_builder.h (which validates everything a
 // caller controls), computed by an Executor as part of a batch, and answered exactly once
@@ -18,6 +18,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "google/protobuf/message.h"
 #include "kernels/attention_params.h"
 #include "kernels/dtype.h"
 #include "kernels/multi_head.h"
@@ -42,9 +43,14 @@ struct Job {
   JobKind kind = JobKind::kAttend;
   kernels::DType dtype = kernels::DType::kFloat32;  // of inputs and outputs on the wire
 
-  // Owned buffers; params point into them (and into `module`).
-  std::vector<float> q, k, v;  // decoded inputs (k, v empty for self-attention)
-  std::vector<uint8_t> mask;   // BOOL mask as sent
+  // The request whose tensor bytes the kernel parameters' inputs view, as they came in (no
+  // copy, no conversion: each backend converts where it computes). Set by the service; the
+  // request builders leave it to the caller, whose request must then outlive the job.
+  std::shared_ptr<const google::protobuf::Message> request;
+  int64_t input_bytes = 0;  // of those views
+
+  // Owned buffers; params point into them (and into `request` and `module`).
+  std::vector<uint8_t> mask;  // BOOL mask as sent
   std::vector<int32_t> key_lengths;
   std::vector<float> out;                // dense output
   std::vector<float> weights;            // dense [B, H, Lq, Lk] when asked for
