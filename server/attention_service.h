@@ -8,6 +8,7 @@
 
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "kernels/backend.h"
+#include "server/call.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
@@ -23,8 +24,23 @@ struct ServiceInfo {
   std::vector<v1::BackendInfo> backends;  // every backend present; one marked active
 };
 
-// Thread-safe. Does not own its collaborators; they outlive it.
-class AttentionService final : public v1::AttentionService::CallbackService {
+// The compute rpcs take their messages as bytes and parse them here, so that a message that
+// does not parse is answered INVALID_ARGUMENT (and counted) rather than by gRPC's generic
+// error, and so that a stream can tell a bad message from the end of its input.
+using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule<
+    v1::AttentionService::WithCallbackMethod_UnloadModule<
+        v1::AttentionService::WithCallbackMethod_ListModules<
+            v1::AttentionService::WithCallbackMethod_GetServerInfo<
+                v1::AttentionService::WithRawCallbackMethod_Attend<
+                    v1::AttentionService::WithRawCallbackMethod_MultiHeadAttention<
+                        v1::AttentionService::WithRawCallbackMethod_AttentionStream<
+                            v1::AttentionService::Service>>>>>>>;
+
+class WorkThread;  // attention_service.cc
+
+// Thread-safe. Does not own its collaborators; they outlive it. Every request has one Call
+// (call.h) that owns its life; the handlers here only say how to respond.
+class AttentionService final : public AttentionServiceBase {
  public:
   struct Options {
     Limits limits;
@@ -38,14 +54,16 @@ class AttentionService final : public v1::AttentionService::CallbackService {
   // Every rpc is counted in `metrics` (by rpc and code, with its server time).
   AttentionService(const Options& options, ModuleRegistry* modules, Dispatcher* dispatcher,
                    metrics::Metrics* metrics, ServiceInfo info);
+  // Waits for module loads in progress.
+  ~AttentionService() override;
 
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const v1::AttendRequest* request,
-                                   v1::AttendResponse* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* MultiHeadAttention(grpc::CallbackServerContext* context,
-                                               const v1::MultiHeadAttentionRequest* request,
-                                               v1::MultiHeadAttentionResponse* response) override;
-  grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse>* AttentionStream(
+                                               const grpc::ByteBuffer* request,
+                                               grpc::ByteBuffer* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
@@ -61,25 +79,34 @@ class AttentionService final : public v1::AttentionService::CallbackService {
                                           v1::GetServerInfoResponse* response) override;
 
  private:
-  template <typename Response>
-  grpc::ServerUnaryReactor* Dispatch(grpc::CallbackServerContext* context, metrics::Rpc rpc,
-                                     absl::StatusOr<std::unique_ptr<Job>> job, absl::Time arrival,
-                                     Response* response);
-  // OK, or UNAUTHENTICATED when a token is required and the call lacks it.
-  absl::Status Authorize(const grpc::CallbackServerContext& context) const;
-  // Finishes a call that is answered on the handler's thread, and records it.
-  grpc::ServerUnaryReactor* FinishNow(grpc::CallbackServerContext* context, metrics::Rpc rpc,
-                                      absl::Time arrival, const absl::Status& status);
+  // Attend and MultiHeadAttention: parse, authorise, validate, queue; answered by the Call.
+  template <typename Request, typename Response, typename Build>
+  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc,
+                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
+                                    Build build);
+  // The other rpcs, answered on the handler's thread: authorise, then `body` fills the
+  // response and returns the status.
+  template <typename Body>
+  grpc::ServerUnaryReactor* AnswerNow(const grpc::CallbackServerContext& context, metrics::Rpc rpc,
+                                      Body body);
 
   const Options options_;
   ModuleRegistry* const modules_;
   Dispatcher* const dispatcher_;
   metrics::Metrics* const metrics_;
   const ServiceInfo info_;
+  // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
+  // gRPC's few callback threads.
+  std::unique_ptr<WorkThread> loader_;
 };
 
-// The call's deadline; absl::InfiniteFuture() when the caller set none.
-absl::Time DeadlineOf(const grpc::CallbackServerContext& context);
+// OK, or UNAUTHENTICATED when `auth_token` is set and the call does not carry it.
+absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& auth_token);
+
+// Parses a message from the bytes of a raw method; false when they are not one.
+bool ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message* message);
+// Serialises a message for a raw method.
+void SerializeMessage(const google::protobuf::Message& message, grpc::ByteBuffer* bytes);
 
 // absl::Status -> grpc::Status (the canonical codes share their numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);

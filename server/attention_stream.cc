@@ -1,17 +1,52 @@
 #include "server/attention_stream.h"
 
-#include <chrono>
+#include <utility>
 
-#include "absl/time/clock.h"
+#include "absl/strings/str_cat.h"
 #include "server/attention_service.h"
 #include "server/request_builder.h"
 
 namespace attnserve::server {
+namespace {
+
+// The stream's response to one request.
+v1::AttentionStreamResponse MakeResponse(uint64_t id, const absl::Status& status, Job* job,
+                                         absl::Time now) {
+  v1::AttentionStreamResponse response;
+  response.set_request_id(id);
+  response.set_code(static_cast<int>(status.code()));
+  response.set_message(std::string(status.message()));
+  if (status.ok() && job != nullptr) {
+    if (job->kind == JobKind::kAttend) {
+      WriteOutputs(*job, response.mutable_attend());
+      WriteTiming(job->timing, now, response.mutable_attend()->mutable_timing());
+    } else {
+      WriteOutputs(*job, response.mutable_multi_head_attention());
+      WriteTiming(job->timing, now, response.mutable_multi_head_attention()->mutable_timing());
+    }
+  }
+  return response;
+}
+
+}  // namespace
 
 AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call,
-                                               const Context& context)
-    : call_(call), context_(context) {
-  StartRead(&request_);
+                                               const Context& context,
+                                               const absl::Status& authorized)
+    : context_(context), caller_(*call, context.dispatcher) {
+  if (!authorized.ok()) {
+    Call(context_.metrics, metrics::Rpc::kAttentionStream, &caller_,
+         [](const absl::Status&, Job*, absl::Time) {})
+        .Finish(authorized);
+    {
+      batching::MutexLock lock(&mu_);
+      reading_ = false;
+      finished_ = true;
+    }
+    Finish(ToGrpcStatus(authorized));
+    return;
+  }
+  StartRead(&read_);
 }
 
 void AttentionStreamReactor::OnReadDone(bool ok) {
@@ -27,71 +62,76 @@ void AttentionStreamReactor::OnReadDone(bool ok) {
 }
 
 void AttentionStreamReactor::Handle() {
-  const absl::Time arrival = absl::Now();
-  const uint64_t id = request_.request_id();
-  const bool attend = request_.has_attend();
-  const metrics::Rpc rpc = attend ? metrics::Rpc::kAttend : metrics::Rpc::kMultiHeadAttention;
-  context_.metrics->RequestStarted();
-
-  absl::StatusOr<std::unique_ptr<Job>> job;
-  if (attend) {
-    job = BuildAttendJob(request_.attend(), *context_.limits);
-  } else if (request_.has_multi_head_attention()) {
-    job = BuildMultiHeadJob(request_.multi_head_attention(), *context_.modules, *context_.limits);
-  } else {
-    job = absl::InvalidArgumentError("request must set attend or multi_head_attention");
+  ++messages_read_;
+  auto owned = std::make_shared<v1::AttentionStreamRequest>();  // the job's inputs view it
+  const v1::AttentionStreamRequest& request = *owned;
+  if (!ParseMessage(read_, owned.get())) {
+    const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
+        "message ", messages_read_, " of the stream (", read_.Length(),
+        " bytes) is not a valid attnserve.v1.AttentionStreamRequest; the stream ends after "
+        "answering the requests before it"));
+    Call(context_.metrics, metrics::Rpc::kAttentionStream, &caller_,
+         [](const absl::Status&, Job*, absl::Time) {})
+        .Finish(status);
+    batching::MutexLock lock(&mu_);
+    broken_ = status;
+    return;
   }
-  auto fail = [&](const absl::Status& status) {
-    context_.metrics->RequestFinished(rpc, static_cast<int>(status.code()), absl::Now() - arrival);
-    v1::AttentionStreamResponse response;
-    response.set_request_id(id);
-    response.set_code(static_cast<int>(status.code()));
-    response.set_message(std::string(status.message()));
-    Respond(std::move(response), /*job_done=*/false);
-  };
-  if (!job.ok()) return fail(job.status());
+  read_.Clear();
 
-  (*job)->timing.arrival = arrival;
-  (*job)->deadline_at = DeadlineOf(*call_);
-  (*job)->is_cancelled = [this] { return cancelled_.load(std::memory_order_relaxed); };
-  (*job)->done = [this, id, rpc, attend](Job& done_job, absl::Status status) {
-    const absl::Time now = absl::Now();
-    context_.metrics->RequestFinished(rpc, static_cast<int>(status.code()),
-                                      now - done_job.timing.arrival);
-    v1::AttentionStreamResponse response;
-    response.set_request_id(id);
-    response.set_code(static_cast<int>(status.code()));
-    response.set_message(std::string(status.message()));
-    if (status.ok()) {
-      if (attend) {
-        WriteOutputs(done_job, response.mutable_attend());
-        WriteTiming(done_job.timing, now, response.mutable_attend()->mutable_timing());
-      } else {
-        WriteOutputs(done_job, response.mutable_multi_head_attention());
-        WriteTiming(done_job.timing, now,
-                    response.mutable_multi_head_attention()->mutable_timing());
-      }
-    }
-    Respond(std::move(response), /*job_done=*/true);
-  };
+  const uint64_t id = request.request_id();
+  const metrics::Rpc rpc = request.has_attend()                 ? metrics::Rpc::kAttend
+                           : request.has_multi_head_attention() ? metrics::Rpc::kMultiHeadAttention
+                                                                : metrics::Rpc::kAttentionStream;
+  bool duplicate;
   {
     batching::MutexLock lock(&mu_);
-    ++in_flight_;
+    duplicate = !ids_.insert(id).second;
+    if (!duplicate) ++in_flight_;
   }
-  if (absl::Status s = context_.dispatcher->Submit(&*job); !s.ok()) {
-    {
-      batching::MutexLock lock(&mu_);
-      --in_flight_;
-    }
-    fail(s);
+  auto call = std::make_unique<Call>(
+      context_.metrics, rpc, &caller_,
+      [this, id, owns_id = !duplicate](const absl::Status& status, Job* job, absl::Time now) {
+        const v1::AttentionStreamResponse response = MakeResponse(id, status, job, now);
+        if (job != nullptr) ReleaseBuffers(job);
+        grpc::ByteBuffer bytes;
+        SerializeMessage(response, &bytes);
+        Respond(std::move(bytes), id, owns_id);
+      });
+  if (duplicate) {
+    return call->Finish(absl::InvalidArgumentError(absl::StrCat(
+        "request_id ", id,
+        " is already in flight on this stream; ids must be unique among the requests in "
+        "flight")));
   }
+
+  absl::StatusOr<std::unique_ptr<Job>> job;
+  switch (request.request_case()) {
+    case v1::AttentionStreamRequest::kAttend:
+      job = BuildAttendJob(request.attend(), *context_.limits);
+      break;
+    case v1::AttentionStreamRequest::kMultiHeadAttention:
+      job = BuildMultiHeadJob(request.multi_head_attention(), *context_.modules, *context_.limits);
+      break;
+    default:
+      job = absl::InvalidArgumentError(
+          "request must set attend or multi_head_attention; neither was set");
+  }
+  if (!job.ok()) return call->Finish(job.status());
+  (*job)->request = std::move(owned);
+  (*job)->timing.arrival = call->arrival();
+  (*job)->call = std::move(call);
+  context_.dispatcher->Submit(*std::move(job));
 }
 
-void AttentionStreamReactor::Respond(v1::AttentionStreamResponse response, bool job_done) {
+void AttentionStreamReactor::Respond(grpc::ByteBuffer response, uint64_t id, bool owns_id) {
   Actions actions;
   {
     batching::MutexLock lock(&mu_);
-    if (job_done) --in_flight_;
+    if (owns_id) {
+      ids_.erase(id);
+      --in_flight_;
+    }
     writes_.push_back(std::move(response));
     actions = NextLocked();
   }
@@ -99,25 +139,24 @@ void AttentionStreamReactor::Respond(v1::AttentionStreamResponse response, bool 
 }
 
 void AttentionStreamReactor::OnWriteDone(bool ok) {
+  if (!ok) caller_.Cancel();
   Actions actions;
   {
     batching::MutexLock lock(&mu_);
+    if (writes_.front().Length() >= kTrimAfterBytes) TrimAfterLargeCall();
     writes_.pop_front();
     writing_ = false;
     // A failed write means the call is over (cancelled or broken): drop what is left; the
-    // jobs still in flight are answered into the void and the stream finishes after them.
-    if (!ok) {
-      cancelled_ = true;
-      writes_.clear();
-    }
+    // requests still in flight are answered into the void and the stream finishes after them.
+    if (!ok) writes_.clear();
     actions = NextLocked();
   }
   Run(actions);
 }
 
 void AttentionStreamReactor::OnCancel() {
-  cancelled_ = true;
-  // Queued jobs of this stream see cancelled_ when their batch forms and are dropped.
+  // Tells the dispatcher: this stream's queued requests leave the queue at once.
+  caller_.Cancel();
   Actions actions;
   {
     batching::MutexLock lock(&mu_);
@@ -129,31 +168,34 @@ void AttentionStreamReactor::OnCancel() {
 AttentionStreamReactor::Actions AttentionStreamReactor::NextLocked() {
   Actions a;
   if (finished_) return a;
-  const bool cancelled = cancelled_.load();
+  const bool cancelled = caller_.cancelled();
   if (cancelled) writes_.erase(writes_.begin() + (writing_ ? 1 : 0), writes_.end());
   if (!writing_ && !writes_.empty()) {
     writing_ = true;
     a.write = &writes_.front();  // deque: references survive push_back
   }
-  if (!reading_ && !reads_done_ && !cancelled &&
-      in_flight_ < context_.limits->max_stream_in_flight) {
+  // Unwritten responses count against the budget too: a caller that does not read stops us
+  // from reading.
+  const int64_t held = in_flight_ + static_cast<int64_t>(writes_.size());
+  if (!reading_ && !reads_done_ && !cancelled && !broken_.has_value() &&
+      held < context_.limits->max_stream_in_flight) {
     reading_ = true;
     a.read = true;
   }
-  if ((reads_done_ || cancelled) && !reading_ && in_flight_ == 0 && !writing_ && writes_.empty()) {
+  if ((reads_done_ || cancelled || broken_.has_value()) && !reading_ && in_flight_ == 0 &&
+      !writing_ && writes_.empty()) {
     finished_ = true;
-    a.finish = true;
+    a.finish = cancelled ? grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled")
+               : broken_.has_value() ? ToGrpcStatus(*broken_)
+                                     : grpc::Status::OK;
   }
   return a;
 }
 
 void AttentionStreamReactor::Run(const Actions& actions) {
   if (actions.write != nullptr) StartWrite(actions.write);
-  if (actions.read) StartRead(&request_);
-  if (actions.finish) {
-    Finish(cancelled_ ? grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled")
-                      : grpc::Status::OK);
-  }
+  if (actions.read) StartRead(&read_);
+  if (actions.finish.has_value()) Finish(*actions.finish);
 }
 
 void AttentionStreamReactor::OnDone() { delete this; }

@@ -4,12 +4,16 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_STREAM_H_
 #define ATTNSERVE_SERVER_ATTENTION_STREAM_H_
 
-#include <atomic>
 #include <deque>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "server/batching/sync.h"
+#include "server/call.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
@@ -18,15 +22,28 @@
 namespace attnserve::server {
 
 // One stream. Owns itself: created by the handler, deleted in OnDone. Thread-safe: gRPC's
-// reactions and the jobs' completions run on different threads and meet under mu_.
+// reactions and the requests' answers run on different threads and meet under mu_.
 //
-// Flow control: at most limits.max_stream_in_flight requests are queued or computing; reading
-// pauses at the limit and resumes as jobs complete. Responses are written one at a time (gRPC
-// allows one outstanding write) from a queue. The stream finishes once reading is over (the
-// caller half-closed, or the call was cancelled), every job has answered and every response
-// has been written.
+// Every request read is one Call (call.h), sharing the stream's Caller: the stream's deadline
+// and cancellation (OnCancel tells the dispatcher, so its queued requests leave at once).
+//
+// Flow control: a stream holds at most limits.max_stream_in_flight requests that are queued,
+// computing, or answered but not yet written to the transport (a caller that does not read its
+// responses stops the server from reading its requests, so its memory stays bounded). Reading
+// pauses at the limit and resumes as responses are written. Responses are written one at a
+// time (gRPC allows one outstanding write) from a queue.
+//
+// Protocol (the proto's AttentionStream comment):
+//   - a request whose request_id equals one in flight is answered INVALID_ARGUMENT (that item
+//     only; the stream goes on);
+//   - an item with neither request set is answered INVALID_ARGUMENT (counted under the rpc
+//     label AttentionStream);
+//   - a message that is not an AttentionStreamRequest ends the stream: nothing after it is read,
+//     the requests before it are answered, then the stream finishes INVALID_ARGUMENT.
+// The stream finishes once reading is over (the caller half-closed, the call was cancelled or a
+// message did not parse), every request has been answered and every response written.
 class AttentionStreamReactor final
-    : public grpc::ServerBidiReactor<v1::AttentionStreamRequest, v1::AttentionStreamResponse> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   struct Context {
     const Limits* limits;
@@ -35,8 +52,10 @@ class AttentionStreamReactor final
     metrics::Metrics* metrics;
   };
 
-  // Starts reading. `context` outlives the stream (it is the server's).
-  AttentionStreamReactor(grpc::CallbackServerContext* call, const Context& context);
+  // Starts reading, or finishes at once with `authorized` when it is not OK. `context`
+  // outlives the stream (it is the server's).
+  AttentionStreamReactor(grpc::CallbackServerContext* call, const Context& context,
+                         const absl::Status& authorized);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;
@@ -44,32 +63,36 @@ class AttentionStreamReactor final
   void OnDone() override;
 
  private:
-  // Validates request_ and submits its job, or answers its error at once.
+  // Parses read_ and answers or submits the request in it.
   void Handle();
-  // Queues a response (and starts writing it if no write is in flight).
-  void Respond(v1::AttentionStreamResponse response, bool job_done);
+  // Queues an encoded response (and starts writing it if no write is in flight); `owns_id`:
+  // the response answers a request counted in flight under its id.
+  void Respond(grpc::ByteBuffer response, uint64_t id, bool owns_id);
   // The next action, decided under mu_ and done after releasing it (a gRPC operation is never
   // started while mu_ is held, so a reaction that runs inline cannot deadlock on it).
   struct Actions {
     bool read = false;
-    const v1::AttentionStreamResponse* write = nullptr;
-    bool finish = false;
+    const grpc::ByteBuffer* write = nullptr;
+    std::optional<grpc::Status> finish;
   };
   Actions NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Run(const Actions& actions);
 
-  grpc::CallbackServerContext* const call_;
   const Context context_;
-  v1::AttentionStreamRequest request_;  // the read in progress; only the reading side touches it
-  std::atomic<bool> cancelled_{false};
+  Caller caller_;
+  grpc::ByteBuffer read_;      // the read in progress; only the reading side touches it
+  int64_t messages_read_ = 0;  // only the reading side touches it
 
   batching::Mutex mu_;
-  std::deque<v1::AttentionStreamResponse> writes_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> writes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // writes_.front() is being written
   bool reading_ ABSL_GUARDED_BY(mu_) = true;   // a read is in flight
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // jobs submitted and not yet answered
+  // Set when the stream must end with this status (a message did not parse).
+  std::optional<absl::Status> broken_ ABSL_GUARDED_BY(mu_);
+  int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests accepted and not yet answered
+  absl::flat_hash_set<uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // their request_ids
 };
 
 }  // namespace attnserve::server

@@ -15,26 +15,8 @@ absl::StatusOr<std::unique_ptr<BatchingDispatcher>> BatchingDispatcher::Create(
   auto batcher = Batcher::Create(
       batcher_options,
       [executor](const std::string&, Batcher::Batch batch) { executor->Run(std::move(batch)); },
-      [metrics](std::unique_ptr<Job> job, absl::Status status) {
-        // gRPC cancels a call whose deadline passes, so an expired job usually arrives here as
-        // cancelled; answer and count it as what it is.
-        if (status.code() == absl::StatusCode::kCancelled && job->deadline_at <= absl::Now()) {
-          status = absl::DeadlineExceededError(
-              "the deadline passed while the request was queued; it was not computed");
-        }
-        if (metrics != nullptr) {
-          switch (status.code()) {
-            case absl::StatusCode::kDeadlineExceeded:
-              metrics->RecordDropped(metrics::DropReason::kDeadline);
-              break;
-            case absl::StatusCode::kCancelled:
-              metrics->RecordDropped(metrics::DropReason::kCancelled);
-              break;
-            default:
-              metrics->RecordDropped(metrics::DropReason::kShutdown);
-          }
-        }
-        job->Finish(std::move(status));
+      [](std::unique_ptr<Job> job, absl::Status status, batching::DropReason why) {
+        job->Finish(std::move(status), ToMetrics(why));
       });
   if (!batcher.ok()) return batcher.status();
   d->batcher_ = *std::move(batcher);
@@ -47,27 +29,46 @@ BatchingDispatcher::~BatchingDispatcher() {
   Shutdown(absl::ZeroDuration());
 }
 
-absl::Status BatchingDispatcher::Submit(std::unique_ptr<Job>* job) {
-  // The signature copy is needed: Schedule moves the job out of *job on success.
-  const std::string key = (*job)->signature;
-  return batcher_->Schedule(key, job);
+metrics::DropReason ToMetrics(batching::DropReason why) {
+  switch (why) {
+    case batching::DropReason::kExpired:
+      return metrics::DropReason::kDeadline;
+    case batching::DropReason::kCancelled:
+      return metrics::DropReason::kCancelled;
+    case batching::DropReason::kQueueFull:
+      return metrics::DropReason::kQueueFull;
+    case batching::DropReason::kQueueBytes:
+    case batching::DropReason::kTooLarge:
+      return metrics::DropReason::kQueueBytes;
+    case batching::DropReason::kUnmeetable:
+      return metrics::DropReason::kUnmeetable;
+    case batching::DropReason::kFairShare:
+      return metrics::DropReason::kFairShare;
+    case batching::DropReason::kShutdown:
+    case batching::DropReason::kInvalid:
+      break;
+  }
+  return metrics::DropReason::kShutdown;
+}
+
+void BatchingDispatcher::Submit(std::unique_ptr<Job> job) {
+  // The signature copy is needed: Schedule moves the job out on success.
+  const std::string key = job->signature;
+  batching::DropReason why;
+  if (absl::Status s = batcher_->Schedule(key, &job, &why); !s.ok()) {
+    job->Finish(std::move(s), ToMetrics(why));
+  }
 }
 
 void BatchingDispatcher::NotifyCancelled() { batcher_->NotifyCancelled(); }
 
 void BatchingDispatcher::Shutdown(absl::Duration grace) { batcher_->Shutdown(grace); }
 
+void BatchingDispatcher::EndGracePeriod() { batcher_->EndGracePeriod(); }
+
 void BatchingDispatcher::PublishStats() {
   const batching::BatcherStats now = batcher_->stats();
-  batching::MutexLock lock(&published_mu_);
-  metrics_->RecordDropped(metrics::DropReason::kQueueFull,
-                          now.refused_queue_full - published_.refused_queue_full);
-  metrics_->RecordDropped(metrics::DropReason::kQueueBytes,
-                          now.refused_bytes - published_.refused_bytes);
-  metrics_->RecordDropped(metrics::DropReason::kShutdown,
-                          now.refused_shutdown - published_.refused_shutdown);
   metrics_->SetQueued(now.queued_requests, now.queued_bytes);
-  published_ = now;
 }
 
 }  // namespace attnserve::server

@@ -25,12 +25,13 @@ class Dispatcher {
  public:
   virtual ~Dispatcher() = default;
 
-  // Queues `*job` and returns OK, taking ownership (*job becomes null); the job is then answered
-  // exactly once through Job::Finish. Never blocks. On error *job is left with the caller,
-  // unanswered: UNAVAILABLE (queue full, queued bytes over budget, shutting down: a retry with
-  // backoff can pass), RESOURCE_EXHAUSTED (the job alone exceeds the queue's byte budget),
-  // DEADLINE_EXCEEDED or CANCELLED (already expired or cancelled).
-  virtual absl::Status Submit(std::unique_ptr<Job>* job) = 0;
+  // Takes the job (its `call` set); it is answered exactly once through Job::Finish, also when
+  // it is refused here, with the reason the batcher gave: UNAVAILABLE (queue full, queued bytes
+  // over budget, shed for fair share, shutting down: a retry with backoff can pass),
+  // RESOURCE_EXHAUSTED (the job alone exceeds the queue's byte budget), DEADLINE_EXCEEDED
+  // (already expired, or the queue ahead would outlast its deadline), CANCELLED. Never blocks;
+  // must not be called holding a lock that answering a job takes.
+  virtual void Submit(std::unique_ptr<Job> job) = 0;
 
   // A queued job's caller has cancelled: drop cancelled jobs from the queue soon. Never blocks.
   virtual void NotifyCancelled() = 0;
@@ -38,6 +39,10 @@ class Dispatcher {
   // Stops accepting, computes what is queued for up to `grace`, answers what is left
   // UNAVAILABLE and joins the threads. Idempotent.
   virtual void Shutdown(absl::Duration grace) = 0;
+
+  // Ends Shutdown()'s grace period now (it may be running on another thread): what is still
+  // queued is answered UNAVAILABLE at once. Never blocks.
+  virtual void EndGracePeriod() = 0;
 };
 
 // The batching settings of the server (flags of the same names; GetServerInfo reports them).
@@ -57,9 +62,10 @@ class BatchingDispatcher final : public Dispatcher {
                                                                     metrics::Metrics* metrics);
   ~BatchingDispatcher() override;
 
-  absl::Status Submit(std::unique_ptr<Job>* job) override;
+  void Submit(std::unique_ptr<Job> job) override;
   void NotifyCancelled() override;
   void Shutdown(absl::Duration grace) override;
+  void EndGracePeriod() override;
 
   // The options in force (with batching off: the effective batch of one).
   const batching::BatcherOptions& options() const { return options_; }
@@ -68,18 +74,18 @@ class BatchingDispatcher final : public Dispatcher {
   using Batcher = batching::Batcher<std::string, Job>;
   BatchingDispatcher(const batching::BatcherOptions& options, metrics::Metrics* metrics)
       : options_(options), metrics_(metrics) {}
-  // Publishes the batcher's refusal counters (as deltas) and queue gauges; runs before every
-  // scrape, so Submit itself stays free of metrics work.
+  // Publishes the queue gauges; runs before every scrape. (Refusals and drops are counted by
+  // each job's Call, with the reason the batcher gave.)
   void PublishStats();
 
   const batching::BatcherOptions options_;
   metrics::Metrics* const metrics_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> scrape_hook_;
-
-  batching::Mutex published_mu_;
-  batching::BatcherStats published_ ABSL_GUARDED_BY(published_mu_);
 };
+
+// The metrics label of a batcher's drop reason.
+metrics::DropReason ToMetrics(batching::DropReason why);
 
 }  // namespace attnserve::server
 

@@ -8,20 +8,12 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
   const absl::Time start = absl::Now();
   std::vector<std::unique_ptr<Job>> live;
   live.reserve(batch.size());
+  // The batcher dropped what was cancelled or expired when it formed the batch (the one place
+  // that decides not to compute); whatever the deadline does from here on, Call::Finish counts.
   for (auto& job : batch) {
     job->timing.compute_start = start;
     if (metrics_ != nullptr) metrics_->ObserveQueueTime(start - job->timing.arrival);
-    if (job->IsCancelled()) {
-      if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kCancelled);
-      job->Finish(absl::CancelledError("the call was cancelled before it was computed"));
-    } else if (job->deadline_at <= start) {
-      if (metrics_ != nullptr) metrics_->RecordDropped(metrics::DropReason::kDeadline);
-      job->Finish(absl::DeadlineExceededError(absl::StrCat(
-          "the deadline passed after ", absl::FormatDuration(start - job->timing.arrival),
-          " in the queue, before the request was computed")));
-    } else {
-      live.push_back(std::move(job));
-    }
+    live.push_back(std::move(job));
   }
   if (live.empty()) return;
 
@@ -58,6 +50,7 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     job->timing.batch_size = static_cast<int>(live.size());
     job->timing.backend = backend_name;
     job->Finish(status);
+    job.reset();  // its buffers go now, not after the whole batch has been answered
   }
 }
 

@@ -21,9 +21,8 @@ class Executor {
 
   // Computes `batch` (jobs of one signature, so one kind) with one backend call, fills each
   // job's timing and calls Finish on every job: OK, or the backend's error for all of them.
-  // Jobs whose caller has cancelled or whose deadline has passed are answered CANCELLED or
-  // DEADLINE_EXCEEDED without being computed. Records queue time, batch size, compute time and
-  // floating-point operations in the metrics.
+  // (The batcher has already dropped jobs that were cancelled or expired.) Records queue time,
+  // batch size, compute time and floating-point operations in the metrics.
   void Run(std::vector<std::unique_ptr<Job>> batch);
 
  private:

@@ -1,9 +1,9 @@
-// A validated request on its way to a backend: decoded float32 inputs, output buffers, the
-// kernel parameters pointing into them, and how to answer the caller.
+// A validated request on its way to a backend: views of the request's input bytes, output
+// buffers, the kernel parameters pointing into them, and how to answer the caller.
 //
 // A Job is built from a proto request by request_builder.h (which validates everything a
 // caller controls), computed by an Executor as part of a batch, and answered exactly once
-// through `done`.
+// through its Call (server/call.h).
 #ifndef ATTNSERVE_SERVER_JOB_H_
 #define ATTNSERVE_SERVER_JOB_H_
 
@@ -11,15 +11,19 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "google/protobuf/message.h"
 #include "kernels/attention_params.h"
 #include "kernels/dtype.h"
 #include "kernels/multi_head.h"
+#include "server/call.h"
+#include "server/metrics/metrics.h"
 #include "server/module_registry.h"
 
 namespace attnserve::server {
@@ -39,9 +43,14 @@ struct Job {
   JobKind kind = JobKind::kAttend;
   kernels::DType dtype = kernels::DType::kFloat32;  // of inputs and outputs on the wire
 
-  // Owned buffers; params point into them (and into `module`).
-  std::vector<float> q, k, v;  // decoded inputs (k, v empty for self-attention)
-  std::vector<uint8_t> mask;   // BOOL mask as sent
+  // The request whose tensor bytes the kernel parameters' inputs view, as they came in (no
+  // copy, no conversion: each backend converts where it computes). Set by the service; the
+  // request builders leave it to the caller, whose request must then outlive the job.
+  std::shared_ptr<const google::protobuf::Message> request;
+  int64_t input_bytes = 0;  // of those views
+
+  // Owned buffers; params point into them (and into `request` and `module`).
+  std::vector<uint8_t> mask;  // BOOL mask as sent
   std::vector<int32_t> key_lengths;
   std::vector<float> out;                // dense output
   std::vector<float> weights;            // dense [B, H, Lq, Lk] when asked for
@@ -60,30 +69,26 @@ struct Job {
   int64_t bytes = 0;   // memory the job holds while queued (inputs and outputs)
   double flops = 0;
 
-  absl::Time deadline_at = absl::InfiniteFuture();
-  // Polled before computing: true when the caller went away.
-  std::function<bool()> is_cancelled = [] { return false; };
-
   JobTiming timing;
 
-  // Called exactly once with the outcome; on OK the job's out/weights/timing are final. May run
-  // on any thread; must not block.
-  absl::AnyInvocable<void(Job&, absl::Status)> done;
+  // The request this job computes: its deadline, cancellation, metrics and its one answer.
+  // Set by the service before the job is submitted (request_builder leaves it null).
+  std::unique_ptr<Call> call;
 
   // The batcher's task concept (server/batching/batch_task.h).
-  bool IsCancelled() const { return is_cancelled(); }
-  absl::Time deadline() const { return deadline_at; }
+  bool IsCancelled() const { return call != nullptr && call->IsCancelled(); }
+  absl::Time deadline() const {
+    return call != nullptr ? call->deadline() : absl::InfiniteFuture();
+  }
   int64_t num_tokens() const { return tokens; }
   int64_t num_bytes() const { return bytes; }
+  uint64_t owner() const { return call != nullptr ? call->caller().connection() : 0; }
 
-  // Answers the caller (exactly once; later calls are ignored).
-  void Finish(absl::Status status) {
-    if (finished_.exchange(true)) return;
-    done(*this, std::move(status));
+  // Answers the caller (exactly once; later calls are ignored). On OK the outputs and timing
+  // are final. `drop`: why the job was not computed, from whoever decided it.
+  void Finish(absl::Status status, std::optional<metrics::DropReason> drop = std::nullopt) {
+    if (call != nullptr) call->Finish(std::move(status), this, drop);
   }
-
- private:
-  std::atomic<bool> finished_{false};
 };
 
 }  // namespace attnserve::server

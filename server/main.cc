@@ -1,7 +1,29 @@
 // attnserve: the server binary. Flags configure everything; see --help.
+//
+// Signals. SIGTERM and SIGINT start a drain (ServerHost::Shutdown); the process exits 0 once it
+// is done. A second SIGTERM or SIGINT during the drain cuts it short (ServerHost::EndGracePeriod):
+// queued requests are answered UNAVAILABLE, gRPC waits for open calls 200 ms more at most, and the
+// process exits with status 128 + the signal's number (143 for SIGTERM, 130 for SIGINT) within
+// kForcedExitWait, leaving a batch still computing behind if need be (its callers see the
+// connection close, which gRPC clients report as UNAVAILABLE).
+//
+// The signals are blocked in every thread and taken by the main thread with sigwait: no handler,
+// no async-signal-safety concerns. Blocking them in main() would be too late: a thread inherits
+// its creator's mask, and libopenblas starts its thread pool in its library constructor, which
+// runs before main() and before the executable's own static constructors. So they are blocked
+// from .preinit_array, which the dynamic loader runs before any library constructor. (A thread
+// with the signals unblocked receives them whenever the main thread is not inside sigwait, and
+// the default action kills the process: that is how a second SIGTERM used to kill it at once.)
+#include <netdb.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -10,53 +32,134 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "kernels/safetensors.h"
 #include "server/server_host.h"
 #include "server/version.h"
 
-ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "host:port for gRPC; port 0 picks a free one");
+// The defaults of the flags that set ServerOptions are ServerOptions' own (server_host.h).
+static const attnserve::server::ServerOptions kDefaults;
+
+ABSL_FLAG(std::string, listen, kDefaults.listen_address,
+          "host:port for gRPC; port 0 picks a free one");
 ABSL_FLAG(std::string, metrics_address, "0.0.0.0:9464",
           "host:port serving Prometheus /metrics; empty = no endpoint");
 ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once the server is SERVING");
 ABSL_FLAG(
-    std::string, backend, "auto",
+    std::string, backend, kDefaults.backend,
     "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
-ABSL_FLAG(int, backend_threads, 0, "threads of the CPU backend; 0 = one per core");
-ABSL_FLAG(std::string, cpu_float32_precision, "fp32",
+ABSL_FLAG(int, backend_threads, kDefaults.backend_threads,
+          "threads of the CPU backend; 0 = one per core");
+ABSL_FLAG(std::string, cpu_float32_precision, kDefaults.cpu_float32_precision,
           "CPU backend, FLOAT32 and FLOAT16 requests: fp32 (exact) or bf16 (bfloat16 operands, "
           "float32 accumulation, on CPUs with AVX512_BF16)");
 ABSL_FLAG(std::vector<std::string>, module, {},
           "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");
-ABSL_FLAG(bool, demo_module, true, "register the built-in 'demo' module (d_model 64, 4 heads)");
-ABSL_FLAG(bool, allow_module_rpc, true, "allow LoadModule/UnloadModule over the API");
-ABSL_FLAG(int64_t, max_message_bytes, int64_t{256} << 20, "largest request message, bytes");
-ABSL_FLAG(int64_t, max_tensor_elements, int64_t{64} << 20, "largest tensor, elements");
-ABSL_FLAG(int64_t, max_sequence_length, 65536, "largest Lq or Lk");
-ABSL_FLAG(int64_t, max_module_bytes, int64_t{1} << 30, "largest module weights, bytes");
-ABSL_FLAG(bool, batching, true, "batch requests dynamically; false: compute each alone");
-ABSL_FLAG(int, max_batch_requests, 32, "most requests in one batch");
-ABSL_FLAG(int64_t, max_batch_tokens, 4096, "most tokens (query rows, B*Lq each) in one batch");
-ABSL_FLAG(int64_t, max_queue_delay_us, 0,
+ABSL_FLAG(bool, demo_module, kDefaults.demo_module,
+          "register the built-in 'demo' module (d_model 64, 4 heads)");
+ABSL_FLAG(bool, allow_module_rpc, kDefaults.allow_module_rpc,
+          "allow LoadModule/UnloadModule over the API");
+ABSL_FLAG(int64_t, max_message_bytes, kDefaults.limits.max_message_bytes,
+          "largest request message, bytes");
+ABSL_FLAG(int64_t, max_tensor_elements, kDefaults.limits.max_tensor_elements,
+          "largest tensor, elements");
+ABSL_FLAG(int64_t, max_sequence_length, kDefaults.limits.max_sequence_length, "largest Lq or Lk");
+ABSL_FLAG(int64_t, max_module_bytes, kDefaults.limits.max_module_bytes,
+          "largest module weights, bytes");
+ABSL_FLAG(bool, batching, kDefaults.batching.enabled,
+          "batch requests dynamically; false: compute each alone");
+ABSL_FLAG(int, max_batch_requests, kDefaults.batching.batcher.max_batch_requests,
+          "most requests in one batch");
+ABSL_FLAG(int64_t, max_batch_tokens, kDefaults.batching.batcher.max_batch_tokens,
+          "most tokens (query rows, B*Lq each) in one batch");
+ABSL_FLAG(int64_t, max_queue_delay_us,
+          absl::ToInt64Microseconds(kDefaults.batching.batcher.max_queue_delay),
           "longest a request waits for companions before its batch leaves");
-ABSL_FLAG(int, max_queued_requests, 1024, "requests queued before UNAVAILABLE");
-ABSL_FLAG(int64_t, max_queued_bytes, int64_t{1} << 30,
+ABSL_FLAG(int, max_queued_requests, kDefaults.batching.batcher.max_queued_requests,
+          "requests queued before UNAVAILABLE");
+ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.batching.batcher.max_queued_bytes,
           "bytes of queued requests before UNAVAILABLE");
-ABSL_FLAG(int, batch_threads, 1, "threads computing batches (the backend parallelises inside one)");
-ABSL_FLAG(int64_t, max_stream_in_flight, 256, "most requests of one stream in flight");
+ABSL_FLAG(int, batch_threads, kDefaults.batching.batcher.num_batch_threads,
+          "threads computing batches (the backend parallelises inside one)");
+ABSL_FLAG(int64_t, max_stream_in_flight, kDefaults.limits.max_stream_in_flight,
+          "most requests of one stream in flight");
 ABSL_FLAG(std::string, tls_cert_file, "", "PEM server certificate chain: serve TLS");
 ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
 ABSL_FLAG(std::string, tls_client_ca_file, "",
           "PEM CA: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token every call must carry ('authorization: Bearer <token>')");
-ABSL_FLAG(int64_t, max_connection_age_ms, 0,
+ABSL_FLAG(int64_t, max_connection_age_ms, absl::ToInt64Milliseconds(kDefaults.max_connection_age),
           "close client connections after this long so clients re-resolve and spread over new "
           "replicas (0 = never)");
-ABSL_FLAG(int64_t, shutdown_grace_ms, 10000,
+ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
+          "most calls (HTTP/2 streams) open at once on one connection; 0 = no limit");
+ABSL_FLAG(int64_t, transport_memory_bytes, kDefaults.transport_memory_bytes,
+          "memory gRPC may use for its buffers over all connections (it stops reading sockets "
+          "beyond); 0 = unbounded");
+ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdown_grace),
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 
 namespace {
+
+// SIGTERM, SIGINT and SIGUSR1 (the drain thread's wake-up call to the main thread).
+sigset_t ControlSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGUSR1);
+  return signals;
+}
+
+void BlockControlSignals(int, char**, char**) {
+  const sigset_t signals = ControlSignals();
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+}
+
+// Run by the dynamic loader before any shared library's constructor (see the top of the file).
+__attribute__((section(".preinit_array"),
+               used)) void (*const block_control_signals)(int, char**,
+                                                          char**) = &BlockControlSignals;
+
+// After a second signal, how long the drain may still take (the batch being computed) before the
+// process exits without it.
+constexpr absl::Duration kForcedExitWait = absl::Seconds(1);
+
+// Stops the /metrics endpoint and returns once it has. civetweb's listener thread notices the
+// stop only when its poll() returns, which takes up to 2 s on an idle socket; a connection
+// makes it return, so one is made every few milliseconds until the stop is done.
+void StopMetricsEndpoint(std::unique_ptr<attnserve::metrics::Metrics> metrics,
+                         const std::string& address) {
+  const int port = metrics->listening_port();
+  if (port <= 0) return;  // no endpoint
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* addresses = nullptr;
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints,
+                  &addresses) != 0) {
+    addresses = nullptr;  // cannot poke: the stop takes its time
+  }
+  std::atomic<bool> stopped{false};
+  std::thread poke([&] {
+    while (addresses != nullptr && !stopped.load()) {
+      const int fd = socket(addresses->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        connect(fd, addresses->ai_addr, addresses->ai_addrlen);
+        close(fd);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  metrics.reset();
+  stopped.store(true);
+  poke.join();
+  if (addresses != nullptr) freeaddrinfo(addresses);
+}
 
 int Run() {
   using attnserve::server::ServerOptions;
@@ -81,6 +184,9 @@ int Run() {
   options.batching.batcher.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.batching.batcher.num_batch_threads = absl::GetFlag(FLAGS_batch_threads);
   options.max_connection_age = absl::Milliseconds(absl::GetFlag(FLAGS_max_connection_age_ms));
+  options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
+  options.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
@@ -105,13 +211,11 @@ int Run() {
     options.modules.push_back(*parsed);
   }
 
-  // Block the shutdown signals in every thread (gRPC's start after this), and wait for them
-  // here with sigwait: no async-signal-safety concerns, no self-pipe.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  // Blocked since before main() (see the top); again here in case the loader did not run
+  // .preinit_array (a static or sanitizer-wrapped start), before any thread of ours starts.
+  const sigset_t signals = ControlSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const pthread_t main_thread = pthread_self();
 
   auto backend = attnserve::server::MakeBackend(options.backend, options.backend_threads,
                                                 options.cpu_float32_precision);
@@ -156,13 +260,36 @@ int Run() {
   }
 
   int signal = 0;
-  sigwait(&signals, &signal);
-  const absl::Duration grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  do {
+    sigwait(&signals, &signal);
+  } while (signal == SIGUSR1);
   std::fprintf(stderr, "attnserve: %s received; draining for up to %s\n", strsignal(signal),
-               absl::FormatDuration(grace).c_str());
-  (*host)->Shutdown(grace);
+               absl::FormatDuration(options.shutdown_grace).c_str());
+  absl::Notification drained;
+  std::thread drain([&] {
+    (*host)->Shutdown(options.shutdown_grace);
+    drained.Notify();
+    pthread_kill(main_thread, SIGUSR1);  // wakes the sigwait below
+  });
+  int exit_code = 0;
+  while (!drained.HasBeenNotified()) {
+    sigwait(&signals, &signal);
+    if (signal == SIGUSR1 || drained.HasBeenNotified()) continue;
+    exit_code = 128 + signal;
+    std::fprintf(stderr, "attnserve: %s received again; answering what is queued UNAVAILABLE\n",
+                 strsignal(signal));
+    (*host)->EndGracePeriod();
+    if (!drained.WaitForNotificationWithTimeout(kForcedExitWait)) {
+      std::fprintf(stderr, "attnserve: exiting with a batch still computing\n");
+      std::fflush(nullptr);
+      _exit(exit_code);  // the batch thread still runs: no destructor may run
+    }
+  }
+  drain.join();
+  host->reset();
+  StopMetricsEndpoint(*std::move(metrics), metrics_options.listen_address);
   std::fprintf(stderr, "attnserve: stopped\n");
-  return 0;
+  return exit_code;
 }
 
 }  // namespace

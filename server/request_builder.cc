@@ -1,5 +1,7 @@
 #include "server/request_builder.h"
 
+#include <malloc.h>
+
 #include <cmath>
 #include <limits>
 
@@ -215,25 +217,17 @@ void FillShared(const OptionFields& opts, Job* job, Params* p) {
   p->causal = opts.causal;
   p->key_lengths = opts.key_lengths;
   p->scale = opts.scale;
-  // The inputs are decoded to float32 (Decode), so that is their element type here; the wire
-  // dtype stays in job->dtype and the signature.
-  p->input_dtype = kernels::DType::kFloat32;
+  // The inputs are views of the request's bytes, in the dtype they came in.
+  p->input_dtype = job->dtype;
 }
 
 // The sizes the batcher and the metrics read: tokens (query rows), bytes held while queued
 // (inputs and outputs), floating-point operations.
 void SetSizes(int64_t tokens, double flops, Job* job) {
   job->tokens = tokens;
-  job->bytes = static_cast<int64_t>(sizeof(float)) *
-               static_cast<int64_t>(job->q.size() + job->k.size() + job->v.size() +
-                                    job->out.size() + job->weights.size());
+  job->bytes = job->input_bytes + static_cast<int64_t>(sizeof(float)) *
+                                      static_cast<int64_t>(job->out.size() + job->weights.size());
   job->flops = flops;
-}
-
-std::vector<float> Decode(const v1::Tensor& t, int64_t n) {
-  std::vector<float> out(n);
-  kernels::ToFloat32(WireDType(t.dtype()).value(), t.data().data(), n, out.data());
-  return out;
 }
 
 // The signature: what must be equal for jobs to share a kernel launch.
@@ -291,9 +285,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& req
   auto opts = BuildOptions(request.options(), b, hq, lq, lk, d, limits, job.get());
   if (!opts.ok()) return opts.status();
 
-  job->q = Decode(q, *nq);
-  job->k = Decode(k, *nk);
-  job->v = Decode(v, *nv);
+  job->input_bytes = static_cast<int64_t>(q.data().size() + k.data().size() + v.data().size());
   job->out.resize(n_out);
   job->out_shape = {b, hq, lq, dv};
 
@@ -305,9 +297,9 @@ absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& req
   p.kv_len = static_cast<int>(lk);
   p.head_dim = static_cast<int>(d);
   p.v_head_dim = static_cast<int>(dv);
-  p.q = {job->q.data(), hq * lq * d, lq * d, d};
-  p.k = {job->k.data(), hkv * lk * d, lk * d, d};
-  p.v = {job->v.data(), hkv * lk * dv, lk * dv, dv};
+  p.q = {q.data().data(), hq * lq * d, lq * d, d};
+  p.k = {k.data().data(), hkv * lk * d, lk * d, d};
+  p.v = {v.data().data(), hkv * lk * dv, lk * dv, dv};
   p.out = {job->out.data(), hq * lq * dv, lq * dv, dv};
   FillShared(*opts, job.get(), &p);
   SetSizes(b * lq, kernels::AttentionFlops(p), job.get());
@@ -366,11 +358,8 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
   auto opts = BuildOptions(request.options(), b, h, lq, lk, w.head_dim(), limits, job.get());
   if (!opts.ok()) return opts.status();
 
-  job->q = Decode(q, *nq);
-  if (!self_attention) {
-    job->k = Decode(k, nk);
-    job->v = Decode(v, nk);
-  }
+  job->input_bytes = static_cast<int64_t>(q.data().size() +
+                                          (self_attention ? 0 : k.data().size() + v.data().size()));
   job->out.resize(*nq);
   job->out_shape = {b, lq, dm};
 
@@ -379,9 +368,9 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
   p.batch = static_cast<int>(b);
   p.q_len = static_cast<int>(lq);
   p.kv_len = static_cast<int>(lk);
-  p.query = job->q.data();
-  p.key = self_attention ? job->q.data() : job->k.data();
-  p.value = self_attention ? job->q.data() : job->v.data();
+  p.query = q.data().data();
+  p.key = k.data().data();  // the query's bytes for self-attention
+  p.value = v.data().data();
   p.self_attention = self_attention;
   p.out = job->out.data();
   FillShared(*opts, job.get(), &p);
@@ -398,6 +387,19 @@ void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
   std::string* data = out->mutable_data();
   data->resize(values.size() * kernels::DTypeSize(dtype));
   kernels::FromFloat32(dtype, values.data(), values.size(), data->data());
+}
+
+void ReleaseBuffers(Job* job) {
+  for (std::vector<float>* v : {&job->out, &job->weights}) std::vector<float>().swap(*v);
+  job->request.reset();
+}
+
+void ReturnLargeBlocksToTheSystem() {
+  static const bool done = [] {
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+    return true;
+  }();
+  (void)done;
 }
 
 void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out) {

@@ -17,6 +17,8 @@
 
 namespace attnserve::server {
 
+// The job's inputs are views of `request`'s tensor bytes (in their wire dtype): the request must
+// outlive the job (the service keeps it in Job::request).
 absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& request,
                                                     const Limits& limits);
 
@@ -39,6 +41,15 @@ void WriteOutputs(const Job& job, Response* response) {
   }
 }
 void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out);
+
+// Frees a job's request and outputs (once they are written into a response), so that a response
+// being encoded does not hold its data twice over.
+void ReleaseBuffers(Job* job);
+
+// Makes the allocator hand large blocks (1 MiB and up) back to the system when they are freed:
+// glibc otherwise raises its mmap threshold after the first large free (up to 32 MiB), after
+// which large tensors come from heaps that keep their pages. Process-wide; idempotent.
+void ReturnLargeBlocksToTheSystem();
 
 }  // namespace attnserve::server
 

@@ -1,22 +1,70 @@
 #include "server/server_host.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <limits>
-#include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpc/support/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "kernels/reference.h"
 #include "kernels/safetensors.h"
 #include "server/backend_factory.h"
 #include "server/version.h"
 
 namespace attnserve::server {
+
+// The AttentionService calls gRPC has open: from the moment a call reaches its handler until gRPC
+// destroys it, after its status has been sent. Counted by an interceptor (below), which sees
+// every call of the service whatever its handler does, so Shutdown() knows when every answer is
+// out without trusting each handler to report it.
+class OpenCalls {
+ public:
+  void Opened() {
+    batching::MutexLock lock(&mu_);
+    ++open_;
+  }
+  void Closed() {
+    bool none;
+    {
+      batching::MutexLock lock(&mu_);
+      none = --open_ == 0;
+    }
+    if (none) changed_.NotifyAll();
+  }
+  // Makes WaitUntilNone() return by `deadline` at the latest, also when it is waiting already.
+  void WaitNoLongerThan(absl::Time deadline) {
+    {
+      batching::MutexLock lock(&mu_);
+      latest_ = std::min(latest_, deadline);
+    }
+    changed_.NotifyAll();
+  }
+  // Waits until no call is open or `deadline` passes (see WaitNoLongerThan); returns how many
+  // calls are still open.
+  int64_t WaitUntilNone(absl::Time deadline) {
+    batching::MutexLock lock(&mu_);
+    while (open_ > 0 && absl::Now() < std::min(deadline, latest_)) {
+      changed_.WaitWithDeadline(&mu_, std::min(deadline, latest_));
+    }
+    return open_;
+  }
+
+ private:
+  batching::Mutex mu_;
+  int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  batching::CondVar changed_;
+};
 
 absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
   const size_t eq = spec.find('=');
@@ -43,6 +91,36 @@ absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
 }
 
 namespace {
+
+// One per call of the service: counts it open for its lifetime, and otherwise lets every step
+// of the call proceed untouched.
+class CallCountingInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit CallCountingInterceptor(std::shared_ptr<OpenCalls> calls) : calls_(std::move(calls)) {
+    calls_->Opened();
+  }
+  ~CallCountingInterceptor() override { calls_->Closed(); }
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    methods->Proceed();
+  }
+
+ private:
+  const std::shared_ptr<OpenCalls> calls_;
+};
+
+class CallCountingFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
+ public:
+  explicit CallCountingFactory(std::shared_ptr<OpenCalls> calls) : calls_(std::move(calls)) {}
+  grpc::experimental::Interceptor* CreateServerInterceptor(
+      grpc::experimental::ServerRpcInfo* info) override {
+    // Health checks and reflection are not counted: a health Watch never ends by itself.
+    if (!absl::StartsWith(info->method(), "/attnserve.v1.AttentionService/")) return nullptr;
+    return new CallCountingInterceptor(calls_);
+  }
+
+ private:
+  const std::shared_ptr<OpenCalls> calls_;
+};
 
 // Runs one tiny request through the backend so the first caller does not pay for lazy
 // initialisation (thread pools, device contexts).
@@ -176,7 +254,19 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
+  if (options.max_concurrent_streams > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
+  }
+  if (options.transport_memory_bytes > 0) {
+    grpc::ResourceQuota quota("attnserve");
+    quota.Resize(static_cast<size_t>(options.transport_memory_bytes));
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(host->service_.get());
+  host->open_calls_ = std::make_shared<OpenCalls>();
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<CallCountingFactory>(host->open_calls_));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   host->server_ = builder.BuildAndStart();
   if (host->server_ == nullptr || host->port_ == 0) {
     return absl::UnavailableError(
@@ -196,15 +286,41 @@ void ServerHost::Shutdown(absl::Duration grace) {
     if (dispatcher_ != nullptr) dispatcher_->Shutdown(absl::ZeroDuration());
     return;
   }
+  const absl::Time grace_end = absl::Now() + grace;
   server_->GetHealthCheckService()->SetServingStatus(false);
-  // gRPC stops accepting calls and waits for those in flight; meanwhile the dispatcher finishes
-  // its queue (or answers it UNAVAILABLE when the grace period ends), which lets them complete.
-  const auto deadline =
-      std::chrono::system_clock::now() + absl::ToChronoMilliseconds(grace + absl::Seconds(1));
-  std::thread grpc_shutdown([this, deadline] { server_->Shutdown(deadline); });
+  // gRPC goes on accepting calls while the queue drains: the dispatcher refuses new requests
+  // UNAVAILABLE from now on, with a message that says why. (gRPC's own shutdown would cancel some
+  // of the calls that reach it in the meantime, and standard retry policies do not retry
+  // CANCELLED.)
   dispatcher_->Shutdown(grace);
-  grpc_shutdown.join();
+  // Every queued request has been answered. gRPC stops accepting calls now (a caller then gets
+  // UNAVAILABLE from its own channel) and lets the open ones finish. Once no AttentionService
+  // call is open, what is left can only be health Watch streams, streams their callers hold open
+  // and idle connections, which would hold a plain Server::Shutdown until its deadline:
+  // cancelling them closes the connections at once. A second of slack after the grace period
+  // for answers of the last batch still being written. (The C core is called directly because
+  // Server::Shutdown has no step between "stop accepting" and "cancel at the deadline"; it
+  // repeats the first idempotently.)
+  grpc_completion_queue* shutdown_cq = grpc_completion_queue_create_for_next(nullptr);
+  grpc_server_shutdown_and_notify(server_->c_server(), shutdown_cq, nullptr);
+  open_calls_->WaitUntilNone(std::max(grace_end, absl::Now()) + absl::Seconds(1));
+  grpc_server_cancel_all_calls(server_->c_server());
+  server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
+  // Shut down, the server has notified the queue: take that event and the queue's own end.
+  grpc_completion_queue_shutdown(shutdown_cq);
+  while (
+      grpc_completion_queue_next(shutdown_cq, gpr_inf_future(GPR_CLOCK_MONOTONIC), nullptr).type !=
+      GRPC_QUEUE_SHUTDOWN) {
+  }
+  grpc_completion_queue_destroy(shutdown_cq);
+}
+
+void ServerHost::EndGracePeriod() {
+  if (dispatcher_ != nullptr) dispatcher_->EndGracePeriod();
+  // The answers just given are written within milliseconds; a call still open after that
+  // (held open by its caller, or in a batch that is still computing) is cancelled.
+  if (open_calls_ != nullptr) open_calls_->WaitNoLongerThan(absl::Now() + absl::Milliseconds(200));
 }
 
 ServerHost::~ServerHost() { Shutdown(absl::ZeroDuration()); }

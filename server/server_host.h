@@ -51,7 +51,13 @@ struct ServerOptions {
   // requests always are). Reported in GetServerInfo.float32_precision.
   std::string cpu_float32_precision = "fp32";
   Limits limits;
-  BatchingOptions batching;
+  // The batcher's defaults, except that a batch waits for no companions: max_queue_delay 0
+  // (measured in tests/bench/BATCHING.md).
+  BatchingOptions batching = [] {
+    BatchingOptions batching;
+    batching.batcher.max_queue_delay = absl::ZeroDuration();
+    return batching;
+  }();
   bool allow_module_rpc = true;
   TlsOptions tls;
   // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>".
@@ -59,10 +65,25 @@ struct ServerOptions {
   // Closes client connections after this long (plus a grace for calls in flight), so that clients
   // re-resolve DNS and spread over replicas added since. Zero: never.
   absl::Duration max_connection_age = absl::ZeroDuration();
+  // On SIGTERM/SIGINT, how long queued work may take before what is left is answered
+  // UNAVAILABLE (main's drain; ServerHost::Shutdown takes it as an argument).
+  absl::Duration shutdown_grace = absl::Seconds(10);
+  // Transport admission: what gRPC accepts before a call costs the server anything.
+  // Most calls (HTTP/2 streams) open at once on one connection; a client's further calls wait
+  // on its side (and expire there) instead of piling up in the server. 0: gRPC's default (no
+  // limit). Default: 1024.
+  int max_concurrent_streams = 1024;
+  // Memory gRPC may use for its buffers across all connections (grpc::ResourceQuota): under
+  // pressure it stops reading from sockets. 0: unbounded. REQUIRES: 0 or above
+  // limits.max_message_bytes. Default: 0.
+  int64_t transport_memory_bytes = 0;
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
 };
+
+// Counts the AttentionService calls gRPC has open (server_host.cc).
+class OpenCalls;
 
 // Thread-safe: Shutdown may be called from any thread, once or more.
 class ServerHost {
@@ -84,9 +105,20 @@ class ServerHost {
   ModuleRegistry& modules() { return modules_; }
   kernels::Backend& backend() { return *backend_; }
 
-  // Reports NOT_SERVING, stops accepting calls, finishes queued work for up to `grace`, answers
-  // the rest UNAVAILABLE, and returns when every call has been answered.
+  // The drain. Reports NOT_SERVING on grpc.health.v1; from then on the service answers new
+  // Attend/MultiHeadAttention requests UNAVAILABLE (gRPC keeps accepting calls while queued work
+  // finishes, so a late caller gets a code retry policies retry, not CANCELLED); computes what is
+  // queued for up to `grace` and answers the rest UNAVAILABLE; waits until no AttentionService
+  // call is open (at most until `grace` + 1 s, for answers still being written); then stops
+  // gRPC, which cancels what is left (health Watch streams, streams held open by their callers)
+  // and closes the connections. Returns when all of that is done: at once when idle.
   void Shutdown(absl::Duration grace);
+
+  // Cuts a Shutdown() running on another thread short (a second SIGTERM): what is still queued
+  // is answered UNAVAILABLE now, and gRPC waits for open calls no more than 200 ms longer;
+  // Shutdown() returns once the batch being computed, if any, is done too. May precede
+  // Shutdown() (which then drains nothing). Never blocks.
+  void EndGracePeriod();
 
  private:
   ServerHost() = default;
@@ -97,6 +129,7 @@ class ServerHost {
   std::unique_ptr<Executor> executor_;
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<AttentionService> service_;
+  std::shared_ptr<OpenCalls> open_calls_;  // shared with gRPC's interceptor factory
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   batching::Mutex shutdown_mu_;

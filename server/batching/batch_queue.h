@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -48,9 +49,22 @@ struct QueuedTask {
   int64_t bytes = 0;
   absl::Time deadline = absl::InfiniteFuture();
   absl::Time enqueued;
+  uint64_t owner = 0;  // Task::owner() when the task has one (batch_task.h); else 0
 };
 
-enum class DropReason { kExpired, kCancelled };
+// Why a task is not computed: refused by Schedule() (the caller keeps it), or rejected after it
+// was queued (it goes to reject). Travels with the task from where the decision is made.
+enum class DropReason {
+  kExpired,     // DEADLINE_EXCEEDED: the deadline passed (before or while queued)
+  kCancelled,   // CANCELLED: the caller went away (before or while queued)
+  kQueueFull,   // UNAVAILABLE: max_queued_requests reached
+  kQueueBytes,  // UNAVAILABLE: max_queued_bytes reached
+  kTooLarge,    // RESOURCE_EXHAUSTED: the task alone is over max_queued_bytes
+  kShutdown,    // UNAVAILABLE: Shutdown() had started, or its grace period ended
+  kInvalid,     // INVALID_ARGUMENT: null task, negative size
+  kUnmeetable,  // DEADLINE_EXCEEDED: the queue ahead would outlast the deadline
+  kFairShare,   // UNAVAILABLE: shed from a full queue for a task of a lighter owner
+};
 
 template <BatchTask Task>
 struct DroppedTask {
@@ -120,6 +134,25 @@ class BatchQueue {
       }
     }
     tasks_.erase(kept, tasks_.end());
+  }
+
+  // The newest task of `owner`: its enqueue time, or nullopt when it has none here.
+  std::optional<absl::Time> NewestOf(uint64_t owner) const {
+    for (auto it = tasks_.rbegin(); it != tasks_.rend(); ++it) {
+      if (it->owner == owner) return it->enqueued;
+    }
+    return std::nullopt;
+  }
+
+  // Removes and returns the newest task of `owner`. REQUIRES: NewestOf(owner).has_value().
+  QueuedTask<Task> TakeNewestOf(uint64_t owner) {
+    auto it = tasks_.end();
+    do {
+      --it;
+    } while (it->owner != owner);
+    QueuedTask<Task> taken = std::move(*it);
+    tasks_.erase(it);
+    return taken;
   }
 
   // Moves every task into `out` (appended).

@@ -18,21 +18,31 @@
 //                         quota, or the entire file system is out of space") reads as a limit
 //                         the caller has hit, which a retry does not change; false here.
 //     RESOURCE_EXHAUSTED  the task alone is larger than max_queued_bytes: no retry can pass.
-//     DEADLINE_EXCEEDED   the task's deadline had already passed.
+//     DEADLINE_EXCEEDED   the task's deadline had already passed, or the queue ahead of it
+//                         would outlast it: the cost model's Estimate(queued tokens + its own)
+//                         divided by num_batch_threads reaches past the deadline. Refusing at
+//                         arrival answers at once what would otherwise expire in the queue,
+//                         after holding a place there that a task able to finish could use.
 //     CANCELLED           the task was already cancelled.
 //     INVALID_ARGUMENT    a null task, or negative num_tokens() / num_bytes().
+//   The optional `why` says which (DropReason, batch_queue.h), so that counters need not parse
+//   codes. A full queue first tries to make room by fair share (batch_policy.h): the newest task
+//   of the heaviest owner is then rejected (UNAVAILABLE, DropReason::kFairShare) and the new
+//   task admitted.
 //
 //   Every task the batcher takes goes to exactly one of the two callbacks, exactly once:
 //     process_batch(key, batch)  a non-empty batch, all of `key`, at most max_batch_requests
 //                                tasks and (unless it is one task) at most max_batch_tokens
 //                                tokens, in arrival order. Runs on a batch thread. It answers
 //                                every task of the batch, also when the backend fails.
-//     reject(task, status)       a task that will not be computed: DEADLINE_EXCEEDED (its
+//     reject(task, status, why)  a task that will not be computed: DEADLINE_EXCEEDED (its
 //                                deadline passed while queued), CANCELLED (cancelled while
 //                                queued), UNAVAILABLE (still queued when Shutdown()'s grace
-//                                period ended). Runs on a batch thread, or on the thread that
-//                                called NotifyCancelled(), Shutdown() or the destructor; never
-//                                inside Schedule().
+//                                period ended, or shed for fair share). Runs on a batch thread,
+//                                or on the thread that called NotifyCancelled(), Shutdown() or
+//                                the destructor; and inside Schedule() for a task of another
+//                                owner shed to make room (after the lock is released), so
+//                                Schedule() must not be called holding a lock that reject takes.
 //   Callbacks may run concurrently with each other. They may call Schedule(),
 //   stats(); they must not call NotifyCancelled(), Shutdown() or destroy the batcher.
 //
@@ -53,6 +63,8 @@
 //   with UNAVAILABLE; the batch threads are joined. Returns when all of that is done, which is
 //   after the grace period when a process_batch call runs longer than it. The destructor calls
 //   Shutdown(absl::ZeroDuration()); call Shutdown() first for a graceful drain.
+//   EndGracePeriod() ends the grace period now, from another thread, also before or during
+//   Shutdown(): a drain cut short (attnserve's second SIGTERM).
 //
 // Thread-safety: thread-safe. Every method may be called from any thread, except as the
 // callbacks section says.
@@ -92,7 +104,8 @@ class Batcher {
  public:
   using Batch = std::vector<std::unique_ptr<Task>>;
   using ProcessBatchFn = std::function<void(const Key& key, Batch batch)>;
-  using RejectFn = std::function<void(std::unique_ptr<Task> task, absl::Status status)>;
+  using RejectFn =
+      std::function<void(std::unique_ptr<Task> task, absl::Status status, DropReason why)>;
 
   // Validates `options` (batcher_options.h) and starts options.num_batch_threads threads.
   // INVALID_ARGUMENT names the bad option and its value, or a missing callback.
@@ -113,44 +126,89 @@ class Batcher {
 
   ~Batcher() { Shutdown(absl::ZeroDuration()); }
 
-  // See the contract above.
-  absl::Status Schedule(const Key& key, std::unique_ptr<Task>* task) ABSL_LOCKS_EXCLUDED(mu_) {
+  // See the contract above. When it refuses, `*why` (if not null) says why.
+  absl::Status Schedule(const Key& key, std::unique_ptr<Task>* task, DropReason* why = nullptr)
+      ABSL_LOCKS_EXCLUDED(mu_) {
+    DropReason ignored = DropReason::kInvalid;
+    if (why == nullptr) why = &ignored;
+    *why = DropReason::kInvalid;
     if (task == nullptr || *task == nullptr) {
-      return Refuse(kInvalid, "Schedule needs a task; got null");
+      return Refuse(kInvalid, "Schedule needs a task; got null", why);
     }
     const Task& t = **task;
     QueuedTask<Task> queued{nullptr, static_cast<int64_t>(t.num_tokens()),
                             static_cast<int64_t>(t.num_bytes()), t.deadline(), absl::Time()};
+    if constexpr (requires { t.owner(); }) queued.owner = static_cast<uint64_t>(t.owner());
     if (queued.tokens < 0) {
-      return Refuse(kInvalid, absl::StrCat("task num_tokens() must be >= 0; was ", queued.tokens));
+      return Refuse(kInvalid, absl::StrCat("task num_tokens() must be >= 0; was ", queued.tokens),
+                    why);
     }
     if (queued.bytes < 0) {
-      return Refuse(kInvalid, absl::StrCat("task num_bytes() must be >= 0; was ", queued.bytes));
+      return Refuse(kInvalid, absl::StrCat("task num_bytes() must be >= 0; was ", queued.bytes),
+                    why);
     }
-    if (t.IsCancelled()) return Refuse(kCancelled, "the call was cancelled before it was queued");
+    if (t.IsCancelled()) {
+      return Refuse(kCancelled, "the call was cancelled before it was queued", why);
+    }
     Admission admission;
-    int64_t queued_requests = 0, queued_bytes = 0;
+    int64_t queued_requests = 0, queued_bytes = 0, queued_tokens = 0;
+    absl::Duration needed;
+    std::optional<QueuedTask<Task>> shed;
     {
       MutexLock lock(&mu_);
       if (draining_) {
         ++stats_.refused_shutdown;
+        *why = DropReason::kShutdown;
         return absl::UnavailableError("the server is shutting down; retry on another replica");
       }
       queued.enqueued = clock_->Now();
       if (queued.deadline <= queued.enqueued) {
         ++stats_.refused_expired;
+        *why = DropReason::kExpired;
         return absl::DeadlineExceededError("the deadline passed before the request was queued");
       }
-      admission = policy_.CanAdmit(queued.bytes);
+      // Refused at arrival rather than left to expire in the queue: the queue ahead, at the
+      // measured cost per token, would outlast the deadline.
+      if (queued.deadline != absl::InfiniteFuture()) {
+        needed = cost_model_->Estimate(policy_.queued_tokens() + queued.tokens) / num_threads_;
+        if (queued.enqueued + needed > queued.deadline) {
+          ++stats_.refused_unmeetable;
+          *why = DropReason::kUnmeetable;
+          queued_requests = policy_.queued_requests();
+          queued_tokens = policy_.queued_tokens();
+        }
+      }
+      admission =
+          *why == DropReason::kUnmeetable ? Admission::kUnmeetable : policy_.CanAdmit(queued.bytes);
+      if (admission == Admission::kQueueFull) {
+        QueuedTask<Task> victim;
+        if (policy_.ShedFor(queued.owner, &victim)) {
+          ++stats_.shed;
+          shed = std::move(victim);
+          admission = policy_.CanAdmit(queued.bytes);
+        }
+      }
       if (admission == Admission::kOk) {
         queued.task = std::move(*task);
         policy_.Add(key, std::move(queued));
         ++stats_.scheduled;
       } else {
-        (admission == Admission::kQueueFull ? stats_.refused_queue_full : stats_.refused_bytes)++;
+        if (admission == Admission::kQueueFull) {
+          ++stats_.refused_queue_full;
+        } else if (admission != Admission::kUnmeetable) {
+          ++stats_.refused_bytes;
+        }
         queued_requests = policy_.queued_requests();
         queued_bytes = policy_.queued_bytes();
       }
+    }
+    if (shed.has_value()) {
+      // Outside the lock. The shed task belongs to another owner than the caller's.
+      reject_(std::move(shed->task),
+              absl::UnavailableError(
+                  "the batch queue is full and shared fairly between connections; this "
+                  "connection held more than its share; retry with backoff"),
+              DropReason::kFairShare);
     }
     if (admission == Admission::kOk) {
       // One idle batch thread recomputes when the head batch is due. Notified after the lock is
@@ -163,14 +221,22 @@ class Batcher {
     // when the lock is most contended.
     switch (admission) {
       case Admission::kQueueFull:
+        *why = DropReason::kQueueFull;
         return absl::UnavailableError(absl::StrCat("batch queue full: ", queued_requests,
                                                    " requests queued (max_queued_requests ",
                                                    max_queued_requests_, "); retry with backoff"));
       case Admission::kOverByteBudget:
+        *why = DropReason::kQueueBytes;
         return absl::UnavailableError(absl::StrCat(
             "batch queue memory over budget: ", queued_bytes, " bytes queued + ", queued.bytes,
             " > max_queued_bytes ", max_queued_bytes_, "; retry with backoff"));
+      case Admission::kUnmeetable:
+        return absl::DeadlineExceededError(
+            absl::StrCat("the queue ahead (", queued_requests, " requests, ", queued_tokens,
+                         " tokens) needs about ", absl::FormatDuration(needed),
+                         ", longer than the deadline allows; refused without queueing"));
       default:
+        *why = DropReason::kTooLarge;
         return absl::ResourceExhaustedError(absl::StrCat(
             "the request needs ", queued.bytes,
             " bytes of queue memory, more than max_queued_bytes (", max_queued_bytes_, ") allows"));
@@ -193,7 +259,8 @@ class Batcher {
     if (drained && !dropped.empty()) drained_cv_.NotifyAll();
     for (DroppedTask<Task>& d : dropped) {
       reject_(std::move(d.queued.task),
-              absl::CancelledError("the call was cancelled while the request was queued"));
+              absl::CancelledError("the call was cancelled while the request was queued"),
+              DropReason::kCancelled);
     }
   }
 
@@ -214,7 +281,7 @@ class Batcher {
         // below releases it, so with a zero grace period no batch leaves after Shutdown().
         work_cv_.NotifyAll();
       }
-      while (!policy_.empty() && clock_->Now() < grace_end) {
+      while (!policy_.empty() && !grace_ended_ && clock_->Now() < grace_end) {
         clock_->WaitUntil(&mu_, &drained_cv_, grace_end);
       }
       stopping_ = true;
@@ -224,10 +291,20 @@ class Batcher {
     work_cv_.NotifyAll();  // idle threads exit
     for (QueuedTask<Task>& t : leftovers) {
       reject_(std::move(t.task),
-              absl::UnavailableError("the server shut down before computing the request"));
+              absl::UnavailableError("the server shut down before computing the request"),
+              DropReason::kShutdown);
     }
     for (std::thread& thread : threads_) thread.join();
     threads_.clear();
+  }
+
+  // See the contract above. Never blocks.
+  void EndGracePeriod() ABSL_LOCKS_EXCLUDED(mu_) {
+    {
+      MutexLock lock(&mu_);
+      grace_ended_ = true;
+    }
+    drained_cv_.NotifyAll();
   }
 
   // A snapshot of the counters and gauges.
@@ -252,6 +329,7 @@ class Batcher {
         reject_(std::move(reject)),
         max_queued_requests_(options.max_queued_requests),
         max_queued_bytes_(options.max_queued_bytes),
+        num_threads_(options.num_batch_threads),
         policy_(BatchLimits{options.max_batch_requests, options.max_batch_tokens,
                             options.max_queue_delay},
                 options.max_queued_requests, options.max_queued_bytes) {}
@@ -261,13 +339,16 @@ class Batcher {
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(); });
   }
 
-  absl::Status Refuse(RefusalKind kind, absl::string_view message) ABSL_LOCKS_EXCLUDED(mu_) {
+  absl::Status Refuse(RefusalKind kind, absl::string_view message, DropReason* why)
+      ABSL_LOCKS_EXCLUDED(mu_) {
     MutexLock lock(&mu_);
     if (kind == kInvalid) {
       ++stats_.refused_invalid;
+      *why = DropReason::kInvalid;
       return absl::InvalidArgumentError(message);
     }
     ++stats_.refused_cancelled;
+    *why = DropReason::kCancelled;
     return absl::CancelledError(message);
   }
 
@@ -308,7 +389,8 @@ class Batcher {
             std::move(d.queued.task),
             d.reason == DropReason::kExpired
                 ? absl::DeadlineExceededError("the deadline passed while the request was queued")
-                : absl::CancelledError("the call was cancelled while the request was queued"));
+                : absl::CancelledError("the call was cancelled while the request was queued"),
+            d.reason);
       }
       dropped.clear();
       int64_t tokens = 0;
@@ -339,6 +421,7 @@ class Batcher {
   const RejectFn reject_;
   const int64_t max_queued_requests_;
   const int64_t max_queued_bytes_;
+  const int num_threads_;
 
   // Taken first when both are held: Shutdown() holds it throughout, mu_ inside.
   Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);
@@ -350,6 +433,8 @@ class Batcher {
   BatcherStats stats_ ABSL_GUARDED_BY(mu_);
   // Shutdown() has started: refuse new tasks, send queued batches at once.
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // EndGracePeriod() was called: Shutdown() stops waiting for the queues to empty.
+  bool grace_ended_ ABSL_GUARDED_BY(mu_) = false;
   // The grace period is over: batch threads exit after their current batch.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   // Batch threads wait on work_cv_ (work queued, cancellations, shutdown); Shutdown() waits on

@@ -74,7 +74,7 @@ absl::Status ValidateBatcherOptions(const BatcherOptions& options);
 // Counters since the batcher was created, and the queue's gauges at the time of the snapshot.
 // Every task given to Schedule() is counted exactly once: in one refused_* counter (the caller
 // kept it) or in `scheduled`; and every scheduled task, once handed over, in exactly one of
-// processed, expired, cancelled or shut_down (or it is still queued or on its way to a
+// processed, expired, cancelled, shut_down or shed (or it is still queued or on its way to a
 // callback). Metrics names for these should be in base units (…_total, …_bytes).
 struct BatcherStats {
   // Schedule() outcomes.
@@ -85,6 +85,7 @@ struct BatcherStats {
   int64_t refused_expired = 0;     // DEADLINE_EXCEEDED: the deadline had passed already.
   int64_t refused_cancelled = 0;   // CANCELLED: the task was cancelled already.
   int64_t refused_invalid = 0;     // INVALID_ARGUMENT: null task, negative size.
+  int64_t refused_unmeetable = 0;  // DEADLINE_EXCEEDED: the queue ahead outlasts the deadline.
 
   // What became of scheduled tasks.
   int64_t batches = 0;    // process_batch calls.
@@ -92,6 +93,7 @@ struct BatcherStats {
   int64_t expired = 0;    // reject(DEADLINE_EXCEEDED): deadline passed while queued.
   int64_t cancelled = 0;  // reject(CANCELLED): cancelled while queued.
   int64_t shut_down = 0;  // reject(UNAVAILABLE): still queued when the grace period ended.
+  int64_t shed = 0;       // reject(UNAVAILABLE): shed from a full queue for a lighter owner.
 
   // Gauges.
   int64_t queued_requests = 0;

@@ -21,7 +21,8 @@ namespace attnserve::metrics {
 namespace {
 
 constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
-    "Attend", "MultiHeadAttention", "LoadModule", "UnloadModule", "ListModules", "GetServerInfo",
+    "Attend",      "MultiHeadAttention", "LoadModule",      "UnloadModule",
+    "ListModules", "GetServerInfo",      "AttentionStream",
 };
 constexpr std::array<std::string_view, kNumCodes> kCodeNames = {
     "OK",
@@ -44,7 +45,8 @@ constexpr std::array<std::string_view, kNumCodes> kCodeNames = {
 };
 constexpr int kUnknownCode = 2;
 constexpr std::array<std::string_view, kNumDropReasons> kDropReasonNames = {
-    "queue_full", "queue_bytes", "deadline", "cancelled", "shutdown",
+    "queue_full", "queue_bytes", "deadline",   "cancelled",
+    "shutdown",   "unmeetable",  "fair_share", "late",
 };
 
 std::vector<double> PowersOf2(double first, int count) {

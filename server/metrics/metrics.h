@@ -23,7 +23,8 @@
 //   attnserve_request_duration_seconds   histogram {rpc}        server time per request
 //   attnserve_requests_total             counter   {rpc, code}  finished requests
 //   attnserve_requests_in_flight         gauge                  requests inside a handler
-//   attnserve_requests_dropped_total     counter   {reason}     rejected / expired / cancelled
+//   attnserve_requests_dropped_total     counter   {reason}     rejected / expired / cancelled /
+//                                                                 shed / answered too late
 //   attnserve_queued_requests            gauge                  requests waiting in the batcher
 //   attnserve_queued_bytes               gauge                  their tensor bytes
 //   attnserve_queue_duration_seconds     histogram              time from enqueue to dequeue
@@ -87,8 +88,12 @@ enum class Rpc : int {
   kUnloadModule,
   kListModules,
   kGetServerInfo,
+  // AttentionStream messages that are neither request kind: unparseable bytes, or an item with
+  // neither `attend` nor `multi_head_attention` set. Stream items that are Attend or
+  // MultiHeadAttention requests count under those rpcs.
+  kAttentionStream,
 };
-inline constexpr int kNumRpcs = 6;
+inline constexpr int kNumRpcs = 7;
 std::string_view RpcName(Rpc rpc);
 
 // Canonical name of a gRPC / absl status code ("OK", "INVALID_ARGUMENT"); codes outside 0..16
@@ -104,8 +109,11 @@ enum class DropReason : int {
   kDeadline,    // "deadline": expired in the queue before it could be computed
   kCancelled,   // "cancelled": the client cancelled it while it waited
   kShutdown,    // "shutdown": refused or abandoned because the server is stopping
+  kUnmeetable,  // "unmeetable": refused at arrival, the queue ahead outlasts its deadline
+  kFairShare,   // "fair_share": shed from a full queue to make room for another connection
+  kLate,        // "late": computed, but its caller had gone (deadline passed or cancelled)
 };
-inline constexpr int kNumDropReasons = 5;
+inline constexpr int kNumDropReasons = 8;
 std::string_view DropReasonName(DropReason reason);
 
 // Bucket upper bounds, in seconds, of the three duration histograms: 25 us * 2^k for

@@ -339,6 +339,8 @@ void BM_OneDnnBf16(benchmark::State& state) {
   Args({4, 128, 512, 8})->Args({4, 1024, 512, 8})->Args({1, 4096, 512, 8})->Args({1, 4096, 1024, 8})
 BENCHMARK(BM_MultiHead)
     ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
+    ->Args({1, 128, 512, 8})  // serving_comparison.sh's large request, alone
+    ->Args({8, 128, 512, 8})  // and as a batch of 8
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime();

@@ -5,9 +5,15 @@
 #     small and large requests: throughput and p99 of each and their ratio.
 #  2. attnserve vs attnserve-bench-echo (same gRPC stack, answers with the query, computes
 #     nothing) on tiny requests: what serving itself costs, as a throughput ratio.
+#  3. attnserve's GFLOP/s on the large requests (mha d_model 512, L=128) vs the CPU backend's own
+#     speed on the same shape called directly (cpu_backend_bench BM_MultiHead, alone and as
+#     batches of 4 and 8; the server's mean batch is printed), same thread count, run before the
+#     servers start: what serving costs on real work. Skipped when
+#     BUILD_DIR/tests/bench/cpu_backend_bench is not built (ATTNSERVE_BUILD_BENCHMARKS=ON).
 #
 #   tests/bench/serving_comparison.sh [BUILD_DIR]      (default: build)
-# Environment: THREADS (compute threads for both servers, default 2), DURATION_S (per run,
+# Environment: SERVER (the attnserve binary, default BUILD_DIR/server/attnserve), THREADS
+# (compute threads for both servers, default 2), DURATION_S (per run,
 # default 10), CONCURRENCY (closed-loop callers, default 8), SEEDS (seed-vector directory).
 # Installs python3-torch with apt when /usr/bin/python3 cannot import torch. Not run by CI.
 set -euo pipefail
@@ -19,7 +25,7 @@ concurrency=${CONCURRENCY:-8}
 seeds=${SEEDS:-$root/tests/data/seed-vectors}
 bench=$build/client/bench/attnserve-bench
 echo_server=$build/client/bench/attnserve-bench-echo
-server=$build/server/attnserve
+server=${SERVER:-$build/server/attnserve}
 stubs=$build/python/attnserve_pb
 for f in "$bench" "$echo_server" "$server" "$stubs/attnserve/v1/attention_pb2.py"; do
   [[ -e $f ]] || { echo "missing $f: build attnserve, attnserve-bench, attnserve-bench-echo, attnserve_python_stubs"; exit 2; }
@@ -41,6 +47,13 @@ wait_port() {
   for _ in $(seq 1200); do [[ -s $1 ]] && { cat "$1"; return; }; sleep 0.05; done
   echo "a server did not start; logs:" >&2; tail -n 20 "$tmp"/*.log >&2; exit 1
 }
+
+# The backend alone first, before any server runs.
+backend_bench=$build/tests/bench/cpu_backend_bench
+if [[ -x $backend_bench ]]; then
+  "$backend_bench" --threads="$threads" --benchmark_min_time=2 --benchmark_format=json \
+    --benchmark_filter='BM_MultiHead/(1|4|8)/128/512/8/' > "$tmp/backend.json" 2> /dev/null || true
+fi
 
 modules="small=$seeds/cross_padding.safetensors:4,large=$seeds/seed_demo.safetensors:8"
 "$server" --listen=127.0.0.1:0 --port_file="$tmp/attnserve.port" --metrics_address= \
@@ -113,4 +126,17 @@ for load_name, what in (("small", "mha d_model 64, 4 heads, B=1 L=16"),
     ratio = a["requests_per_s"] / o["requests_per_s"] if o["requests_per_s"] else float("nan")
     p99 = a["latency_ms"]["p99"] / o["latency_ms"]["p99"] if o["latency_ms"]["p99"] else float("nan")
     print(f"{'':<34} {'attnserve / ' + other:<22} {ratio:9.2f}x {'':>9} {p99:8.2f}x\n")
+backend = os.path.join(tmp, "backend.json")
+if os.path.exists(backend) and os.path.getsize(backend) > 0:
+    with open(backend) as f:
+        runs = {r["name"]: r["GFLOP/s"] for r in json.load(f)["benchmarks"]}
+    _, large = load("large_attnserve")
+    served = large["gflops_per_s"]
+    print(f"mha d_model 512, 8 heads, B=1 L=128: attnserve {served:.1f} GFLOP/s "
+          f"(mean batch {large['batch_size_mean']:.2f} requests)")
+    for name, g in sorted(runs.items()):
+        print(f"  CPU backend called directly, {name}: {g:.1f} GFLOP/s; attnserve / backend "
+              f"{served / g:.2f}x")
+else:
+    print("(cpu_backend_bench not built: no comparison with the backend's own speed)")
 PY

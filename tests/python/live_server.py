@@ -12,15 +12,16 @@ class LiveServer:
     `flags` are extra command-line flags, e.g. "--metrics_address=127.0.0.1:9999". Unless they
     name one, /metrics listens on a free loopback port (127.0.0.1:0), so that servers of tests
     run in parallel do not collide on the default 0.0.0.0:9464 (the last of a repeated flag
-    wins).
+    wins). `wrapper` is a command line the server's is appended to (it must exec the server, so
+    that `process` stays the server).
     """
 
-    def __init__(self, *flags):
+    def __init__(self, *flags, wrapper=()):
         self._dir = tempfile.TemporaryDirectory()
         self._port_file = os.path.join(self._dir.name, "port")
         self._log = open(os.path.join(self._dir.name, "log"), "w+")
         self.process = subprocess.Popen(
-            [os.environ["ATTNSERVE_BIN"], "--listen=127.0.0.1:0",
+            [*wrapper, os.environ["ATTNSERVE_BIN"], "--listen=127.0.0.1:0",
              "--metrics_address=127.0.0.1:0", f"--port_file={self._port_file}", *flags],
             stdout=self._log, stderr=subprocess.STDOUT)
         try:

@@ -56,7 +56,7 @@ TEST(BatcherOptionsTest, ZeroDelayIsValid) {
 TEST(BatcherOptionsTest, CreateValidatesOptionsAndCallbacks) {
   BatcherOptions bad;
   bad.max_batch_requests = 0;
-  auto reject = [](std::unique_ptr<testing::TestTask>, absl::Status) {};
+  auto reject = [](std::unique_ptr<testing::TestTask>, absl::Status, DropReason) {};
   auto process = [](const std::string&, TestBatcher::Batch) {};
   auto batcher = TestBatcher::Create(bad, process, reject);
   ASSERT_FALSE(batcher.ok());

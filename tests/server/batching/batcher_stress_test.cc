@@ -77,7 +77,7 @@ class BatcherStressTest : public ::testing::Test {
           if (batch.size() > 8 || (batch.size() > 1 && tokens > 64)) out_.oversize_batches++;
           out_.processed += static_cast<int64_t>(batch.size());
         },
-        [this](std::unique_ptr<StressTask> /*task*/, absl::Status status) {
+        [this](std::unique_ptr<StressTask> /*task*/, absl::Status status, DropReason) {
           switch (status.code()) {
             case absl::StatusCode::kDeadlineExceeded:
               out_.expired++;
@@ -142,13 +142,13 @@ class BatcherStressTest : public ::testing::Test {
     EXPECT_EQ(registry_.total_destroyed(), total);
     for (int id = 0; id < total; ++id) ASSERT_EQ(registry_.times_destroyed(id), 1) << id;
     const BatcherStats s = batcher_->stats();
-    EXPECT_EQ(s.scheduled, s.processed + s.expired + s.cancelled + s.shut_down);
+    EXPECT_EQ(s.scheduled, s.processed + s.expired + s.cancelled + s.shut_down + s.shed);
     EXPECT_EQ(s.processed, out_.processed);
     EXPECT_EQ(s.expired, out_.expired);
     EXPECT_EQ(s.cancelled, out_.cancelled);
     EXPECT_EQ(s.queued_requests, 0);
     EXPECT_EQ(s.refused_queue_full + s.refused_bytes + s.refused_shutdown + s.refused_expired +
-                  s.refused_cancelled + s.refused_invalid,
+                  s.refused_cancelled + s.refused_invalid + s.refused_unmeetable,
               out_.refusals);
   }
 

@@ -271,6 +271,63 @@ TEST_F(BatcherTest, FullQueueRefusesAtOnceWithUnavailable) {
   EXPECT_EQ(registry_.times_destroyed(3), 0);
 }
 
+TEST_F(BatcherTest, AFullQueueShedsTheHeaviestOwnersNewestTaskForALighterOwner) {
+  options_.max_queued_requests = 4;
+  options_.max_batch_requests = 10;
+  Start();
+  auto owned = [this](int id, uint64_t owner) {
+    return std::make_unique<TestTask>(&registry_, id, 1, 1, absl::InfiniteFuture(), owner);
+  };
+  for (int id = 1; id <= 4; ++id) Add("a", owned(id, /*owner=*/1));  // one owner fills it
+  // A second owner's task takes the place of the first owner's newest: 2 owners, 2 places each.
+  Add("b", owned(5, 2));
+  ASSERT_EQ(recorder_.rejects().size(), 1u);
+  EXPECT_EQ(recorder_.rejects()[0].id, 4);
+  EXPECT_EQ(recorder_.rejects()[0].code, absl::StatusCode::kUnavailable);
+  EXPECT_EQ(recorder_.rejects()[0].why, DropReason::kFairShare);
+  Add("a", owned(6, 2));
+  ASSERT_EQ(recorder_.rejects().size(), 2u);
+  EXPECT_EQ(recorder_.rejects()[1].id, 3);
+  // Both hold their share now: the queue is full for either.
+  for (uint64_t owner : {1, 2}) {
+    auto refused = owned(7, owner);
+    DropReason why = DropReason::kInvalid;
+    EXPECT_EQ(batcher_->Schedule("a", &refused, &why).code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(why, DropReason::kQueueFull);
+    ASSERT_NE(refused, nullptr);
+  }
+  const BatcherStats stats = batcher_->stats();
+  EXPECT_EQ(stats.shed, 2);
+  EXPECT_EQ(stats.refused_queue_full, 2);
+  EXPECT_EQ(stats.queued_requests, 4);
+  // The shed tasks were answered; the rest are computed.
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Milliseconds(10)));
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  std::vector<int> computed;
+  for (const auto& b : recorder_.batches())
+    computed.insert(computed.end(), b.ids.begin(), b.ids.end());
+  EXPECT_THAT(computed, ::testing::UnorderedElementsAre(1, 2, 5, 6));
+}
+
+TEST_F(BatcherTest, ATaskThatTheQueueAheadWouldMakeLateIsRefusedAtArrival) {
+  options_.cost_model =
+      std::make_shared<FixedCostModel>(absl::ZeroDuration(), absl::Milliseconds(1));
+  Start();
+  Add("k", Task(1, /*tokens=*/6));  // not a full batch (10 tokens): it stays queued
+  // 6 tokens ahead + 1 of its own at 1 ms each: 7 ms, more than the 5 ms it has.
+  auto late = Task(2, 1, 1, t0_ + absl::Milliseconds(5));
+  DropReason why = DropReason::kInvalid;
+  const absl::Status status = batcher_->Schedule("k", &late, &why);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_THAT(status.message(), HasSubstr("refused without queueing"));
+  EXPECT_EQ(why, DropReason::kUnmeetable);
+  ASSERT_NE(late, nullptr);
+  Add("k", Task(3, 1, 1, t0_ + absl::Milliseconds(8)));  // 7 ms fit in 8
+  EXPECT_EQ(batcher_->stats().refused_unmeetable, 1);
+  EXPECT_EQ(batcher_->stats().queued_requests, 2);
+}
+
 TEST_F(BatcherTest, BytesOverBudgetRefusesAtOnce) {
   Start();  // max_queued_bytes = 1000
   Add("k", Task(1, 1, /*bytes=*/600));
@@ -372,6 +429,39 @@ TEST_F(BatcherTest, ShutdownRejectsWhatIsLeftAfterTheGracePeriod) {
   shutdown.join();
   EXPECT_EQ(recorder_.batches().size(), 1u);
   EXPECT_EQ(batcher_->stats().shut_down, 2);
+}
+
+TEST_F(BatcherTest, EndGracePeriodCutsADrainShort) {
+  options_.max_batch_requests = 1;
+  HoldBatchWith(1);
+  Start();
+  Add("k", Task(1));
+  busy_.WaitForNotification();
+  Add("k", Task(2));
+  Add("k", Task(3));
+  std::thread shutdown([this] { batcher_->Shutdown(absl::Hours(1)); });
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Hours(1)));
+  batcher_->EndGracePeriod();
+  // Rejected without the clock moving and while the busy batch still runs.
+  ASSERT_TRUE(recorder_.WaitForRejects(2));
+  for (const auto& r : recorder_.rejects()) {
+    EXPECT_EQ(r.code, absl::StatusCode::kUnavailable) << "task " << r.id;
+  }
+  release_.Notify();
+  shutdown.join();
+  EXPECT_EQ(recorder_.batches().size(), 1u);
+  EXPECT_EQ(batcher_->stats().shut_down, 2);
+}
+
+TEST_F(BatcherTest, EndGracePeriodBeforeShutdownMakesItsGraceZero) {
+  options_.max_queue_delay = absl::Seconds(100);
+  Start();
+  Add("k", Task(1));
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Seconds(100)));
+  batcher_->EndGracePeriod();
+  batcher_->Shutdown(absl::Hours(1));
+  ASSERT_EQ(recorder_.rejects().size(), 1u);
+  EXPECT_EQ(recorder_.rejects()[0].code, absl::StatusCode::kUnavailable);
 }
 
 TEST_F(BatcherTest, DestructorRejectsQueuedTasks) {

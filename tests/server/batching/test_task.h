@@ -46,8 +46,13 @@ class TaskRegistry {
 class TestTask {
  public:
   TestTask(TaskRegistry* registry, int id, int64_t tokens, int64_t bytes = 1,
-           absl::Time deadline = absl::InfiniteFuture())
-      : registry_(registry), id_(id), tokens_(tokens), bytes_(bytes), deadline_(deadline) {}
+           absl::Time deadline = absl::InfiniteFuture(), uint64_t owner = 0)
+      : registry_(registry),
+        id_(id),
+        tokens_(tokens),
+        bytes_(bytes),
+        deadline_(deadline),
+        owner_(owner) {}
   ~TestTask() {
     if (registry_ != nullptr) registry_->Destroyed(id_);
   }
@@ -55,6 +60,7 @@ class TestTask {
   int64_t num_tokens() const { return tokens_; }
   int64_t num_bytes() const { return bytes_; }
   absl::Time deadline() const { return deadline_; }
+  uint64_t owner() const { return owner_; }
   bool IsCancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   void Cancel() { cancelled_.store(true, std::memory_order_release); }
@@ -66,6 +72,7 @@ class TestTask {
   const int64_t tokens_;
   const int64_t bytes_;
   const absl::Time deadline_;
+  const uint64_t owner_;
   std::atomic<bool> cancelled_{false};
 };
 static_assert(BatchTask<TestTask>);
@@ -84,6 +91,7 @@ class Recorder {
   struct RejectRecord {
     int id;
     absl::StatusCode code;
+    DropReason why;
   };
 
   std::function<void(const std::string&, const std::vector<int>&)> on_batch;
@@ -100,11 +108,11 @@ class Recorder {
     };
   }
   TestBatcher::RejectFn RejectFn() {
-    return [this](std::unique_ptr<TestTask> task, absl::Status status) {
+    return [this](std::unique_ptr<TestTask> task, absl::Status status, DropReason why) {
       const int id = task->id();
       task.reset();
       MutexLock lock(&mu_);
-      rejects_.push_back({id, status.code()});
+      rejects_.push_back({id, status.code(), why});
       recorded_.NotifyAll();
     };
   }

@@ -1,0 +1,89 @@
+#include "server/call.h"
+
+#include <malloc.h>
+
+#include <chrono>
+#include <string>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "server/dispatcher.h"
+
+namespace attnserve::server {
+
+absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
+  const auto deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
+  return absl::FromChrono(deadline);
+}
+
+namespace {
+std::atomic<bool> trim_pending{false};
+}  // namespace
+
+void TrimAfterLargeCall() { trim_pending.store(true, std::memory_order_release); }
+
+Caller::Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
+    : deadline_(DeadlineOf(context)),
+      connection_(absl::HashOf(context.peer())),
+      dispatcher_(dispatcher) {}
+
+Caller::Caller(absl::Time deadline, uint64_t connection, Dispatcher* dispatcher)
+    : deadline_(deadline), connection_(connection), dispatcher_(dispatcher) {}
+
+void Caller::Cancel() {
+  if (cancelled_.exchange(true, std::memory_order_acq_rel)) return;
+  if (dispatcher_ != nullptr) dispatcher_->NotifyCancelled();
+}
+
+Call::Call(metrics::Metrics* metrics, metrics::Rpc rpc, const Caller* caller, Responder respond)
+    : metrics_(metrics),
+      rpc_(rpc),
+      caller_(caller),
+      arrival_(absl::Now()),
+      respond_(std::move(respond)) {
+  metrics_->RequestStarted();
+  if (trim_pending.load(std::memory_order_relaxed) &&
+      trim_pending.exchange(false, std::memory_order_acq_rel)) {
+    malloc_trim(0);
+  }
+}
+
+Call::~Call() {
+  if (!finished_.load(std::memory_order_acquire)) {
+    Finish(absl::InternalError("the server dropped the request without an answer"));
+  }
+}
+
+void Call::Finish(absl::Status status, Job* job, std::optional<metrics::DropReason> drop) {
+  if (finished_.exchange(true, std::memory_order_acq_rel)) return;
+  const absl::Time now = absl::Now();
+  const bool expired = caller_->deadline() <= now;
+  if (expired || caller_->cancelled()) {
+    // The answer can no longer reach the caller (or only after its deadline, which gRPC turns
+    // into DEADLINE_EXCEEDED on both sides): answer and count what the caller sees. Whether a
+    // cancellation was the deadline is decided here alone (gRPC reports both as a cancel).
+    const absl::StatusCode code =
+        expired ? absl::StatusCode::kDeadlineExceeded : absl::StatusCode::kCancelled;
+    if (!drop.has_value() || *drop == metrics::DropReason::kDeadline ||
+        *drop == metrics::DropReason::kCancelled) {
+      drop = status.ok() ? metrics::DropReason::kLate
+             : expired   ? metrics::DropReason::kDeadline
+                         : metrics::DropReason::kCancelled;
+    }
+    if (status.code() != code) {
+      status = absl::Status(code,
+                            absl::StrCat(expired ? "the deadline passed" : "the call was cancelled",
+                                         status.ok() ? " before the computed answer could be sent"
+                                                     : " before the request was computed"));
+    }
+  }
+  metrics_->RequestFinished(rpc_, static_cast<int>(status.code()), now - arrival_);
+  if (drop.has_value()) metrics_->RecordDropped(*drop);
+  // Last: the reactor may be gone once it has responded.
+  Responder respond = std::move(respond_);
+  respond(status, status.ok() ? job : nullptr, now);
+}
+
+}  // namespace attnserve::server

@@ -1,0 +1,110 @@
+// One request's life on the server, from its arrival to its one answer, for unary calls and
+// stream items alike. The reactors (attention_service.cc, attention_stream.cc) only say how to
+// respond; everything else about a request lives here.
+//
+//   Caller    the gRPC call requests arrive on: one per unary call, one per stream (shared by
+//             the stream's requests). Owns the call's deadline, its cancellation and the
+//             connection it came on (the unit of fair queueing). A reactor's OnCancel calls
+//             Caller::Cancel, which tells the dispatcher, so queued requests leave at once.
+//   Call      one request: its arrival time, its metrics scope (in flight from construction)
+//             and its one completion. Whoever decides the request's fate calls Finish with the
+//             status and, when the request was not computed, why: the drop reason travels from
+//             where the decision was made (the batcher, the dispatcher, a stream's own checks).
+//             Finish is the one place that decides whether an answer can still reach its
+//             caller: when the deadline has passed or the call was cancelled, the answer is
+//             DEADLINE_EXCEEDED or CANCELLED, whatever was computed, and it is counted so.
+//   Responder what the reactor does with the answer, called once, as the last thing Finish
+//             does (the reactor may be deleted as soon as it has responded).
+#ifndef ATTNSERVE_SERVER_CALL_H_
+#define ATTNSERVE_SERVER_CALL_H_
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "grpcpp/server_context.h"
+#include "server/metrics/metrics.h"
+
+namespace attnserve::server {
+
+class Dispatcher;
+struct Job;
+
+// Thread-safe.
+class Caller {
+ public:
+  // `context` is read here only (deadline, peer). `dispatcher` (may be null for calls that never
+  // queue) hears of cancellations; it outlives the caller.
+  Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher);
+  // A caller without a gRPC call (tests): the given deadline and connection.
+  Caller(absl::Time deadline, uint64_t connection, Dispatcher* dispatcher);
+
+  absl::Time deadline() const { return deadline_; }
+  // A hash of the peer address: requests of one connection share one fair share of the queue.
+  uint64_t connection() const { return connection_; }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+
+  // The call is over for the caller (gRPC's OnCancel: the client cancelled, the deadline passed,
+  // or the connection broke). Tells the dispatcher once, so queued requests leave at once.
+  void Cancel();
+
+ private:
+  const absl::Time deadline_;
+  const uint64_t connection_;
+  Dispatcher* const dispatcher_;
+  std::atomic<bool> cancelled_{false};
+};
+
+// Thread-safe for Finish (the first call wins); the rest is read-only.
+class Call {
+ public:
+  // `status` is what the caller is told; on OK `job` holds the computed outputs (else it may be
+  // null); `now` is the time of the answer. Must not block.
+  using Responder = absl::AnyInvocable<void(const absl::Status& status, Job* job, absl::Time now)>;
+
+  // Counts the request in flight from now. `metrics` and `caller` outlive the call (a reactor
+  // finishes only after its calls have responded).
+  Call(metrics::Metrics* metrics, metrics::Rpc rpc, const Caller* caller, Responder respond);
+  // A call destroyed unanswered is answered INTERNAL, so that no caller waits forever.
+  ~Call();
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  absl::Time arrival() const { return arrival_; }
+  absl::Time deadline() const { return caller_->deadline(); }
+  bool IsCancelled() const { return caller_->cancelled(); }
+  const Caller& caller() const { return *caller_; }
+  metrics::Rpc rpc() const { return rpc_; }
+
+  // Answers the request, once (later calls do nothing): decides what the caller gets (above),
+  // counts it by rpc and code and, when `drop` is set or the caller is gone, by drop reason,
+  // then responds. `job` may be null when nothing was computed.
+  void Finish(absl::Status status, Job* job = nullptr,
+              std::optional<metrics::DropReason> drop = std::nullopt);
+
+ private:
+  metrics::Metrics* const metrics_;
+  const metrics::Rpc rpc_;
+  const Caller* const caller_;
+  const absl::Time arrival_;
+  Responder respond_;
+  std::atomic<bool> finished_{false};
+};
+
+// A request arrives in many small pieces (gRPC's slices), which land in the allocator's heaps
+// and stay there, free, after the call: one 250 MiB request left the process 160-220 MiB larger
+// for good. After a call of kTrimAfterBytes or more, TrimAfterLargeCall() asks for the free
+// heap pages to be handed back (malloc_trim) when the next call arrives: by then gRPC has freed
+// the large call's buffers, which it does only after the reactor's OnDone.
+inline constexpr size_t kTrimAfterBytes = size_t{32} << 20;
+void TrimAfterLargeCall();
+
+// The gRPC deadline of a call; absl::InfiniteFuture() when the caller set none.
+absl::Time DeadlineOf(const grpc::CallbackServerContext& context);
+
+}  // namespace attnserve::server
+
+#endif  // ATTNSERVE_SERVER_CALL_H_

@@ -1,0 +1,209 @@
+#!/usr/bin/python3
+"""attnserve under overload, with a CPU quota as a Kubernetes CPU limit sets one.
+
+The server runs in its own cgroup v1 `cpu` group (created under /sys/fs/cgroup/cpu, removed at
+the end; needs root) limited to --cpu_quota cores. attnserve-bench is the load:
+  1. capacity: closed loop, --concurrency callers, --capacity_s seconds: OK/s;
+  2. open loop at each of --overloads x capacity for --overload_s seconds, every call with a
+     --deadline_ms deadline: goodput (OK, all within their deadline, per second) as a fraction of
+     capacity, counts by code, the server's counts by code (from /metrics) beside them;
+  3. after each open-loop phase: time from the end of the load to the first OK of lone calls
+     sent one after another (each with a 1 s deadline);
+  4. server RSS: idle (before the load), peak during the overload (sampled every 100 ms) and
+     after it; and at the end the time SIGTERM takes.
+
+  sudo /usr/bin/python3 tests/bench/overload.py --build=build [--server=PATH] [--json=OUT]
+
+Not run by CI (it takes a couple of minutes and root). Figures: tests/bench/OVERLOAD.md.
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+
+
+def rss_mb(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return int(re.search(r"^VmRSS:\s+(\d+) kB", f.read(), re.M).group(1)) / 1024
+    except (FileNotFoundError, AttributeError):
+        return float("nan")
+
+
+class Cgroup:
+    """A cgroup v1 cpu group limited to `cores` cores."""
+
+    def __init__(self, cores):
+        self.path = f"/sys/fs/cgroup/cpu/attnserve-overload-{os.getpid()}"
+        os.mkdir(self.path)
+        period_us = 100000
+        with open(f"{self.path}/cpu.cfs_period_us", "w") as f:
+            f.write(str(period_us))
+        with open(f"{self.path}/cpu.cfs_quota_us", "w") as f:
+            f.write(str(int(cores * period_us)))
+
+    def close(self):
+        # Only an empty group can be removed; the server has exited by now.
+        for _ in range(100):
+            try:
+                os.rmdir(self.path)
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def counts_by_code(metrics_port):
+    """attnserve_requests_total of Attend, by code, as the server counts them."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    out = {}
+    for labels, value in re.findall(r'^attnserve_requests_total\{([^}]*)\} (\S+)$', text, re.M):
+        if 'rpc="Attend"' not in labels:
+            continue
+        code = re.search(r'code="([^"]+)"', labels).group(1)
+        out[code] = out.get(code, 0) + int(float(value))
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build")
+    ap.add_argument("--server", default="", help="attnserve binary (default BUILD/server/attnserve)")
+    ap.add_argument("--cpu_quota", type=float, default=0.1)
+    ap.add_argument("--shapes", default="1,8,128,64", help="attend shapes (attnserve-bench)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--capacity_s", type=int, default=10)
+    ap.add_argument("--overload_s", type=int, default=20)
+    ap.add_argument("--overloads", default="3,10")
+    ap.add_argument("--deadline_ms", type=int, default=200)
+    ap.add_argument("--server_flags", default="--max_queued_requests=64")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    bench = os.path.join(args.build, "client/bench/attnserve-bench")
+    server_bin = args.server or os.path.join(args.build, "server/attnserve")
+    tmp = tempfile.TemporaryDirectory()
+    cgroup = Cgroup(args.cpu_quota)
+    port_file = os.path.join(tmp.name, "port")
+    log = open(os.path.join(tmp.name, "server.log"), "w+")
+    # The shell joins the cgroup, then becomes the server: every thread it starts is inside.
+    server = subprocess.Popen(
+        ["/bin/sh", "-c", f'echo $$ > {cgroup.path}/cgroup.procs && exec "$0" "$@"', server_bin,
+         "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0", f"--port_file={port_file}",
+         "--backend=cpu", *args.server_flags.split()],
+        stdout=log, stderr=subprocess.STDOUT)
+    report = {"server": server_bin, "cpu_quota": args.cpu_quota, "shapes": args.shapes,
+              "deadline_ms": args.deadline_ms, "server_flags": args.server_flags}
+    try:
+        for _ in range(1200):
+            if os.path.exists(port_file) or server.poll() is not None:
+                break
+            time.sleep(0.05)
+        log.seek(0)
+        text = log.read()
+        target = f"127.0.0.1:{int(open(port_file).read())}"
+        metrics_port = int(re.search(r"metrics on port (\d+)", text).group(1))
+
+        def run_bench(name, *flags):
+            out = os.path.join(tmp.name, name + ".json")
+            subprocess.run([bench, f"--target={target}", "--rpc=attend", f"--shapes={args.shapes}",
+                            "--progress=off", f"--json={out}", *flags],
+                           stdout=subprocess.DEVNULL, check=False)
+            with open(out) as f:
+                return json.load(f)["phases"][0]
+
+        def first_lone_ok(stopped_at):
+            """Seconds from `stopped_at` to the first OK of one-at-a-time calls."""
+            while time.monotonic() - stopped_at < 300:
+                p = run_bench("lone", "--mode=closed", "--concurrency=1", "--requests=1",
+                              "--warmup_s=0", "--timeout_ms=1000")
+                if p["ok"] == 1:
+                    return time.monotonic() - stopped_at
+            return float("inf")
+
+        time.sleep(2)
+        report["rss_idle_mb"] = rss_mb(server.pid)
+        cap = run_bench("capacity", "--mode=closed", f"--concurrency={args.concurrency}",
+                        "--warmup_s=2", f"--duration_s={args.capacity_s}",
+                        f"--timeout_ms={args.deadline_ms}")
+        capacity = cap["ok"] / cap["elapsed_s"]
+        report["capacity"] = {"ok_per_s": capacity, "sent": cap["sent"], "ok": cap["ok"],
+                              "errors": cap["errors"], "p99_ms": cap["latency_ms"]["p99"]}
+        report["rss_after_capacity_mb"] = rss_mb(server.pid)
+        report["overload"] = []
+        for factor in [float(x) for x in args.overloads.split(",")]:
+            before = counts_by_code(metrics_port)
+            peak = [0.0]
+            done = threading.Event()
+
+            def sample():
+                while not done.is_set():
+                    peak[0] = max(peak[0], rss_mb(server.pid))
+                    time.sleep(0.1)
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            rate = factor * capacity
+            p = run_bench(f"open{factor:g}", "--mode=open", f"--rate={rate:.0f}", "--warmup_s=0",
+                          f"--duration_s={args.overload_s}", f"--timeout_ms={args.deadline_ms}")
+            stopped = time.monotonic()
+            rss_at_end = rss_mb(server.pid)
+            lone = first_lone_ok(stopped)
+            done.set()
+            sampler.join()
+            after = counts_by_code(metrics_port)
+            server_counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            server_counts = {k: v for k, v in server_counts.items() if v}
+            goodput = p["ok"] / args.overload_s
+            client_counts = dict(p["errors"], OK=p["ok"])
+            report["overload"].append({
+                "factor": factor, "rate": rate, "sent": p["sent"], "client_codes": client_counts,
+                "server_codes_incl_lone_calls": server_counts, "goodput_ok_per_s": goodput,
+                "goodput_fraction": goodput / capacity, "p99_ms": p["latency_ms"]["p99"],
+                "rss_peak_mb": max(peak[0], rss_at_end), "rss_at_end_mb": rss_at_end,
+                "first_lone_ok_s": lone})
+        time.sleep(2)
+        report["rss_after_mb"] = rss_mb(server.pid)
+        t = time.monotonic()
+        server.send_signal(signal.SIGTERM)
+        try:
+            server.wait(timeout=60)
+            report["sigterm_exit_s"] = time.monotonic() - t
+            report["exit_code"] = server.returncode
+        except subprocess.TimeoutExpired:
+            report["sigterm_exit_s"] = ">60"
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+        cgroup.close()
+        log.close()
+        tmp.cleanup()
+
+    print(f"server {server_bin}, cgroup cpu quota {args.cpu_quota} core, attend shapes "
+          f"{args.shapes}, {args.deadline_ms} ms deadlines, {args.server_flags}")
+    c = report["capacity"]
+    print(f"capacity (closed loop, {args.concurrency} callers): {c['ok_per_s']:.1f} OK/s, "
+          f"p99 {c['p99_ms']:.1f} ms, errors {c['errors']}")
+    print(f"{'load':>6} {'rate/s':>7} {'sent':>7} {'goodput/s':>9} {'of cap.':>7} "
+          f"{'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11}  client codes | server codes")
+    for o in report["overload"]:
+        print(f"{o['factor']:5g}x {o['rate']:7.0f} {o['sent']:7d} {o['goodput_ok_per_s']:9.1f} "
+              f"{o['goodput_fraction']:7.2f} {o['p99_ms']:7.1f} {o['rss_peak_mb']:6.0f}MB "
+              f"{o['first_lone_ok_s']:10.2f}s  {o['client_codes']} | "
+              f"{o['server_codes_incl_lone_calls']}")
+    print(f"RSS fresh {report['rss_idle_mb']:.0f} MB, after the capacity run "
+          f"{report['rss_after_capacity_mb']:.0f} MB, after the load {report['rss_after_mb']:.0f} MB;"
+          f" SIGTERM exit after {report['sigterm_exit_s']:.2f} s (code {report.get('exit_code')})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

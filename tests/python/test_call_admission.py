@@ -1,0 +1,159 @@
+"""A live attnserve with a caller that floods it and one that does not read: fair share of the
+queue between connections, and a stream's memory bounded by its in-flight budget.
+
+Neither test depends on a timing window: the flooder always holds far more calls in flight than
+the queue takes, and the memory test asserts an upper bound at every sample (a slow machine
+samples less, it cannot fail).
+"""
+import os
+import re
+import sys
+import threading
+import time
+import unittest
+import urllib.request
+
+import grpc
+import numpy as np
+
+sys.path.insert(0, os.environ["ATTNSERVE_STUBS"])
+from attnserve.v1 import attention_pb2 as pb  # noqa: E402
+from attnserve.v1 import attention_pb2_grpc as pb_grpc  # noqa: E402
+
+from live_server import LiveServer  # noqa: E402
+from test_serving_load import free_port  # noqa: E402
+
+
+def tensor(a):
+    return pb.Tensor(dtype=pb.DTYPE_FLOAT32, shape=list(a.shape), data=a.tobytes())
+
+
+def attend(seed, heads, length, dim, weights=False):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, heads, length, dim), dtype=np.float32)
+    return pb.AttendRequest(query=tensor(q), key=tensor(q), value=tensor(q),
+                            options=pb.AttentionOptions(return_weights=weights))
+
+
+def own_channel(target):
+    # A connection of its own: Python channels with equal arguments share connections.
+    return grpc.insecure_channel(target, options=[("grpc.use_local_subchannel_pool", 1),
+                                                  ("grpc.max_receive_message_length", 64 << 20)])
+
+
+def metric(metrics_port, pattern):
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+class FairShareTest(unittest.TestCase):
+    def test_a_flooding_connection_does_not_keep_a_polite_one_out(self):
+        metrics_port = free_port()
+        server = LiveServer("--backend=reference", "--max_queued_requests=32",
+                            f"--metrics_address=127.0.0.1:{metrics_port}")
+        try:
+            flood_stub = pb_grpc.AttentionServiceStub(own_channel(server.target))
+            polite_stub = pb_grpc.AttentionServiceStub(own_channel(server.target))
+            request = attend(1, 4, 96, 32)
+            stop = threading.Event()
+            lock = threading.Lock()
+            flood_codes = {}
+            in_flight = threading.Semaphore(0)
+
+            def send():
+                future = flood_stub.Attend.future(request, timeout=120)
+                future.add_done_callback(done)
+
+            def done(future):
+                code = future.code()
+                with lock:
+                    flood_codes[code] = flood_codes.get(code, 0) + 1
+                if stop.is_set():
+                    in_flight.release()
+                else:
+                    send()
+
+            flooders = 200  # always in flight: six times what the queue takes
+            for _ in range(flooders):
+                send()
+            # The flooder is refused (UNAVAILABLE) before the polite caller starts: the queue is
+            # full of its calls.
+            while metric(metrics_port,
+                         r'^attnserve_requests_total\{[^}]*code="UNAVAILABLE"[^}]*\} (\S+)$') == 0:
+                time.sleep(0.02)
+            polite = []
+            for i in range(20):
+                try:
+                    polite_stub.Attend(attend(100 + i, 4, 96, 32), timeout=120)
+                    polite.append(grpc.StatusCode.OK)
+                except grpc.RpcError as e:
+                    polite.append(e.code())
+            stop.set()
+            for _ in range(flooders):
+                in_flight.acquire()
+            self.assertEqual(polite, [grpc.StatusCode.OK] * 20)
+            self.assertGreater(flood_codes.get(grpc.StatusCode.UNAVAILABLE, 0), 0)
+            shed = metric(metrics_port,
+                          r'^attnserve_requests_dropped_total\{reason="fair_share"\} (\S+)$')
+            self.assertGreater(shed, 0)
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+class StreamMemoryTest(unittest.TestCase):
+    def test_a_stream_that_never_reads_holds_at_most_its_in_flight_budget(self):
+        max_in_flight = 8
+        server = LiveServer("--backend=cpu", "--backend_threads=1",
+                            f"--max_stream_in_flight={max_in_flight}")
+        try:
+            channel = own_channel(server.target)
+            stub = pb_grpc.AttentionServiceStub(channel)
+            # weights [1, 1, 724, 724] float32: a 2 MiB response to a 17 KiB request, so that
+            # what the transport buffers of the requests sent hardly counts. (While a response
+            # is encoded it exists twice, and the transport holds the one it is sending: about
+            # 3 responses beyond the budget, which the 10 MiB cover at this size.)
+            request = attend(1, 1, 724, 2, weights=True)
+            response = stub.Attend(request, timeout=120)
+            response_bytes = response.ByteSize()
+            self.assertGreater(response_bytes, 2 << 20)
+            for _ in range(2 * max_in_flight):  # warm up the pools and the allocator
+                stub.Attend(request, timeout=120)
+            idle = rss_bytes(server.process.pid)
+
+            sent = threading.Semaphore(0)
+
+            def requests():
+                for i in range(400):  # 800 MiB of responses if nothing held the server back
+                    yield pb.AttentionStreamRequest(request_id=i, attend=request)
+                    sent.release()
+
+            call = stub.AttentionStream(requests())  # never read
+            for _ in range(2 * max_in_flight):
+                sent.acquire()  # the server has read at least the budget's worth
+            bound = idle + max_in_flight * response_bytes + 10 * (1 << 20)
+            peak = idle
+            for _ in range(200):  # 4 s of samples on an idle machine
+                peak = max(peak, rss_bytes(server.process.pid))
+                self.assertLessEqual(
+                    peak, bound,
+                    f"RSS {peak >> 20} MiB over idle {idle >> 20} MiB + {max_in_flight} x "
+                    f"{response_bytes >> 10} KiB + 10 MiB")
+                time.sleep(0.02)
+            print(f"stream memory: idle {idle >> 20} MiB, peak {peak >> 20} MiB, bound "
+                  f"{bound >> 20} MiB", file=sys.stderr)
+            call.cancel()
+        finally:
+            self.assertEqual(server.stop(), 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
