@@ -1,0 +1,106 @@
+"""Runs the examples of a README exactly as written, against a live attnserve, so that what a
+reader copies is what CI ran.
+
+An example is a fenced block right after a line `<!-- tested example: NAME -->`. They run in
+order in a fresh sandbox folder holding copies of the repository folders named by --copy:
+- sh blocks with bash (errexit, pipefail), Debian's /usr/bin first on PATH, pip offline
+  (PIP_NO_INDEX=1, no build isolation: Debian's setuptools) and npm preferring its cache;
+- python blocks with the sandbox's venv/bin/python (made by an sh block before them);
+- js blocks with node, as a file in the sandbox (so require() finds sandbox/node_modules).
+In python and js blocks the address "localhost:50051" is replaced by the live server's; nothing
+else is changed. --expect NAME=TEXT requires the example NAME and TEXT in its output; an example
+without an --expect, or an --expect without its example, fails the run; --prefix P considers
+only the examples whose names start with P (a README's section for one language).
+
+    readme_examples.py --readme README.md [--prefix P] --copy client/python --expect NAME=TEXT WORK
+Environment: ATTNSERVE_BIN (the server binary).
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+from live_server import LiveServer  # noqa: E402
+
+MARKER = re.compile(r"^<!-- tested example: ([\w.-]+) -->\n```(\w+)\n(.*?)^```$",
+                    re.MULTILINE | re.DOTALL)
+LEFT_BEHIND = shutil.ignore_patterns("build", "dist", "*.egg-info", "node_modules",
+                                     "__pycache__", "*.tgz")
+
+
+def examples(readme):
+    """[(name, language, text)] in the order of the README."""
+    with open(readme) as f:
+        text = f.read()
+    found = [(m.group(1), m.group(2), m.group(3)) for m in MARKER.finditer(text)]
+    if text.count("<!-- tested example:") != len(found):
+        raise SystemExit(f"{readme}: a '<!-- tested example: NAME -->' line is not followed by a "
+                         "fenced block")
+    return found
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--readme", required=True)
+    parser.add_argument("--copy", action="append", default=[])
+    parser.add_argument("--expect", action="append", default=[])
+    parser.add_argument("--prefix", default="", help="only the examples whose names start so")
+    parser.add_argument("work")
+    args = parser.parse_args()
+    expect = dict(e.split("=", 1) for e in args.expect)
+    found = [e for e in examples(os.path.join(ROOT, args.readme))
+             if e[0].startswith(args.prefix)]
+    names = [n for n, _, _ in found]
+    if sorted(names) != sorted(expect):
+        raise SystemExit(f"{args.readme}: examples {names}, expected {sorted(expect)}")
+
+    sandbox = os.path.abspath(args.work)
+    shutil.rmtree(sandbox, ignore_errors=True)
+    os.makedirs(sandbox)
+    for rel in args.copy:
+        shutil.copytree(os.path.join(ROOT, rel), os.path.join(sandbox, rel), ignore=LEFT_BEHIND)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV", "NODE_PATH"))}
+    env.update(PATH="/usr/bin:/bin:" + env.get("PATH", ""), PIP_NO_INDEX="1",
+               PIP_NO_BUILD_ISOLATION="0",  # pip reads "0" here as --no-build-isolation
+               PIP_DISABLE_PIP_VERSION_CHECK="1", npm_config_audit="false",
+               npm_config_fund="false", npm_config_prefer_offline="true",
+               npm_config_update_notifier="false", npm_config_loglevel="error")
+
+    server = LiveServer()
+    failed = False
+    try:
+        for name, language, text in found:
+            if language in ("python", "js"):
+                text = text.replace("localhost:50051", server.target)
+            if language == "sh":
+                command = ["bash", "-euo", "pipefail", "-c", text]
+            elif language == "python":
+                command = [os.path.join(sandbox, "venv", "bin", "python"), "-c", text]
+            elif language == "js":
+                path = os.path.join(sandbox, f"example-{name}.js")
+                with open(path, "w") as f:
+                    f.write(text)
+                command = ["node", path]
+            else:
+                raise SystemExit(f"{name}: no way to run a {language} block")
+            r = subprocess.run(command, cwd=sandbox, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, timeout=600)
+            ok = r.returncode == 0 and expect[name] in r.stdout
+            print(f"--- {name} ({language}): exit {r.returncode}, "
+                  f"{'ok' if ok else 'FAILED, expected ' + repr(expect[name])}\n{r.stdout}")
+            if not ok:
+                failed = True
+                break
+    finally:
+        server.stop()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
