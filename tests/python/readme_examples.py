@@ -13,7 +13,7 @@ without an --expect, or an --expect without its example, fails the run; --prefix
 only the examples whose names start with P (a README's section for one language).
 
     readme_examples.py --readme README.md [--prefix P] --copy client/python --expect NAME=TEXT WORK
-Environment: ATTNSERVE_BIN (the server binary).
+Environment: ATTNSERVE_BIN (the server binary). Exits 77 (skipped) for js examples without node.
 """
 import argparse
 import os
@@ -59,6 +59,10 @@ def main():
     if sorted(names) != sorted(expect):
         raise SystemExit(f"{args.readme}: examples {names}, expected {sorted(expect)}")
 
+    if any(language == "js" for _, language, _ in found) and not (
+            shutil.which("node") and shutil.which("npm")):
+        print("node or npm not installed: skipped")
+        return 77
     sandbox = os.path.abspath(args.work)
     shutil.rmtree(sandbox, ignore_errors=True)
     os.makedirs(sandbox)
