@@ -1,7 +1,8 @@
 #!/bin/bash
 # The Node.js package client/node as a user gets it: `npm pack`, the tarball installed into an
 # empty folder (its npm-shrinkwrap.json pins @grpc/grpc-js, @grpc/proto-loader and everything
-# under them), and attend_test.js run there against a live attnserve. Checks first that the
+# under them), and attend_test.js run there against a live attnserve; types_check.ts compiled
+# against the installed index.d.ts with the package's pinned TypeScript. Checks first that the
 # package's copy of the proto is the repository's, its version is the server's, and its lock
 # file names no registry (no "resolved" URLs: npm fetches from whatever registry it is set to).
 #   node_test.sh SERVER_BINARY WORK_DIR VERSION
@@ -47,7 +48,7 @@ const lock = require("./package-lock.json");
 const pinned = require("./node_modules/attnserve/npm-shrinkwrap.json").packages;
 let bad = 0;
 for (const [p, info] of Object.entries(pinned)) {
-  if (!p) continue;
+  if (!p || info.dev) continue;
   const got = lock.packages["node_modules/attnserve/" + p] || lock.packages[p];
   if (!got || got.version !== info.version) {
     console.log(`${p}: pinned ${info.version}, installed ${got && got.version}`);
@@ -55,7 +56,17 @@ for (const [p, info] of Object.entries(pinned)) {
   }
 }
 if (bad) process.exit(1);
-console.log(`installed as pinned: ${Object.keys(pinned).length - 1} packages`);')
+console.log("installed as pinned");')
+
+# The types: the package's pinned TypeScript (a devDependency, from a copy of client/node with
+# npm ci) compiles types_check.ts against the installed package's index.d.ts.
+mkdir -p "$work/dev"
+cp "$package/package.json" "$package/npm-shrinkwrap.json" "$work/dev/"
+(cd "$work/dev" && npm ci)
+cp "$here/types_check.ts" "$work/app/"
+(cd "$work/app" && "$work/dev/node_modules/.bin/tsc" --noEmit --strict --target es2020 \
+  --module commonjs --moduleResolution node types_check.ts)
+echo "index.d.ts: types_check.ts compiles"
 cp "$here/attend_test.js" "$work/app/"
 
 tmp=$(mktemp -d)
