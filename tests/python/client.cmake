@@ -28,7 +28,7 @@ foreach(t test_python_client test_python_client_async)
     ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_SEED_VECTORS_DIR=${ATTNSERVE_SEED_VECTORS_DIR};PYTHONDONTWRITEBYTECODE=1")
 endforeach()
 
-# The examples of client/python/README.md and of README.md's Python section, run as written
+# The examples of client/python/README.md and of README.md's Python sections, run as written
 # (from `pip install ./client/python` in a fresh venv) against a live server.
 set(PY_README_EXPECT
   "--expect=install=Successfully installed attnserve-${PROJECT_VERSION}"
@@ -45,6 +45,7 @@ add_test(NAME python_readme_top_examples
           --readme=README.md --prefix=python- --copy=client/python
           "--expect=python-install=Successfully installed attnserve-${PROJECT_VERSION}"
           "--expect=python-first-call=(1, 10, 64)"
+          "--expect=python-reflection=AAAAQAAAQEA="
           ${CMAKE_CURRENT_BINARY_DIR}/readme-top)
 set_tests_properties(python_readme_examples python_readme_top_examples PROPERTIES
   LABELS "python;client;integration"

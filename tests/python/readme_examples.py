@@ -7,8 +7,8 @@ order in a fresh sandbox folder holding copies of the repository folders named b
   (PIP_NO_INDEX=1, no build isolation: Debian's setuptools) and npm preferring its cache;
 - python blocks with the sandbox's venv/bin/python (made by an sh block before them);
 - js blocks with node, as a file in the sandbox (so require() finds sandbox/node_modules).
-In python and js blocks the address "localhost:50051" is replaced by the live server's; nothing
-else is changed. --expect NAME=TEXT requires the example NAME and TEXT in its output; an example
+In every block the address "localhost:50051" is replaced by the live server's; nothing else is
+changed. --expect NAME=TEXT requires the example NAME and TEXT in its output; an example
 without an --expect, or an --expect without its example, fails the run; --prefix P considers
 only the examples whose names start with P (a README's section for one language).
 
@@ -80,8 +80,7 @@ def main():
     failed = False
     try:
         for name, language, text in found:
-            if language in ("python", "js"):
-                text = text.replace("localhost:50051", server.target)
+            text = text.replace("localhost:50051", server.target)
             if language == "sh":
                 command = ["bash", "-euo", "pipefail", "-c", text]
             elif language == "python":
