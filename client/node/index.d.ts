@@ -82,7 +82,9 @@ export interface ModuleInfo {
 /** GetServerInfo's response; see the proto for every field. */
 export interface ServerInfo {
   version: string;
-  backends: Array<{ name: string; active: boolean; devices: Array<{ name: string; memoryBytes: number }> }>;
+  backends: Array<{
+    name: string; active: boolean; devices: Array<{ name: string; memoryBytes: number }>;
+  }>;
   limits: Record<string, number>;
   batching: Record<string, number | boolean>;
   float32Precision: string;
@@ -135,7 +137,8 @@ export class Client {
                      options?: MultiHeadOptions): Promise<Result>;
   /** Registers safetensors bytes under `name`. */
   loadModule(name: string, safetensors: Buffer,
-             options?: { numHeads?: number; replace?: boolean; timeoutMs?: number }): Promise<ModuleInfo>;
+             options?: { numHeads?: number; replace?: boolean; timeoutMs?: number }
+  ): Promise<ModuleInfo>;
   unloadModule(name: string, options?: { timeoutMs?: number }): Promise<void>;
   listModules(options?: { timeoutMs?: number }): Promise<ModuleInfo[]>;
   serverInfo(options?: { timeoutMs?: number }): Promise<ServerInfo>;

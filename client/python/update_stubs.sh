@@ -18,7 +18,10 @@ protoc=${PROTOC:-$(command -v protoc)}
 plugin=${GRPC_PYTHON_PLUGIN:-$(command -v grpc_python_plugin)}
 version=${ATTNSERVE_VERSION:-$(sed -nE 's/^project\(attnserve VERSION ([0-9.]+).*/\1/p' \
   "$root/CMakeLists.txt")}
-[[ -n $version ]] || { echo "no project(attnserve VERSION ...) in $root/CMakeLists.txt" >&2; exit 1; }
+if [[ -z $version ]]; then
+  echo "no project(attnserve VERSION ...) in $root/CMakeLists.txt" >&2
+  exit 1
+fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -26,7 +29,7 @@ trap 'rm -rf "$tmp"' EXIT
   --plugin=protoc-gen-grpc_python="$plugin" "$root/proto/attnserve/v1/attention.proto"
 mv "$tmp/attnserve/v1/attention_pb2.py" "$tmp/attnserve/v1/attention_pb2_grpc.py" "$tmp/"
 {
-  echo '"""The package'"'"'s version: the server'"'"'s (CMake project version), kept by update_stubs.sh."""'
+  echo '"""The server'"'"'s version (the CMake project version), written by update_stubs.sh."""'
   echo "__version__ = \"$version\""
 } > "$tmp/_version.py"
 

@@ -102,7 +102,7 @@ async function main() {
     const err = maxError(r.output.data, attention64(qr, rounded(k), rounded(v), [B, Hq, Lq, D],
       Hkv, Lk, false));
     assert.ok(err < tolerance, `${dtype}: max |error| ${err}`);
-    console.log(`Attend ${dtype}: max |error| vs float64 of the rounded inputs ${err.toExponential(2)}`);
+    console.log(`Attend ${dtype}: max |error| vs float64 of rounded inputs ${err.toExponential(2)}`);
   }
   // Rounding to nearest even, as the server does: 1 + 2^-11 is a float16 tie -> 1.0,
   // 1 + 3·2^-11 -> 1 + 2^-9; 1 + 2^-8 a bfloat16 tie -> 1.0.
@@ -135,7 +135,8 @@ async function main() {
   const stream = client.stream({ timeoutMs: 60000 });
   const small = tensor([1, 1, 2, 4], normal);
   for (let id = 1; id <= 5; id++) stream.write(id, attnserve.attendRequest(small, small, small));
-  stream.write(6, attnserve.multiHeadRequest('demo', { shape: [1, 3, 64], data: new Float32Array(192) }));
+  const three = { shape: [1, 3, 64], data: new Float32Array(192) };
+  stream.write(6, attnserve.multiHeadRequest('demo', three));
   stream.write(7, attnserve.multiHeadRequest('no-such-module', x));
   stream.end();
   const answers = new Map();

@@ -26,7 +26,10 @@ cmp "$root/proto/attnserve/v1/attention.proto" "$package/proto/attnserve/v1/atte
   exit 1
 }
 got=$(node -p "require('$package/package.json').version")
-[[ $got == "$version" ]] || { echo "client/node/package.json version $got, server $version"; exit 1; }
+if [[ $got != "$version" ]]; then
+  echo "client/node/package.json has version $got, the server $version"
+  exit 1
+fi
 if grep -n '"resolved"' "$package/npm-shrinkwrap.json"; then
   echo "client/node/npm-shrinkwrap.json names registry URLs: strip the \"resolved\" fields"
   exit 1

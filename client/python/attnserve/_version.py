@@ -1,2 +1,2 @@
-"""The package's version: the server's (CMake project version), kept by update_stubs.sh."""
+"""The server's version (the CMake project version), written by update_stubs.sh."""
 __version__ = "0.1.0"
