@@ -51,3 +51,10 @@ set_tests_properties(python_readme_examples python_readme_top_examples PROPERTIE
   LABELS "python;client;integration"
   TIMEOUT 300
   ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>")
+
+# README.md's C++ lines are quoted from tests/client/outside, which client_install_find_package
+# builds against the installed package and runs against a live server: they must still be there.
+add_test(NAME readme_quoted_examples
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py --readme=README.md
+          --quotes)
+set_tests_properties(readme_quoted_examples PROPERTIES LABELS "client" TIMEOUT 60)

@@ -14,6 +14,11 @@ only the examples whose names start with P (a README's section for one language)
 
     readme_examples.py --readme README.md [--prefix P] --copy client/python --expect NAME=TEXT WORK
 Environment: ATTNSERVE_BIN (the server binary). Exits 77 (skipped) for js examples without node.
+
+    readme_examples.py --readme README.md --quotes
+checks instead the blocks after a line `<!-- quoted example: PATH -->` (code that another test
+builds and runs, e.g. a C++ program): their lines, less indentation, must appear in that order
+and consecutively in PATH; a line `// ...` or `# ...` in the block skips ahead in the file.
 """
 import argparse
 import os
@@ -29,6 +34,9 @@ from live_server import LiveServer  # noqa: E402
 
 MARKER = re.compile(r"^<!-- tested example: ([\w.-]+) -->\n```(\w+)\n(.*?)^```$",
                     re.MULTILINE | re.DOTALL)
+QUOTED = re.compile(r"^<!-- quoted example: ([\w./-]+) -->\n```\w*\n(.*?)^```$",
+                    re.MULTILINE | re.DOTALL)
+ELISION = ("// ...", "# ...")
 LEFT_BEHIND = shutil.ignore_patterns("build", "dist", "*.egg-info", "node_modules",
                                      "__pycache__", "*.tgz")
 
@@ -44,14 +52,52 @@ def examples(readme):
     return found
 
 
+def check_quotes(readme):
+    """0 when every quoted example appears in its file, else 1 (with what is missing)."""
+    with open(readme) as f:
+        text = f.read()
+    quotes = QUOTED.findall(text)
+    if text.count("<!-- quoted example:") != len(quotes) or not quotes:
+        print(f"{readme}: no quoted example, or a marker without a fenced block after it")
+        return 1
+    status = 0
+    for path, block in quotes:
+        with open(os.path.join(ROOT, path)) as f:
+            source = [line.strip() for line in f.read().splitlines()]
+        chunks, chunk = [], []
+        for line in block.splitlines():
+            if line.strip() in ELISION:
+                chunks.append(chunk)
+                chunk = []
+            else:
+                chunk.append(line.strip())
+        chunks.append(chunk)
+        at = 0
+        for chunk in filter(None, chunks):
+            found = next((i for i in range(at, len(source) - len(chunk) + 1)
+                          if source[i:i + len(chunk)] == chunk), None)
+            if found is None:
+                print(f"{readme}: these lines are not in {path} (after line {at}):\n  " +
+                      "\n  ".join(chunk))
+                status = 1
+                break
+            at = found + len(chunk)
+        else:
+            print(f"{readme}: the example quoted from {path} is in it")
+    return status
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--readme", required=True)
     parser.add_argument("--copy", action="append", default=[])
     parser.add_argument("--expect", action="append", default=[])
     parser.add_argument("--prefix", default="", help="only the examples whose names start so")
-    parser.add_argument("work")
+    parser.add_argument("--quotes", action="store_true", help="check the quoted examples")
+    parser.add_argument("work", nargs="?")
     args = parser.parse_args()
+    if args.quotes:
+        return check_quotes(os.path.join(ROOT, args.readme))
     expect = dict(e.split("=", 1) for e in args.expect)
     found = [e for e in examples(os.path.join(ROOT, args.readme))
              if e[0].startswith(args.prefix)]
