@@ -90,6 +90,9 @@ class PythonClientTest(unittest.TestCase):
                 sig = inspect.signature(fn)
                 if name != "__init__":
                     self.assertIsNot(sig.return_annotation, sig.empty, f"{cls.__name__}.{name}")
+            # help(Client) shows the settings by name, not **kwargs.
+            self.assertLessEqual({"target", "timeout", "tls", "token", "retry", "torch_out"},
+                                 set(inspect.signature(cls).parameters))
 
     def test_server_info_and_modules(self):
         info = self.client.server_info()

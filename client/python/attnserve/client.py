@@ -174,6 +174,8 @@ def _module_bytes(weights, num_heads) -> bytes:
 
 
 class _Base:
+    """What Client and AsyncClient share: the channel's settings."""
+
     def __init__(self, target: str, *, timeout: float = 60.0, tls: bool = False,
                  root_certs: Union[bytes, str, None] = None,
                  client_cert: Union[bytes, str, None] = None,
@@ -198,6 +200,8 @@ class _Base:
             load_balancing=load_balancing)
         self._metadata = _metadata(token, self._creds is not None)
         self.target = target
+        self.channel = self._channel(target)
+        self.stub = pb_grpc.AttentionServiceStub(self.channel)
 
     def _kw(self, timeout):
         return {"timeout": self.timeout if timeout is None else timeout,
@@ -206,27 +210,18 @@ class _Base:
 
 class Client(_Base):
     """Blocking client of one target. Thread-safe; use as a context manager or call close().
+    The arguments are described under __init__ below."""
 
-    Client(target, timeout=60.0, tls=False, root_certs=None, client_cert=None,
-    client_key=None, server_name=None, token=None, retry=None, load_balancing=None,
-    torch_out=False): see help(attnserve.Client.__init__).
-    """
-
-    def __init__(self, target: str, **kwargs: Any):
-        super().__init__(target, **kwargs)
+    def _channel(self, target):
         if self._creds is None:
-            self.channel = grpc.insecure_channel(target, options=self._options)
-        else:
-            self.channel = grpc.secure_channel(target, self._creds, options=self._options)
-        self.stub = pb_grpc.AttentionServiceStub(self.channel)
-
-    __init__.__doc__ = _Base.__init__.__doc__
+            return grpc.insecure_channel(target, options=self._options)
+        return grpc.secure_channel(target, self._creds, options=self._options)
 
     def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
         self.channel.close()
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -286,21 +281,16 @@ class AsyncClient(_Base):
     """asyncio client over grpc.aio: the same methods as Client, as coroutines. Create it
     inside the event loop that uses it; use `async with` or `await close()`."""
 
-    def __init__(self, target: str, **kwargs: Any):
-        super().__init__(target, **kwargs)
+    def _channel(self, target):
         if self._creds is None:
-            self.channel = grpc.aio.insecure_channel(target, options=self._options)
-        else:
-            self.channel = grpc.aio.secure_channel(target, self._creds, options=self._options)
-        self.stub = pb_grpc.AttentionServiceStub(self.channel)
-
-    __init__.__doc__ = _Base.__init__.__doc__
+            return grpc.aio.insecure_channel(target, options=self._options)
+        return grpc.aio.secure_channel(target, self._creds, options=self._options)
 
     async def close(self) -> None:
         """Closes the channel; calls in flight are cancelled."""
         await self.channel.close()
 
-    async def __aenter__(self) -> "AsyncClient":
+    async def __aenter__(self) -> AsyncClient:
         return self
 
     async def __aexit__(self, *exc) -> None:
