@@ -2,7 +2,8 @@
 # The Node.js package client/node as a user gets it: `npm pack`, the tarball installed into an
 # empty folder (its npm-shrinkwrap.json pins @grpc/grpc-js, @grpc/proto-loader and everything
 # under them), and attend_test.js run there against a live attnserve; types_check.ts compiled
-# against the installed index.d.ts with the package's pinned TypeScript. Checks first that the
+# against the installed index.d.ts with the package's pinned TypeScript, and codec_test.js
+# checks its float16/bfloat16 conversions against NumPy's. Checks first that the
 # package's copy of the proto is the repository's, its version is the server's, and its lock
 # file names no registry (no "resolved" URLs: npm fetches from whatever registry it is set to).
 #   node_test.sh SERVER_BINARY WORK_DIR VERSION
@@ -71,6 +72,12 @@ cp "$here/types_check.ts" "$work/app/"
   --module commonjs --moduleResolution node types_check.ts)
 echo "index.d.ts: types_check.ts compiles"
 cp "$here/attend_test.js" "$work/app/"
+
+# The dtype conversions against NumPy's.
+mkdir -p "$work/codec"
+/usr/bin/python3 "$here/codec_vectors.py" "$work/codec"
+cp "$here/codec_test.js" "$work/app/"
+(cd "$work/app" && node codec_test.js "$work/codec")
 
 tmp=$(mktemp -d)
 "$server" --listen=127.0.0.1:0 --port_file="$tmp/port" --metrics_address= > "$tmp/log" 2>&1 &
