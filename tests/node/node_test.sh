@@ -23,7 +23,8 @@ export npm_config_audit=false npm_config_fund=false npm_config_update_notifier=f
   npm_config_loglevel=error npm_config_prefer_offline=true
 
 cmp "$root/proto/attnserve/v1/attention.proto" "$package/proto/attnserve/v1/attention.proto" || {
-  echo "client/node/proto/attnserve/v1/attention.proto differs from proto/: copy it over"
+  echo "client/node's copy of the proto differs from proto/; update it with:"
+  echo "  cp proto/attnserve/v1/attention.proto client/node/proto/attnserve/v1/attention.proto"
   exit 1
 }
 got=$(node -p "require('$package/package.json').version")
