@@ -65,8 +65,9 @@ function attention64(q, k, v, [B, Hq, Lq, D], Hkv, Lk, causal) {
 
 async function main() {
   // The package is the installed one, with its own copy of the proto.
-  assert.ok(require.resolve('attnserve').includes('node_modules'), require.resolve('attnserve'));
-  assert.ok(attnserve.PROTO_FILE.includes('node_modules'), attnserve.PROTO_FILE);
+  const installed = require('node:path').join(__dirname, 'node_modules', 'attnserve');
+  assert.ok(require.resolve('attnserve').startsWith(installed), require.resolve('attnserve'));
+  assert.ok(attnserve.PROTO_FILE.startsWith(installed), attnserve.PROTO_FILE);
 
   const info = await client.serverInfo();
   assert.equal(info.version, version, 'the client package follows the server version');

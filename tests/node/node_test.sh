@@ -46,7 +46,8 @@ for f in package/index.js package/index.d.ts package/npm-shrinkwrap.json \
          package/proto/attnserve/v1/attention.proto; do
   grep -qx "$f" <<< "$contents" || { echo "$tarball lacks $f"; exit 1; }
 done
-(cd "$work/app" && npm install "../$tarball")
+# --prefix .: into this folder even if a folder above it holds a package.json or node_modules.
+(cd "$work/app" && npm install --prefix . "../$tarball")
 # What npm installed is what the package's lock file pins, package by package.
 (cd "$work/app" && node -e '
 const lock = require("./package-lock.json");
