@@ -23,6 +23,8 @@ PACKAGES=(
   openssl
   # Python client and its tests (use /usr/bin/python3)
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
+  # the Python package built as a wheel and installed into a venv, offline (tests/python)
+  python3-setuptools python3-wheel python3-venv python3-pip
 )
 # proto lint uses buf from npm: Debian's nodejs+npm, unless a node with npm is already on PATH
 # (some images ship NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).

@@ -1,27 +1,14 @@
-// Calls a live attnserve from Node.js (@grpc/grpc-js, @grpc/proto-loader, the repository's
-// proto file) and checks Attend against a float64 reference written here, GetServerInfo, the
-// stream and an error's code and message.
-//   node attend_test.js HOST:PORT PROTO_ROOT
+// The attnserve Node.js package (client/node), packed with npm pack and installed into an empty
+// folder, against a live attnserve: Attend (float32, grouped-query, causal; float16 and
+// bfloat16) against a float64 reference written here, MultiHeadAttention through "demo",
+// GetServerInfo, the stream with a failing request, and an error's code and message.
+//   node attend_test.js HOST:PORT VERSION     (run where `require('attnserve')` is installed)
 'use strict';
 const assert = require('node:assert/strict');
-const path = require('node:path');
-const grpc = require('@grpc/grpc-js');
-const protoLoader = require('@grpc/proto-loader');
+const attnserve = require('attnserve');
 
-const [target, protoRoot] = process.argv.slice(2);
-const definition = protoLoader.loadSync(path.join(protoRoot, 'attnserve/v1/attention.proto'), {
-  includeDirs: [protoRoot], keepCase: true, longs: Number, enums: String, defaults: true,
-  oneofs: true,
-});
-const v1 = grpc.loadPackageDefinition(definition).attnserve.v1;
-const client = new v1.AttentionService(target, grpc.credentials.createInsecure());
-
-function call(method, request) {
-  return new Promise((resolve, reject) => {
-    const deadline = new Date(Date.now() + 30000);
-    client[method](request, { deadline }, (err, response) => (err ? reject(err) : resolve(response)));
-  });
-}
+const [target, version] = process.argv.slice(2);
+const client = new attnserve.Client(target, { timeoutMs: 60000 });
 
 // A small deterministic generator (mulberry32) and standard normals (Box-Muller).
 function rng(seed) {
@@ -36,17 +23,15 @@ function rng(seed) {
   return () => Math.sqrt(-2 * Math.log(uniform() + 1e-12)) * Math.cos(2 * Math.PI * uniform());
 }
 
-function tensor(shape, values) {
-  const f = Float32Array.from(values);
-  const data = Buffer.alloc(f.length * 4);
-  f.forEach((x, i) => data.writeFloatLE(x, i * 4));
-  return { tensor: { dtype: 'DTYPE_FLOAT32', shape, data }, values: f };
+function tensor(shape, normal) {
+  const n = shape.reduce((a, b) => a * b, 1);
+  return { shape, data: Float32Array.from({ length: n }, normal) };
 }
 
-function floats(t) {
-  const out = new Float64Array(t.data.length / 4);
-  for (let i = 0; i < out.length; i++) out[i] = t.data.readFloatLE(i * 4);
-  return out;
+function maxError(got, want) {
+  let err = 0;
+  for (let i = 0; i < want.length; i++) err = Math.max(err, Math.abs(got[i] - want[i]));
+  return err;
 }
 
 // softmax(q·kᵀ/√d + blocked)·v in float64, grouped-query: q head h reads kv head h / (Hq/Hkv).
@@ -79,55 +64,99 @@ function attention64(q, k, v, [B, Hq, Lq, D], Hkv, Lk, causal) {
 }
 
 async function main() {
-  const info = await call('GetServerInfo', {});
-  assert.ok(info.version.length > 0, 'version');
+  // The package is the installed one, with its own copy of the proto.
+  const installed = require('node:path').join(__dirname, 'node_modules', 'attnserve');
+  assert.ok(require.resolve('attnserve').startsWith(installed), require.resolve('attnserve'));
+  assert.ok(attnserve.PROTO_FILE.startsWith(installed), attnserve.PROTO_FILE);
+
+  const info = await client.serverInfo();
+  assert.equal(info.version, version, 'the client package follows the server version');
   assert.equal(info.backends.filter((b) => b.active).length, 1, 'one active backend');
-  assert.ok(info.limits.max_sequence_length > 0);
+  assert.ok(info.limits.maxSequenceLength > 0);
 
   const normal = rng(42);
   const [B, Hq, Hkv, Lq, Lk, D] = [2, 4, 2, 5, 7, 16];
+  const q = tensor([B, Hq, Lq, D], normal);
+  const k = tensor([B, Hkv, Lk, D], normal);
+  const v = tensor([B, Hkv, Lk, D], normal);
   for (const causal of [false, true]) {
-    const q = tensor([B, Hq, Lq, D], Array.from({ length: B * Hq * Lq * D }, normal));
-    const k = tensor([B, Hkv, Lk, D], Array.from({ length: B * Hkv * Lk * D }, normal));
-    const v = tensor([B, Hkv, Lk, D], Array.from({ length: B * Hkv * Lk * D }, normal));
-    const response = await call('Attend', {
-      query: q.tensor, key: k.tensor, value: v.tensor, options: { causal },
-    });
-    assert.equal(response.output.dtype, 'DTYPE_FLOAT32');
-    assert.deepEqual(response.output.shape.map(Number), [B, Hq, Lq, D]);
-    const got = floats(response.output);
-    const want = attention64(q.values, k.values, v.values, [B, Hq, Lq, D], Hkv, Lk, causal);
-    let err = 0;
-    for (let i = 0; i < want.length; i++) err = Math.max(err, Math.abs(got[i] - want[i]));
+    const r = await client.attend(q, k, v, { causal });
+    assert.equal(r.output.dtype, 'float32');
+    assert.deepEqual(r.output.shape, [B, Hq, Lq, D]);
+    assert.ok(r.output.data instanceof Float32Array);
+    assert.equal(r.weights, null);
+    const err = maxError(r.output.data, attention64(q.data, k.data, v.data, [B, Hq, Lq, D], Hkv,
+      Lk, causal));
     assert.ok(err < 1e-5, `causal=${causal}: max |error| ${err}`);
-    assert.ok(response.timing.server_us >= response.timing.compute_us);
+    assert.ok(r.timing.serverUs >= r.timing.computeUs);
     console.log(`Attend causal=${causal}: max |error| vs float64 ${err.toExponential(2)}, ` +
-                `backend ${response.timing.backend}`);
+                `backend ${r.timing.backend}`);
   }
 
-  await assert.rejects(call('Attend', {
-    query: tensor([1, 1, 2, 8], new Array(16).fill(0)).tensor,
-    key: tensor([1, 1, 2, 4], new Array(8).fill(0)).tensor,
-    value: tensor([1, 1, 2, 4], new Array(8).fill(0)).tensor,
-  }), (err) => {
-    assert.equal(err.code, grpc.status.INVALID_ARGUMENT);
+  // float16 and bfloat16: sent rounded, answered in the same dtype, widened by fromTensor.
+  for (const [dtype, tolerance] of [['float16', 5e-3], ['bfloat16', 4e-2]]) {
+    const r = await client.attend(q, k, v, { dtype });
+    assert.equal(r.output.dtype, dtype);
+    const rounded = (t) => attnserve.fromTensor(attnserve.toTensor(t, dtype)).data;
+    const qr = rounded(q);
+    assert.ok(maxError(qr, q.data) > 0, `${dtype} rounding changes some values`);
+    const err = maxError(r.output.data, attention64(qr, rounded(k), rounded(v), [B, Hq, Lq, D],
+      Hkv, Lk, false));
+    assert.ok(err < tolerance, `${dtype}: max |error| ${err}`);
+    console.log(`Attend ${dtype}: max |error| vs float64 of rounded inputs ${err.toExponential(2)}`);
+  }
+  // Rounding to nearest even, as the server does: 1 + 2^-11 is a float16 tie -> 1.0,
+  // 1 + 3·2^-11 -> 1 + 2^-9; 1 + 2^-8 a bfloat16 tie -> 1.0.
+  assert.deepEqual([...attnserve.toTensor({ shape: [2], data: [1 + 2 ** -11, 1 + 3 * 2 ** -11] },
+    'float16').data], [0x00, 0x3c, 0x02, 0x3c]);
+  assert.deepEqual([...attnserve.toTensor({ shape: [1], data: [1 + 2 ** -8] }, 'bfloat16').data],
+    [0x80, 0x3f]);
+  assert.throws(() => attnserve.toTensor({ shape: [2, 3], data: [1, 2] }), /shape \[2,3\] needs 6/);
+
+  // The built-in module: self-attention, weights rows sum to one.
+  const x = { shape: [1, 10, 64], data: new Float32Array(640).fill(1) };
+  const m = await client.multiHeadAttention('demo', x, { returnWeights: true });
+  assert.deepEqual(m.output.shape, [1, 10, 64]);
+  assert.deepEqual(m.weights.shape, [1, 4, 10, 10]);
+  for (let row = 0; row < 40; row++) {
+    const sum = m.weights.data.slice(row * 10, row * 10 + 10).reduce((a, b) => a + b, 0);
+    assert.ok(Math.abs(sum - 1) < 1e-5, `weights row ${row} sums to ${sum}`);
+  }
+  assert.ok((await client.listModules()).some((mod) => mod.name === 'demo' && mod.numHeads === 4));
+
+  await assert.rejects(client.attend({ shape: [1, 1, 2, 8], data: new Float32Array(16) },
+    { shape: [1, 1, 2, 4], data: new Float32Array(8) },
+    { shape: [1, 1, 2, 4], data: new Float32Array(8) }), (err) => {
+    assert.equal(err.code, attnserve.grpc.status.INVALID_ARGUMENT);
     assert.match(err.details, /key\.shape\[3\] must equal query\.shape\[3\] \(8\); was 4/);
     return true;
   });
 
-  // The stream: ids come back, one per request.
-  const ids = await new Promise((resolve, reject) => {
-    const seen = [];
-    const stream = client.AttentionStream();
-    stream.on('data', (r) => { assert.equal(r.code, 0, r.message); seen.push(Number(r.request_id)); });
-    stream.on('error', reject);
-    stream.on('end', () => resolve(seen));
-    const q = tensor([1, 1, 2, 4], Array.from({ length: 8 }, normal)).tensor;
-    for (let id = 1; id <= 5; id++) stream.write({ request_id: id, attend: { query: q, key: q, value: q } });
-    stream.end();
-  });
-  assert.deepEqual(ids.sort(), [1, 2, 3, 4, 5]);
-  console.log(`GetServerInfo: attnserve ${info.version}; stream answered ${ids.length}; all checks passed`);
+  // The stream: every id answered once, a failed request answered with its code, the rest on.
+  const stream = client.stream({ timeoutMs: 60000 });
+  const small = tensor([1, 1, 2, 4], normal);
+  for (let id = 1; id <= 5; id++) stream.write(id, attnserve.attendRequest(small, small, small));
+  const three = { shape: [1, 3, 64], data: new Float32Array(192) };
+  stream.write(6, attnserve.multiHeadRequest('demo', three));
+  stream.write(7, attnserve.multiHeadRequest('no-such-module', x));
+  stream.end();
+  const answers = new Map();
+  for await (const a of stream) {
+    assert.ok(!answers.has(a.requestId), `request ${a.requestId} answered twice`);
+    answers.set(a.requestId, a);
+  }
+  assert.deepEqual([...answers.keys()].sort(), [1, 2, 3, 4, 5, 6, 7]);
+  const want = attention64(small.data, small.data, small.data, [1, 1, 2, 4], 1, 2, false);
+  for (let id = 1; id <= 5; id++) {
+    assert.equal(answers.get(id).code, 0, answers.get(id).message);
+    assert.ok(maxError(answers.get(id).result.output.data, want) < 1e-5);
+  }
+  assert.deepEqual(answers.get(6).result.output.shape, [1, 3, 64]);
+  assert.equal(answers.get(7).code, attnserve.grpc.status.NOT_FOUND);
+  assert.equal(answers.get(7).result, null);
+  assert.match(answers.get(7).message, /no-such-module/);
+  console.log(`GetServerInfo: attnserve ${info.version}; stream answered ${answers.size}; ` +
+              'all checks passed');
   client.close();
 }
 

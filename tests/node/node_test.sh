@@ -1,29 +1,91 @@
 #!/bin/bash
-# The Node.js client test: installs the pinned @grpc/grpc-js and @grpc/proto-loader (npm ci,
-# package-lock.json) into a work directory, starts attnserve, runs attend_test.js against it.
-#   node_test.sh SERVER_BINARY WORK_DIR
+# The Node.js package client/node as a user gets it: `npm pack`, the tarball installed into an
+# empty folder (its npm-shrinkwrap.json pins @grpc/grpc-js, @grpc/proto-loader and everything
+# under them), and attend_test.js run there against a live attnserve; types_check.ts compiled
+# against the installed index.d.ts with the package's pinned TypeScript, and codec_test.js
+# checks its float16/bfloat16 conversions against NumPy's. Checks first that the
+# package's copy of the proto is the repository's, its version is the server's, and its lock
+# file names no registry (no "resolved" URLs: npm fetches from whatever registry it is set to).
+#   node_test.sh SERVER_BINARY WORK_DIR VERSION
 # Exits 77 (skipped) when node or npm is not installed.
 set -euo pipefail
 server=$1
 work=$2
+version=$3
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
+package=$root/client/node
 if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
   echo "node or npm not installed: skipped"
   exit 77
 fi
-mkdir -p "$work"
-cp "$here/package.json" "$here/package-lock.json" "$here/attend_test.js" "$work/"
-# npm ci is skipped when node_modules already matches the lock file (a second run is offline).
-if ! cmp -s "$here/package-lock.json" "$work/node_modules/.attnserve-lock" 2> /dev/null; then
-  (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
-  cp "$here/package-lock.json" "$work/node_modules/.attnserve-lock"
+export npm_config_audit=false npm_config_fund=false npm_config_update_notifier=false \
+  npm_config_loglevel=error npm_config_prefer_offline=true
+
+cmp "$root/proto/attnserve/v1/attention.proto" "$package/proto/attnserve/v1/attention.proto" || {
+  echo "client/node's copy of the proto differs from proto/; update it with:"
+  echo "  cp proto/attnserve/v1/attention.proto client/node/proto/attnserve/v1/attention.proto"
+  exit 1
+}
+got=$(node -p "require('$package/package.json').version")
+if [[ $got != "$version" ]]; then
+  echo "client/node/package.json has version $got, the server $version"
+  exit 1
 fi
+if grep -n '"resolved"' "$package/npm-shrinkwrap.json"; then
+  echo "client/node/npm-shrinkwrap.json names registry URLs: strip the \"resolved\" fields"
+  exit 1
+fi
+
+rm -rf "$work"
+mkdir -p "$work/app"
+tarball=$(cd "$work" && npm pack "$package" --pack-destination "$work" | tail -n 1)
+echo "packed $tarball"
+contents=$(tar -tzf "$work/$tarball")
+for f in package/index.js package/index.d.ts package/npm-shrinkwrap.json \
+         package/proto/attnserve/v1/attention.proto; do
+  grep -qx "$f" <<< "$contents" || { echo "$tarball lacks $f"; exit 1; }
+done
+# --prefix .: into this folder even if a folder above it holds a package.json or node_modules.
+(cd "$work/app" && npm install --prefix . "../$tarball")
+# What npm installed is what the package's lock file pins, package by package.
+(cd "$work/app" && node -e '
+const lock = require("./package-lock.json");
+const pinned = require("./node_modules/attnserve/npm-shrinkwrap.json").packages;
+let bad = 0;
+for (const [p, info] of Object.entries(pinned)) {
+  if (!p || info.dev) continue;
+  const got = lock.packages["node_modules/attnserve/" + p] || lock.packages[p];
+  if (!got || got.version !== info.version) {
+    console.log(`${p}: pinned ${info.version}, installed ${got && got.version}`);
+    bad++;
+  }
+}
+if (bad) process.exit(1);
+console.log("installed as pinned");')
+
+# The types: the package's pinned TypeScript (a devDependency, from a copy of client/node with
+# npm ci) compiles types_check.ts against the installed package's index.d.ts.
+mkdir -p "$work/dev"
+cp "$package/package.json" "$package/npm-shrinkwrap.json" "$work/dev/"
+(cd "$work/dev" && npm ci)
+cp "$here/types_check.ts" "$work/app/"
+(cd "$work/app" && "$work/dev/node_modules/.bin/tsc" --noEmit --strict --target es2020 \
+  --module commonjs --moduleResolution node types_check.ts)
+echo "index.d.ts: types_check.ts compiles"
+cp "$here/attend_test.js" "$work/app/"
+
+# The dtype conversions against NumPy's.
+mkdir -p "$work/codec"
+/usr/bin/python3 "$here/codec_vectors.py" "$work/codec"
+cp "$here/codec_test.js" "$work/app/"
+(cd "$work/app" && node codec_test.js "$work/codec")
 
 tmp=$(mktemp -d)
 "$server" --listen=127.0.0.1:0 --port_file="$tmp/port" --metrics_address= > "$tmp/log" 2>&1 &
 pid=$!
 trap 'kill $pid 2> /dev/null; wait $pid 2> /dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 600); do [[ -s $tmp/port ]] && break; sleep 0.05; done
+for _ in $(seq 1200); do [[ -s $tmp/port ]] && break; sleep 0.05; done
 [[ -s $tmp/port ]] || { echo "attnserve did not start"; cat "$tmp/log"; exit 1; }
-node "$work/attend_test.js" "127.0.0.1:$(cat "$tmp/port")" "$root/proto"
+cd "$work/app"
+node attend_test.js "127.0.0.1:$(cat "$tmp/port")" "$version"

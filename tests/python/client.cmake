@@ -1,12 +1,60 @@
-# The Python package client/python/attnserve against live servers (Debian's python3-grpcio,
+# The Python package client/python as a user installs it (Debian's python3-grpcio,
 # python3-protobuf, python3-numpy; torch parts skip when torch is not importable). Included from
 # tests/python/CMakeLists.txt.
+set(PY_PACKAGE_WORK ${CMAKE_CURRENT_BINARY_DIR}/package)
+get_target_property(PY_GRPC_PYTHON_PLUGIN gRPC::grpc_python_plugin LOCATION)
+
+# The checked-in stubs and version match the proto and the CMake project version.
+add_test(NAME python_package_sources
+  COMMAND ${CMAKE_COMMAND} -E env PROTOC=$<TARGET_FILE:protobuf::protoc>
+          GRPC_PYTHON_PLUGIN=${PY_GRPC_PYTHON_PLUGIN} ATTNSERVE_VERSION=${PROJECT_VERSION}
+          ${ATTNSERVE_ROOT}/client/python/update_stubs.sh --check)
+set_tests_properties(python_package_sources PROPERTIES LABELS "python;client" TIMEOUT 60)
+
+# The wheel, built from a copy of client/python and installed into a fresh virtual environment.
+add_test(NAME python_package_install
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh install ${PY_PACKAGE_WORK})
+set_tests_properties(python_package_install PROPERTIES
+  LABELS "python;client" TIMEOUT 300 FIXTURES_SETUP python_package)
+
+# The client tests with that environment's python, from a folder outside the source tree.
 foreach(t test_python_client test_python_client_async)
   add_test(NAME python_${t}
-    COMMAND /usr/bin/python3 -m unittest -v ${t}
-    WORKING_DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR})
+    COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} ${t})
   set_tests_properties(python_${t} PROPERTIES
     LABELS "python;client;integration"
     TIMEOUT 300
-    ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_STUBS=${CMAKE_BINARY_DIR}/python/attnserve_pb;ATTNSERVE_SEED_VECTORS_DIR=${ATTNSERVE_SEED_VECTORS_DIR};PYTHONDONTWRITEBYTECODE=1")
+    FIXTURES_REQUIRED python_package
+    ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_SEED_VECTORS_DIR=${ATTNSERVE_SEED_VECTORS_DIR};PYTHONDONTWRITEBYTECODE=1")
 endforeach()
+
+# The examples of client/python/README.md and of README.md's Python sections, run as written
+# (from `pip install ./client/python` in a fresh venv) against a live server.
+set(PY_README_EXPECT
+  "--expect=install=Successfully installed attnserve-${PROJECT_VERSION}"
+  "--expect=first-call=(1, 10, 64)"
+  "--expect=load-module=4 (2, 5, 32) (2, 4, 5, 7)"
+  "--expect=asyncio=8 (1, 4, 8, 16)"
+  "--expect=stream=99 5 module: no module 'no-such-module'")
+add_test(NAME python_readme_examples
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
+          --readme=client/python/README.md --copy=client/python ${PY_README_EXPECT}
+          ${CMAKE_CURRENT_BINARY_DIR}/readme-package)
+add_test(NAME python_readme_top_examples
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
+          --readme=README.md --prefix=python- --copy=client/python
+          "--expect=python-install=Successfully installed attnserve-${PROJECT_VERSION}"
+          "--expect=python-first-call=(1, 10, 64)"
+          "--expect=python-reflection=AAAAQAAAQEA="
+          ${CMAKE_CURRENT_BINARY_DIR}/readme-top)
+set_tests_properties(python_readme_examples python_readme_top_examples PROPERTIES
+  LABELS "python;client;integration"
+  TIMEOUT 300
+  ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>")
+
+# README.md's C++ lines are quoted from tests/client/outside, which client_install_find_package
+# builds against the installed package and runs against a live server: they must still be there.
+add_test(NAME readme_quoted_examples
+  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py --readme=README.md
+          --quotes)
+set_tests_properties(readme_quoted_examples PROPERTIES LABELS "client" TIMEOUT 60)

@@ -1,7 +1,12 @@
-"""The attnserve Python package (client/python/attnserve) against a live attnserve: numpy in and
-out, float16/bfloat16, masks and options, the seed vectors through load_module, the safetensors
-writer and export_state_dict (with torch when importable), the stream, retries, errors, and the
-reflection client. Expected values come from float64 NumPy written here.
+"""The installed attnserve Python package (built from client/python as a wheel) against a live
+attnserve: numpy in and out, float16/bfloat16, masks and options, the seed vectors through
+load_module, the safetensors writer and export_state_dict (with torch when importable), the
+stream, retries, errors, and the reflection client. Expected values come from float64 NumPy
+written here.
+
+Run by tests/python/package_test.sh from a folder outside the source tree with the virtual
+environment the wheel was installed into: `attnserve` must be the installed package, never the
+repository's client/python (test_the_package_is_the_installed_one).
 """
 import os
 import sys
@@ -10,14 +15,11 @@ import unittest
 import grpc
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
-sys.path.insert(0, os.environ["ATTNSERVE_STUBS"])
-import attnserve  # noqa: E402
-from attnserve import pb  # noqa: E402
-from attnserve import reflection  # noqa: E402
+import attnserve
+from attnserve import pb
+from attnserve import reflection
 
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer
 
 SEEDS = os.environ["ATTNSERVE_SEED_VECTORS_DIR"]
 SEED_CASES = ("blocked_rows", "causal", "cross_padding", "seed_demo")
@@ -65,9 +67,36 @@ class PythonClientTest(unittest.TestCase):
         cls.client.close()
         cls.server.stop()
 
+    def test_the_package_is_the_installed_one(self):
+        # Imported from the environment's site-packages, with the stubs inside it.
+        site = os.path.realpath(sys.prefix)
+        for module in (attnserve, attnserve.pb, attnserve.pb_grpc, reflection):
+            self.assertTrue(os.path.realpath(module.__file__).startswith(site + os.sep),
+                            f"{module.__name__} from {module.__file__}, not under {site}")
+        self.assertNotIn("client/python", os.pathsep.join(sys.path))
+
+    def test_public_api_is_documented_and_typed(self):
+        import inspect
+        self.assertTrue(attnserve.__doc__)
+        for name in attnserve.__all__:
+            obj = getattr(attnserve, name)
+            if callable(obj):
+                self.assertTrue(inspect.getdoc(obj), name)
+        for cls in (attnserve.Client, attnserve.AsyncClient):
+            for name, fn in inspect.getmembers(cls, inspect.isfunction):
+                if name.startswith("_") and name != "__init__":
+                    continue
+                self.assertTrue(inspect.getdoc(fn), f"{cls.__name__}.{name}")
+                sig = inspect.signature(fn)
+                if name != "__init__":
+                    self.assertIsNot(sig.return_annotation, sig.empty, f"{cls.__name__}.{name}")
+            # help(Client) shows the settings by name, not **kwargs.
+            self.assertLessEqual({"target", "timeout", "tls", "token", "retry", "torch_out"},
+                                 set(inspect.signature(cls).parameters))
+
     def test_server_info_and_modules(self):
         info = self.client.server_info()
-        self.assertTrue(info.version)
+        self.assertEqual(info.version, attnserve.__version__)  # the client follows the server
         self.assertIn("demo", [m.name for m in self.client.list_modules()])
 
     def test_attend_numpy_in_and_out(self):
@@ -196,11 +225,11 @@ class PythonClientTest(unittest.TestCase):
         reqs = []
         for i in range(20):
             q = rng.standard_normal((1, 2, 1 + i % 4, 8), dtype=np.float32)
-            reqs.append((100 + i, attnserve.client.attend_request(q, q, q)))
-        bad = attnserve.client.attend_request(np.zeros((1, 2, 3, 8)), np.zeros((1, 2, 3, 4)),
+            reqs.append((100 + i, attnserve.attend_request(q, q, q)))
+        bad = attnserve.attend_request(np.zeros((1, 2, 3, 8)), np.zeros((1, 2, 3, 4)),
                                               np.zeros((1, 2, 3, 4)))
         reqs.append((999, bad))
-        reqs.append((1000, attnserve.client.multi_head_request("demo", np.ones((1, 3, 64)))))
+        reqs.append((1000, attnserve.multi_head_request("demo", np.ones((1, 3, 64)))))
         got = {r.request_id: r for r in self.client.stream(iter(reqs), timeout=60)}
         self.assertEqual(set(got), {i for i, _ in reqs})
         self.assertEqual(got[999].code, grpc.StatusCode.INVALID_ARGUMENT.value[0])

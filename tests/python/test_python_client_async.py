@@ -1,20 +1,16 @@
-"""attnserve.AsyncClient (grpc.aio) against a live attnserve: concurrent calls, the stream,
-errors."""
+"""The installed package's attnserve.AsyncClient (grpc.aio) against a live attnserve:
+concurrent calls, the stream (written by hand and from an async iterable), errors. Run by
+tests/python/package_test.sh as test_python_client.py is."""
 import asyncio
 import os
-import sys
 import unittest
 
 import grpc
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
-sys.path.insert(0, os.environ["ATTNSERVE_STUBS"])
-import attnserve  # noqa: E402
-from attnserve import pb  # noqa: E402
+import attnserve
 
-from live_server import LiveServer  # noqa: E402
+from live_server import LiveServer
 
 
 def attention64(q, k, v):
@@ -51,11 +47,27 @@ class AsyncClientTest(unittest.IsolatedAsyncioTestCase):
             call = c.stream(timeout=60)
             q = np.ones((1, 1, 2, 4), np.float32)
             for i in range(10):
-                await call.write(pb.AttentionStreamRequest(
-                    request_id=i, attend=attnserve.client.attend_request(q, q, q)))
+                await call.write(attnserve.stream_request(i, attnserve.attend_request(q, q, q)))
             await call.done_writing()
             ids = [r.request_id async for r in call]
             self.assertEqual(sorted(ids), list(range(10)))
+
+    async def test_stream_from_an_async_iterable(self):
+        rng = np.random.default_rng(6)
+        qs = {i: rng.standard_normal((1, 2, 3, 8), dtype=np.float32) for i in range(8)}
+
+        async def requests():
+            for i, q in qs.items():
+                yield i, attnserve.attend_request(q, q, q)
+            yield 99, attnserve.multi_head_request("missing", np.zeros((1, 2, 64)))
+        async with attnserve.AsyncClient(self.server.target) as c:
+            got = {r.request_id: r async for r in c.stream(requests(), timeout=60)}
+        self.assertEqual(set(got), set(qs) | {99})
+        self.assertEqual(got[99].code, grpc.StatusCode.NOT_FOUND.value[0])
+        for i, q in qs.items():
+            self.assertEqual(got[i].code, 0, got[i].message)
+            np.testing.assert_allclose(attnserve.from_tensor(got[i].attend.output),
+                                       attention64(q, q, q), atol=1e-5)
 
     async def test_errors(self):
         async with attnserve.AsyncClient(self.server.target) as c:

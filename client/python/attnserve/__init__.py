@@ -1,51 +1,45 @@
-"""attnserve: a Python client for the attnserve gRPC service.
+"""attnserve: a Python client for the attnserve gRPC service (Transformer attention).
 
+    import numpy as np
     import attnserve
+
     with attnserve.Client("localhost:50051") as client:
-        result = client.attend(q, k, v, causal=True)      # numpy (or torch) arrays in
-        result.output                                     # a numpy array out
-        result.timing.compute_us
+        x = np.ones((1, 10, 64), np.float32)                 # [batch, length, d_model]
+        result = client.multi_head_attention("demo", x)    # the server's built-in module
+        result.output                                      # a numpy array [1, 10, 64]
+        result.timing.compute_us                           # the server's timing
 
-Also: attnserve.AsyncClient (asyncio, grpc.aio), attnserve.export_state_dict (a PyTorch module's
-weights as safetensors under the reference names, ready for Client.load_module), and
-``python3 -m attnserve.reflection`` (a generic client through server reflection).
+numpy arrays (or nested lists) go in and come out; torch tensors go in too when torch is
+importable, and come out with Client(..., torch_out=True). float32, float16 and bfloat16.
 
-The messages come from stubs generated from proto/attnserve/v1/attention.proto (the build
-writes them to <build>/python/attnserve_pb). They are found on sys.path, or in the directory the
-ATTNSERVE_STUBS environment variable names: this package extends its own path with every
-``attnserve`` directory there, so ``attnserve.v1.attention_pb2`` resolves to the generated code.
-Needs grpcio, protobuf and numpy (Debian's python3-grpcio, python3-protobuf, python3-numpy);
-torch is optional.
+- Client: blocking calls (attend, multi_head_attention, load_module, unload_module,
+  list_modules, server_info) and stream() over the AttentionStream rpc.
+- AsyncClient: the same as coroutines on asyncio (grpc.aio); stream() as an async iterator.
+- attend_request, multi_head_request, stream_request: the request messages, for streams.
+- to_tensor / from_tensor: arrays <-> attnserve.v1.Tensor.
+- export_state_dict, write_safetensors, read_safetensors: a PyTorch module's weights as
+  safetensors bytes ready for load_module.
+- pb, pb_grpc: the generated messages and stub (attnserve.v1.attention_pb2, _pb2_grpc).
+- ``python3 -m attnserve.reflection TARGET list|describe|call``: a generic client through the
+  server's reflection service (needs no stubs).
+
+Errors are grpc.RpcError (grpc.aio.AioRpcError in AsyncClient) with the server's canonical
+code and a message naming the field and value, e.g. INVALID_ARGUMENT
+"key.shape[3] must equal query.shape[3] (8); was 4".
+
+Needs grpcio, protobuf and numpy (Debian 12: python3-grpcio, python3-protobuf, python3-numpy);
+torch is optional. The version is the server's it was released with (GetServerInfo().version).
 """
-import os
-import pkgutil
-import sys
+from attnserve._version import __version__
+from attnserve.v1 import attention_pb2 as pb
+from attnserve.v1 import attention_pb2_grpc as pb_grpc
+from attnserve.tensors import to_tensor, from_tensor, DTYPES
+from attnserve.client import (Client, AsyncClient, Result, RetryPolicy, attend_request,
+                              multi_head_request, stream_request)
+from attnserve.safetensors import (write_safetensors, read_safetensors, export_state_dict,
+                                   REFERENCE_NAMES)
 
-__path__ = pkgutil.extend_path(__path__, __name__)  # noqa: F821 (the generated attnserve/v1)
-_stubs = os.environ.get("ATTNSERVE_STUBS")
-if _stubs and os.path.isdir(os.path.join(_stubs, "attnserve")):
-    _dir = os.path.join(_stubs, "attnserve")
-    if _dir not in __path__:
-        __path__.append(_dir)
-
-try:
-    from attnserve.v1 import attention_pb2 as pb  # noqa: E402
-    from attnserve.v1 import attention_pb2_grpc as pb_grpc  # noqa: E402
-    from attnserve.tensors import to_tensor, from_tensor, DTYPES  # noqa: E402,F401
-    from attnserve.client import Client, AsyncClient, Result, RetryPolicy  # noqa: E402,F401
-    from attnserve.safetensors import (  # noqa: E402,F401
-        write_safetensors, read_safetensors, export_state_dict, REFERENCE_NAMES)
-except ImportError as _e:
-    # attnserve.reflection needs no stubs: importing the package must not fail without them.
-    # Everything else says plainly what is missing when it is first used.
-    _stub_error = ImportError(
-        "attnserve: the generated stubs attnserve/v1/attention_pb2.py were not found; build "
-        "the target attnserve_python_stubs and put <build>/python/attnserve_pb on PYTHONPATH "
-        f"(or name it in ATTNSERVE_STUBS). ({_e}; sys.path was {sys.path})")
-
-    def __getattr__(name):
-        raise _stub_error
-
-__all__ = ["pb", "pb_grpc", "Client", "AsyncClient", "Result", "RetryPolicy", "to_tensor",
-           "from_tensor", "DTYPES", "write_safetensors", "read_safetensors", "export_state_dict",
-           "REFERENCE_NAMES"]
+__all__ = ["__version__", "pb", "pb_grpc", "Client", "AsyncClient", "Result", "RetryPolicy",
+           "attend_request", "multi_head_request", "stream_request", "to_tensor",
+           "from_tensor", "DTYPES", "write_safetensors", "read_safetensors",
+           "export_state_dict", "REFERENCE_NAMES"]

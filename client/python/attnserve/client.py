@@ -6,27 +6,47 @@ Retries (UNAVAILABLE, with backoff) and load balancing (round_robin over the add
 target resolves to, e.g. "ipv4:127.0.0.1:5001,127.0.0.1:5002") are gRPC's, through the
 channel's service config.
 """
-import collections
+from __future__ import annotations
+
 import json
 import os
+from typing import (Any, AsyncIterable, AsyncIterator, Iterable, Iterator, List, NamedTuple,
+                    Optional, Sequence, Tuple, Union)
 
 import grpc
 
 from attnserve.v1 import attention_pb2 as pb
 from attnserve.v1 import attention_pb2_grpc as pb_grpc
-from attnserve.tensors import to_tensor, from_tensor
+from attnserve.tensors import ArrayLike, to_tensor, from_tensor
 
-# A result: output and weights (None unless asked for) as numpy arrays (or torch tensors),
-# and the server's pb.Timing.
-Result = collections.namedtuple("Result", ["output", "weights", "timing"])
-
-RetryPolicy = collections.namedtuple(
-    "RetryPolicy", ["max_attempts", "initial_backoff_s", "max_backoff_s", "multiplier", "codes"],
-    defaults=[4, 0.1, 2.0, 2.0, ("UNAVAILABLE",)])
+# A request of a stream: AttendRequest or MultiHeadAttentionRequest.
+Request = Union[pb.AttendRequest, pb.MultiHeadAttentionRequest]
+# Weights for load_module: safetensors bytes or a path, a state_dict or a torch module.
+Weights = Any
 
 
-def _service_config(retry, load_balancing):
-    config = {}
+class Result(NamedTuple):
+    """One answer: `output` (and `weights`, None unless return_weights=True) as numpy arrays,
+    or torch tensors with torch_out=True; `timing` is the server's pb.Timing (queued_us,
+    compute_us, server_us, batch_size, backend)."""
+    output: Any
+    weights: Any
+    timing: pb.Timing
+
+
+class RetryPolicy(NamedTuple):
+    """gRPC's retry policy for every rpc of the service: up to `max_attempts` attempts on the
+    status `codes`, waiting a random time up to initial_backoff_s, growing by `multiplier` to at
+    most max_backoff_s. RetryPolicy(): 4 attempts on UNAVAILABLE, 0.1 s doubling to 2 s."""
+    max_attempts: int = 4
+    initial_backoff_s: float = 0.1
+    max_backoff_s: float = 2.0
+    multiplier: float = 2.0
+    codes: Tuple[str, ...] = ("UNAVAILABLE",)
+
+
+def _service_config(retry: Optional[RetryPolicy], load_balancing: Optional[str]) -> str:
+    config: dict = {}
     if retry is not None and retry.max_attempts > 1:
         config["methodConfig"] = [{
             "name": [{"service": "attnserve.v1.AttentionService"}],
@@ -42,14 +62,14 @@ def _service_config(retry, load_balancing):
     return json.dumps(config)
 
 
-def _read(path):
+def _read(path) -> bytes:
     with open(path, "rb") as f:
         return f.read()
 
 
 def _channel_args(target, *, tls, root_certs, client_cert, client_key, server_name, token,
                   retry, load_balancing):
-    """(target, credentials or None, options) for grpc.*_channel."""
+    """(credentials or None, options) for grpc.*_channel."""
     options = [("grpc.max_receive_message_length", -1),
                ("grpc.max_send_message_length", -1),
                ("grpc.enable_retries", 1),
@@ -76,7 +96,7 @@ def _metadata(token, secure):
     return (("authorization", f"Bearer {token}"),) if token and not secure else None
 
 
-def _options(causal, mask, key_lengths, scale, return_weights):
+def _options(causal, mask, key_lengths, scale, return_weights) -> pb.AttentionOptions:
     o = pb.AttentionOptions(causal=causal, return_weights=return_weights)
     if mask is not None:
         o.mask.CopyFrom(to_tensor(mask, "bool"))
@@ -87,18 +107,34 @@ def _options(causal, mask, key_lengths, scale, return_weights):
     return o
 
 
-def attend_request(q, k, v, *, causal=False, mask=None, key_lengths=None, scale=None,
-                   return_weights=False, dtype=None):
-    """A pb.AttendRequest: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]."""
+def attend_request(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
+                   mask: Optional[ArrayLike] = None,
+                   key_lengths: Optional[Sequence[int]] = None, scale: Optional[float] = None,
+                   return_weights: bool = False, dtype: Optional[str] = None) -> pb.AttendRequest:
+    """A pb.AttendRequest: attention on caller-projected tensors.
+
+    q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (grouped-query when Hkv < Hq);
+    numpy arrays, torch tensors or nested lists. causal: bottom-right aligned causal mask.
+    mask: booleans broadcastable to [B, Hq, Lq, Lk] (True = attend). key_lengths: B valid key
+    counts. scale: instead of 1/sqrt(D). return_weights: the softmax weights come back too.
+    dtype: "float32", "float16" or "bfloat16" (default: q's own, float32 for other dtypes);
+    k and v are sent in q's dtype.
+    """
     query = to_tensor(q, dtype)
     return pb.AttendRequest(query=query, key=to_tensor(k, query.dtype),
                             value=to_tensor(v, query.dtype),
                             options=_options(causal, mask, key_lengths, scale, return_weights))
 
 
-def multi_head_request(module, query, key=None, value=None, *, causal=False, mask=None,
-                       key_lengths=None, scale=None, return_weights=False, dtype=None):
-    """A pb.MultiHeadAttentionRequest: query [B, Lq, d_model], key/value [B, Lk, d_model]."""
+def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] = None,
+                       value: Optional[ArrayLike] = None, *, causal: bool = False,
+                       mask: Optional[ArrayLike] = None,
+                       key_lengths: Optional[Sequence[int]] = None,
+                       scale: Optional[float] = None, return_weights: bool = False,
+                       dtype: Optional[str] = None) -> pb.MultiHeadAttentionRequest:
+    """A pb.MultiHeadAttentionRequest: the registered module `module` on query
+    [B, Lq, d_model] and key/value [B, Lk, d_model] (both, or neither for self-attention).
+    The options are attend_request's."""
     if (key is None) != (value is None):
         raise ValueError("give both key and value, or neither (self-attention)")
     q = to_tensor(query, dtype)
@@ -111,12 +147,23 @@ def multi_head_request(module, query, key=None, value=None, *, causal=False, mas
     return r
 
 
-def _result(response, torch_out):
+def stream_request(request_id: int, request: Request) -> pb.AttentionStreamRequest:
+    """The AttentionStream message carrying `request` (from attend_request or
+    multi_head_request) under the caller's `request_id`, which its answer echoes."""
+    if isinstance(request, pb.AttendRequest):
+        return pb.AttentionStreamRequest(request_id=request_id, attend=request)
+    if isinstance(request, pb.MultiHeadAttentionRequest):
+        return pb.AttentionStreamRequest(request_id=request_id, multi_head_attention=request)
+    raise TypeError("a stream carries AttendRequest or MultiHeadAttentionRequest; was "
+                    f"{type(request).__name__}")
+
+
+def _result(response, torch_out: bool) -> Result:
     weights = from_tensor(response.weights, torch_out) if response.HasField("weights") else None
     return Result(from_tensor(response.output, torch_out), weights, response.timing)
 
 
-def _module_bytes(weights, num_heads):
+def _module_bytes(weights, num_heads) -> bytes:
     """LoadModule's safetensors bytes from bytes, a path, a state_dict or a module."""
     from attnserve.safetensors import export_state_dict
     if isinstance(weights, (bytes, bytearray)):
@@ -127,18 +174,21 @@ def _module_bytes(weights, num_heads):
 
 
 class _Base:
-    def __init__(self, target, *, timeout=60.0, tls=False, root_certs=None, client_cert=None,
-                 client_key=None, server_name=None, token=None, retry=None,
-                 load_balancing=None, torch_out=False):
+    """What Client and AsyncClient share: the channel's settings."""
+
+    def __init__(self, target: str, *, timeout: float = 60.0, tls: bool = False,
+                 root_certs: Union[bytes, str, None] = None,
+                 client_cert: Union[bytes, str, None] = None,
+                 client_key: Union[bytes, str, None] = None, server_name: Optional[str] = None,
+                 token: Optional[str] = None, retry: Optional[RetryPolicy] = None,
+                 load_balancing: Optional[str] = None, torch_out: bool = False):
         """target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2".
 
         timeout: seconds per call. tls / root_certs / client_cert / client_key (PEM bytes or
         file paths): TLS and mutual TLS; server_name overrides the name checked. token: a
-        bearer token. retry: a RetryPolicy (RetryPolicy(): 4 attempts on UNAVAILABLE, 0.1 s
-        doubling to 2 s), or None (the default, as in the C++ client) for no retries.
-        load_balancing:
-        "round_robin" or "pick_first" (default: round_robin when the target lists addresses).
-        torch_out: results as torch tensors instead of numpy arrays.
+        bearer token. retry: a RetryPolicy, or None (the default, as in the C++ client) for no
+        retries. load_balancing: "round_robin" or "pick_first" (default: round_robin when the
+        target lists addresses). torch_out: results as torch tensors instead of numpy arrays.
         """
         if load_balancing is None and target.startswith(("ipv4:", "ipv6:", "dns:")):
             load_balancing = "round_robin"
@@ -150,6 +200,8 @@ class _Base:
             load_balancing=load_balancing)
         self._metadata = _metadata(token, self._creds is not None)
         self.target = target
+        self.channel = self._channel(target)
+        self.stub = pb_grpc.AttentionServiceStub(self.channel)
 
     def _kw(self, timeout):
         return {"timeout": self.timeout if timeout is None else timeout,
@@ -157,117 +209,151 @@ class _Base:
 
 
 class Client(_Base):
-    """Blocking client. Thread-safe; use as a context manager or call close()."""
+    """Blocking client of one target. Thread-safe; use as a context manager or call close().
+    The arguments are described under __init__ below."""
 
-    def __init__(self, target, **kwargs):
-        super().__init__(target, **kwargs)
+    def _channel(self, target):
         if self._creds is None:
-            self.channel = grpc.insecure_channel(target, options=self._options)
-        else:
-            self.channel = grpc.secure_channel(target, self._creds, options=self._options)
-        self.stub = pb_grpc.AttentionServiceStub(self.channel)
+            return grpc.insecure_channel(target, options=self._options)
+        return grpc.secure_channel(target, self._creds, options=self._options)
 
-    def close(self):
+    def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
         self.channel.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Client:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc) -> None:
         self.close()
 
-    def attend(self, q, k, v, *, timeout=None, **options):
-        """Attention on projected tensors; options: causal, mask, key_lengths, scale,
-        return_weights, dtype. Returns a Result."""
+    def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
+               timeout: Optional[float] = None, **options: Any) -> Result:
+        """Attention on projected tensors q [B, Hq, Lq, D], k [B, Hkv, Lk, D],
+        v [B, Hkv, Lk, Dv]. options: causal, mask, key_lengths, scale, return_weights, dtype
+        (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
         response = self.stub.Attend(attend_request(q, k, v, **options), **self._kw(timeout))
         return _result(response, self.torch_out)
 
-    def multi_head_attention(self, module, query, key=None, value=None, *, timeout=None,
-                             **options):
-        """The module `module` on query (and key/value, or self-attention). Returns a Result."""
+    def multi_head_attention(self, module: str, query: ArrayLike,
+                             key: Optional[ArrayLike] = None, value: Optional[ArrayLike] = None,
+                             *, timeout: Optional[float] = None, **options: Any) -> Result:
+        """The registered module `module` ("demo" is built in) on query [B, Lq, d_model] and
+        key/value [B, Lk, d_model], or self-attention without them. options as attend's.
+        Returns a Result with output [B, Lq, d_model], weights [B, h, Lq, Lk]."""
         response = self.stub.MultiHeadAttention(
             multi_head_request(module, query, key, value, **options), **self._kw(timeout))
         return _result(response, self.torch_out)
 
-    def load_module(self, name, weights, *, num_heads=0, replace=False, timeout=None):
-        """Registers weights (safetensors bytes or path, a state_dict or a torch module) under
-        `name`. Returns the pb.ModuleInfo."""
+    def load_module(self, name: str, weights: Weights, *, num_heads: int = 0,
+                    replace: bool = False, timeout: Optional[float] = None) -> pb.ModuleInfo:
+        """Registers weights under `name`: safetensors bytes or a path, a state_dict or a torch
+        module (see export_state_dict). num_heads: 0 reads it from the file's metadata.
+        replace: overwrite a module of that name. Returns the pb.ModuleInfo."""
         request = pb.LoadModuleRequest(name=name, safetensors=_module_bytes(weights, num_heads),
                                        num_heads=num_heads, replace=replace)
         return self.stub.LoadModule(request, **self._kw(timeout)).module
 
-    def unload_module(self, name, *, timeout=None):
+    def unload_module(self, name: str, *, timeout: Optional[float] = None) -> None:
+        """Removes the module `name` (NOT_FOUND when there is none)."""
         self.stub.UnloadModule(pb.UnloadModuleRequest(name=name), **self._kw(timeout))
 
-    def list_modules(self, *, timeout=None):
+    def list_modules(self, *, timeout: Optional[float] = None) -> List[pb.ModuleInfo]:
+        """The registered modules: name, d_model, num_heads, bytes."""
         return list(self.stub.ListModules(pb.ListModulesRequest(), **self._kw(timeout)).modules)
 
-    def server_info(self, *, timeout=None):
+    def server_info(self, *, timeout: Optional[float] = None) -> pb.GetServerInfoResponse:
+        """The server's version, backends and devices, limits and batching settings."""
         return self.stub.GetServerInfo(pb.GetServerInfoRequest(), **self._kw(timeout))
 
-    def stream(self, requests, *, timeout=None):
-        """AttentionStream: `requests` yields (request_id, pb.AttendRequest or
-        pb.MultiHeadAttentionRequest); yields pb.AttentionStreamResponse in completion order.
-        A failed request's response has a nonzero `code` and a `message`; the stream goes on.
-        """
-        def wrap():
-            for request_id, r in requests:
-                if isinstance(r, pb.AttendRequest):
-                    yield pb.AttentionStreamRequest(request_id=request_id, attend=r)
-                else:
-                    yield pb.AttentionStreamRequest(request_id=request_id,
-                                                    multi_head_attention=r)
-        return self.stub.AttentionStream(wrap(), timeout=timeout, metadata=self._metadata)
+    def stream(self, requests: Iterable[Tuple[int, Request]], *,
+               timeout: Optional[float] = None) -> Iterator[pb.AttentionStreamResponse]:
+        """AttentionStream: sends (request_id, request) pairs from `requests` (requests from
+        attend_request or multi_head_request) as it reads them, and yields each
+        pb.AttentionStreamResponse in completion order. A failed request's response has a
+        nonzero `code` and a `message`; the stream goes on. `timeout` bounds the whole stream
+        (default: none)."""
+        messages = (stream_request(i, r) for i, r in requests)
+        return self.stub.AttentionStream(messages, timeout=timeout, metadata=self._metadata)
 
 
 class AsyncClient(_Base):
-    """asyncio client over grpc.aio; the same methods as Client, as coroutines. Create it
-    inside the event loop that uses it."""
+    """asyncio client over grpc.aio: the same methods as Client, as coroutines. Create it
+    inside the event loop that uses it; use `async with` or `await close()`."""
 
-    def __init__(self, target, **kwargs):
-        super().__init__(target, **kwargs)
+    def _channel(self, target):
         if self._creds is None:
-            self.channel = grpc.aio.insecure_channel(target, options=self._options)
-        else:
-            self.channel = grpc.aio.secure_channel(target, self._creds, options=self._options)
-        self.stub = pb_grpc.AttentionServiceStub(self.channel)
+            return grpc.aio.insecure_channel(target, options=self._options)
+        return grpc.aio.secure_channel(target, self._creds, options=self._options)
 
-    async def close(self):
+    async def close(self) -> None:
+        """Closes the channel; calls in flight are cancelled."""
         await self.channel.close()
 
-    async def __aenter__(self):
+    async def __aenter__(self) -> AsyncClient:
         return self
 
-    async def __aexit__(self, *exc):
+    async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def attend(self, q, k, v, *, timeout=None, **options):
+    async def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
+                     timeout: Optional[float] = None, **options: Any) -> Result:
+        """Client.attend as a coroutine."""
         response = await self.stub.Attend(attend_request(q, k, v, **options),
                                           **self._kw(timeout))
         return _result(response, self.torch_out)
 
-    async def multi_head_attention(self, module, query, key=None, value=None, *, timeout=None,
-                                   **options):
+    async def multi_head_attention(self, module: str, query: ArrayLike,
+                                   key: Optional[ArrayLike] = None,
+                                   value: Optional[ArrayLike] = None, *,
+                                   timeout: Optional[float] = None, **options: Any) -> Result:
+        """Client.multi_head_attention as a coroutine."""
         response = await self.stub.MultiHeadAttention(
             multi_head_request(module, query, key, value, **options), **self._kw(timeout))
         return _result(response, self.torch_out)
 
-    async def load_module(self, name, weights, *, num_heads=0, replace=False, timeout=None):
+    async def load_module(self, name: str, weights: Weights, *, num_heads: int = 0,
+                          replace: bool = False,
+                          timeout: Optional[float] = None) -> pb.ModuleInfo:
+        """Client.load_module as a coroutine."""
         request = pb.LoadModuleRequest(name=name, safetensors=_module_bytes(weights, num_heads),
                                        num_heads=num_heads, replace=replace)
         return (await self.stub.LoadModule(request, **self._kw(timeout))).module
 
-    async def unload_module(self, name, *, timeout=None):
+    async def unload_module(self, name: str, *, timeout: Optional[float] = None) -> None:
+        """Client.unload_module as a coroutine."""
         await self.stub.UnloadModule(pb.UnloadModuleRequest(name=name), **self._kw(timeout))
 
-    async def list_modules(self, *, timeout=None):
+    async def list_modules(self, *, timeout: Optional[float] = None) -> List[pb.ModuleInfo]:
+        """Client.list_modules as a coroutine."""
         return list((await self.stub.ListModules(pb.ListModulesRequest(),
                                                  **self._kw(timeout))).modules)
 
-    async def server_info(self, *, timeout=None):
+    async def server_info(self, *,
+                          timeout: Optional[float] = None) -> pb.GetServerInfoResponse:
+        """Client.server_info as a coroutine."""
         return await self.stub.GetServerInfo(pb.GetServerInfoRequest(), **self._kw(timeout))
 
-    def stream(self, *, timeout=None):
-        """An AttentionStream call: `await call.write(pb.AttentionStreamRequest(...))`,
-        `await call.done_writing()`, and `async for response in call`."""
-        return self.stub.AttentionStream(timeout=timeout, metadata=self._metadata)
+    def stream(self, requests: Union[Iterable[Tuple[int, Request]],
+                                     AsyncIterable[Tuple[int, Request]], None] = None, *,
+               timeout: Optional[float] = None) -> Any:
+        """An AttentionStream call; `async for response in call` reads the answers
+        (pb.AttentionStreamResponse) in completion order.
+
+        With `requests` (an iterable or async iterable of (request_id, request) pairs), the
+        call sends them as it reads them and closes its side after the last. Without, write
+        yourself: `await call.write(attnserve.stream_request(id, request))`, then
+        `await call.done_writing()`. `timeout` bounds the whole stream (default: none)."""
+        if requests is None:
+            return self.stub.AttentionStream(timeout=timeout, metadata=self._metadata)
+        return self.stub.AttentionStream(_stream_messages(requests), timeout=timeout,
+                                         metadata=self._metadata)
+
+
+async def _stream_messages(requests) -> AsyncIterator[pb.AttentionStreamRequest]:
+    if hasattr(requests, "__aiter__"):
+        async for request_id, request in requests:
+            yield stream_request(request_id, request)
+    else:
+        for request_id, request in requests:
+            yield stream_request(request_id, request)

@@ -10,7 +10,6 @@ which Debian does not package). Needs only python3-grpcio and python3-protobuf.
 The reflection protocol's own messages are built here from a descriptor at run time (no
 generated code), and the server's files are fetched with file_containing_symbol.
 """
-import json
 import sys
 
 import grpc

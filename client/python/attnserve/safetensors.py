@@ -3,8 +3,12 @@ header length, a JSON header {name: {dtype, shape, data_offsets}, "__metadata__"
 the raw little-endian data. And the export of a PyTorch module's weights under the names
 attnserve's LoadModule expects.
 """
+from __future__ import annotations
+
 import json
+import os
 import struct
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import numpy as np
 
@@ -33,7 +37,8 @@ def _numpy(x):
     return a, _TO_ST[a.dtype]
 
 
-def write_safetensors(tensors, metadata=None):
+def write_safetensors(tensors: Mapping[str, Any],
+                      metadata: Optional[Mapping[str, Any]] = None) -> bytes:
     """bytes of a safetensors file holding `tensors` (name -> array/torch tensor); metadata
     values are stringified. Names are sorted; data is 8-byte aligned after the header."""
     header, chunks, offset = {}, [], 0
@@ -51,9 +56,10 @@ def write_safetensors(tensors, metadata=None):
     return struct.pack("<Q", len(text)) + text + b"".join(chunks)
 
 
-def read_safetensors(data):
+def read_safetensors(data: Union[bytes, str, "os.PathLike[str]"]
+                     ) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
     """(tensors, metadata) from safetensors bytes (or a path); BF16 is widened to float32."""
-    if isinstance(data, str):
+    if isinstance(data, (str, os.PathLike)):
         with open(data, "rb") as f:
             data = f.read()
     (n,) = struct.unpack("<Q", data[:8])
@@ -79,7 +85,8 @@ def _state_dict(module_or_dict):
     return dict(module_or_dict)
 
 
-def export_state_dict(module_or_dict, num_heads=None, prefix=""):
+def export_state_dict(module_or_dict: Any, num_heads: Optional[int] = None,
+                      prefix: str = "") -> bytes:
     """safetensors bytes of a multi-head attention module's weights, for LoadModule.
 
     Accepts the reference module (or its state_dict(): W_q.weight ... W_o.bias), or a

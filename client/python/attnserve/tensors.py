@@ -4,15 +4,23 @@ Float dtypes: float32, float16 and bfloat16. numpy has no bfloat16: bfloat16 ten
 widened to float32 on the way out (exact), and arrays are rounded to bfloat16 (nearest even,
 as the server does) on the way in when dtype="bfloat16" is asked for.
 """
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple, Union
+
 import numpy as np
 
 from attnserve.v1 import attention_pb2 as pb
+
+# What goes in as a tensor: a numpy array, anything np.asarray takes (nested lists), or a torch
+# tensor (any device; bfloat16 included).
+ArrayLike = Any
 
 DTYPES = {"float32": pb.DTYPE_FLOAT32, "float16": pb.DTYPE_FLOAT16,
           "bfloat16": pb.DTYPE_BFLOAT16, "bool": pb.DTYPE_BOOL}
 
 
-def _to_numpy(x):
+def _to_numpy(x: ArrayLike) -> Tuple[np.ndarray, Optional[str]]:
     """numpy view of x; torch tensors (any device, bfloat16 included) are accepted."""
     if type(x).__module__.startswith("torch"):
         import torch  # only when given a torch tensor
@@ -23,7 +31,7 @@ def _to_numpy(x):
     return np.asarray(x), None
 
 
-def _bfloat16_bits(a):
+def _bfloat16_bits(a: np.ndarray) -> np.ndarray:
     """float32 array -> uint16 bfloat16 bits, rounded to nearest even; NaN stays NaN."""
     bits = np.ascontiguousarray(a, dtype="<f4").view("<u4")
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
@@ -31,7 +39,7 @@ def _bfloat16_bits(a):
     return np.where(nan, ((bits >> 16) | 0x40).astype("<u2"), rounded)
 
 
-def to_tensor(x, dtype=None):
+def to_tensor(x: ArrayLike, dtype: Union[str, int, None] = None) -> pb.Tensor:
     """A pb.Tensor from a numpy array, torch tensor or nested list.
 
     dtype: "float32", "float16", "bfloat16", "bool" or a pb.Dtype; default: from the array
@@ -61,7 +69,7 @@ def to_tensor(x, dtype=None):
     return pb.Tensor(dtype=code, shape=list(a.shape), data=data)
 
 
-def from_tensor(t, torch_out=False):
+def from_tensor(t: pb.Tensor, torch_out: bool = False) -> Any:
     """A numpy array from a pb.Tensor (float32, float16, bfloat16 widened to float32, bool).
 
     torch_out: return a torch tensor instead (bfloat16 as torch.bfloat16)."""

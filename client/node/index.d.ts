@@ -1,0 +1,161 @@
+// Types of the attnserve Node.js client (index.js). Field names are the proto's
+// (proto/attnserve/v1/attention.proto) in lowerCamelCase; int64 fields are numbers.
+import * as grpc from '@grpc/grpc-js';
+
+/** Tensor data as floats: float32 by default; float16/bfloat16 are rounded to nearest even. */
+export type Dtype = 'float32' | 'float16' | 'bfloat16';
+
+/** A tensor going in: row-major values and their shape. */
+export interface TensorInput {
+  shape: number[];
+  data: ArrayLike<number>;
+  dtype?: Dtype;
+}
+
+/** The proto's own Tensor message, passed through unchanged. */
+export interface TensorMessage {
+  dtype: 'DTYPE_FLOAT32' | 'DTYPE_FLOAT16' | 'DTYPE_BFLOAT16' | 'DTYPE_BOOL';
+  shape: number[];
+  data: Buffer;
+}
+
+/** A tensor coming out: float16 and bfloat16 widened exactly to float32. */
+export interface TensorOutput {
+  shape: number[];
+  dtype: 'float32' | 'float16' | 'bfloat16' | 'bool';
+  data: Float32Array;
+}
+
+/** A mask: booleans broadcastable to [B, H, Lq, Lk]; true means the key may be attended. */
+export interface MaskInput {
+  shape: number[];
+  data: ArrayLike<boolean | number>;
+}
+
+export interface AttentionOptions {
+  /** Bottom-right aligned causal mask. */
+  causal?: boolean;
+  mask?: MaskInput | TensorMessage;
+  /** Per batch row, how many keys are valid. */
+  keyLengths?: ArrayLike<number>;
+  /** Instead of 1/sqrt(D). */
+  scale?: number;
+  /** Return the softmax weights [B, H, Lq, Lk] too. */
+  returnWeights?: boolean;
+  /** The dtype sent (default: the query's, else float32); key and value follow the query. */
+  dtype?: Dtype;
+  /** Per call deadline (default: the client's timeoutMs). */
+  timeoutMs?: number;
+}
+
+export interface MultiHeadOptions extends AttentionOptions {
+  /** [B, Lk, d_model]; with value, or neither for self-attention. */
+  key?: TensorInput | TensorMessage;
+  value?: TensorInput | TensorMessage;
+}
+
+/** The server's Timing message (microseconds). */
+export interface Timing {
+  queuedUs: number;
+  computeUs: number;
+  serverUs: number;
+  batchSize: number;
+  backend: string;
+}
+
+export interface Result {
+  output: TensorOutput;
+  /** Set when returnWeights was asked for. */
+  weights: TensorOutput | null;
+  timing: Timing;
+}
+
+export interface ModuleInfo {
+  name: string;
+  dModel: number;
+  numHeads: number;
+  headDim: number;
+  parameterBytes: number;
+  source: string;
+}
+
+/** GetServerInfo's response; see the proto for every field. */
+export interface ServerInfo {
+  version: string;
+  backends: Array<{
+    name: string; active: boolean; devices: Array<{ name: string; memoryBytes: number }>;
+  }>;
+  limits: Record<string, number>;
+  batching: Record<string, number | boolean>;
+  float32Precision: string;
+  [field: string]: unknown;
+}
+
+/** Built by attendRequest or multiHeadRequest; sent by AttentionStream.write. */
+export interface AttendRequest {
+  query: TensorMessage; key: TensorMessage; value: TensorMessage; options: object;
+}
+export interface MultiHeadAttentionRequest {
+  module: string; query: TensorMessage; key?: TensorMessage; value?: TensorMessage;
+  options: object;
+}
+
+/** One answer of the stream: code 0 with a result, or a gRPC status code and message. */
+export interface StreamAnswer {
+  requestId: number;
+  code: number;
+  message: string;
+  result: Result | null;
+}
+
+export class AttentionStream implements AsyncIterable<StreamAnswer> {
+  /** Sends `request` under `requestId` (echoed by its answer). */
+  write(requestId: number, request: AttendRequest | MultiHeadAttentionRequest): boolean;
+  /** No more requests; the answers still arrive. */
+  end(): void;
+  cancel(): void;
+  /** The answers, in completion order. */
+  [Symbol.asyncIterator](): AsyncIterator<StreamAnswer>;
+}
+
+export interface ClientOptions {
+  /** Default: insecure. */
+  credentials?: grpc.ChannelCredentials;
+  /** Per call deadline; default 60000. */
+  timeoutMs?: number;
+  channelOptions?: grpc.ChannelOptions;
+}
+
+export class Client {
+  /** target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2". */
+  constructor(target: string, options?: ClientOptions);
+  /** q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> output [B, Hq, Lq, Dv]. */
+  attend(q: TensorInput | TensorMessage, k: TensorInput | TensorMessage,
+         v: TensorInput | TensorMessage, options?: AttentionOptions): Promise<Result>;
+  /** The module `module` on query [B, Lq, d_model] -> output [B, Lq, d_model]. */
+  multiHeadAttention(module: string, query: TensorInput | TensorMessage,
+                     options?: MultiHeadOptions): Promise<Result>;
+  /** Registers safetensors bytes under `name`. */
+  loadModule(name: string, safetensors: Buffer,
+             options?: { numHeads?: number; replace?: boolean; timeoutMs?: number }
+  ): Promise<ModuleInfo>;
+  unloadModule(name: string, options?: { timeoutMs?: number }): Promise<void>;
+  listModules(options?: { timeoutMs?: number }): Promise<ModuleInfo[]>;
+  serverInfo(options?: { timeoutMs?: number }): Promise<ServerInfo>;
+  /** Opens an AttentionStream; timeoutMs bounds the whole stream (default: none). */
+  stream(options?: { timeoutMs?: number }): AttentionStream;
+  close(): void;
+}
+
+export function attendRequest(q: TensorInput | TensorMessage, k: TensorInput | TensorMessage,
+                              v: TensorInput | TensorMessage,
+                              options?: AttentionOptions): AttendRequest;
+export function multiHeadRequest(module: string, query: TensorInput | TensorMessage,
+                                 options?: MultiHeadOptions): MultiHeadAttentionRequest;
+export function toTensor(t: TensorInput | TensorMessage, dtype?: Dtype): TensorMessage;
+export function fromTensor(t: TensorMessage): TensorOutput;
+/** The loaded attnserve.v1 package (service constructor, for anything not wrapped here). */
+export function v1(): grpc.GrpcObject;
+/** The path of the proto file shipped in the package. */
+export const PROTO_FILE: string;
+export { grpc };
