@@ -219,11 +219,11 @@ std::string LineChart(const Frame& frame, const Axis& x, const Axis& y,
       }
       any = true;
     }
-    absl::StrAppend(&s,
-                    absl::StrFormat("<g fill=\"%s\"><polyline fill=\"none\" stroke=\"%s\" "
-                                    "stroke-width=\"2\"%s points=\"%s\"/>%s</g>\n",
-                                    HtmlEscape(se.color), HtmlEscape(se.color),
-                                    se.dashed ? " stroke-dasharray=\"6 4\"" : "", points, marks));
+    absl::StrAppend(
+        &s, absl::StrFormat("<g class=\"data\" fill=\"%s\"><polyline fill=\"none\" stroke=\"%s\" "
+                            "stroke-width=\"2\"%s points=\"%s\"/>%s</g>\n",
+                            HtmlEscape(se.color), HtmlEscape(se.color),
+                            se.dashed ? " stroke-dasharray=\"6 4\"" : "", points, marks));
   }
   if (!any) absl::StrAppend(&s, NoData(p));
   absl::StrAppend(&s, Legend(p, names, colors, /*lines=*/true), "</svg>\n");
@@ -236,7 +236,7 @@ std::string HistogramChart(const Frame& frame, const Axis& x, const Axis& y,
   const Plot p(frame);
   std::string s = Open(frame);
   absl::StrAppend(&s, Axes(frame, p, &x, y));
-  absl::StrAppend(&s, absl::StrFormat("<g fill=\"%s\">", HtmlEscape(color)));
+  absl::StrAppend(&s, absl::StrFormat("<g class=\"data\" fill=\"%s\">", HtmlEscape(color)));
   for (size_t i = 0; i < heights.size() && i + 1 < edges.size(); ++i) {
     const double a = x.Map(edges[i], p.x0, p.x1), b = x.Map(edges[i + 1], p.x0, p.x1);
     const double top = y.Map(heights[i], p.y0, p.y1);
@@ -269,6 +269,8 @@ std::string StackedBarChart(const Frame& frame, const Axis& y,
   absl::StrAppend(&s, Axes(frame, p, nullptr, y));
   const double slot = (p.x1 - p.x0) / std::max<size_t>(1, categories.size());
   const double width = std::min(60.0, slot * 0.6);
+  std::string labels;
+  absl::StrAppend(&s, "<g class=\"data\">");
   for (size_t c = 0; c < categories.size(); ++c) {
     const double cx = p.x0 + slot * (c + 0.5);
     double base = 0;
@@ -281,10 +283,11 @@ std::string StackedBarChart(const Frame& frame, const Axis& y,
                                           Num(bottom - top), HtmlEscape(colors[k])));
       base += v;
     }
-    absl::StrAppend(
-        &s, absl::StrFormat("<text x=\"%s\" y=\"%s\" text-anchor=\"middle\">%s</text>\n", Num(cx),
-                            Num(p.y0 + 16), HtmlEscape(categories[c])));
+    absl::StrAppend(&labels,
+                    absl::StrFormat("<text x=\"%s\" y=\"%s\" text-anchor=\"middle\">%s</text>\n",
+                                    Num(cx), Num(p.y0 + 16), HtmlEscape(categories[c])));
   }
+  absl::StrAppend(&s, "</g>\n", labels);
   if (categories.empty()) absl::StrAppend(&s, NoData(p));
   absl::StrAppend(&s, Legend(p, names, colors, /*lines=*/false), "</svg>\n");
   return s;
