@@ -263,7 +263,8 @@ std::string StackedBarChart(const Frame& frame, const Axis& y,
                             const std::vector<std::string>& categories,
                             const std::vector<std::string>& names,
                             const std::vector<std::string>& colors,
-                            const std::vector<std::vector<double>>& values) {
+                            const std::vector<std::vector<double>>& values,
+                            const std::vector<std::string>& bar_labels) {
   const Plot p(frame);
   std::string s = Open(frame);
   absl::StrAppend(&s, Axes(frame, p, nullptr, y));
@@ -282,6 +283,11 @@ std::string StackedBarChart(const Frame& frame, const Axis& y,
                                           Num(cx - width / 2), Num(top), Num(width),
                                           Num(bottom - top), HtmlEscape(colors[k])));
       base += v;
+    }
+    if (c < bar_labels.size()) {
+      absl::StrAppend(&labels, absl::StrFormat("<text x=\"%s\" y=\"%s\" text-anchor=\"middle\" "
+                                               "font-size=\"11\">%s</text>\n",
+                                               Num(cx), Num(p.y0 + 31), HtmlEscape(bar_labels[c])));
     }
     absl::StrAppend(&labels,
                     absl::StrFormat("<text x=\"%s\" y=\"%s\" text-anchor=\"middle\">%s</text>\n",

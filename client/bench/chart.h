@@ -83,12 +83,14 @@ std::string HistogramChart(const Frame& frame, const Axis& x, const Axis& y,
                            const std::string& color, const std::vector<Marker>& markers = {});
 
 // Stacked bars, one per category: values[s][c] is segment s of category c (negative values count
-// as 0), segment s drawn in colors[s] and named names[s] in the legend.
+// as 0), segment s drawn in colors[s] and named names[s] in the legend; bar_labels[c], when
+// given, is a second line under category c (leave frame.x_title empty: it would overlap).
 std::string StackedBarChart(const Frame& frame, const Axis& y,
                             const std::vector<std::string>& categories,
                             const std::vector<std::string>& names,
                             const std::vector<std::string>& colors,
-                            const std::vector<std::vector<double>>& values);
+                            const std::vector<std::vector<double>>& values,
+                            const std::vector<std::string>& bar_labels = {});
 
 }  // namespace attnserve::bench
 

@@ -230,11 +230,12 @@ Json DescribeMachine() {
 namespace {
 
 constexpr const char* kStyle = R"css(
-body { font-family: sans-serif; margin: 24px auto; max-width: 1000px; color: #222; }
+body { font-family: sans-serif; margin: 24px auto; max-width: 1000px; padding: 0 16px; color: #222; }
 h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 32px; }
 p.note { color: #555; font-size: 13px; max-width: 760px; }
-table { border-collapse: collapse; font-size: 13px; margin: 8px 0; }
-th, td { border: 1px solid #ccc; padding: 3px 8px; text-align: right; }
+table { border-collapse: collapse; font-size: 12px; margin: 8px 0; }
+th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
+.wide { overflow-x: auto; }
 th { background: #f2f2f2; } td.key, th.key { text-align: left; }
 figure { margin: 8px 0 16px; } figcaption { font-size: 13px; color: #444; }
 .small { display: flex; flex-wrap: wrap; gap: 4px 16px; }
@@ -343,29 +344,33 @@ std::string KneeChart(const std::vector<PhaseReport>& phases) {
   return LineChart(f, LinearAxis(max_x * 1.05), lo > 0 ? LogAxis(lo, hi) : LogAxis(1, 10), series);
 }
 
-// Mean latency split into queue, compute, the rest of the server's time and the rest.
+// Mean latency split into queue, compute, the rest of the server's time and the rest, as shares
+// of the mean (an overloaded phase would flatten every other bar on a common ms scale), with
+// the mean in ms under each bar.
 std::string SplitChart(const std::vector<PhaseReport>& phases) {
-  std::vector<std::string> categories;
+  std::vector<std::string> categories, totals;
   std::vector<std::vector<double>> values(4);
-  double max_total = 0;
   for (const PhaseReport& p : phases) {
     categories.push_back(absl::StrCat(p.name, " (", LevelText(p), ")"));
     const double queue = p.queued_ms_mean, compute = p.compute_ms_mean;
     const double server_rest = std::max(0.0, p.server_ms.mean - queue - compute);
     const double client_rest = std::max(0.0, p.latency_ms.mean - p.server_ms.mean);
-    values[0].push_back(queue);
-    values[1].push_back(compute);
-    values[2].push_back(server_rest);
-    values[3].push_back(client_rest);
-    max_total = std::max(max_total, queue + compute + server_rest + client_rest);
+    const double total = queue + compute + server_rest + client_rest;
+    const double scale = total > 0 ? 100 / total : 0;
+    values[0].push_back(queue * scale);
+    values[1].push_back(compute * scale);
+    values[2].push_back(server_rest * scale);
+    values[3].push_back(client_rest * scale);
+    totals.push_back(total >= 100 ? absl::StrFormat("mean %.0f ms", total)
+                                  : absl::StrFormat("mean %.3g ms", total));
   }
   Frame f;
   f.title = "Mean latency split per phase";
-  f.x_title = "phase";
-  f.y_title = "mean latency (ms)";
-  return StackedBarChart(f, LinearAxis(max_total), categories,
+  f.x_title = "";
+  f.y_title = "share of the mean latency (%)";
+  return StackedBarChart(f, LinearAxis(100), categories,
                          {"server queue", "compute", "rest of server", "network + client"},
-                         {"#ff7f0e", "#1f77b4", "#9467bd", "#bbbbbb"}, values);
+                         {"#ff7f0e", "#1f77b4", "#9467bd", "#bbbbbb"}, values, totals);
 }
 
 // One histogram per phase, all over the same log axis.
@@ -488,15 +493,16 @@ std::string ToHtml(const RunReport& report) {
           ConfigText(c, "server_version"), " on backend ", ConfigText(c, "server_backend"),
           ". Latency runs from the intended send time to the response (open loop: the "
           "schedule's time, so a late client or a stalled server shows in the latency).")),
-      "</p>\n<h2>Phases</h2>\n", PhaseTable(report.phases));
-  absl::StrAppend(&s, "<h2>Latency against throughput</h2>\n",
-                  Figure(KneeChart(report.phases),
-                         "Each point is one phase (labelled with its offered level); where the "
-                         "throughput stops growing while latency climbs is the knee."),
-                  Figure(SplitChart(report.phases),
-                         "Mean latency per phase: the server's queue and compute time (from each "
-                         "OK response's Timing), the rest of its time, and what is left for the "
-                         "network and the client."));
+      "</p>\n<h2>Phases</h2>\n<div class=\"wide\">", PhaseTable(report.phases), "</div>\n");
+  absl::StrAppend(
+      &s, "<h2>Latency against throughput</h2>\n",
+      Figure(KneeChart(report.phases),
+             "Each point is one phase (labelled with its offered level); where the "
+             "throughput stops growing while latency climbs is the knee."),
+      Figure(SplitChart(report.phases),
+             "Where the mean latency of each phase goes: the server's queue and compute "
+             "time (from each OK response's Timing), the rest of its time, and what is "
+             "left for the network and the client."));
   absl::StrAppend(&s, "<h2>Latency distribution per phase</h2>\n", Histograms(report.phases));
   absl::StrAppend(&s, "<h2>Over time</h2>\n", TimeCharts(report.phases));
   absl::StrAppend(&s, "<h2>Settings, server and machine</h2>\n<div class=\"tables\">\n",
