@@ -72,6 +72,10 @@ Json PhaseJson(const PhaseReport& p) {
   return j;
 }
 
+// Compact JSON. Bytes that are not UTF-8 (a flag can hold anything) become U+FFFD instead of
+// making dump() throw.
+std::string Dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
 // Readers that never throw: a missing field or one of another type reads as zero or empty.
 double Num(const Json& j, const char* key) {
   auto it = j.find(key);
@@ -169,10 +173,9 @@ PhaseReport PhaseFrom(const Json& j) {
 
 std::string ToJson(const RunReport& report) {
   std::vector<std::string> phases;
-  for (const PhaseReport& p : report.phases) phases.push_back(PhaseJson(p).dump());
-  return absl::StrCat("{\"config\": ", report.config.dump(),
-                      ",\n \"server\": ", report.server.dump(),
-                      ",\n \"machine\": ", report.machine.dump(), ",\n \"phases\": [\n  ",
+  for (const PhaseReport& p : report.phases) phases.push_back(Dump(PhaseJson(p)));
+  return absl::StrCat("{\"config\": ", Dump(report.config), ",\n \"server\": ", Dump(report.server),
+                      ",\n \"machine\": ", Dump(report.machine), ",\n \"phases\": [\n  ",
                       absl::StrJoin(phases, ",\n  "), "\n]}\n");
 }
 
@@ -287,13 +290,13 @@ void Flatten(const Json& j, const std::string& prefix,
     for (const Json& v : j) scalars = scalars && !v.is_structured();
     if (scalars) {
       std::vector<std::string> parts;
-      for (const Json& v : j) parts.push_back(v.is_string() ? v.get<std::string>() : v.dump());
+      for (const Json& v : j) parts.push_back(v.is_string() ? v.get<std::string>() : Dump(v));
       rows->emplace_back(prefix, absl::StrJoin(parts, ", "));
       return;
     }
     for (size_t i = 0; i < j.size(); ++i) Flatten(j[i], absl::StrCat(prefix, "[", i, "]"), rows);
   } else {
-    rows->emplace_back(prefix, j.is_string() ? j.get<std::string>() : j.dump());
+    rows->emplace_back(prefix, j.is_string() ? j.get<std::string>() : Dump(j));
   }
 }
 
@@ -470,7 +473,7 @@ std::string TimeCharts(const std::vector<PhaseReport>& phases) {
 std::string ConfigText(const Json& config, const char* key) {
   auto it = config.find(key);
   if (it == config.end()) return "?";
-  return it->is_string() ? it->get<std::string>() : it->dump();
+  return it->is_string() ? it->get<std::string>() : Dump(*it);
 }
 
 }  // namespace

@@ -197,6 +197,15 @@ TEST(ReportHtmlTest, TextFromTheRunIsEscaped) {
   EXPECT_EQ(ParseJsonReport(json).value().config["target"], "<script>alert('x')</script>&");
 }
 
+TEST(ReportJsonTest, BytesThatAreNotUtf8AreReplaced) {
+  RunReport r;
+  r.config["target"] = "host\xff:1";
+  const std::string json = ToJson(r);
+  EXPECT_THAT(json, HasSubstr("\"host\xef\xbf\xbd:1\""));  // U+FFFD
+  EXPECT_EQ(ParseJsonReport(json).value().config["target"], "host\xef\xbf\xbd:1");
+  EXPECT_THAT(ToHtml(r), HasSubstr("host\xef\xbf\xbd:1"));
+}
+
 TEST(ReportHtmlTest, RedrawnFromSavedJsonIsTheSamePage) {
   // attnserve-bench draws the live page from its JSON text; --html_from draws a saved one.
   const RunReport live = ParseJsonReport(ToJson(Sample())).value();
