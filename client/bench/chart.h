@@ -2,6 +2,12 @@
 // charting library, nothing fetched when the page opens): axes with nice ranges and ticks,
 // linear or logarithmic, and three kinds of chart built on them.
 //
+// Why not a library: Debian packages several (libjs-chart.js, libjs-d3, libjs-dygraphs,
+// libjs-jquery-flot), but each would have to be copied into every report (and into this
+// repository, which takes no third-party code) or loaded from the reader's disk, and all of them
+// need a script; chart.js draws on a canvas, which leaves nothing in the page to check. Static
+// SVG opens anywhere, prints crisply, and its numbers are unit-tested here.
+//
 // Every text that reaches the page goes through HtmlEscape. Pure functions of their arguments;
 // thread-safe.
 #ifndef ATTNSERVE_CLIENT_BENCH_CHART_H_
