@@ -165,6 +165,15 @@ def main():
                   f"{ph['name']}: histogram counts {ph['latency_histogram']} != sent {ph['sent']}")
             check(sum(ph["series"]["sent"]) == ph["sent"] and
                   sum(ph["series"]["ok"]) == ph["ok"], f"{ph['name']}: series {ph['series']}")
+            # Seconds counted from the first phase's start; the buckets tile the phase.
+            series = ph["series"]
+            check(abs(series["t_s"][0] - ph["start_s"]) < 1e-3 and
+                  abs(sum(series["width_s"]) - ph["elapsed_s"]) < 1e-3,
+                  f"{ph['name']}: buckets {series['t_s']} {series['width_s']} do not tile "
+                  f"[{ph['start_s']}, +{ph['elapsed_s']}]")
+        check(phases[0]["start_s"] == 0 and
+              phases[1]["start_s"] >= phases[0]["start_s"] + phases[0]["elapsed_s"] - 1e-3,
+              f"phase starts {[ph['start_s'] for ph in phases]}")
         check(report["server"]["batching"]["max_batch_requests"] > 0, report["server"])
         check(report["machine"]["logical_cores"] >= 1, report["machine"])
 
