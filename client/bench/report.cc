@@ -241,6 +241,7 @@ th, td { border: 1px solid #ccc; padding: 3px 6px; text-align: right; }
 .wide { overflow-x: auto; }
 th { background: #f2f2f2; } td.key, th.key { text-align: left; }
 figure { margin: 8px 0 16px; } figcaption { font-size: 13px; color: #444; }
+svg.chart { max-width: 100%; height: auto; }
 .small { display: flex; flex-wrap: wrap; gap: 4px 16px; }
 .tables { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
 )css";
