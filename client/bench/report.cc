@@ -249,8 +249,8 @@ svg.chart { max-width: 100%; height: auto; }
 const char* const kPercentileColors[] = {"#1f77b4", "#2ca02c", "#ff7f0e", "#d62728"};
 
 std::string LevelText(const PhaseReport& p) {
-  return p.level_kind == "rate" ? absl::StrFormat("%g/s", p.level)
-                                : absl::StrFormat("%g callers", p.level);
+  if (p.level_kind == "rate") return absl::StrFormat("%g/s", p.level);
+  return absl::StrFormat("%g caller%s", p.level, p.level == 1 ? "" : "s");
 }
 
 std::string Cell(double v, int decimals = 3) {
