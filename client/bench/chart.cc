@@ -49,11 +49,11 @@ double Axis::Map(double v, double from, double to) const {
 Axis LinearAxis(double max_value) {
   Axis a;
   if (!(max_value > 0) || !std::isfinite(max_value)) max_value = 1;
-  const double raw = max_value / 5;
-  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  // The smallest 1-2-5 step that covers max_value in at most six steps.
+  const double magnitude = std::pow(10.0, std::floor(std::log10(max_value / 6)));
   double step = 10 * magnitude;
   for (double m : {1.0, 2.0, 5.0}) {
-    if (m * magnitude >= raw * (1 - 1e-9)) {
+    if (std::ceil(max_value / (m * magnitude) - 1e-9) <= 6) {
       step = m * magnitude;
       break;
     }

@@ -35,9 +35,9 @@ struct Axis {
   double Map(double v, double from, double to) const;
 };
 
-// [0, hi] with hi the first multiple of a 1-2-5 step at or above `max_value` and about five
-// steps: 37 -> [0, 40] by 10, 100 -> [0, 100] by 20, 0.9 -> [0, 1] by 0.2. max_value <= 0
-// gives [0, 1] by 0.2.
+// [0, hi] with hi the first multiple at or above `max_value` of the smallest 1-2-5 step that
+// needs at most six steps: 37 -> [0, 40] by 10, 100 -> [0, 100] by 20, 103.7 -> [0, 120] by 20,
+// 0.9 -> [0, 1] by 0.2. max_value <= 0 gives [0, 1] by 0.2.
 Axis LinearAxis(double max_value);
 
 // Whole decades around [min_value, max_value]: lo = 10^floor(log10 min), hi = 10^ceil(log10 max)

@@ -119,6 +119,9 @@ TEST(AxisTest, LinearRangesAndTicks) {
   EXPECT_THAT(a.ticks, ElementsAre(0, 10, 20, 30, 40));
   EXPECT_THAT(LinearAxis(100).ticks, ElementsAre(0, 20, 40, 60, 80, 100));
   EXPECT_THAT(LinearAxis(1234).ticks, ElementsAre(0, 500, 1000, 1500));
+  EXPECT_THAT(LinearAxis(103.7).ticks, ElementsAre(0, 20, 40, 60, 80, 100, 120));
+  EXPECT_THAT(LinearAxis(4).ticks, ElementsAre(0, 1, 2, 3, 4));
+  EXPECT_THAT(LinearAxis(16.5).ticks, ElementsAre(0, 5, 10, 15, 20));
   a = LinearAxis(0.9);
   EXPECT_NEAR(a.hi, 1, 1e-12);
   ASSERT_EQ(a.ticks.size(), 6u);
