@@ -121,13 +121,13 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "attnserve-bench [--target=HOST:PORT] [--rpc=attend|mha|stream] [--mode=closed|open] ...");
   absl::ParseCommandLine(argc, argv);
-  if (const std::string from = absl::GetFlag(FLAGS_html_from); !from.empty()) {
-    return RedrawHtml(from, absl::GetFlag(FLAGS_html));
-  }
 
   // --- Flags to options ---
   bench::LoadOptions load;
   bench::WorkloadOptions work;
+  if (const std::string from = absl::GetFlag(FLAGS_html_from); !from.empty()) {
+    return RedrawHtml(from, absl::GetFlag(FLAGS_html));  // nothing to run
+  }
   const std::string rpc = absl::GetFlag(FLAGS_rpc);
   if (rpc == "attend") {
     load.rpc = bench::Rpc::kAttend;
