@@ -27,8 +27,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "client/bench/load.h"
 #include "client/bench/report.h"
 #include "client/bench/stats.h"
@@ -262,28 +260,27 @@ int main(int argc, char** argv) {
   std::vector<double> levels;  // as the table prints them: 6 significant digits
   for (double l : load.levels) levels.push_back(std::stod(absl::StrFormat("%.6g", l)));
   bench::RunReport report;
-  report.config = {
-      {"target", absl::GetFlag(FLAGS_target)},
-      {"rpc", rpc},
-      {"mode", mode},
-      {"arrival", arrival},
-      {"levels", load.levels},
-      {"connections", copts.channels},
-      {"shapes", shapes},
-      {"seq_len", absl::GetFlag(FLAGS_seq_len)},
-      {"dtype", dtype},
-      {"causal", work.causal},
-      {"phase_duration_s", absl::GetFlag(FLAGS_duration_s)},
-      {"phase_requests", load.phase_requests},
-      {"warmup_s", absl::GetFlag(FLAGS_warmup_s)},
-      {"timeout_ms", absl::GetFlag(FLAGS_timeout_ms)},
-      {"seed", load.seed},
-      {"started_utc", absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())},
-      {"server_version", info->version()},
-      {"server_backend", backend},
-      {"mean_request_bytes", std::round(workload->mean_bytes())},
-      {"mean_tokens", workload->mean_tokens()},
-      {"mean_flops", workload->mean_flops()}};
+  report.config = {{"target", absl::GetFlag(FLAGS_target)},
+                   {"rpc", rpc},
+                   {"mode", mode},
+                   {"arrival", arrival},
+                   {"levels", levels},
+                   {"connections", copts.channels},
+                   {"shapes", shapes},
+                   {"seq_len", absl::GetFlag(FLAGS_seq_len)},
+                   {"dtype", dtype},
+                   {"causal", work.causal},
+                   {"phase_duration_s", absl::GetFlag(FLAGS_duration_s)},
+                   {"phase_requests", load.phase_requests},
+                   {"warmup_s", absl::GetFlag(FLAGS_warmup_s)},
+                   {"timeout_ms", absl::GetFlag(FLAGS_timeout_ms)},
+                   {"seed", load.seed},
+                   {"started_utc", bench::UtcTimestamp()},
+                   {"server_version", info->version()},
+                   {"server_backend", backend},
+                   {"mean_request_bytes", std::round(workload->mean_bytes())},
+                   {"mean_tokens", workload->mean_tokens()},
+                   {"mean_flops", workload->mean_flops()}};
   if (work.multi_head) report.config["module"] = work.module;
   {
     google::protobuf::util::JsonPrintOptions o;

@@ -16,6 +16,8 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/bench/chart.h"
 
 namespace attnserve::bench {
@@ -199,6 +201,10 @@ absl::StatusOr<RunReport> ParseJsonReport(absl::string_view text) {
     r.phases.push_back(PhaseFrom((*phases)[i]));
   }
   return r;
+}
+
+std::string UtcTimestamp() {
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
 }
 
 Json DescribeMachine() {

@@ -37,6 +37,9 @@ std::string ToJson(const RunReport& report);
 // histogram or series; their charts say "no data").
 absl::StatusOr<RunReport> ParseJsonReport(absl::string_view text);
 
+// Now in UTC as ISO 8601, e.g. "2026-12-01T06:52:58Z" (config's started_utc).
+std::string UtcTimestamp();
+
 // The machine this process runs on: cpu_model (/proc/cpuinfo), logical_cores, memory_bytes
 // (/proc/meminfo), os (uname). Fields that cannot be read are left out.
 nlohmann::ordered_json DescribeMachine();

@@ -174,6 +174,7 @@ def main():
         check(phases[0]["start_s"] == 0 and
               phases[1]["start_s"] >= phases[0]["start_s"] + phases[0]["elapsed_s"] - 1e-3,
               f"phase starts {[ph['start_s'] for ph in phases]}")
+        check(report["config"]["levels"] == [ph["level"] for ph in phases], report["config"])
         check(report["server"]["batching"]["max_batch_requests"] > 0, report["server"])
         check(report["machine"]["logical_cores"] >= 1, report["machine"])
 
