@@ -19,10 +19,10 @@ PACKAGES=(
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   openssl
-  # Python client and its tests (use /usr/bin/python3)
-  python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
   # attnserve-bench's HTML report, loaded headless by tests/client/bench_html_test.py
   chromium
+  # Python client and its tests (use /usr/bin/python3)
+  python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
 )
 # proto lint uses buf from npm: Debian's nodejs+npm, unless a node with npm is already on PATH
 # (some images ship NodeSource's nodejs, which bundles npm and conflicts with Debian's npm).
