@@ -14,13 +14,13 @@ PACKAGES=(
   prometheus-cpp-dev
   # promtool and a real Prometheus server for the metrics tests
   prometheus
+  # attnserve-bench's HTML report, loaded headless by tests/client/bench_html_test.py
+  chromium
   # kernels: JSON for safetensors headers, BLAS for projections
   nlohmann-json3-dev libopenblas-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   openssl
-  # attnserve-bench's HTML report, loaded headless by tests/client/bench_html_test.py
-  chromium
   # Python client and its tests (use /usr/bin/python3)
   python3 python3-grpcio python3-grpc-tools python3-protobuf python3-numpy python3-yaml
 )
