@@ -5,12 +5,15 @@
 //   attnserve-bench --mode=open --rate=200 --arrival=poisson --rpc=mha --shapes="1,64;4,256@0.2"
 //   attnserve-bench --mode=open --ramp=50:400:8 --duration_s=5 --csv=knee.csv   # find the knee
 //   attnserve-bench --mode=closed --steps=1,2,4,8,16 --json=-                   # JSON on stdout
+//   attnserve-bench --mode=open --ramp=50:400:8 --json=run.json --html=run.html  # with charts
+//   attnserve-bench --html_from=run.json --html=run.html                 # redraw a saved run
 //
 // Prints one line per phase (see --help for every flag); a live progress line only when stdout
 // is a terminal. Exit status: 0 when every request succeeded, 1 when some failed, 2 on bad
 // flags or an unreachable server.
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -25,9 +28,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/bench/load.h"
+#include "client/bench/report.h"
 #include "client/bench/stats.h"
 #include "client/bench/workload.h"
 #include "client/client.h"
+#include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target; several servers: ipv4:127.0.0.1:p1,127.0.0.1:p2 (round_robin)");
@@ -60,6 +65,10 @@ ABSL_FLAG(int64_t, max_in_flight, 100000, "open loop: most requests outstanding"
 ABSL_FLAG(uint64_t, seed, 1, "random seed (tensors, shape draws, Poisson gaps)");
 ABSL_FLAG(std::string, json, "", "write the report as JSON to this file ('-': stdout)");
 ABSL_FLAG(std::string, csv, "", "write the report as CSV to this file ('-': stdout)");
+ABSL_FLAG(std::string, html, "",
+          "write a self-contained HTML report with charts to this file (drawn from the JSON)");
+ABSL_FLAG(std::string, html_from, "",
+          "redraw a saved JSON report (from --json) as --html, without running anything");
 ABSL_FLAG(std::string, progress, "auto",
           "live progress line: auto (when stdout is a tty), on, off");
 ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA of the server's certificate (turns TLS on)");
@@ -93,17 +102,15 @@ bool WriteOutput(const std::string& path, const std::string& text) {
   return static_cast<bool>(f);
 }
 
-std::string JsonString(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    if (static_cast<unsigned char>(c) < 0x20) {
-      absl::StrAppend(&out, absl::StrFormat("\\u%04x", c));
-      continue;
-    }
-    out.push_back(c);
-  }
-  return out + "\"";
+// --html_from: the saved JSON report at `from` drawn as HTML into `to`.
+int RedrawHtml(const std::string& from, const std::string& to) {
+  if (to.empty()) return Usage("--html_from needs --html=FILE to write to");
+  std::string text;
+  if (!ReadFile(from, &text)) return Usage("cannot read --html_from " + from);
+  auto report = bench::ParseJsonReport(text);
+  if (!report.ok()) return Usage(from + ": " + std::string(report.status().message()));
+  if (!WriteOutput(to, bench::ToHtml(*report))) return Usage("cannot write " + to);
+  return 0;
 }
 
 }  // namespace
@@ -116,6 +123,9 @@ int main(int argc, char** argv) {
   // --- Flags to options ---
   bench::LoadOptions load;
   bench::WorkloadOptions work;
+  if (const std::string from = absl::GetFlag(FLAGS_html_from); !from.empty()) {
+    return RedrawHtml(from, absl::GetFlag(FLAGS_html));  // nothing to run
+  }
   const std::string rpc = absl::GetFlag(FLAGS_rpc);
   if (rpc == "attend") {
     load.rpc = bench::Rpc::kAttend;
@@ -247,33 +257,65 @@ int main(int argc, char** argv) {
   auto workload = bench::Workload::Create(work);
   if (!workload.ok()) return Usage(workload.status().ToString());
 
-  const std::string config = absl::StrFormat(
-      "{\"target\": %s, \"rpc\": %s, \"mode\": %s, \"arrival\": %s, \"connections\": %d, "
-      "\"shapes\": %s, \"seq_len\": %s, \"dtype\": %s, \"causal\": %s, \"phase_duration_s\": %g, "
-      "\"phase_requests\": %d, \"warmup_s\": %g, \"server_version\": %s, \"server_backend\": %s, "
-      "\"mean_request_bytes\": %.0f, \"mean_tokens\": %.6g, \"mean_flops\": %.6g}",
-      JsonString(absl::GetFlag(FLAGS_target)), JsonString(rpc), JsonString(mode),
-      JsonString(arrival), copts.channels, JsonString(shapes),
-      JsonString(absl::GetFlag(FLAGS_seq_len)), JsonString(dtype), work.causal ? "true" : "false",
-      absl::GetFlag(FLAGS_duration_s), load.phase_requests, absl::GetFlag(FLAGS_warmup_s),
-      JsonString(info->version()), JsonString(backend), workload->mean_bytes(),
-      workload->mean_tokens(), workload->mean_flops());
+  std::vector<double> levels;  // as the table prints them: 6 significant digits
+  for (double l : load.levels) levels.push_back(std::stod(absl::StrFormat("%.6g", l)));
+  bench::RunReport report;
+  report.config = {{"target", absl::GetFlag(FLAGS_target)},
+                   {"rpc", rpc},
+                   {"mode", mode},
+                   {"arrival", arrival},
+                   {"levels", levels},
+                   {"connections", copts.channels},
+                   {"shapes", shapes},
+                   {"seq_len", absl::GetFlag(FLAGS_seq_len)},
+                   {"dtype", dtype},
+                   {"causal", work.causal},
+                   {"phase_duration_s", absl::GetFlag(FLAGS_duration_s)},
+                   {"phase_requests", load.phase_requests},
+                   {"warmup_s", absl::GetFlag(FLAGS_warmup_s)},
+                   {"timeout_ms", absl::GetFlag(FLAGS_timeout_ms)},
+                   {"seed", load.seed},
+                   {"started_utc", bench::UtcTimestamp()},
+                   {"server_version", info->version()},
+                   {"server_backend", backend},
+                   {"mean_request_bytes", std::round(workload->mean_bytes())},
+                   {"mean_tokens", workload->mean_tokens()},
+                   {"mean_flops", workload->mean_flops()}};
+  if (work.multi_head) report.config["module"] = work.module;
+  {
+    google::protobuf::util::JsonPrintOptions o;
+    o.preserve_proto_field_names = true;
+    o.always_print_primitive_fields = true;
+    std::string text;
+    if (google::protobuf::util::MessageToJsonString(*info, &text, o).ok()) {
+      report.server = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
+      if (report.server.is_discarded()) report.server = nlohmann::ordered_json::object();
+    }
+  }
+  report.machine = bench::DescribeMachine();
 
-  const bool quiet = absl::GetFlag(FLAGS_json) == "-" || absl::GetFlag(FLAGS_csv) == "-";
+  const bool quiet = absl::GetFlag(FLAGS_json) == "-" || absl::GetFlag(FLAGS_csv) == "-" ||
+                     absl::GetFlag(FLAGS_html) == "-";
   if (!quiet) {
     std::printf("attnserve-bench: %s %s loop, %s, %zu phase(s) against %s (attnserve %s, %s)\n",
                 rpc.c_str(), mode.c_str(), shapes.c_str(), load.levels.size(),
                 absl::GetFlag(FLAGS_target).c_str(), info->version().c_str(), backend.c_str());
     std::fflush(stdout);
   }
-  std::vector<bench::PhaseReport> phases;
   {
     bench::Driver driver(**client, *workload, load);
-    phases = driver.Run();
+    report.phases = driver.Run();
   }
+  const std::vector<bench::PhaseReport>& phases = report.phases;
   if (!quiet) std::printf("%s", bench::ToText(phases).c_str());
   if (const std::string j = absl::GetFlag(FLAGS_json); !j.empty()) {
-    if (!WriteOutput(j, bench::ToJson(config, phases))) return Usage("cannot write " + j);
+    if (!WriteOutput(j, bench::ToJson(report))) return Usage("cannot write " + j);
+  }
+  if (const std::string h = absl::GetFlag(FLAGS_html); !h.empty()) {
+    // Drawn from the JSON text, exactly as --html_from redraws a saved run.
+    auto saved = bench::ParseJsonReport(bench::ToJson(report));
+    if (!saved.ok()) return Usage("report: " + saved.status().ToString());
+    if (!WriteOutput(h, bench::ToHtml(*saved))) return Usage("cannot write " + h);
   }
   if (const std::string c = absl::GetFlag(FLAGS_csv); !c.empty()) {
     if (!WriteOutput(c, bench::ToCsv(phases))) return Usage("cannot write " + c);

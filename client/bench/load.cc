@@ -102,7 +102,9 @@ class Driver::StreamPool {
       pending_.erase(it);
     }
     s->item = p.item;
-    s->latency_us = (NowNs() - p.intended_ns) / 1e3;
+    s->intended_ns = p.intended_ns;
+    s->completed_ns = NowNs();
+    s->latency_us = (s->completed_ns - p.intended_ns) / 1e3;
     p.done(*s);
   }
 
@@ -162,7 +164,9 @@ void Driver::Issue(size_t item, int64_t intended_ns, Done done) {
   }
   auto finish = [intended_ns, index, done = std::move(done)](int code, const v1::Timing* t) {
     Sample s;
-    s.latency_us = (NowNs() - intended_ns) / 1e3;
+    s.intended_ns = intended_ns;
+    s.completed_ns = NowNs();
+    s.latency_us = (s.completed_ns - intended_ns) / 1e3;
     s.code = code;
     s.item = index;
     if (t != nullptr) FillTiming(*t, &s);
@@ -315,11 +319,18 @@ PhaseReport Driver::RunPhase(const std::string& name, double level, bool warmup)
   r.name = name;
   r.level = level;
   r.level_kind = options_.mode == LoadOptions::Mode::kClosed ? "concurrency" : "rate";
+  if (!warmup) {
+    if (run_start_ns_ == 0) run_start_ns_ = phase.start_ns;
+    r.start_s = (phase.start_ns - run_start_ns_) / 1e9;
+    r.series = Bucketize(samples, phase.start_ns, end);
+    for (double& t : r.series.t_s) t += r.start_s;
+  }
   return r;
 }
 
 std::vector<PhaseReport> Driver::Run() {
   std::vector<PhaseReport> out;
+  run_start_ns_ = 0;
   if (options_.warmup > absl::ZeroDuration()) RunPhase("warmup", options_.levels[0], true);
   for (size_t i = 0; i < options_.levels.size(); ++i) {
     out.push_back(RunPhase(absl::StrFormat("step%d", i + 1), options_.levels[i], false));

@@ -66,6 +66,7 @@ class Driver {
   const Workload& workload_;
   const LoadOptions options_;
   std::unique_ptr<StreamPool> streams_;
+  int64_t run_start_ns_ = 0;  // NowNs() at the first reported phase's start
 };
 
 // Monotonic nanoseconds (steady clock).

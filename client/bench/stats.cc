@@ -29,6 +29,72 @@ Distribution Summarise(std::vector<double> v) {
   return d;
 }
 
+double LogHistogram::LowerMs(int i) const {
+  return std::pow(10.0, static_cast<double>(first_bin + i) / bins_per_decade);
+}
+
+double LogHistogram::UpperMs(int i) const { return LowerMs(i + 1); }
+
+int64_t LogHistogram::Total() const {
+  int64_t n = 0;
+  for (int64_t c : counts) n += c;
+  return n;
+}
+
+int LogBin(double value_ms, int bins_per_decade) {
+  const double v = std::max(value_ms, 1e-6);
+  auto edge = [&](int k) { return std::pow(10.0, static_cast<double>(k) / bins_per_decade); };
+  int k = static_cast<int>(std::floor(std::log10(v) * bins_per_decade));
+  // log10 may land a hair off at a bin edge (10^0.3 is not exact): settle on the edges.
+  while (v < edge(k)) --k;
+  while (v >= edge(k + 1)) ++k;
+  return k;
+}
+
+LogHistogram MakeLogHistogram(const std::vector<double>& values_ms, int bins_per_decade) {
+  LogHistogram h;
+  h.bins_per_decade = bins_per_decade;
+  if (values_ms.empty()) return h;
+  std::vector<int> bins;
+  bins.reserve(values_ms.size());
+  for (double v : values_ms) bins.push_back(LogBin(v, bins_per_decade));
+  const auto [lo, hi] = std::minmax_element(bins.begin(), bins.end());
+  h.first_bin = *lo;
+  h.counts.assign(*hi - *lo + 1, 0);
+  for (int b : bins) ++h.counts[b - h.first_bin];
+  return h;
+}
+
+TimeSeries Bucketize(const std::vector<Sample>& samples, int64_t start_ns, int64_t end_ns,
+                     double bucket_s) {
+  TimeSeries ts;
+  const double length_s = std::max(0.0, (end_ns - start_ns) / 1e9);
+  // Whole buckets, plus the remainder as its own bucket only when at least half a bucket long.
+  int n = static_cast<int>(std::floor(length_s / bucket_s + 1e-9));
+  if (length_s - n * bucket_s >= bucket_s / 2 || n == 0) ++n;
+  for (int i = 0; i < n; ++i) {
+    ts.t_s.push_back(i * bucket_s);
+    ts.width_s.push_back(i + 1 < n ? bucket_s : std::max(length_s - i * bucket_s, 1e-9));
+  }
+  ts.sent.assign(n, 0);
+  ts.ok.assign(n, 0);
+  ts.errors.assign(n, 0);
+  ts.p99_ms.assign(n, 0);
+  auto index = [&](int64_t t_ns) {
+    const double t = (t_ns - start_ns) / 1e9 / bucket_s;
+    return std::clamp(static_cast<int>(std::floor(t)), 0, n - 1);
+  };
+  std::vector<std::vector<double>> latencies(n);
+  for (const Sample& s : samples) {
+    ++ts.sent[index(s.intended_ns)];
+    const int i = index(s.completed_ns);
+    ++(s.code == 0 ? ts.ok : ts.errors)[i];
+    latencies[i].push_back(s.latency_us / 1e3);
+  }
+  for (int i = 0; i < n; ++i) ts.p99_ms[i] = Summarise(std::move(latencies[i])).p99;
+  return ts;
+}
+
 std::string CodeName(int code) {
   static const char* const kNames[] = {"OK",
                                        "CANCELLED",
@@ -79,6 +145,7 @@ PhaseReport Summarise(const std::vector<Sample>& samples, const std::vector<int6
     r.gflops_per_s = fl / elapsed_s / 1e9;
   }
   if (send_window_s > 0) r.sent_per_s = r.sent / send_window_s;
+  r.latency_histogram = MakeLogHistogram(latency_ms);
   r.latency_ms = Summarise(std::move(latency_ms));
   r.server_ms = Summarise(std::move(server_ms));
   if (r.ok > 0) {
@@ -95,13 +162,6 @@ std::string Errors(const PhaseReport& p, const char* sep, const char* kv) {
   std::vector<std::string> parts;
   for (const auto& [code, n] : p.errors) parts.push_back(absl::StrCat(code, kv, n));
   return absl::StrJoin(parts, sep);
-}
-
-std::string JsonDistribution(const Distribution& d) {
-  return absl::StrFormat(
-      "{\"p50\": %.6g, \"p90\": %.6g, \"p99\": %.6g, \"p999\": %.6g, \"max\": %.6g, "
-      "\"mean\": %.6g}",
-      d.p50, d.p90, d.p99, d.p999, d.max, d.mean);
 }
 
 }  // namespace
@@ -124,26 +184,6 @@ std::string ToText(const std::vector<PhaseReport>& phases) {
                         p.compute_ms_mean, p.batch_size_mean, Errors(p, " ", "=")));
   }
   return out;
-}
-
-std::string ToJson(const std::string& config_json, const std::vector<PhaseReport>& phases) {
-  std::vector<std::string> items;
-  for (const PhaseReport& p : phases) {
-    std::vector<std::string> errors;
-    for (const auto& [code, n] : p.errors) errors.push_back(absl::StrCat("\"", code, "\": ", n));
-    items.push_back(absl::StrFormat(
-        "{\"name\": \"%s\", \"level_kind\": \"%s\", \"level\": %.6g, \"elapsed_s\": %.6g, "
-        "\"send_window_s\": %.6g, \"sent\": %d, \"ok\": %d, \"errors\": {%s}, "
-        "\"requests_per_s\": %.6g, \"sent_per_s\": %.6g, \"tokens_per_s\": %.6g, "
-        "\"gflops_per_s\": %.6g, \"latency_ms\": %s, \"server_ms\": %s, "
-        "\"queued_ms_mean\": %.6g, \"compute_ms_mean\": %.6g, \"batch_size_mean\": %.6g}",
-        p.name, p.level_kind, p.level, p.elapsed_s, p.send_window_s, p.sent, p.ok,
-        absl::StrJoin(errors, ", "), p.requests_per_s, p.sent_per_s, p.tokens_per_s, p.gflops_per_s,
-        JsonDistribution(p.latency_ms), JsonDistribution(p.server_ms), p.queued_ms_mean,
-        p.compute_ms_mean, p.batch_size_mean));
-  }
-  return absl::StrCat("{\"config\": ", config_json, ",\n \"phases\": [\n  ",
-                      absl::StrJoin(items, ",\n  "), "\n]}\n");
 }
 
 std::string ToCsv(const std::vector<PhaseReport>& phases) {

@@ -21,7 +21,9 @@ struct Sample {
   int64_t compute_us = 0;
   int64_t server_us = 0;
   int32_t batch_size = 0;
-  uint32_t item = 0;  // index into the Workload
+  uint32_t item = 0;         // index into the Workload
+  int64_t intended_ns = 0;   // NowNs() of the intended send (the latency's start)
+  int64_t completed_ns = 0;  // NowNs() of the completion (the latency's end)
 };
 
 // Thread-safe: Record from any thread (gRPC completion threads), Take from the driver.
@@ -56,6 +58,40 @@ struct Distribution {
 };
 Distribution Summarise(std::vector<double> values);
 
+// Latencies binned on a log scale, bins_per_decade to a factor of 10: bin k holds values in
+// [10^(k / bins_per_decade), 10^((k + 1) / bins_per_decade)) milliseconds, so with 10 bins per
+// decade bin 0 is [1, 1.259) ms and bin -10 is [0.1, 0.126) ms. Only the bins from the first to
+// the last non-empty one are kept.
+struct LogHistogram {
+  int bins_per_decade = 10;
+  int first_bin = 0;
+  std::vector<int64_t> counts;  // counts[i]: bin first_bin + i
+  double LowerMs(int i) const;  // edges of counts[i]
+  double UpperMs(int i) const;
+  int64_t Total() const;
+};
+// The bin of `value_ms`; values under 1 ns count as 1 ns.
+int LogBin(double value_ms, int bins_per_decade);
+LogHistogram MakeLogHistogram(const std::vector<double>& values_ms, int bins_per_decade = 10);
+
+// What happened second by second in one phase: requests sent (by intended send time),
+// completions OK and not OK, and the p99 latency of the completions (by completion time).
+// Bucket i starts t_s[i] seconds after the phase start and lasts width_s[i]; the last bucket
+// absorbs a remainder shorter than half a bucket, so no rate comes from a sliver of time.
+struct TimeSeries {
+  std::vector<double> t_s;
+  std::vector<double> width_s;
+  std::vector<int64_t> sent;
+  std::vector<int64_t> ok;
+  std::vector<int64_t> errors;
+  std::vector<double> p99_ms;  // 0 where nothing completed
+  size_t size() const { return t_s.size(); }
+};
+// Buckets of `bucket_s` seconds over [start_ns, end_ns] (steady-clock NowNs() times). Samples
+// outside the interval count in the nearest bucket. REQUIRES: bucket_s > 0.
+TimeSeries Bucketize(const std::vector<Sample>& samples, int64_t start_ns, int64_t end_ns,
+                     double bucket_s = 1);
+
 struct PhaseReport {
   std::string name;          // "warmup" is never reported; "step 1", ...
   std::string level_kind;    // "concurrency" or "rate"
@@ -74,6 +110,9 @@ struct PhaseReport {
   double queued_ms_mean = 0;   // Timing.queued_us, mean
   double compute_ms_mean = 0;  // Timing.compute_us, mean
   double batch_size_mean = 0;
+  double start_s = 0;              // phase start, seconds after the first phase's start
+  LogHistogram latency_histogram;  // every completed request's latency
+  TimeSeries series;               // t_s counted from the first phase's start
 };
 
 // The canonical name of a gRPC code ("OK", "UNAVAILABLE", ...).
@@ -83,10 +122,9 @@ std::string CodeName(int code);
 PhaseReport Summarise(const std::vector<Sample>& samples, const std::vector<int64_t>& tokens,
                       const std::vector<double>& flops, double elapsed_s, double send_window_s);
 
-// Renderings: a human table, a JSON document ({"config": ..., "phases": [...]}) with `config`
-// a JSON object given as text, and CSV with one header line and one line per phase.
+// Renderings: a human table, and CSV with one header line and one line per phase (the JSON
+// document and the HTML report are in report.h).
 std::string ToText(const std::vector<PhaseReport>& phases);
-std::string ToJson(const std::string& config_json, const std::vector<PhaseReport>& phases);
 std::string ToCsv(const std::vector<PhaseReport>& phases);
 
 }  // namespace attnserve::bench
