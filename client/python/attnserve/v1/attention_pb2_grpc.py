@@ -61,8 +61,11 @@ class AttentionServiceServicer(object):
         output = softmax(scale * q·kᵀ + mask_fill) · v, per (batch item, query head).
         Grouped-query and multi-query attention: query head h reads key/value head
         h / (Hq / Hkv).
-        Errors: INVALID_ARGUMENT (malformed tensors or options), RESOURCE_EXHAUSTED (a limit of
-        GetServerInfo.limits), UNAVAILABLE (shutting down), DEADLINE_EXCEEDED, INTERNAL.
+        Errors: INVALID_ARGUMENT (malformed tensors or options, or a message that does not parse),
+        RESOURCE_EXHAUSTED (a limit of GetServerInfo.limits), UNAVAILABLE (overloaded: the queue
+        is full, or this connection held more than its fair share of it; or shutting down: retry
+        with backoff), DEADLINE_EXCEEDED (the deadline passed, or the queue ahead would outlast it:
+        then it is refused at once, without queueing), INTERNAL.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -83,10 +86,17 @@ class AttentionServiceServicer(object):
         a caller-chosen request_id, and receive one response per request carrying that id, in the
         order they complete (not the order sent). Requests on a stream are batched like unary ones.
         A request that fails gets a response with its error (`code`, `message`) and the stream goes
-        on. The stream ends OK after the caller half-closes and every request has been answered.
+        on; among those: INVALID_ARGUMENT for a request whose request_id equals that of a request
+        still in flight on the stream, and for an item with neither request set. The stream ends
+        OK after the caller half-closes and every request has been answered.
+        A message that is not a valid AttentionStreamRequest ends the stream: the server reads
+        nothing after it, answers the requests before it, then ends the stream INVALID_ARGUMENT
+        (naming the message's position in the stream).
         Flow control: at most GetServerInfo.limits.max_stream_in_flight requests of a stream are
-        queued or computing at once; the server reads more as earlier ones complete.
-        Stream-level errors: UNAUTHENTICATED, CANCELLED, UNAVAILABLE (shutting down).
+        queued, computing, or answered but not yet taken by the transport; the server reads more
+        as responses are sent, so a caller that stops reading stops the server reading.
+        Stream-level errors: UNAUTHENTICATED, INVALID_ARGUMENT (an unparseable message), CANCELLED,
+        UNAVAILABLE (shutting down).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
