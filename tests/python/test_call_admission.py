@@ -110,6 +110,9 @@ class FairShareTest(unittest.TestCase):
 
 
 class StreamMemoryTest(unittest.TestCase):
+    # AddressSanitizer's allocator keeps freed blocks in quarantine, so RSS says nothing about
+    # what the server holds; the bound is checked in the plain build.
+    @unittest.skipIf(os.environ.get("ATTNSERVE_SANITIZE"), "RSS bound is meaningless under sanitizers")
     def test_a_stream_that_never_reads_holds_at_most_its_in_flight_budget(self):
         max_in_flight = 8
         server = LiveServer("--backend=cpu", "--backend_threads=1",
