@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "kernels/attention_params.h"
 #include "kernels/multi_head.h"
+#include "kernels/paged_attention_params.h"
 
 namespace attnserve::kernels {
 
@@ -60,6 +61,11 @@ class Backend {
   // unspecified and the caller fails the whole batch.
   virtual absl::Status Attend(absl::Span<const AttentionParams> batch) = 0;
   virtual absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) = 0;
+  // Attention of the sequences' new queries over their paged KV caches (decode sessions;
+  // paged_attention_params.h), writing p.out (and p.lse when non-null). The pages are in host
+  // memory. Same contract as Attend: REQUIRES a valid p; non-OK only for failures of the backend
+  // itself. The default is the reference (ReferencePagedAttention, float64 arithmetic).
+  virtual absl::Status PagedAttention(const PagedAttentionParams& p);
 };
 
 }  // namespace attnserve::kernels

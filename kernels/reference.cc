@@ -241,4 +241,75 @@ absl::Status ReferenceBackend::MultiHead(absl::Span<const MultiHeadParams> batch
   return absl::OkStatus();
 }
 
+namespace {
+// Element i of a cache or query array of type t, widened (exact).
+double Element(DType t, const void* data, int64_t i) {
+  switch (t) {
+    case DType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(data)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(data)[i]);
+    default:
+      return static_cast<const float*>(data)[i];
+  }
+}
+}  // namespace
+
+Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
+  Reference64 r;
+  const int64_t rows = int64_t{p.total_q} * p.num_heads;
+  r.out.assign(rows * p.v_head_dim, 0.0);
+  std::vector<double> lse(rows, 0.0);
+  const int group = p.num_heads / p.num_kv_heads;
+  std::vector<double> scores;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int32_t* pages = p.page_table + int64_t{s} * p.max_pages_per_seq;
+    const int kv_len = p.kv_lens[s];
+    for (int i = 0; i < p.q_lens[s]; ++i) {
+      const int64_t t = p.q_offsets[s] + i;
+      const int keys = kv_len - p.q_lens[s] + i + 1;  // causal, bottom-right aligned
+      for (int h = 0; h < p.num_heads; ++h) {
+        const int kvh = h / group;
+        scores.assign(keys, 0.0);
+        double max_score = -INFINITY;
+        for (int j = 0; j < keys; ++j) {
+          const int64_t k0 = p.k_offset(pages[j / p.page_size], kvh, j % p.page_size);
+          double dot = 0;
+          for (int d = 0; d < p.head_dim; ++d) {
+            dot += Element(p.dtype, p.q, (t * p.num_heads + h) * p.head_dim + d) *
+                   Element(p.dtype, p.k_pages, k0 + d);
+          }
+          scores[j] = static_cast<double>(p.scale) * dot;
+          max_score = std::max(max_score, scores[j]);
+        }
+        double sum = 0;
+        for (int j = 0; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
+        double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
+        for (int j = 0; j < keys; ++j) {
+          const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
+          for (int d = 0; d < p.v_head_dim; ++d) {
+            out[d] += scores[j] / sum * Element(p.dtype, p.v_pages, v0 + d);
+          }
+        }
+        lse[t * p.num_heads + h] = max_score + std::log(sum);
+      }
+    }
+  }
+  r.weights = std::move(lse);  // [total_q, num_heads]: the log-sum-exp of each row
+  return r;
+}
+
+void ReferencePagedAttention(const PagedAttentionParams& p) {
+  const Reference64 r = ReferencePagedAttention64(p);
+  for (size_t i = 0; i < r.out.size(); ++i) p.out[i] = static_cast<float>(r.out[i]);
+  if (p.lse != nullptr) {
+    for (size_t i = 0; i < r.weights.size(); ++i) p.lse[i] = static_cast<float>(r.weights[i]);
+  }
+}
+
+absl::Status Backend::PagedAttention(const PagedAttentionParams& p) {
+  ReferencePagedAttention(p);
+  return absl::OkStatus();
+}
+
 }  // namespace attnserve::kernels

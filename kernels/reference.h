@@ -12,6 +12,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/backend.h"
 #include "kernels/multi_head.h"
+#include "kernels/paged_attention_params.h"
 
 namespace attnserve::kernels {
 
@@ -39,6 +40,13 @@ Reference64 ReferenceMultiHead64(const MultiHeadParams& p);
 // Computes p in float64 and writes p.out (and p.weights when non-null), rounded to float32.
 void ReferenceAttention(const AttentionParams& p);
 void ReferenceMultiHead(const MultiHeadParams& p);
+
+// Computes p (paged_attention_params.h) in float64: ReferencePagedAttention64 returns out
+// [total_q, Hq, Dv] and, in `weights`, the log-sum-exp [total_q, Hq]; ReferencePagedAttention
+// writes p.out (and p.lse when non-null), rounded to float32. The latter is also the default of
+// Backend::PagedAttention.
+Reference64 ReferencePagedAttention64(const PagedAttentionParams& p);
+void ReferencePagedAttention(const PagedAttentionParams& p);
 
 // The reference path as a Backend (single-threaded; batch items computed in order).
 class ReferenceBackend final : public Backend {

@@ -2,6 +2,7 @@
 
 #include <malloc.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 
@@ -23,6 +24,10 @@ std::atomic<bool> trim_pending{false};
 }  // namespace
 
 void TrimAfterLargeCall() { trim_pending.store(true, std::memory_order_release); }
+
+absl::Duration DeadlineSkew(absl::Time arrival, absl::Time deadline) {
+  return std::clamp((deadline - arrival) / 4, absl::Milliseconds(50), absl::Seconds(1));
+}
 
 Caller::Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
     : deadline_(DeadlineOf(context)),
@@ -59,8 +64,10 @@ Call::~Call() {
 void Call::Finish(absl::Status status, Job* job, std::optional<metrics::DropReason> drop) {
   if (finished_.exchange(true, std::memory_order_acq_rel)) return;
   const absl::Time now = absl::Now();
-  const bool expired = caller_->deadline() <= now;
-  if (expired || caller_->cancelled()) {
+  const bool cancelled = caller_->cancelled();
+  const bool expired = caller_->deadline() <= now ||
+                       (cancelled && caller_->deadline() - now <= DeadlineSkew(arrival_, caller_->deadline()));
+  if (expired || cancelled) {
     // The answer can no longer reach the caller (or only after its deadline, which gRPC turns
     // into DEADLINE_EXCEEDED on both sides): answer and count what the caller sees. Whether a
     // cancellation was the deadline is decided here alone (gRPC reports both as a cancel).

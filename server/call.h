@@ -102,6 +102,15 @@ class Call {
 inline constexpr size_t kTrimAfterBytes = size_t{32} << 20;
 void TrimAfterLargeCall();
 
+// A client's deadline reaches the server as a timeout (grpc-timeout), which the server turns into
+// a deadline of its own when the header arrives: later than the client's by the header's transit
+// and the timeout's rounding up. At its own deadline the client cancels the call, and that cancel
+// often arrives before the server's deadline passes. So a cancellation within this skew of the
+// server's deadline is counted as the deadline (DEADLINE_EXCEEDED, drop reason "deadline"), which
+// is what the caller saw: a quarter of the call's timeout, at least 50 ms and at most 1 s. A
+// caller that cancels by hand that close to its deadline is counted as a deadline too.
+absl::Duration DeadlineSkew(absl::Time arrival, absl::Time deadline);
+
 // The gRPC deadline of a call; absl::InfiniteFuture() when the caller set none.
 absl::Time DeadlineOf(const grpc::CallbackServerContext& context);
 

@@ -260,5 +260,92 @@ TEST(HeadAttentionParamsTest, SplitsRowsIntoHeadsThroughStrides) {
   EXPECT_EQ(a.scale, 0.5f);
 }
 
+// The paged reference against the dense one: two sequences of different lengths whose pages are
+// scattered through the pool, GQA, each compared with a causal dense Attend of its own.
+TEST(ReferencePagedAttentionTest, EqualsACausalDenseAttendPerSequence) {
+  constexpr int kHq = 4, kHkv = 2, kD = 8, kPage = 4;
+  const std::vector<int32_t> kv_lens = {37, 5}, q_lens = {3, 1}, q_offsets = {0, 3};
+  const int max_pages = 10, num_pages = 2 * max_pages;
+  auto value = [](int64_t i, float seed) { return std::sin(seed + 0.37f * static_cast<float>(i)); };
+  std::vector<float> k_pages(int64_t{num_pages} * kHkv * kPage * kD, NAN);
+  std::vector<float> v_pages(k_pages.size(), NAN);  // slots no sequence owns stay NaN
+  std::vector<int32_t> table(2 * max_pages, -1);
+  for (int i = 0; i < 2 * max_pages; ++i) table[i] = (i * 7 + 3) % num_pages;  // scattered
+  PagedAttentionParams p;
+  p.num_seqs = 2;
+  p.num_heads = kHq;
+  p.num_kv_heads = kHkv;
+  p.head_dim = p.v_head_dim = kD;
+  p.page_size = kPage;
+  p.max_pages_per_seq = max_pages;
+  p.k_pages = k_pages.data();
+  p.v_pages = v_pages.data();
+  p.page_table = table.data();
+  p.kv_lens = kv_lens.data();
+  p.q_lens = q_lens.data();
+  p.q_offsets = q_offsets.data();
+  p.total_q = 4;
+  p.scale = 1.0f / std::sqrt(float{kD});
+  std::vector<float> q(int64_t{p.total_q} * kHq * kD);
+  for (size_t i = 0; i < q.size(); ++i) q[i] = value(i, 0.3f);
+  p.q = q.data();
+  // Dense copies [Hkv, Lk, D] per sequence, and the same values written into the pages.
+  std::vector<std::vector<float>> dense_k(2), dense_v(2);
+  for (int s = 0; s < 2; ++s) {
+    dense_k[s].resize(int64_t{kHkv} * kv_lens[s] * kD);
+    dense_v[s].resize(dense_k[s].size());
+    for (int h = 0; h < kHkv; ++h) {
+      for (int j = 0; j < kv_lens[s]; ++j) {
+        for (int d = 0; d < kD; ++d) {
+          const int64_t dense = (int64_t{h} * kv_lens[s] + j) * kD + d;
+          dense_k[s][dense] = value(dense, 1.1f + s);
+          dense_v[s][dense] = value(dense, 2.3f + s);
+          const int32_t page = table[s * max_pages + j / kPage];
+          k_pages[p.k_offset(page, h, j % kPage) + d] = dense_k[s][dense];
+          v_pages[p.v_offset(page, h, j % kPage) + d] = dense_v[s][dense];
+        }
+      }
+    }
+  }
+  const Reference64 paged = ReferencePagedAttention64(p);
+  for (int s = 0; s < 2; ++s) {
+    AttentionParams dense;
+    dense.batch = 1;
+    dense.num_heads = kHq;
+    dense.num_kv_heads = kHkv;
+    dense.q_len = q_lens[s];
+    dense.kv_len = kv_lens[s];
+    dense.head_dim = dense.v_head_dim = kD;
+    dense.causal = true;
+    // q rows of this sequence, [t, h, d] in the packed array: head stride D, row stride Hq * D.
+    dense.q = {q.data() + int64_t{q_offsets[s]} * kHq * kD, 0, kD, kHq * kD};
+    dense.k = {dense_k[s].data(), 0, int64_t{kv_lens[s]} * kD, kD};
+    dense.v = {dense_v[s].data(), 0, int64_t{kv_lens[s]} * kD, kD};
+    dense.scale = p.scale;
+    std::vector<float> out(int64_t{kHq} * q_lens[s] * kD), weights(int64_t{kHq} * q_lens[s] * kv_lens[s]);
+    dense.out = {out.data(), 0, int64_t{q_lens[s]} * kD, kD};
+    dense.weights = weights.data();
+    const Reference64 want = ReferenceAttention64(dense);
+    for (int i = 0; i < q_lens[s]; ++i) {
+      for (int h = 0; h < kHq; ++h) {
+        const int64_t row = int64_t{q_offsets[s] + i} * kHq + h;
+        for (int d = 0; d < kD; ++d) {
+          EXPECT_NEAR(paged.out[row * kD + d], want.out[(int64_t{h} * q_lens[s] + i) * kD + d],
+                      1e-12)
+              << "seq " << s << " row " << i << " head " << h << " col " << d;
+        }
+        // The log-sum-exp turns the row's first score into its weight.
+        double score0 = 0;
+        for (int d = 0; d < kD; ++d) {
+          score0 += double{q[row * kD + d]} * dense_k[s][int64_t{h / 2} * kv_lens[s] * kD + d];
+        }
+        score0 *= p.scale;
+        EXPECT_NEAR(std::exp(score0 - paged.weights[row]),
+                    want.weights[(int64_t{h} * q_lens[s] + i) * kv_lens[s]], 1e-12);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace attnserve::kernels

@@ -18,6 +18,7 @@
 #include "grpcpp/impl/codegen/sync_stream.h"
 #include "gtest/gtest.h"
 #include "server/attention_service.h"
+#include "server/call.h"
 #include "server/batching/cost_model.h"
 #include "server/server_host.h"
 #include "tests/testing/exposition.h"
@@ -368,6 +369,36 @@ TEST_F(CallLifecycleTest, CallsOverAConnectionsStreamLimitWaitInTheClientNotTheS
   blocker.join();
   EXPECT_EQ(Requests("Attend", "OK"), 3);
   EXPECT_LE(Requests("Attend", "DEADLINE_EXCEEDED"), 0) << "the third call reached the server";
+}
+
+// The client cancels at its own deadline, which comes before the server's (the server's is the
+// timeout header's arrival plus the timeout): a cancel that close to the server's deadline is the
+// deadline, as the caller saw it. Deadlines here are relative to the call's construction and
+// time only moves towards them, so neither case depends on timing.
+TEST(CallTest, ACancelCloseToTheDeadlineIsCountedAsTheDeadline) {
+  auto metrics = metrics::Metrics::Create({}).value();
+  auto finish_cancelled = [&](absl::Duration timeout) {
+    server::Caller caller(absl::Now() + timeout, /*connection=*/1, /*dispatcher=*/nullptr);
+    absl::Status seen;
+    server::Call call(metrics.get(), metrics::Rpc::kAttend, &caller,
+                      [&](const absl::Status& status, server::Job*, absl::Time) { seen = status; });
+    caller.Cancel();
+    call.Finish(absl::CancelledError("the call was cancelled while the request was queued"),
+                nullptr, metrics::DropReason::kCancelled);
+    return seen.code();
+  };
+  auto dropped = [&](const std::string& reason) {
+    return MetricSample(metrics->ExpositionText(), "attnserve_requests_dropped_total",
+                        {"reason=\"" + reason + "\""});
+  };
+  // 30 ms before the deadline: within the 50 ms the skew allows at least.
+  EXPECT_EQ(finish_cancelled(absl::Milliseconds(30)), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(dropped("deadline"), 1);
+  EXPECT_EQ(dropped("cancelled"), 0);
+  // An hour before the deadline: the caller cancelled.
+  EXPECT_EQ(finish_cancelled(absl::Hours(1)), absl::StatusCode::kCancelled);
+  EXPECT_EQ(dropped("deadline"), 1);
+  EXPECT_EQ(dropped("cancelled"), 1);
 }
 
 }  // namespace

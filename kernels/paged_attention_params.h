@@ -1,0 +1,88 @@
+// The parameters of attention over a paged KV cache (decode sessions), shared by every backend
+// (reference, CPU, CUDA) and by the server's session pool, which owns the pages.
+//
+// The pool. K and V live in two arrays of `num_pages` fixed-size pages, in the cache's element
+// type `dtype` (FLOAT32, FLOAT16 or BFLOAT16):
+//
+//   k_pages[page][kv_head][slot][0..head_dim)       page_stride = num_kv_heads * page_size * D
+//   v_pages[page][kv_head][slot][0..v_head_dim)     page_stride = num_kv_heads * page_size * Dv
+//
+// ("HND" within a page: one kv head's `page_size` keys are contiguous, so a decode kernel
+// streams them with unit stride and the query heads of a GQA group read them once.)
+//
+// The sequences. Sequence s has `kv_lens[s]` keys in its cache (the new tokens' K and V already
+// appended) at positions 0..kv_lens[s]-1; position p lives in page
+// `page_table[s * max_pages_per_seq + p / page_size]`, slot `p % page_size`. Its queries are its
+// newest `q_lens[s]` tokens (q_lens[s] <= kv_lens[s]), packed with those of the other sequences:
+// query row r of sequence s is row `q_offsets[s] + r` of q [total_q, num_heads, head_dim] and of
+// out [total_q, num_heads, v_head_dim] (both contiguous), and it is the token at position
+// kv_lens[s] - q_lens[s] + r. Attention is causal, bottom-right aligned as AttentionParams'
+// `causal` is: query row r attends to positions 0..kv_lens[s] - q_lens[s] + r.
+//
+//   out[t, h, :] = sum_j softmax_j(scale * q[t, h, :] . K_s[j, h / group, :]) * V_s[j, h / group, :]
+//   lse[t, h]    = log(sum_j exp(scale * q[t, h, :] . K_s[j, h / group, :]))   (natural log)
+//
+// with group = num_heads / num_kv_heads. `lse` lets callers merge partial attentions (over
+// disjoint key sets A and B: out = (e^lseA outA + e^lseB outB) / (e^lseA + e^lseB)).
+//
+// Batch invariance. A row's bits must not depend on the other sequences of the batch: kernels
+// that split the keys of a sequence do so at fixed multiples of a constant number of keys
+// (kPagedSplitKeys), never at a count derived from the batch, and combine the splits in a fixed
+// order.
+//
+// The NaN rule of attention_params.h applies (every row has at least one allowed key here).
+#ifndef ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
+#define ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace attnserve::kernels {
+
+// Keys per split of a sequence, for kernels that split (a constant: see batch invariance above).
+inline constexpr int kPagedSplitKeys = 256;
+
+struct PagedAttentionParams {
+  // Dimensions. REQUIRES: all >= 1, num_heads % num_kv_heads == 0.
+  int num_seqs = 0;
+  int num_heads = 0;     // query heads (Hq)
+  int num_kv_heads = 0;  // key/value heads (Hkv)
+  int head_dim = 0;      // D, of q and k
+  int v_head_dim = 0;    // Dv, of v and out
+  int page_size = 0;     // tokens per page
+  int max_pages_per_seq = 0;
+
+  // The cache: element type of k_pages and v_pages (and of q).
+  DType dtype = DType::kFloat32;
+  const void* k_pages = nullptr;
+  const void* v_pages = nullptr;
+
+  // Per sequence (num_seqs entries each; page_table has num_seqs * max_pages_per_seq).
+  const int32_t* page_table = nullptr;
+  const int32_t* kv_lens = nullptr;
+  const int32_t* q_lens = nullptr;
+  const int32_t* q_offsets = nullptr;
+  int total_q = 0;  // sum of q_lens
+
+  // q [total_q, num_heads, head_dim] in `dtype`; outputs in float32.
+  const void* q = nullptr;
+  float* out = nullptr;  // [total_q, num_heads, v_head_dim]
+  float* lse = nullptr;  // [total_q, num_heads], or nullptr when not wanted
+
+  float scale = 1.0f;  // usually 1 / sqrt(head_dim)
+
+  int64_t k_page_stride() const { return int64_t{num_kv_heads} * page_size * head_dim; }
+  int64_t v_page_stride() const { return int64_t{num_kv_heads} * page_size * v_head_dim; }
+  // Element offset of (page, kv head, slot) in k_pages / v_pages.
+  int64_t k_offset(int32_t page, int kv_head, int slot) const {
+    return page * k_page_stride() + (int64_t{kv_head} * page_size + slot) * head_dim;
+  }
+  int64_t v_offset(int32_t page, int kv_head, int slot) const {
+    return page * v_page_stride() + (int64_t{kv_head} * page_size + slot) * v_head_dim;
+  }
+};
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
