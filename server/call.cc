@@ -65,8 +65,9 @@ void Call::Finish(absl::Status status, Job* job, std::optional<metrics::DropReas
   if (finished_.exchange(true, std::memory_order_acq_rel)) return;
   const absl::Time now = absl::Now();
   const bool cancelled = caller_->cancelled();
-  const bool expired = caller_->deadline() <= now ||
-                       (cancelled && caller_->deadline() - now <= DeadlineSkew(arrival_, caller_->deadline()));
+  const bool expired =
+      caller_->deadline() <= now ||
+      (cancelled && caller_->deadline() - now <= DeadlineSkew(arrival_, caller_->deadline()));
   if (expired || cancelled) {
     // The answer can no longer reach the caller (or only after its deadline, which gRPC turns
     // into DEADLINE_EXCEEDED on both sides): answer and count what the caller sees. Whether a

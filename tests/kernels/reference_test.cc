@@ -322,7 +322,8 @@ TEST(ReferencePagedAttentionTest, EqualsACausalDenseAttendPerSequence) {
     dense.k = {dense_k[s].data(), 0, int64_t{kv_lens[s]} * kD, kD};
     dense.v = {dense_v[s].data(), 0, int64_t{kv_lens[s]} * kD, kD};
     dense.scale = p.scale;
-    std::vector<float> out(int64_t{kHq} * q_lens[s] * kD), weights(int64_t{kHq} * q_lens[s] * kv_lens[s]);
+    std::vector<float> out(int64_t{kHq} * q_lens[s] * kD),
+        weights(int64_t{kHq} * q_lens[s] * kv_lens[s]);
     dense.out = {out.data(), 0, int64_t{q_lens[s]} * kD, kD};
     dense.weights = weights.data();
     const Reference64 want = ReferenceAttention64(dense);
