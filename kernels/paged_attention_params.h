@@ -19,8 +19,9 @@
 // kv_lens[s] - q_lens[s] + r. Attention is causal, bottom-right aligned as AttentionParams'
 // `causal` is: query row r attends to positions 0..kv_lens[s] - q_lens[s] + r.
 //
-//   out[t, h, :] = sum_j softmax_j(scale * q[t, h, :] . K_s[j, h / group, :]) * V_s[j, h / group,
-//   :] lse[t, h]    = log(sum_j exp(scale * q[t, h, :] . K_s[j, h / group, :]))   (natural log)
+//   s[t, h, j]   = scale * dot(q[t, h, :], K_s[j, h / group, :])
+//   out[t, h, :] = sum_j softmax_j(s[t, h, j]) * V_s[j, h / group, :]
+//   lse[t, h]    = log(sum_j exp(s[t, h, j]))   (natural log)
 //
 // with group = num_heads / num_kv_heads. `lse` lets callers merge partial attentions (over
 // disjoint key sets A and B: out = (e^lseA outA + e^lseB outB) / (e^lseA + e^lseB)).
