@@ -31,7 +31,9 @@
 // (kPagedSplitKeys), never at a count derived from the batch, and combine the splits in a fixed
 // order.
 //
-// The NaN rule of attention_params.h applies (every row has at least one allowed key here).
+// The NaN rule of attention_params.h applies. Every row has at least one allowed key here; a row
+// whose allowed scores are all -Inf (rule 2) attends uniformly to all kv_lens[s] keys of its
+// sequence, as the same row of a dense causal Attend does, and its lse is -Inf.
 #ifndef ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
 #define ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
 

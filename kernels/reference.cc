@@ -282,9 +282,22 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
           scores[j] = static_cast<double>(p.scale) * dot;
           max_score = std::max(max_score, scores[j]);
         }
+        double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
+        if (max_score == -INFINITY) {
+          // Every allowed score is -Inf: the row is treated as fully blocked and attends
+          // uniformly to every key of the sequence, as a dense causal Attend's row does (the NaN
+          // rule, attention_params.h); its log-sum-exp is -Inf.
+          for (int j = 0; j < kv_len; ++j) {
+            const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
+            for (int d = 0; d < p.v_head_dim; ++d) {
+              out[d] += Element(p.dtype, p.v_pages, v0 + d) / kv_len;
+            }
+          }
+          lse[t * p.num_heads + h] = -INFINITY;
+          continue;
+        }
         double sum = 0;
         for (int j = 0; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-        double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
         for (int j = 0; j < keys; ++j) {
           const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
           for (int d = 0; d < p.v_head_dim; ++d) {

@@ -50,6 +50,41 @@ class AttentionServiceStub(object):
                 request_serializer=attnserve_dot_v1_dot_attention__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_attention__pb2.GetServerInfoResponse.FromString,
                 )
+        self.CreateSession = channel.unary_unary(
+                '/attnserve.v1.AttentionService/CreateSession',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.CreateSessionRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.CreateSessionResponse.FromString,
+                )
+        self.ExtendSession = channel.unary_unary(
+                '/attnserve.v1.AttentionService/ExtendSession',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionResponse.FromString,
+                )
+        self.ExtendSessions = channel.unary_unary(
+                '/attnserve.v1.AttentionService/ExtendSessions',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionsRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionsResponse.FromString,
+                )
+        self.ForkSession = channel.unary_unary(
+                '/attnserve.v1.AttentionService/ForkSession',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.ForkSessionRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.ForkSessionResponse.FromString,
+                )
+        self.CloseSession = channel.unary_unary(
+                '/attnserve.v1.AttentionService/CloseSession',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.CloseSessionRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.CloseSessionResponse.FromString,
+                )
+        self.GetSession = channel.unary_unary(
+                '/attnserve.v1.AttentionService/GetSession',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.GetSessionRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.GetSessionResponse.FromString,
+                )
+        self.ListSessions = channel.unary_unary(
+                '/attnserve.v1.AttentionService/ListSessions',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsResponse.FromString,
+                )
 
 
 class AttentionServiceServicer(object):
@@ -135,6 +170,93 @@ class AttentionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateSession(self, request, context):
+        """Decode sessions: attention over a key/value cache the server holds, so that a caller
+        generating one token at a time sends only the new tokens (the attention half of
+        disaggregated inference). A session is bound either to a loaded module (the caller sends
+        the new tokens' inputs [L, d_model]; the server projects them and caches each head's K and
+        V) or to a raw head layout (the caller sends projected q, k, v). The cache lives in a paged
+        pool of fixed size (GetServerInfo.sessions); a fork shares its parent's pages copy-on-write.
+
+        Sessions live in one server process and are lost when it restarts, when the pool is full
+        and the server evicts the least recently used idle session (SessionSettings.when_full), or
+        after SessionSettings.idle_ttl_us without use. A lost session answers FAILED_PRECONDITION
+        with a message that starts "session lost (" + the reason (evicted, expired, restarted) +
+        "):" and tells the caller to create a new session and prefill it again; the same reason is
+        in the trailing metadata key "attnserve-session-lost" of unary calls. An id this server
+        never issued, or one already closed, is NOT_FOUND; an id that is not well-formed is
+        INVALID_ARGUMENT.
+
+        Creates an empty session. Errors: INVALID_ARGUMENT (a bad layout or dtype), NOT_FOUND (the
+        module is not loaded), RESOURCE_EXHAUSTED (limits.max_sessions reached; or pinning over
+        SessionSettings.max_pinned_fraction).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExtendSession(self, request, context):
+        """Appends new tokens to a session (a prefill of many tokens or one decode step) and returns
+        the attention of their queries over the whole cache, causal and bottom-right aligned as
+        Attend's `causal` option is: new token i (of L) attends to every cached token and to new
+        tokens 0..i. Extends of one session are applied one at a time: an extend that arrives while
+        another of the same session is queued or computing is refused with ABORTED (the caller
+        waits for the first). With `expected_length` set, an extend applies only if the session
+        holds exactly that many tokens (else ABORTED, naming the length), which makes a retry after
+        a lost response safe. Nothing is appended when the call fails.
+        Errors: INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION (session lost), ABORTED,
+        RESOURCE_EXHAUSTED (the pool is full and nothing can be evicted, or the session would
+        exceed limits.max_sequence_length), UNAVAILABLE and DEADLINE_EXCEEDED as Attend.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ExtendSessions(self, request, context):
+        """Many sessions' extends in one message, answered in one message (the disaggregated
+        micro-batch: N sessions x 1 token), computed as one batch. Each item succeeds or fails on
+        its own (per-item code and message, as the stream's); a session may appear only once.
+        Errors of the call itself: UNAUTHENTICATED, INVALID_ARGUMENT (no items), UNAVAILABLE,
+        DEADLINE_EXCEEDED.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ForkSession(self, request, context):
+        """A new session holding the same tokens as `session_id`, sharing its pages copy-on-write
+        (beam search, parallel sampling, a shared system prompt). Parent and child then extend
+        independently; closing one does not affect the other.
+        Errors: NOT_FOUND, FAILED_PRECONDITION (lost), ABORTED (an extend of the parent is in
+        flight), RESOURCE_EXHAUSTED (limits.max_sessions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CloseSession(self, request, context):
+        """Ends a session and frees the pages only it held. Errors: NOT_FOUND, FAILED_PRECONDITION
+        (already lost). An extend in flight finishes first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSession(self, request, context):
+        """One session's state. Errors: NOT_FOUND, FAILED_PRECONDITION (lost).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListSessions(self, request, context):
+        """The sessions of this server, by id, a page at a time, and the pool's usage. Never fails
+        except UNAUTHENTICATED and INVALID_ARGUMENT (a bad page_token).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttentionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -172,6 +294,41 @@ def add_AttentionServiceServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=attnserve_dot_v1_dot_attention__pb2.GetServerInfoRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_attention__pb2.GetServerInfoResponse.SerializeToString,
+            ),
+            'CreateSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateSession,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.CreateSessionRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.CreateSessionResponse.SerializeToString,
+            ),
+            'ExtendSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendSession,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionResponse.SerializeToString,
+            ),
+            'ExtendSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ExtendSessions,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionsRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.ExtendSessionsResponse.SerializeToString,
+            ),
+            'ForkSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForkSession,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.ForkSessionRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.ForkSessionResponse.SerializeToString,
+            ),
+            'CloseSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.CloseSession,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.CloseSessionRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.CloseSessionResponse.SerializeToString,
+            ),
+            'GetSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSession,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.GetSessionRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.GetSessionResponse.SerializeToString,
+            ),
+            'ListSessions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListSessions,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -300,5 +457,124 @@ class AttentionService(object):
         return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/GetServerInfo',
             attnserve_dot_v1_dot_attention__pb2.GetServerInfoRequest.SerializeToString,
             attnserve_dot_v1_dot_attention__pb2.GetServerInfoResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CreateSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/CreateSession',
+            attnserve_dot_v1_dot_attention__pb2.CreateSessionRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.CreateSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExtendSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/ExtendSession',
+            attnserve_dot_v1_dot_attention__pb2.ExtendSessionRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.ExtendSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ExtendSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/ExtendSessions',
+            attnserve_dot_v1_dot_attention__pb2.ExtendSessionsRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.ExtendSessionsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ForkSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/ForkSession',
+            attnserve_dot_v1_dot_attention__pb2.ForkSessionRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.ForkSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def CloseSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/CloseSession',
+            attnserve_dot_v1_dot_attention__pb2.CloseSessionRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.CloseSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def GetSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/GetSession',
+            attnserve_dot_v1_dot_attention__pb2.GetSessionRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.GetSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def ListSessions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/ListSessions',
+            attnserve_dot_v1_dot_attention__pb2.ListSessionsRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.ListSessionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
