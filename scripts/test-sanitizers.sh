@@ -15,16 +15,19 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 cmake --preset asan
 cmake --build --preset asan
 # The container image is built from the plain build; the emulated CUDA kernels run their fp16
-# half here (ASan and UBSan findings do not depend on the operand type).
-ctest --preset asan -LE deploy -E "FlashEmuTest.*bfloat16"
+# half here (ASan and UBSan findings do not depend on the operand type); the paged attention
+# kernel its FLOAT16 cases (the other cache types run the same schedule on other element types).
+ctest --preset asan -LE deploy -E "FlashEmuTest.*bfloat16|PagedAttentionEmuTest.*(BFLOAT16|FLOAT32)"
 
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 cmake --preset tsan
-cmake --build --preset tsan --target batcher_test server_test flash_emu_test
+cmake --build --preset tsan --target batcher_test server_test flash_emu_test \
+  paged_attention_emu_test
 # The C++ batcher and server tests (the Python process tests drive a TSan server through
 # gRPC's uninstrumented core, where reports are third-party noise).
 ctest --preset tsan -L "batcher|server" -LE python
 # The emulated CUDA kernels: races between the emulated threads of a block (a missing barrier or
 # cp.async wait). hdim64 and generic in fp16: hdim128 is the same template body as hdim64, and
-# bf16 runs the same schedules with other numbers (about 3 minutes on 2 cores).
-ctest --preset tsan -L cuda_emu -E "bfloat16|hdim128"
+# bf16 runs the same schedules with other numbers (about 3 minutes on 2 cores); the paged
+# attention kernel in FLOAT16 (its other cache types: same schedule, other element types).
+ctest --preset tsan -L cuda_emu -E "bfloat16|hdim128|BFLOAT16|FLOAT32"

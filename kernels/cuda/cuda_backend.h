@@ -95,6 +95,15 @@ class CudaBackend final : public Backend {
   std::string float32_precision() const override { return PrecisionPolicy(); }
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+  // The pages are in host memory (Backend's contract): the call stages what the batch needs to
+  // the device (the pages its sequences use, gathered and renumbered, their page-table rows,
+  // the queries) and runs the paged kernel (paged_attention.h) on them; shapes the kernel does
+  // not take (head_dim or v_head_dim above 256) go to the reference. FLOAT16 and BFLOAT16
+  // caches compute in float32 from their own values, FLOAT32 caches in float32 (no rounding to
+  // a 16-bit operand type). RESOURCE_EXHAUSTED when the staged pages exceed the pinned staging
+  // or the device pool. A device-resident pool (pages allocated in device memory by the session
+  // pool) would remove the per-call copy of the pages.
+  absl::Status PagedAttention(const PagedAttentionParams& p) override;
 
   // Attend with an explicit operand type for every item: what FLOAT16 / BFLOAT16 requests use
   // once AttentionParams carries the wire dtype (their float32 copies convert back exactly).
@@ -127,6 +136,7 @@ class CudaBackend final : public Backend {
   absl::Status RunAttentionGroup(Worker* w, absl::Span<const AttentionParams> items,
                                  ComputeType type);
   absl::Status RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type);
+  absl::Status RunPagedAttention(Worker* w, const PagedAttentionParams& p);
 
   const CudaBackendOptions options_;
   const std::string device_name_;

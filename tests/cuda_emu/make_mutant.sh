@@ -51,6 +51,26 @@ case "$name" in
     file=flash_decode_kernel.h
     from="  for (int s = 0; s < splits; ++s) {${nl}    const float* row = base + s * slot_floats;"
     to="  for (int s = 0; s + 1 < splits; ++s) {${nl}    const float* row = base + s * slot_floats;" ;;
+  paged_wrong_page)  # the logical page index used as the physical one (page table skipped)
+    file=paged_attention_kernel.h
+    from="PagedKOffset(p, pages[j / p.page_size], blk.kv_head"
+    to="PagedKOffset(p, j / p.page_size, blk.kv_head" ;;
+  paged_causal_off_by_one)  # a query row also sees the next token's key
+    file=paged_attention_kernel.h
+    from="return p.kv_lens[seq] - p.q_lens[seq] + token + 1;"
+    to="return p.kv_lens[seq] - p.q_lens[seq] + token + 2;" ;;
+  paged_no_syncwarp)  # the tile's probabilities read before every lane wrote them
+    file=paged_attention_kernel.h
+    from="    __syncwarp();${nl}    const int n = min(32, j_end - j0);"
+    to="    const int n = min(32, j_end - j0);" ;;
+  paged_last_split_dropped)  # the combine misses a row's last split when it holds one key
+    file=paged_attention_kernel.h
+    from="PagedSplits(PagedRowLimit(p, blk.seq, row_index))"
+    to="PagedSplits(PagedRowLimit(p, blk.seq, row_index) - 1)" ;;
+  paged_gqa_head_shared)  # every row of a GQA group reads the group's first query head
+    file=paged_attention_kernel.h
+    from="const int head = blk.kv_head * group + row % group;"
+    to="const int head = blk.kv_head * group;" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \

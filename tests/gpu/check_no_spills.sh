@@ -14,7 +14,7 @@ SOURCES=(
   flash_fwd_hdim64_fp16.cu flash_fwd_hdim64_bf16.cu
   flash_fwd_hdim128_fp16.cu flash_fwd_hdim128_bf16.cu
   flash_fwd_generic_fp16.cu flash_fwd_generic_bf16.cu
-  naive_attention.cu elementwise.cu flash_decode.cu
+  naive_attention.cu elementwise.cu flash_decode.cu paged_attention.cu
 )
 status=0
 for src in "${SOURCES[@]}"; do

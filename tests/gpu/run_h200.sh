@@ -11,7 +11,9 @@
 #   4. PyTorch SDPA on the finished shapes, merged           gpu_results.json         55 s
 #   5. compute-sanitizer memcheck and racecheck on           sanitizer_*.log          25 s each
 #      flash_bench --smoke (every kernel path, small)
-#   worst case: 1 + 1 + 50 + 115 + 55 + 25 + 25 = 272 s, under 300 s.
+#   6. compute-sanitizer memcheck on the paged attention     sanitizer_paged.log      20 s
+#      GPU tests (CudaPagedAttentionTest, FLOAT16)
+#   worst case: 1 + 1 + 50 + 115 + 55 + 25 + 25 + 20 = 292 s, under 300 s.
 #
 # Why the sweep fits (flash_bench.cu): inputs are generated once, on the device (q, k, v of
 # 4096 tokens x 16 heads x 128 per dtype: 6 fills of 8.4M numbers, milliseconds; the previous
@@ -30,7 +32,10 @@
 # (budget or not) a decode step, the fused kernel against the decode path (16 sequences x 4096
 # keys, GQA 8, d128: 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
 # compute-sanitizer runs flash_bench --smoke: 18 fused, 6 naive and 6 decode launches on at
-# most 330 keys; 25 s each leaves a 100x slowdown room.
+# most 330 keys; 25 s each leaves a 100x slowdown room. Step 2 includes the paged attention of
+# the decode sessions (CudaPagedAttentionTest: 6 small calls of at most 1300 keys, 8 heads,
+# d128, against the float64 reference, and bitwise batch invariance); step 6 repeats its FLOAT16
+# half under memcheck (2 backend calls; most of the 20 s is the CUDA and cuBLAS start-up).
 #
 # Prepare here (no GPU needed):
 #   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release
@@ -88,6 +93,11 @@ if [[ -n "$SANITIZER" ]]; then
     echo "$tool exit code: $? (0 clean, 3 errors found, 124 cut at 25 s)"
     tail -n 3 "$RESULTS/sanitizer_$tool.log"
   done
+  echo "== 6. compute-sanitizer memcheck, paged attention"
+  timeout 20 "$SANITIZER" --tool memcheck --error-exitcode 3 "$BUNDLE/cuda_backend_test" \
+    --gtest_filter='*CudaPagedAttentionTest*/FLOAT16' > "$RESULTS/sanitizer_paged.log" 2>&1
+  echo "paged memcheck exit code: $? (0 clean, 3 errors found, 124 cut at 20 s)"
+  tail -n 3 "$RESULTS/sanitizer_paged.log"
 else
   echo "compute-sanitizer not found; skipped" | tee "$RESULTS/sanitizer_memcheck.log"
 fi

@@ -1,0 +1,380 @@
+// The paged attention kernels (kernels/cuda/paged_attention_kernel.h), compiled as host C++ and
+// executed by the emulator (emu.h), against the float64 reference ReferencePagedAttention64
+// (kernels/reference.h) on the same pool, page table and queries: float16, bfloat16 and float32
+// caches; page sizes 1, 16 and 64; key counts around the split size (1, 255, 256, 257, 1000);
+// decode steps and prefill chunks (q_len > 1, causal bottom-right); GQA 8/2, 4/1 and 1/1;
+// D 64 and 128 and D != Dv (up to 200: the 8-columns-per-lane instantiation); the NaN rule; and
+// bitwise batch invariance.
+//
+// Every buffer has its exact size (ASan sees an overrun); the pool's pages are scattered (a
+// random permutation), and every pool element no sequence owns (unused pages, slots past a
+// sequence's last key) is NaN, so a read through a wrong page or past kv_len shows as NaN in the
+// output. Page table entries past a sequence's pages are -1. The workspace starts NaN.
+//
+// The launches mirror paged_attention.cu (which uses <<<>>> and is not compiled here).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/paged_attention_kernel.h"
+#include "kernels/cuda/paged_attention_shape.h"
+#include "kernels/dtype.h"
+#include "kernels/paged_attention_params.h"
+#include "kernels/reference.h"
+#include "tests/cuda_emu/emu.h"
+
+namespace attnserve::kernels::cuda {
+namespace {
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr float kUnwritten = -12345.0f;  // a value no output can take
+
+struct PagedSeq {
+  int q_len;
+  int kv_len;
+  uint32_t seed;  // the sequence's q, k, v depend only on this (batch invariance)
+};
+
+struct PagedCase {
+  std::string name;
+  std::vector<PagedSeq> seqs;
+  int num_heads = 8;
+  int num_kv_heads = 2;
+  int head_dim = 64;
+  int v_head_dim = 64;
+  int page_size = 16;
+  uint32_t layout_seed = 7;  // the page permutation
+  int extra_pages = 3;       // unused pages of the pool (NaN)
+  // Non-finite inputs (the NaN rule), in sequence 0, kv head 0 / query head 0.
+  float q_poison = 0.0f;  // 0: none; at q[token q_poison_token, head 0, column 0]
+  int q_poison_token = 0;
+  float k_poison = 0.0f;  // at key k_poison_key, column 0
+  int k_poison_key = 0;
+  float v_poison = 0.0f;  // at key 0, column 3
+};
+
+// Exact-size storage of `n` elements of `dtype`.
+struct Buffer {
+  DType dtype;
+  size_t n;
+  std::unique_ptr<uint8_t[]> bytes;
+  Buffer(DType t, size_t count) : dtype(t), n(count), bytes(new uint8_t[count * DTypeSize(t)]) {}
+  void Set(size_t i, float x) {
+    if (i >= n) std::abort();
+    FromFloat32(dtype, &x, 1, bytes.get() + i * DTypeSize(dtype));
+  }
+};
+
+struct Result {
+  std::vector<float> out;  // [total_q, H, Dv]
+  std::vector<float> lse;  // [total_q, H]
+  std::vector<int> q_offsets;
+  Reference64 ref;  // out [total_q, H, Dv], weights = lse [total_q, H]
+};
+
+template <typename Element, int kOut>
+void LaunchPagedT(const PagedAttentionParams& p, int max_q, int max_kv) {
+  const int max_splits = PagedSplits(max_kv);
+  const int row_blocks = PagedRowBlocks(max_q, p.num_heads / p.num_kv_heads);
+  const int64_t combine_blocks = int64_t{p.num_seqs} * p.num_kv_heads * row_blocks;
+  const size_t ws_floats =
+      static_cast<size_t>(PagedWorkspaceBytes(p.total_q, p.num_heads, max_kv, p.v_head_dim) / 4);
+  std::unique_ptr<float[]> ws(new float[ws_floats]);
+  std::fill(ws.get(), ws.get() + ws_floats, kNaN);
+  emu::Launch(dim3(static_cast<unsigned>(combine_blocks * max_splits)), dim3(kPagedWarps * 32),
+              PagedSplitSmemBytes(p.head_dim, p.v_head_dim), [&] {
+                PagedAttentionSplitKernel<Element, kOut>(p, row_blocks, max_splits, ws.get());
+              });
+  emu::Launch(dim3(static_cast<unsigned>(combine_blocks)), dim3(kPagedWarps * 32), 0,
+              [&] { PagedAttentionCombineKernel(p, row_blocks, max_splits, ws.get()); });
+}
+
+template <typename Element>
+void LaunchPagedWidth(const PagedAttentionParams& p, int max_q, int max_kv) {
+  if (PagedOutPerLane(p.v_head_dim) == 4) return LaunchPagedT<Element, 4>(p, max_q, max_kv);
+  LaunchPagedT<Element, 8>(p, max_q, max_kv);
+}
+
+void LaunchPaged(const PagedAttentionParams& p, int max_q, int max_kv) {
+  switch (p.dtype) {
+    case DType::kFloat16:
+      return LaunchPagedWidth<__half>(p, max_q, max_kv);
+    case DType::kBFloat16:
+      return LaunchPagedWidth<__nv_bfloat16>(p, max_q, max_kv);
+    default:
+      return LaunchPagedWidth<float>(p, max_q, max_kv);
+  }
+}
+
+Result RunPaged(const PagedCase& c, DType dtype) {
+  const int S = static_cast<int>(c.seqs.size());
+  const int H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.v_head_dim;
+  const int P = c.page_size;
+  std::vector<int> pages_of(S), q_off(S + 1, 0);
+  int used = 0, max_pages = 0, max_q = 0, max_kv = 0;
+  for (int s = 0; s < S; ++s) {
+    pages_of[s] = (c.seqs[s].kv_len + P - 1) / P;
+    used += pages_of[s];
+    max_pages = std::max(max_pages, pages_of[s]);
+    q_off[s + 1] = q_off[s] + c.seqs[s].q_len;
+    max_q = std::max(max_q, c.seqs[s].q_len);
+    max_kv = std::max(max_kv, c.seqs[s].kv_len);
+  }
+  const int num_pages = used + c.extra_pages;
+  const int max_pages_per_seq = max_pages + 1;  // a trailing -1 entry in every row
+  const int total_q = q_off[S];
+
+  // Scattered pages: a random permutation of the pool hands out each sequence's pages.
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::mt19937 layout_rng(c.layout_seed);
+  std::shuffle(perm.begin(), perm.end(), layout_rng);
+  std::unique_ptr<int32_t[]> page_table(new int32_t[size_t(S) * max_pages_per_seq]);
+  std::fill(page_table.get(), page_table.get() + size_t(S) * max_pages_per_seq, -1);
+  for (int s = 0, next = 0; s < S; ++s) {
+    for (int i = 0; i < pages_of[s]; ++i)
+      page_table[size_t(s) * max_pages_per_seq + i] = perm[next++];
+  }
+
+  PagedAttentionParams p;
+  p.num_seqs = S;
+  p.num_heads = H;
+  p.num_kv_heads = Hkv;
+  p.head_dim = D;
+  p.v_head_dim = Dv;
+  p.page_size = P;
+  p.max_pages_per_seq = max_pages_per_seq;
+  p.dtype = dtype;
+  Buffer k(dtype, size_t(num_pages) * p.k_page_stride());
+  Buffer v(dtype, size_t(num_pages) * p.v_page_stride());
+  Buffer q(dtype, size_t(total_q) * H * D);
+  for (size_t i = 0; i < k.n; ++i) k.Set(i, kNaN);  // owned by no sequence until written
+  for (size_t i = 0; i < v.n; ++i) v.Set(i, kNaN);
+  for (int s = 0; s < S; ++s) {
+    std::mt19937 rng(c.seqs[s].seed);
+    std::uniform_real_distribution<float> qk(-1.5f, 1.5f), vd(-1.0f, 1.0f);
+    for (size_t i = 0; i < size_t(c.seqs[s].q_len) * H * D; ++i) {
+      q.Set(size_t(q_off[s]) * H * D + i, qk(rng));
+    }
+    const int32_t* row = page_table.get() + size_t(s) * max_pages_per_seq;
+    for (int j = 0; j < c.seqs[s].kv_len; ++j) {
+      for (int g = 0; g < Hkv; ++g) {
+        for (int d = 0; d < D; ++d) k.Set(p.k_offset(row[j / P], g, j % P) + d, qk(rng));
+        for (int d = 0; d < Dv; ++d) v.Set(p.v_offset(row[j / P], g, j % P) + d, vd(rng));
+      }
+    }
+  }
+  if (c.q_poison != 0.0f) q.Set(size_t(c.q_poison_token) * H * D, c.q_poison);
+  if (c.k_poison != 0.0f) {
+    k.Set(p.k_offset(page_table[c.k_poison_key / P], 0, c.k_poison_key % P), c.k_poison);
+  }
+  if (c.v_poison != 0.0f) v.Set(p.v_offset(page_table[0], 0, 0) + 3, c.v_poison);
+
+  std::unique_ptr<int32_t[]> kv_lens(new int32_t[S]), q_lens(new int32_t[S]),
+      q_offsets(new int32_t[S]);
+  for (int s = 0; s < S; ++s) {
+    kv_lens[s] = c.seqs[s].kv_len;
+    q_lens[s] = c.seqs[s].q_len;
+    q_offsets[s] = q_off[s];
+  }
+  const size_t out_n = size_t(total_q) * H * Dv, lse_n = size_t(total_q) * H;
+  std::unique_ptr<float[]> out(new float[out_n]), lse(new float[lse_n]);
+  std::fill(out.get(), out.get() + out_n, kUnwritten);
+  std::fill(lse.get(), lse.get() + lse_n, kUnwritten);
+  p.k_pages = k.bytes.get();
+  p.v_pages = v.bytes.get();
+  p.page_table = page_table.get();
+  p.kv_lens = kv_lens.get();
+  p.q_lens = q_lens.get();
+  p.q_offsets = q_offsets.get();
+  p.total_q = total_q;
+  p.q = q.bytes.get();
+  p.out = out.get();
+  p.lse = lse.get();
+  p.scale = 1.0f / std::sqrt(static_cast<float>(D));
+  LaunchPaged(p, max_q, max_kv);
+
+  Result r;
+  r.out.assign(out.get(), out.get() + out_n);
+  r.lse.assign(lse.get(), lse.get() + lse_n);
+  r.q_offsets = q_off;
+  r.ref = ReferencePagedAttention64(p);
+  return r;
+}
+
+// Absolute tolerances, outputs of magnitude <= 1: the kernel computes in float32 on the same
+// (already rounded) inputs as the reference, with probabilities kept in float32.
+constexpr double kOutTolerance = 2e-5;
+constexpr double kLseTolerance = 5e-5;
+
+bool Near(double got, double want, double tol) {
+  if (std::isnan(want)) return std::isnan(got);
+  if (std::isinf(want)) return got == want;
+  return std::fabs(got - want) <= tol * std::max(1.0, std::fabs(want));
+}
+
+void ExpectMatches(const PagedCase& c, DType dtype, const Result& r) {
+  int bad = 0;
+  for (size_t e = 0; e < r.out.size(); ++e) {
+    if (!Near(r.out[e], r.ref.out[e], kOutTolerance) && ++bad <= 5) {
+      ADD_FAILURE() << c.name << " " << DTypeName(dtype) << ": out element " << e << " (token "
+                    << e / (size_t(c.num_heads) * c.v_head_dim) << ", head "
+                    << (e / c.v_head_dim) % c.num_heads << ", column " << e % c.v_head_dim
+                    << ") got " << r.out[e] << " want " << r.ref.out[e];
+    }
+  }
+  for (size_t e = 0; e < r.lse.size(); ++e) {
+    if (!Near(r.lse[e], r.ref.weights[e], kLseTolerance) && ++bad <= 10) {
+      ADD_FAILURE() << c.name << " " << DTypeName(dtype) << ": lse of token " << e / c.num_heads
+                    << ", head " << e % c.num_heads << " got " << r.lse[e] << " want "
+                    << r.ref.weights[e];
+    }
+  }
+  EXPECT_EQ(bad, 0) << c.name << ": " << bad << " elements out of tolerance";
+}
+
+class PagedAttentionEmuTest : public testing::TestWithParam<DType> {
+ protected:
+  Result Check(const PagedCase& c) {
+    const Result r = RunPaged(c, GetParam());
+    ExpectMatches(c, GetParam(), r);
+    return r;
+  }
+};
+
+// Decode steps (q_len 1) with key counts around the split size, on each page size and GQA
+// layout: 8/2 at page 16 and D 128; 4/1 at page 64; 1/1 at page 1.
+TEST_P(PagedAttentionEmuTest, DecodeSplitBoundariesAndPageSizes) {
+  PagedCase c;
+  c.name = "decode_p16_gqa8_2_d128";
+  c.seqs = {{1, 1, 1}, {1, 255, 2}, {1, 256, 3}, {1, 257, 4}, {1, 1000, 5}};
+  c.head_dim = c.v_head_dim = 128;
+  Check(c);
+  c.name = "decode_p64_gqa4_1_d64";
+  c.page_size = 64;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = c.v_head_dim = 64;
+  Check(c);
+  c.name = "decode_p1_gqa1_1_d64";
+  c.seqs = {{1, 1, 1}, {1, 257, 4}, {1, 1000, 5}};
+  c.page_size = 1;
+  c.num_heads = c.num_kv_heads = 2;
+  Check(c);
+}
+
+// Prefill chunks (q_len > 1, causal bottom-right): a whole prompt (q_len = kv_len), chunks whose
+// first rows see fewer splits than their last (q 17 over 257 and 300 keys), mixed with decode
+// steps; GQA 1/1 (8 tokens a block), 4/1 and 8/2; D != Dv, Dv = 200 (8 columns a lane).
+TEST_P(PagedAttentionEmuTest, PrefillChunks) {
+  PagedCase c;
+  c.name = "prefill_gqa1_1";
+  c.seqs = {{5, 5, 11}, {17, 300, 12}, {1, 256, 13}, {3, 257, 14}};
+  c.num_heads = c.num_kv_heads = 1;
+  c.head_dim = 64;
+  c.v_head_dim = 200;
+  Check(c);
+  c.name = "prefill_gqa4_1_p64";
+  c.seqs = {{9, 9, 21}, {17, 257, 22}};
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = 128;
+  c.v_head_dim = 64;
+  c.page_size = 64;
+  Check(c);
+  c.name = "prefill_gqa8_2_p1";
+  c.seqs = {{3, 270, 31}, {2, 2, 32}};
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.head_dim = 40;
+  c.v_head_dim = 72;
+  c.page_size = 1;
+  Check(c);
+}
+
+// The NaN rule (attention_params.h).
+TEST_P(PagedAttentionEmuTest, NaNRule) {
+  for (const float bad : {kNaN, kInf}) {
+    // Rule 1: a NaN/+Inf in q[token 1, head 0, col 0] makes that row NaN (out and lse); the
+    // other rows stay finite.
+    PagedCase c;
+    c.name = "q_nonfinite";
+    c.seqs = {{3, 300, 1}};
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.q_poison = bad;
+    c.q_poison_token = 1;
+    const Result r = Check(c);
+    for (size_t e = 0; e < r.out.size(); ++e) {
+      const bool poisoned_row = e / c.v_head_dim == 2;  // token 1, head 0
+      EXPECT_EQ(std::isnan(r.out[e]), poisoned_row) << e;
+    }
+    EXPECT_TRUE(std::isnan(r.lse[2]));
+    // Rule 3: a NaN/Inf in the k of a key past a row's causal limit: no effect on that row.
+    // Key 299 is seen by the last token only (q 3 over 300 keys: limits 298, 299, 300).
+    c = PagedCase{};
+    c.name = "k_blocked_nonfinite";
+    c.seqs = {{3, 300, 1}};
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.k_poison = bad;
+    c.k_poison_key = 299;
+    const Result r3 = Check(c);
+    for (size_t e = 0; e < size_t(2) * c.num_heads * c.v_head_dim; ++e) {
+      EXPECT_TRUE(std::isfinite(r3.out[e])) << e;
+    }
+  }
+  // Rule 4: NaN in v[key 0, column 3]: column 3 NaN in every row, the others finite.
+  PagedCase c;
+  c.name = "v_nan";
+  c.seqs = {{2, 300, 1}};
+  c.num_heads = 2;
+  c.num_kv_heads = 1;
+  c.v_poison = kNaN;
+  const Result r = Check(c);
+  for (size_t e = 0; e < r.out.size(); ++e) {
+    EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
+  }
+}
+
+// Batch invariance: a sequence's out and lse bits are the same alone and among companions
+// (longer, shorter, a prefill chunk), with its pages elsewhere in a larger pool.
+TEST_P(PagedAttentionEmuTest, BatchInvariantBitwise) {
+  PagedCase alone;
+  alone.name = "alone";
+  alone.seqs = {{1, 700, 42}};
+  alone.num_heads = 4;
+  alone.num_kv_heads = 1;
+  PagedCase packed = alone;
+  packed.name = "packed";
+  packed.seqs = {{4, 40, 1}, {1, 700, 42}, {1, 1300, 2}};
+  packed.layout_seed = 99;
+  packed.extra_pages = 11;
+  const Result a = Check(alone);
+  const Result b = Check(packed);
+  const size_t row = size_t(alone.num_heads) * alone.v_head_dim;
+  const size_t at = b.q_offsets[1];
+  ASSERT_EQ(a.out.size(), row);
+  EXPECT_EQ(std::memcmp(a.out.data(), b.out.data() + at * row, row * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(a.lse.data(), b.lse.data() + at * alone.num_heads,
+                        alone.num_heads * sizeof(float)),
+            0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionEmuTest,
+                         testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32),
+                         [](const testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace attnserve::kernels::cuda
