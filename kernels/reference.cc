@@ -283,7 +283,9 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
           max_score = std::max(max_score, scores[j]);
         }
         double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
-        if (max_score == -INFINITY) {
+        bool any_nan = false;
+        for (int j = 0; j < keys; ++j) any_nan |= std::isnan(scores[j]);
+        if (max_score == -INFINITY && !any_nan) {
           // Every allowed score is -Inf: the row is treated as fully blocked and attends
           // uniformly to every key of the sequence, as a dense causal Attend's row does (the NaN
           // rule, attention_params.h); its log-sum-exp is -Inf.

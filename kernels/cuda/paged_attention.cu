@@ -33,8 +33,9 @@ GpuStatus Launch(const PagedAttentionParams& p, int max_q_len, int max_kv_len, v
   split_kernel<<<static_cast<unsigned>(split_blocks), kPagedWarps * 32, smem, stream>>>(
       p, row_blocks, max_splits, partial);
   ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(cudaGetLastError(), "paged attention: split launch"));
-  PagedAttentionCombineKernel<<<static_cast<unsigned>(combine_blocks), kPagedWarps * 32, 0,
-                                stream>>>(p, row_blocks, max_splits, partial);
+  PagedAttentionCombineKernel<Element>
+      <<<static_cast<unsigned>(combine_blocks), kPagedWarps * 32, 0, stream>>>(p, row_blocks,
+                                                                               max_splits, partial);
   return CudaCheck(cudaGetLastError(), "paged attention: combine launch");
 }
 

@@ -26,8 +26,9 @@
 // c, c + 128, ... of every row.
 //
 // NaN rule (attention_params.h): a NaN or +Inf score makes the row's sum NaN, hence a NaN row
-// and lse. A row whose scores are all -Inf has a zero sum; the float64 reference
-// (ReferencePagedAttention64) gives NaN there (exp(-inf - -inf)), and so does this kernel.
+// and lse. A row whose allowed scores are all -Inf has a zero sum: it is treated as fully
+// blocked and attends uniformly to every key of its sequence (kernel 2 averages v over them, a
+// slow path for a row no finite input produces), with lse -Inf, as ReferencePagedAttention64.
 #ifndef ATTNSERVE_KERNELS_CUDA_PAGED_ATTENTION_KERNEL_H_
 #define ATTNSERVE_KERNELS_CUDA_PAGED_ATTENTION_KERNEL_H_
 
@@ -238,6 +239,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
 }
 
 // Block (row block, kv head, sequence) as in kernel 1; kPagedWarps * 32 threads.
+template <typename Element>
 __global__ void __launch_bounds__(kPagedWarps * 32)
     PagedAttentionCombineKernel(const PagedAttentionParams p, const int row_blocks,
                                 const int max_splits, const float* partial) {
@@ -256,20 +258,32 @@ __global__ void __launch_bounds__(kPagedWarps * 32)
     float l = 0.0f;
     for (int s = 0; s < splits; ++s)
       l += base[s * slot_floats + 1] * Exp2(base[s * slot_floats] - m_ref);
-    // A zero sum (every score -inf) gives NaN, as the reference does; a NaN sum stays NaN.
+    // A zero sum (every allowed score -inf): the uniform average over the sequence's keys (the
+    // NaN rule's rule 2). A NaN sum stays NaN.
     const bool no_weight = OnlineSoftmaxFullyBlocked(l);
     const float inv = OnlineSoftmaxInvSum(l);
     float* o = p.out + (token * p.num_heads + head) * p.v_head_dim;
     for (int d = threadIdx.x; d < p.v_head_dim; d += kPagedWarps * 32) {
       float a = 0.0f;
+      if (no_weight) {
+        const int kv_len = p.kv_lens[blk.seq];
+        const int32_t* pages = p.page_table + int64_t{blk.seq} * p.max_pages_per_seq;
+        const Element* v_pages = static_cast<const Element*>(p.v_pages);
+        for (int j = 0; j < kv_len; ++j) {
+          a += detail::ToFloat(
+              v_pages[PagedVOffset(p, pages[j / p.page_size], blk.kv_head, j % p.page_size) + d]);
+        }
+        o[d] = a / static_cast<float>(kv_len);
+        continue;
+      }
       for (int s = 0; s < splits; ++s) {
         const float* row = base + s * slot_floats;
         a += row[2 + d] * Exp2(row[0] - m_ref);
       }
-      o[d] = no_weight ? __builtin_nanf("") : a * inv;
+      o[d] = a * inv;
     }
     if (p.lse != nullptr && threadIdx.x == 0) {
-      p.lse[token * p.num_heads + head] = no_weight ? __builtin_nanf("") : (m + log2f(l)) * kLn2;
+      p.lse[token * p.num_heads + head] = no_weight ? NegativeInfinity() : (m + log2f(l)) * kLn2;
     }
   }
 }

@@ -60,6 +60,9 @@ struct PagedCase {
   float k_poison = 0.0f;  // at key k_poison_key, column 0
   int k_poison_key = 0;
   float v_poison = 0.0f;  // at key 0, column 3
+  // Column 0 of every key of sequence 0, kv head 0, made positive: with q_poison = -Inf every
+  // allowed score of the poisoned row is -Inf (rule 2).
+  bool k_col0_positive = false;
 };
 
 // Exact-size storage of `n` elements of `dtype`.
@@ -95,7 +98,7 @@ void LaunchPagedT(const PagedAttentionParams& p, int max_q, int max_kv) {
                 PagedAttentionSplitKernel<Element, kOut>(p, row_blocks, max_splits, ws.get());
               });
   emu::Launch(dim3(static_cast<unsigned>(combine_blocks)), dim3(kPagedWarps * 32), 0,
-              [&] { PagedAttentionCombineKernel(p, row_blocks, max_splits, ws.get()); });
+              [&] { PagedAttentionCombineKernel<Element>(p, row_blocks, max_splits, ws.get()); });
 }
 
 template <typename Element>
@@ -168,7 +171,11 @@ Result RunPaged(const PagedCase& c, DType dtype) {
     const int32_t* row = page_table.get() + size_t(s) * max_pages_per_seq;
     for (int j = 0; j < c.seqs[s].kv_len; ++j) {
       for (int g = 0; g < Hkv; ++g) {
-        for (int d = 0; d < D; ++d) k.Set(p.k_offset(row[j / P], g, j % P) + d, qk(rng));
+        for (int d = 0; d < D; ++d) {
+          const float x = qk(rng);
+          const bool positive = c.k_col0_positive && s == 0 && g == 0 && d == 0;
+          k.Set(p.k_offset(row[j / P], g, j % P) + d, positive ? std::fabs(x) + 0.25f : x);
+        }
         for (int d = 0; d < Dv; ++d) v.Set(p.v_offset(row[j / P], g, j % P) + d, vd(rng));
       }
     }
@@ -332,6 +339,22 @@ TEST_P(PagedAttentionEmuTest, NaNRule) {
     for (size_t e = 0; e < size_t(2) * c.num_heads * c.v_head_dim; ++e) {
       EXPECT_TRUE(std::isfinite(r3.out[e])) << e;
     }
+  }
+  // Rule 2: -Inf in q[token 1, head 0, col 0] and every key's k[col 0] positive: all of that
+  // row's allowed scores are -Inf, so it attends uniformly to all 300 keys (its causal limit is
+  // 299) and its lse is -Inf; the other rows are unaffected (Check compares with the reference).
+  {
+    PagedCase c;
+    c.name = "all_scores_minus_inf";
+    c.seqs = {{3, 300, 1}};
+    c.num_heads = 2;
+    c.num_kv_heads = 1;
+    c.q_poison = -kInf;
+    c.q_poison_token = 1;
+    c.k_col0_positive = true;
+    const Result r = Check(c);
+    EXPECT_EQ(r.lse[2], -kInf);
+    for (size_t e = 0; e < r.out.size(); ++e) EXPECT_TRUE(std::isfinite(r.out[e])) << e;
   }
   // Rule 4: NaN in v[key 0, column 3]: column 3 NaN in every row, the others finite.
   PagedCase c;
