@@ -110,6 +110,7 @@ class GatedPagedBackend final : public kernels::Backend {
     std::unique_lock<std::mutex> lock(mu_);
     ++calls_;
     seqs_.push_back(p.num_seqs);
+    rows_.push_back(p.total_q);
     cv_.notify_all();
     cv_.wait(lock, [&] { return open_; });
     lock.unlock();
@@ -132,6 +133,10 @@ class GatedPagedBackend final : public kernels::Backend {
     std::lock_guard<std::mutex> lock(mu_);
     return seqs_;
   }
+  std::vector<int> rows() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rows_;
+  }
 
  private:
   kernels::ReferenceBackend inner_;
@@ -140,6 +145,7 @@ class GatedPagedBackend final : public kernels::Backend {
   bool open_ = true;
   int calls_ = 0;
   std::vector<int> seqs_;
+  std::vector<int> rows_;
 };
 
 class SessionTest : public ::testing::Test {
@@ -258,9 +264,11 @@ class SessionTest : public ::testing::Test {
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
 
+// Pages of 4 tokens, prefills computed 3 new tokens a batch.
 server::ServerOptions SmallPages() {
   server::ServerOptions options;
   options.sessions.page_tokens = 4;
+  options.sessions.prefill_chunk_tokens = 3;
   return options;
 }
 
@@ -559,6 +567,34 @@ TEST_F(SessionTest, AStepsBitsDoNotDependOnItsBatchCompanions) {
   const std::vector<float> got = Floats(response.results(3).response().output());
   ASSERT_EQ(got.size(), expected.size());
   EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
+}
+
+TEST_F(SessionTest, ADecodeStepQueuedDuringAPrefillGoesBeforeThePrefillsNextChunk) {
+  Start(SmallPages());
+  const Sequence s(2, 1, 4, 4, 9, 23);
+  const std::string prefilling = CreateRaw(2, 1, 4, 4), decoding = CreateRaw(2, 1, 4, 4);
+  Step(decoding, s, 0, 4);
+  gate_->Close();
+  const int calls = static_cast<int>(gate_->rows().size());
+  std::vector<float> prefill;
+  std::thread prefiller([&] { prefill = Step(prefilling, s, 0, 9); });
+  gate_->AwaitCalls(calls + 1);  // its first chunk is computing
+  std::thread decoder([&] { Step(decoding, s, 4, 5); });
+  // Waits until the step is queued (the batcher's gauge), as call_lifecycle_test does; 20 s is
+  // far beyond any scheduling delay.
+  bool queued = false;
+  for (int i = 0; i < 4000 && !queued; ++i) {
+    queued = Metric("attnserve_queued_requests", {}) >= 1;
+    if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(queued);
+  gate_->Open();
+  prefiller.join();
+  decoder.join();
+  const std::vector<int> rows = gate_->rows();
+  EXPECT_THAT(std::vector<int>(rows.begin() + calls, rows.end()),
+              ::testing::ElementsAre(3, 1, 3, 3));
+  EXPECT_LE(MaxAbsDiff(prefill, CausalAttend(s, 9)), 1e-6);
 }
 
 TEST_F(SessionTest, StreamItemsExtendSessions) {
