@@ -515,6 +515,89 @@ TEST_F(SessionTest, AFullPoolInRefuseModeAnswersResourceExhaustedAndAppendsNothi
   EXPECT_EQ(Usage().pages_used(), 4);
 }
 
+TEST_F(SessionTest, PinnedSessionsAreNeverEvictedAndHoldAtMostTheirShare) {
+  server::ServerOptions options = FourPagePool(server::sessions::WhenFull::kEvictLru);
+  options.sessions.max_pinned_fraction = 0.5;  // two of the four pages
+  options.sessions.max_sessions = 3;
+  Start(options);
+  const Sequence s(1, 1, 4, 4, 9, 5);
+  const std::string pinned = CreateRaw(1, 1, 4, 4, /*pinned=*/true);
+  Step(pinned, s, 0, 8);  // its two pages: the pinned share is full
+  v1::ExtendSessionResponse response;
+  grpc::Status st = Extend(s.Extend(pinned, 8, 9), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("--session_max_pinned_fraction"));
+  v1::CreateSessionRequest create;
+  create.mutable_layout()->set_num_heads(1);
+  create.mutable_layout()->set_num_kv_heads(1);
+  create.mutable_layout()->set_head_dim(4);
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  create.set_pinned(true);
+  v1::CreateSessionResponse created;
+  {
+    grpc::ClientContext context;
+    st = stub_->CreateSession(&context, create, &created);
+  }
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("--session_max_pinned_fraction"));
+
+  const std::string b = CreateRaw(1, 1, 4, 4), c = CreateRaw(1, 1, 4, 4);
+  Step(b, s, 0, 8);
+  ASSERT_TRUE(Get(b).ok());  // the pinned session is now the least recently used
+  Step(c, s, 0, 4);          // b goes, not the pinned one
+  EXPECT_TRUE(Get(pinned).ok());
+  EXPECT_EQ(Get(b).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  create.set_pinned(false);
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());  // b's place
+  }
+  {
+    grpc::ClientContext context;
+    st = stub_->CreateSession(&context, create, &created);
+  }
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("--max_sessions"));
+}
+
+TEST_F(SessionTest, AnExtendWhoseCallerIsGoneAppendsNothing) {
+  Start(SmallPages());
+  const Sequence s(1, 1, 4, 4, 3, 9);
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  gate_->Close();
+  const int calls = static_cast<int>(gate_->rows().size());
+  std::thread late([&] {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    v1::ExtendSessionResponse response;
+    EXPECT_EQ(stub_->ExtendSession(&context, s.Extend(id, 0, 2), &response).error_code(),
+              grpc::StatusCode::DEADLINE_EXCEEDED);
+  });
+  gate_->AwaitCalls(calls + 1);  // computing: the server has the call, so its deadline (receipt
+  // + 1 s, rounded up by at most a unit of the timeout header) is before `bound`: waiting past
+  // it is a bound, not a window (as call_lifecycle_test's late answer).
+  const absl::Time bound = absl::Now() + absl::Milliseconds(1100);
+  late.join();  // the caller has given up
+  absl::SleepFor(bound - absl::Now());
+  gate_->Open();
+  // Once the late extend's lease ends (until then: ABORTED "one at a time"), the session still
+  // holds 0 tokens. 20 s of retries: a hang guard, not a window.
+  v1::ExtendSessionRequest r = s.Extend(id, 0, 1);
+  r.set_expected_length(0);
+  grpc::Status st;
+  v1::ExtendSessionResponse response;
+  for (int i = 0; i < 4000; ++i) {
+    st = Extend(r, &response);
+    if (st.error_code() != grpc::StatusCode::ABORTED ||
+        st.error_message().find("one at a time") == std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(response.length(), 1);
+}
+
 TEST_F(SessionTest, AnIdleSessionExpiresOnTheInjectedClock) {
   batching::FakeClock clock;
   server::ServerOptions options = SmallPages();
