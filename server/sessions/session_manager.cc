@@ -567,6 +567,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
   {
     batching::MutexLock lock(&mu_);
     page_tokens = pool_->page_tokens();
+    ExpireLocked();  // expired sessions free their pages before anything is evicted
     for (ExtendItem* item : items) {
       if (item->status.ok() && !item->written) item->status = ReserveLocked(*item);
     }

@@ -284,6 +284,8 @@ TEST_F(SessionTest, RawSessionAfterPrefillsAndStepsEqualsOneCausalAttend) {
     got.insert(got.end(), out.begin(), out.end());
   }
   EXPECT_LE(MaxAbsDiff(got, CausalAttend(s, s.t)), 1e-6);
+  EXPECT_EQ(Metric("attnserve_session_tokens_appended_total", {"phase=\"decode\""}), 7);
+  EXPECT_EQ(Metric("attnserve_session_tokens_appended_total", {"phase=\"prefill\""}), 16);
   v1::SessionInfo info;
   ASSERT_TRUE(Get(id, &info).ok());
   EXPECT_EQ(info.length(), 23);
@@ -452,6 +454,10 @@ TEST_F(SessionTest, ForksDivergeWithoutTouchingTheParent) {
   EXPECT_EQ(info.shared_pages(), 2);
   EXPECT_EQ(info.parent_id(), parent);
   EXPECT_EQ(Usage().pages_used(), 2);
+  EXPECT_EQ(Usage().tokens(), 6);
+  EXPECT_EQ(Metric("attnserve_session_pages_shared", {}), 2);
+  EXPECT_EQ(Metric("attnserve_sessions_active", {}), 2);
+  EXPECT_EQ(Metric("attnserve_session_pool_bytes_used", {}), 2 * 2 * 4 * 4 * 4 * 2);
 
   std::vector<float> got_b = prefix, got_a = prefix;
   for (int64_t i = 6; i < 12; ++i) {
