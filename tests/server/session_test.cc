@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -777,6 +778,38 @@ TEST_F(SessionTest, StreamItemsExtendSessions) {
   EXPECT_EQ(response.extend_sessions().results(0).response().length(), 3);
   stream->WritesDone();
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(SessionTest, ListSessionsPagesThroughEverySessionByIdOnce) {
+  Start(SmallPages());
+  std::set<std::string> created;
+  for (int i = 0; i < 5; ++i) created.insert(CreateRaw(1, 1, 4, 4));
+  std::vector<std::string> listed;
+  std::string token;
+  int pages = 0;
+  do {
+    v1::ListSessionsRequest r;
+    r.set_page_size(2);
+    r.set_page_token(token);
+    v1::ListSessionsResponse response;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->ListSessions(&context, r, &response).ok());
+    for (const auto& info : response.sessions()) listed.push_back(info.session_id());
+    EXPECT_EQ(response.usage().sessions(), 5);
+    token = response.next_page_token();
+    ++pages;
+  } while (!token.empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
+  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()), created);
+  EXPECT_EQ(listed.size(), created.size());
+  v1::ListSessionsRequest bad;
+  bad.set_page_token("not-a-token");
+  v1::ListSessionsResponse response;
+  grpc::ClientContext context;
+  const grpc::Status st = stub_->ListSessions(&context, bad, &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("page_token"));
 }
 
 TEST_F(SessionTest, ServerInfoReportsTheSessionSettings) {
