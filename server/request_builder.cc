@@ -678,6 +678,9 @@ void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
 
 void ReleaseBuffers(Job* job) {
   for (std::vector<float>* v : {&job->out, &job->weights}) std::vector<float>().swap(*v);
+  for (auto& item : job->session_items) {
+    for (std::vector<float>* v : {&item->out, &item->lse}) std::vector<float>().swap(*v);
+  }
   job->request.reset();
 }
 
