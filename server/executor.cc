@@ -1,6 +1,9 @@
 #include "server/executor.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "server/dispatcher.h"
 
 namespace attnserve::server {
 
@@ -16,6 +19,8 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     live.push_back(std::move(job));
   }
   if (live.empty()) return;
+
+  if (live.front()->kind == JobKind::kSessionExtend) return RunExtends(std::move(live), start);
 
   absl::Status status;
   if (live.front()->kind == JobKind::kAttend) {
@@ -51,6 +56,49 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     job->timing.backend = backend_name;
     job->Finish(status);
     job.reset();  // its buffers go now, not after the whole batch has been answered
+  }
+}
+
+void Executor::RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time start) {
+  std::vector<sessions::ExtendItem*> items;
+  sessions::SessionManager* manager = live.front()->session_manager;
+  for (const auto& job : live) {
+    for (const auto& item : job->session_items) {
+      if (item->lease.active() && item->status.ok()) items.push_back(item.get());
+    }
+  }
+  manager->Compute(items, backend_);
+  const absl::Time end = absl::Now();
+  const std::string backend_name = backend_->name();
+  if (metrics_ != nullptr) {
+    int64_t tokens = 0;
+    for (const auto& job : live) tokens += job->tokens;
+    metrics_->ObserveBatch(static_cast<int64_t>(live.size()), tokens);
+    metrics_->ForBackend(backend_name).ObserveCompute(end - start, 0);
+  }
+  for (auto& job : live) {
+    job->timing.compute_end = end;
+    job->timing.batch_size = static_cast<int>(items.size());
+    job->timing.backend = backend_name;
+    // An answer that can no longer reach its caller appends nothing: Call::Finish will answer
+    // DEADLINE_EXCEEDED or CANCELLED, and the caller must be able to retry.
+    const bool deliverable = !job->IsCancelled() && job->deadline() > absl::Now();
+    int64_t pending_tokens = 0;
+    for (const auto& item : job->session_items) {
+      if (item->pending()) {
+        pending_tokens +=
+            std::min(item->new_tokens - item->done_rows, manager->options().prefill_chunk_tokens);
+      }
+    }
+    if (pending_tokens > 0 && deliverable && job->dispatcher != nullptr) {
+      // A prefill's next chunk queues behind what arrived meanwhile (decode steps first).
+      job->tokens = pending_tokens;
+      job->dispatcher->Submit(std::move(job));
+      continue;
+    }
+    for (auto& item : job->session_items) item->lease.End(deliverable && item->status.ok());
+    job->Finish(job->session_batch ? absl::OkStatus() : job->session_items.front()->status);
+    job.reset();
   }
 }
 

@@ -59,6 +59,16 @@ TEST(MetricsTest, EveryFamilyHasItsType) {
       {"attnserve_host_memory_limit_bytes", "gauge"},
       {"attnserve_module_bytes", "gauge"},
       {"attnserve_build_info", "gauge"},
+      {"attnserve_session_pool_pages_used", "gauge"},
+      {"attnserve_session_pool_pages_total", "gauge"},
+      {"attnserve_session_pool_bytes_used", "gauge"},
+      {"attnserve_session_pool_bytes_total", "gauge"},
+      {"attnserve_session_pool_tokens", "gauge"},
+      {"attnserve_session_pages_shared", "gauge"},
+      {"attnserve_sessions_active", "gauge"},
+      {"attnserve_sessions_lost_total", "counter"},
+      {"attnserve_session_tokens_appended_total", "counter"},
+      {"attnserve_session_extend_duration_seconds", "histogram"},
   };
   for (const auto& [name, type] : expected) {
     ASSERT_TRUE(e.types.contains(name)) << name;
