@@ -34,6 +34,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/paged_attention_kernel.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve::kernels::cpu {
@@ -75,6 +76,9 @@ class CpuBackend final : public Backend {
   std::vector<DeviceInfo> devices() const override;
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+  // Float32 arithmetic on the widened cache, vectorised for the backend's Isa
+  // (paged_attention_kernel.h says how a row's bits are fixed), on the pool.
+  absl::Status PagedAttention(const PagedAttentionParams& p) override;
 
   std::string float32_precision() const override;
 
@@ -93,6 +97,7 @@ class CpuBackend final : public Backend {
   void RunAttention(absl::Span<const AttentionParams> batch);
 
   const AttentionKernel& kernel_;
+  const PagedAttentionKernel& paged_kernel_;  // of kernel_'s Isa
   const Bf16Isa bf16_isa_;
   const Bf16AttentionKernel* const bf16_kernel_;  // nullptr when bf16_isa_ is kNone
   const bool float32_as_bf16_;

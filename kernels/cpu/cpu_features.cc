@@ -47,6 +47,15 @@ const AttentionKernel& KernelFor(Isa isa) {
   return kGenericAttentionKernel;
 }
 
+const PagedAttentionKernel& PagedKernelFor(Isa isa) {
+#if defined(ATTNSERVE_CPU_X86_KERNELS)
+  if (isa == Isa::kAvx512) return kAvx512PagedAttentionKernel;
+  if (isa == Isa::kAvx2) return kAvx2PagedAttentionKernel;
+#endif
+  (void)isa;
+  return kGenericPagedAttentionKernel;
+}
+
 namespace {
 
 #if defined(ATTNSERVE_CPU_X86_KERNELS)

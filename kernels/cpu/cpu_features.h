@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/paged_attention_kernel.h"
 
 namespace attnserve::kernels::cpu {
 
@@ -18,6 +19,8 @@ Isa BestIsa();
 
 // The kernel table of `isa`. REQUIRES: isa != kAuto and CpuSupports(isa).
 const AttentionKernel& KernelFor(Isa isa);
+// The paged attention kernel table of `isa`. REQUIRES: isa != kAuto and CpuSupports(isa).
+const PagedAttentionKernel& PagedKernelFor(Isa isa);
 
 // True when the bfloat16 path `isa` can run here (kNone and kAuto always). For kAmx this also
 // asks Linux for permission to use the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM), once per
