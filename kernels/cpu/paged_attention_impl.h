@@ -142,6 +142,39 @@ Seq SeqOf(const PagedAttentionParams& p, int s) {
              p.kv_lens[s] - p.q_lens[s]};
 }
 
+// Software prefetch of the rows of one kv head of K or V, in key order, a fixed distance ahead
+// of use. A sequence's pages are scattered through the pool, and the hardware prefetchers stop
+// at 4 KiB boundaries, so without this every page run starts with a stall on memory latency
+// (measured before it: 2.2 GB/s of K/V per core against STREAM's 8.5).
+struct Prefetcher {
+  static constexpr int64_t kAheadBytes = 8192;
+  const char* base;
+  int64_t page_stride;  // elements
+  const int32_t* pages;
+  int page_size, kv_head, cols, esize;
+  int next = 0;  // first key not yet prefetched
+  int end = 0;   // keys at or past it are not prefetched
+
+  int AheadKeys() const {
+    const int64_t keys = kAheadBytes / (int64_t{cols} * esize);
+    return keys < 1 ? 1 : static_cast<int>(keys);
+  }
+  // Prefetches keys [next, min(upto, end)).
+  void Upto(int upto) {
+    const int stop = MinInt(upto, end);
+    while (next < stop) {
+      const int slot = next % page_size;
+      const int run = MinInt(stop - next, page_size - slot);
+      const char* row = base + (pages[next / page_size] * page_stride +
+                                (int64_t{kv_head} * page_size + slot) * cols) *
+                                   esize;
+      const int64_t bytes = int64_t{run} * cols * esize;
+      for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(row + b);
+      next += run;
+    }
+  }
+};
+
 // ---------------------------------------------------------------------------------------------
 // Scores of kRows row-heads against `keys` consecutive key rows at k (row stride D elements):
 // s[i · kSplit + j] = dot(q_i, k_j), one multiply-add chain per lane over the D vectors, then a
@@ -221,11 +254,15 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
   const char* v_base = static_cast<const char*>(p.v_pages);
   const int ps = p.page_size;
 
+  Prefetcher k_pf{k_base, sh.k_page_stride, sq.pages, ps, kv_head, p.head_dim, sh.esize, k0, k1};
+  Prefetcher v_pf{v_base, sh.v_page_stride, sq.pages, ps, kv_head, p.v_head_dim, sh.esize, k0, k1};
+
   // 1. Raw scores, page run by page run (a run's keys are contiguous in the page).
   for (int j = k0; j < k1;) {
     const int32_t page = sq.pages[j / ps];
     const int slot = j % ps;
     const int run = MinInt(k1 - j, ps - slot);
+    k_pf.Upto(j + run + k_pf.AheadKeys());
     const void* k =
         k_base + (page * sh.k_page_stride + (int64_t{kv_head} * ps + slot) * p.head_dim) * sh.esize;
     for (int i = 0; i < sh.n; i += PVec::kScoreRows) {
@@ -235,6 +272,7 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
     }
     j += run;
   }
+  v_pf.Upto(k0 + v_pf.AheadKeys());  // the softmax below hides the latency of the first values
 
   // 2. Per row-head: scale; keys past the row's causal limit (and the padding up to a whole
   //    vector) become -inf; split max m; p = exp(s - m) in place; l = sum of p.
@@ -292,6 +330,7 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
         const int32_t page = sq.pages[j / ps];
         const int slot = j % ps;
         const int run = MinInt(k1 - j, ps - slot);
+        if (c0 == 0 && i0 == 0) v_pf.Upto(j + run + v_pf.AheadKeys());
         const void* v =
             v_base + (page * sh.v_page_stride + (int64_t{kv_head} * ps + slot) * dv) * sh.esize;
         const float* s = sc.s + int64_t{i0} * kSplit;
