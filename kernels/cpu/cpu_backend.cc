@@ -165,7 +165,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
 CpuBackend::CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
                        bool float32_as_bf16)
     : kernel_(kernel),
-      paged_kernel_(PagedKernelFor(kernel.isa)),
+      paged_kernel_(PagedKernelFor(kernel.isa, bf16_isa != Bf16Isa::kNone)),
       bf16_isa_(bf16_isa),
       bf16_kernel_(bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa)),
       float32_as_bf16_(float32_as_bf16),

@@ -77,13 +77,18 @@ class CpuBackend final : public Backend {
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
   // Float32 arithmetic on the widened cache, vectorised for the backend's Isa
-  // (paged_attention_kernel.h says how a row's bits are fixed), on the pool.
+  // (paged_attention_kernel.h says how a row's bits are fixed), on the pool. With a 16-bit path
+  // (bf16_isa not kNone) and Isa kAvx512, the scores of BFLOAT16 caches are AVX512_BF16 dot
+  // products of the bfloat16 values (exact products, float32 sums); probabilities and P·V stay
+  // float32, so the accuracy is that of the float32 path.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
 
   std::string float32_precision() const override;
 
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return kernel_.isa; }
+  // The paged attention kernel in use ("avx512_bf16", "avx512", "avx2" or "generic").
+  const char* paged_kernel_name() const { return paged_kernel_.name; }
   // The 16-bit path in use (kNone when there is none).
   Bf16Isa bf16_isa() const { return bf16_isa_; }
   // True when requests with inputs of `dtype` compute with bfloat16 operands.

@@ -18,6 +18,7 @@ struct PVec {
   // P·V: 4 row-heads x 2 vectors = 8 accumulators + 2 value vectors + 1 broadcast of 16 ymm.
   static constexpr int kScoreRows = 4;
   static constexpr int kPvRows = 4;
+  static constexpr bool kBf16Dot = false;  // no bfloat16 dot product
   static constexpr int kPvVecs = 2;
 
   static V Zero() { return _mm256_setzero_ps(); }
@@ -65,6 +66,12 @@ struct PVec {
     x = _mm_add_ps(x, _mm_movehl_ps(x, x));
     x = _mm_add_ss(x, _mm_movehdup_ps(x));
     return _mm_cvtss_f32(x);
+  }
+  static void Reduce4(V a, V b, V c, V d, float* out) {
+    out[0] = ReduceAdd(a);
+    out[1] = ReduceAdd(b);
+    out[2] = ReduceAdd(c);
+    out[3] = ReduceAdd(d);
   }
   static float ReduceMax(V v) {
     __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -25,6 +25,7 @@ struct PVec {
   static constexpr int kWidth = 1;
   static constexpr int kScoreRows = 4;
   static constexpr int kPvRows = 4;
+  static constexpr bool kBf16Dot = false;  // no bfloat16 dot product
   static constexpr int kPvVecs = 4;
 
   static V Zero() { return 0.0f; }
@@ -49,6 +50,12 @@ struct PVec {
   static V Fmadd(V a, V b, V c) { return a * b + c; }
   static V Exp(V x) { return std::exp(x); }
   static float ReduceAdd(V v) { return v; }
+  static void Reduce4(V a, V b, V c, V d, float* out) {
+    out[0] = ReduceAdd(a);
+    out[1] = ReduceAdd(b);
+    out[2] = ReduceAdd(c);
+    out[3] = ReduceAdd(d);
+  }
   static float ReduceMax(V v) { return v; }
 };
 

@@ -12,7 +12,11 @@
 //     Zero, Set1, Load, Store, Add, Sub, Mul, Div, Max, Fmadd(a, b, c) = a·b + c,
 //     LoadN(p, n), StoreN(p, v, n)  the first n lanes (0 <= n <= kWidth; loads zero the rest)
 //     LoadF16(p), LoadF16N(p, n), LoadBf16(p), LoadBf16N(p, n)   16-bit elements widened
-//     Exp (exp(-inf) = 0, NaN stays NaN), ReduceAdd, ReduceMax (fixed order)
+//     Exp (exp(-inf) = 0, NaN stays NaN), ReduceAdd, ReduceMax (fixed order),
+//     Reduce4(a, b, c, d, out)     out[0..3] = the lane sums of a, b, c, d, each by the same tree
+//     kBf16Dot                     true: BFLOAT16 scores by a bfloat16 dot product, with
+//       kPairWidth, Bh, LoadPairs(p), LoadPairsN(p, n), DotBf16(acc, a, b)
+//                                  (acc lane i += a[2i]·b[2i] + a[2i+1]·b[2i+1])
 //
 // As in attention_kernel_impl.h, everything has internal linkage and the body calls no inline
 // function of another header (not even PagedAttentionParams' offset helpers), so no copy compiled
@@ -201,9 +205,77 @@ void ScoreRows(const float* q, int dp, int d, const void* k, int keys, float* s)
         acc[i] = PVec::Fmadd(PVec::Load(q + int64_t{i} * dp + c), kv, acc[i]);
       }
     }
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) s[int64_t{i} * kSplit + j] = PVec::ReduceAdd(acc[i]);
+    // Four row-heads per reduction (the missing ones zero): the same tree for every lane.
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; i += 4) {
+      float sum[4];
+      PVec::Reduce4(acc[i], i + 1 < kRows ? acc[i + 1] : PVec::Zero(),
+                    i + 2 < kRows ? acc[i + 2] : PVec::Zero(),
+                    i + 3 < kRows ? acc[i + 3] : PVec::Zero(), sum);
+      for (int x = 0; x < 4 && i + x < kRows; ++x) s[int64_t{i + x} * kSplit + j] = sum[x];
+    }
   }
+}
+
+// The same with bfloat16 queries and keys as they are, through Vec::DotBf16 (PVec as a template
+// parameter: this compiles only for a PVec with kBf16Dot). q rows are dq elements apart.
+template <class Vec, int kRows>
+void ScoreRowsBf16(const uint16_t* q, int dq, int d, const uint16_t* k, int keys, float* s) {
+  constexpr int kP = Vec::kPairWidth;
+  for (int j = 0; j < keys; ++j) {
+    const uint16_t* kr = k + int64_t{j} * d;
+    V acc[kRows];
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) acc[i] = Vec::Zero();
+    int c = 0;
+    for (; c + kP <= d; c += kP) {
+      const typename Vec::Bh kv = Vec::LoadPairs(kr + c);
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        acc[i] = Vec::DotBf16(acc[i], Vec::LoadPairs(q + int64_t{i} * dq + c), kv);
+      }
+    }
+    if (c < d) {
+      const typename Vec::Bh kv = Vec::LoadPairsN(kr + c, d - c);
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        acc[i] = Vec::DotBf16(acc[i], Vec::LoadPairs(q + int64_t{i} * dq + c), kv);
+      }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < kRows; i += 4) {
+      float sum[4];
+      Vec::Reduce4(acc[i], i + 1 < kRows ? acc[i + 1] : Vec::Zero(),
+                   i + 2 < kRows ? acc[i + 2] : Vec::Zero(),
+                   i + 3 < kRows ? acc[i + 3] : Vec::Zero(), sum);
+      for (int x = 0; x < 4 && i + x < kRows; ++x) s[int64_t{i + x} * kSplit + j] = sum[x];
+    }
+  }
+}
+
+template <class Vec, int kRows>
+void ScoreRowsBf16Tail(int rows, const uint16_t* q, int dq, int d, const uint16_t* k, int keys,
+                       float* s) {
+  if constexpr (kRows > 0) {
+    if (rows == kRows) {
+      ScoreRowsBf16<Vec, kRows>(q, dq, d, k, keys, s);
+    } else {
+      ScoreRowsBf16Tail<Vec, kRows - 1>(rows, q, dq, d, k, keys, s);
+    }
+  }
+}
+
+// True when the scores of a cache of type T take the bfloat16 dot product.
+template <DType T>
+constexpr bool UseBf16Dot() {
+  return T == DType::kBFloat16 && PVec::kBf16Dot;
+}
+
+// Elements per query row in the scratch when UseBf16Dot (bfloat16, padded to whole pairs of
+// vectors): at most 2 · dp, so it fits the float32 query area.
+template <class Vec>
+int Bf16QueryStride(int d) {
+  return static_cast<int>(RoundUp(d, Vec::kPairWidth));
 }
 
 template <DType T, int kRows>
@@ -266,9 +338,17 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
     const void* k =
         k_base + (page * sh.k_page_stride + (int64_t{kv_head} * ps + slot) * p.head_dim) * sh.esize;
     for (int i = 0; i < sh.n; i += PVec::kScoreRows) {
-      ScoreRowsTail<T, PVec::kScoreRows>(MinInt(PVec::kScoreRows, sh.n - i),
-                                         sc.q + int64_t{i} * sh.dp, sh.dp, p.head_dim, k, run,
-                                         sc.s + int64_t{i} * kSplit + (j - k0));
+      const int rows_now = MinInt(PVec::kScoreRows, sh.n - i);
+      float* s = sc.s + int64_t{i} * kSplit + (j - k0);
+      if constexpr (UseBf16Dot<T>()) {
+        const int dq = Bf16QueryStride<PVec>(p.head_dim);
+        ScoreRowsBf16Tail<PVec, PVec::kScoreRows>(
+            rows_now, reinterpret_cast<const uint16_t*>(sc.q) + int64_t{i} * dq, dq, p.head_dim,
+            static_cast<const uint16_t*>(k), run, s);
+      } else {
+        ScoreRowsTail<T, PVec::kScoreRows>(rows_now, sc.q + int64_t{i} * sh.dp, sh.dp, p.head_dim,
+                                           k, run, s);
+      }
     }
     j += run;
   }
@@ -451,11 +531,19 @@ void RunTyped(const PagedAttentionParams& p, const PagedTask& task, float* scrat
   const Seq sq = SeqOf(p, task.seq);
   const Scratch sc = Carve(scratch, sh);
 
-  // The queries of the task's row-heads, widened to float32 and zero-padded to dp.
+  // The queries of the task's row-heads, widened to float32 and zero-padded to dp (or, for the
+  // bfloat16 dot product, as they are, zero-padded to whole pairs of vectors).
   for (int i = 0; i < sh.n; ++i) {
     const int64_t t = p.q_offsets[task.seq] + task.row0 + i / sh.group;
     const int64_t h = int64_t{task.kv_head} * sh.group + i % sh.group;
     const int64_t src = (t * p.num_heads + h) * p.head_dim;
+    if constexpr (UseBf16Dot<T>()) {
+      const int dq = Bf16QueryStride<PVec>(p.head_dim);
+      uint16_t* q16 = reinterpret_cast<uint16_t*>(sc.q) + int64_t{i} * dq;
+      std::memcpy(q16, static_cast<const uint16_t*>(p.q) + src, sizeof(uint16_t) * p.head_dim);
+      std::memset(q16 + p.head_dim, 0, sizeof(uint16_t) * (dq - p.head_dim));
+      continue;
+    }
     for (int c = 0; c < sh.dp; c += kW) {
       PVec::Store(sc.q + int64_t{i} * sh.dp + c, LoadSome<T>(p.q, src + c, p.head_dim - c));
     }

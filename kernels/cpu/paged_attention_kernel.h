@@ -70,6 +70,9 @@ struct PagedAttentionKernel {
 extern const PagedAttentionKernel kGenericPagedAttentionKernel;
 extern const PagedAttentionKernel kAvx2PagedAttentionKernel;
 extern const PagedAttentionKernel kAvx512PagedAttentionKernel;
+// kAvx512's, with the scores of BFLOAT16 caches by AVX512_BF16's VDPBF16PS (other cache types:
+// the same bits as kAvx512PagedAttentionKernel). Also REQUIRES CpuSupports(Bf16Isa::kAvx512Bf16).
+extern const PagedAttentionKernel kAvx512Bf16PagedAttentionKernel;
 
 }  // namespace attnserve::kernels::cpu
 

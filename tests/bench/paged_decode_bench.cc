@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -54,22 +55,35 @@ double Seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
+double CpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
 struct Stats {
-  double median, best;
+  double median, best;  // wall seconds
+  double cpu_share;     // CPU seconds of the process / (wall seconds x threads), over all reps
 };
 
-// Runs fn reps times after a warm-up; returns the median and best wall time in seconds.
+// Runs fn reps times after a warm-up; returns the median and best wall time in seconds and the
+// share of `threads` CPUs the process got meanwhile (the machine is shared: a share well below 1
+// means other processes held the cores).
 template <typename Fn>
-Stats Time(int reps, Fn fn) {
+Stats Time(int reps, int threads, Fn fn) {
   fn();
   std::vector<double> t;
+  const double cpu0 = CpuSeconds();
+  double wall = 0;
   for (int r = 0; r < reps; ++r) {
     const double t0 = Seconds();
     fn();
     t.push_back(Seconds() - t0);
+    wall += t.back();
   }
+  const double cpu = CpuSeconds() - cpu0;
   std::sort(t.begin(), t.end());
-  return Stats{t[t.size() / 2], t.front()};
+  return Stats{t[t.size() / 2], t.front(), cpu / (wall * threads)};
 }
 
 // Runs fn(begin, end) on `threads` threads over [0, n), even contiguous parts.
@@ -101,21 +115,25 @@ void Stream(const Flags& f, int threads) {
     for (int64_t i = i0; i < i1; ++i) pa[i] = 0.0f, pb[i] = 1.0f, pc[i] = 2.0f;
   });
   const float s = 3.0f;
-  const Stats triad = Time(f.reps, [&] {
+  const Stats triad = Time(f.reps, threads, [&] {
     Parallel(threads, n, [=](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) pa[i] = pb[i] + s * pc[i];
     });
   });
-  const Stats copy = Time(f.reps, [&] {
+  const Stats copy = Time(f.reps, threads, [&] {
     Parallel(threads, n, [=](int64_t i0, int64_t i1) {
       std::memcpy(pa + i0, pb + i0, (i1 - i0) * sizeof(float));
     });
   });
   const double gb_triad = 3.0 * n * sizeof(float) / 1e9, gb_copy = 2.0 * n * sizeof(float) / 1e9;
-  std::printf("stream_triad threads=%d array_mib=%lld gbps_median=%.2f gbps_best=%.2f\n", threads,
-              static_cast<long long>(f.stream_mib), gb_triad / triad.median, gb_triad / triad.best);
-  std::printf("stream_copy threads=%d array_mib=%lld gbps_median=%.2f gbps_best=%.2f\n", threads,
-              static_cast<long long>(f.stream_mib), gb_copy / copy.median, gb_copy / copy.best);
+  std::printf(
+      "stream_triad threads=%d array_mib=%lld gbps_median=%.2f gbps_best=%.2f cpu_share=%.2f\n",
+      threads, static_cast<long long>(f.stream_mib), gb_triad / triad.median, gb_triad / triad.best,
+      triad.cpu_share);
+  std::printf(
+      "stream_copy threads=%d array_mib=%lld gbps_median=%.2f gbps_best=%.2f cpu_share=%.2f\n",
+      threads, static_cast<long long>(f.stream_mib), gb_copy / copy.median, gb_copy / copy.best,
+      copy.cpu_share);
   std::fflush(stdout);
 }
 
@@ -173,17 +191,17 @@ void Decode(const Flags& f, CpuBackend& backend, DType dtype) {
   p.out = out.data();
   p.lse = lse.data();
 
-  const Stats t = Time(f.reps, [&] {
+  const Stats t = Time(f.reps, backend.num_threads(), [&] {
     if (!backend.PagedAttention(p).ok()) std::abort();
   });
   // Bytes of K and V the step must read: every sequence's keys and values, once.
   const double gb = 2.0 * f.seqs * f.context * f.num_kv_heads * f.head_dim * esize / 1e9;
   std::printf(
       "decode dtype=%s isa=%s threads=%d seqs=%d context=%d hq=%d hkv=%d d=%d page=%d "
-      "kv_gb=%.3f ms_median=%.2f ms_best=%.2f gbps_median=%.2f gbps_best=%.2f\n",
-      std::string(DTypeName(dtype)).c_str(), IsaName(backend.isa()), backend.num_threads(), f.seqs,
-      f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, gb, 1e3 * t.median,
-      1e3 * t.best, gb / t.median, gb / t.best);
+      "kv_gb=%.3f ms_median=%.2f ms_best=%.2f gbps_median=%.2f gbps_best=%.2f cpu_share=%.2f\n",
+      std::string(DTypeName(dtype)).c_str(), backend.paged_kernel_name(), backend.num_threads(),
+      f.seqs, f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, gb, 1e3 * t.median,
+      1e3 * t.best, gb / t.median, gb / t.best, t.cpu_share);
   std::fflush(stdout);
 }
 

@@ -28,8 +28,16 @@ using ::attnserve::kernels::testing::Encode16;
 using ::attnserve::kernels::testing::MaxAbsError;
 using ::attnserve::kernels::testing::RandomVector;
 
-std::unique_ptr<CpuBackend> MakeBackend(Isa isa, int threads) {
-  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = threads, .isa = isa});
+// A kernel path: the backend's Isa, and its 16-bit path (kAvx512Bf16 with kAvx512: BFLOAT16
+// scores by AVX512_BF16 dot products; kNone: float32 arithmetic throughout).
+struct Path {
+  Isa isa;
+  Bf16Isa bf16;
+};
+
+std::unique_ptr<CpuBackend> MakeBackend(Path path, int threads) {
+  auto backend = CpuBackend::Create(
+      CpuBackendOptions{.num_threads = threads, .isa = path.isa, .bf16_isa = path.bf16});
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? *std::move(backend) : nullptr;
 }
@@ -222,10 +230,13 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
-class PagedAttentionIsaTest : public ::testing::TestWithParam<Isa> {
+class PagedAttentionIsaTest : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
-    if (!CpuSupports(GetParam())) GTEST_SKIP() << IsaName(GetParam()) << " not supported here";
+    if (!CpuSupports(GetParam().isa) || !CpuSupports(GetParam().bf16)) {
+      GTEST_SKIP() << IsaName(GetParam().isa) << " / " << Bf16IsaName(GetParam().bf16)
+                   << " not supported by this CPU";
+    }
   }
 };
 
@@ -430,11 +441,40 @@ TEST_P(PagedAttentionIsaTest, FollowsTheNanRule) {
   EXPECT_TRUE(row_nan(12, 1));
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, PagedAttentionIsaTest,
-                         ::testing::Values(Isa::kGeneric, Isa::kAvx2, Isa::kAvx512),
-                         [](const ::testing::TestParamInfo<Isa>& info) {
-                           return std::string(IsaName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Isas, PagedAttentionIsaTest,
+    ::testing::Values(Path{Isa::kGeneric, Bf16Isa::kNone}, Path{Isa::kAvx2, Bf16Isa::kNone},
+                      Path{Isa::kAvx512, Bf16Isa::kNone}, Path{Isa::kAvx512, Bf16Isa::kAvx512Bf16}),
+    [](const ::testing::TestParamInfo<Path>& info) {
+      return info.param.bf16 == Bf16Isa::kNone
+                 ? std::string(IsaName(info.param.isa))
+                 : absl::StrCat(IsaName(info.param.isa), "_", Bf16IsaName(info.param.bf16));
+    });
+
+// Which paged kernel a backend runs: the AVX512_BF16 scores only with Isa kAvx512 and a 16-bit
+// path; FLOAT32 and FLOAT16 caches get the same bits either way.
+TEST(PagedAttentionTest, Bf16DotChangesOnlyBFloat16Caches) {
+  if (!CpuSupports(Isa::kAvx512) || !CpuSupports(Bf16Isa::kAvx512Bf16)) {
+    GTEST_SKIP() << "avx512 / avx512_bf16 not supported by this CPU";
+  }
+  std::unique_ptr<CpuBackend> plain = MakeBackend({Isa::kAvx512, Bf16Isa::kNone}, 2);
+  std::unique_ptr<CpuBackend> dot = MakeBackend({Isa::kAvx512, Bf16Isa::kAvx512Bf16}, 2);
+  EXPECT_STREQ(plain->paged_kernel_name(), "avx512");
+  EXPECT_STREQ(dot->paged_kernel_name(), "avx512_bf16");
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    PagedCase c({.num_heads = 8,
+                 .num_kv_heads = 2,
+                 .head_dim = 128,
+                 .v_head_dim = 128,
+                 .dtype = dtype,
+                 .seqs = {{700, 1}, {90, 30}},
+                 .seed = 13});
+    ASSERT_TRUE(plain->PagedAttention(c.params()).ok());
+    const std::vector<float> a = c.out();
+    ASSERT_TRUE(dot->PagedAttention(c.params()).ok());
+    EXPECT_EQ(SameBits(a, c.out()), dtype != DType::kBFloat16) << DTypeName(dtype);
+  }
+}
 
 }  // namespace
 }  // namespace attnserve::kernels::cpu
