@@ -47,12 +47,20 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
       partial_floats += int64_t{p.num_kv_heads} * splits_of(s) * k.partial_floats(p, p.q_lens[s]);
     }
   }
-  // Left uninitialised: every split state is written before it is folded.
-  std::unique_ptr<float[]> partials = std::make_unique_for_overwrite<float[]>(partial_floats);
+  // Left uninitialised: every split state is written before it is folded. Kept by the calling
+  // thread for its next call: a fresh buffer (18 MB at 64 sequences x 4096 keys x 8 kv heads)
+  // would be mapped, faulted in and zeroed by the kernel at every decode step.
+  thread_local std::unique_ptr<float[]> kept;
+  thread_local int64_t kept_floats = 0;
+  if (kept_floats < partial_floats) {
+    kept = std::make_unique_for_overwrite<float[]>(partial_floats);
+    kept_floats = partial_floats;
+  }
+  float* const partials = kept.get();
 
   std::vector<PagedTask> tasks;
   std::vector<CombineTask> combines;
-  float* next = partials.get();
+  float* next = partials;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int q_len = p.q_lens[s];
     if (split_parallel(s)) {
