@@ -51,7 +51,7 @@ def main():
         try:
             step()
         except RuntimeError as e:  # e.g. "addmm_impl_cpu_" not implemented for 'Half'
-            print(f"torch dtype={name} native_error=\"{str(e).splitlines()[0]}\"", flush=True)
+            print(f"torch dtype={name} native_error='{str(e).splitlines()[0].replace(chr(34), '')}'", flush=True)
             step, mode = step_widened, "widened_per_step"
             step()
         times = []
