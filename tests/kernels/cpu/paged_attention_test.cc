@@ -261,36 +261,41 @@ TEST_P(PagedAttentionIsaTest, MatchesReferenceWithinFlashBound) {
   static std::vector<Expected> expected;
   int index = 0;
   uint32_t seed = 100;
-  for (const Heads& hd : heads) {
-    for (int page : {1, 16, 64}) {
-      for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-        PagedSpec spec{.num_heads = hd.hq,
-                       .num_kv_heads = hd.hkv,
-                       .head_dim = hd.d,
-                       .v_head_dim = hd.dv,
-                       .page_size = page,
-                       .dtype = dtype,
-                       .seqs = seqs,
-                       .seed = ++seed};
-        PagedCase c(spec);
-        if (index == static_cast<int>(expected.size())) {
-          std::vector<float> naive_out, naive_lse;
-          NaivePaged32(c, &naive_out, &naive_lse);
-          Reference64 ref = ReferencePagedAttention64(c.params());
-          const double out_err = MaxAbsError(naive_out, ref.out);
-          const double lse_err = MaxAbsError(naive_lse, ref.weights);
-          expected.push_back({std::move(ref), out_err, lse_err});
-        }
-        const Expected& want = expected[index++];
-        c.PoisonOutputs();
-        ASSERT_TRUE(backend->PagedAttention(c.params()).ok());
-        const double err = MaxAbsError(c.out(), want.ref.out);
-        EXPECT_LE(err, 2 * want.naive_out_err + 1e-6)
-            << spec.DebugString() << ": naive " << want.naive_out_err;
-        const double lse_err = MaxAbsError(c.lse(), want.ref.weights);
-        EXPECT_LE(lse_err, 2 * want.naive_lse_err + 1e-6)
-            << spec.DebugString() << ": naive " << want.naive_lse_err;
+  // Each head layout with each page size, the dtype rotating so that every head layout and every
+  // page size meets all three dtypes (12 cases; the full product took minutes under ctest).
+  const DType dtypes[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+  const int pages[] = {1, 16, 64};
+  for (int hi = 0; hi < 4; ++hi) {
+    const Heads& hd = heads[hi];
+    for (int pi = 0; pi < 3; ++pi) {
+      const int page = pages[pi];
+      const DType dtype = dtypes[(hi + pi) % 3];
+      PagedSpec spec{.num_heads = hd.hq,
+                     .num_kv_heads = hd.hkv,
+                     .head_dim = hd.d,
+                     .v_head_dim = hd.dv,
+                     .page_size = page,
+                     .dtype = dtype,
+                     .seqs = seqs,
+                     .seed = ++seed};
+      PagedCase c(spec);
+      if (index == static_cast<int>(expected.size())) {
+        std::vector<float> naive_out, naive_lse;
+        NaivePaged32(c, &naive_out, &naive_lse);
+        Reference64 ref = ReferencePagedAttention64(c.params());
+        const double out_err = MaxAbsError(naive_out, ref.out);
+        const double lse_err = MaxAbsError(naive_lse, ref.weights);
+        expected.push_back({std::move(ref), out_err, lse_err});
       }
+      const Expected& want = expected[index++];
+      c.PoisonOutputs();
+      ASSERT_TRUE(backend->PagedAttention(c.params()).ok());
+      const double err = MaxAbsError(c.out(), want.ref.out);
+      EXPECT_LE(err, 2 * want.naive_out_err + 1e-6)
+          << spec.DebugString() << ": naive " << want.naive_out_err;
+      const double lse_err = MaxAbsError(c.lse(), want.ref.weights);
+      EXPECT_LE(lse_err, 2 * want.naive_lse_err + 1e-6)
+          << spec.DebugString() << ": naive " << want.naive_lse_err;
     }
   }
 }
