@@ -17,6 +17,9 @@
 //   attention   one task per (item, batch entry, query head, block of kQueryBlock query rows);
 //   projections one task per block of rows of one request's GEMM, the block size a function of
 //               that GEMM's row count only (GemmRowChunk in cpu_backend.cc).
+//   paged       one task per (sequence, kv head, split of kPagedSplitKeys keys) for decode steps,
+//               or per (sequence, kv head, block of 16 query rows) for prefill chunks, folded in
+//               key order (paged_attention_kernel.h, paged_attention.cc).
 // Hence batch invariance (backend.h): a request's output bits do not depend on the other items
 // of the call, their order, or num_threads. They do depend on the instruction set (the kernel
 // chosen at Create), which is fixed for the life of the backend.
