@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/exp_avx2.h"
 #include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::avx2 {
@@ -44,26 +45,7 @@ struct Vec {
     }
     if (x < n) ToFloat32(DType::kFloat16, src + x, n - x, dst + x);  // out of line, generic code
   }
-  // exp(x) to about 1 ulp, as in attention_avx512.cc; x < -87 gives exactly 0.
-  static V Exp(V x) {
-    const V underflow = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_LT_OQ);
-    // x second: min/max return it when it is NaN, so exp(NaN) = NaN (the NaN rule).
-    x = _mm256_max_ps(_mm256_set1_ps(-87.0f), _mm256_min_ps(_mm256_set1_ps(88.0f), x));
-    const V n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    V r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    V poly = _mm256_set1_ps(1.9875691500e-4f);
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.3981999507e-3f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(8.3334519073e-3f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(4.1665795894e-2f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(1.6666665459e-1f));
-    poly = _mm256_fmadd_ps(poly, r, _mm256_set1_ps(5.0000001201e-1f));
-    const V y = _mm256_fmadd_ps(poly, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    const __m256i e =
-        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_andnot_ps(underflow, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
-  }
+  static V Exp(V x) { return Exp256(x); }  // exp_avx2.h
 };
 
 }  // namespace

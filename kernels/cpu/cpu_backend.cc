@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/projection.h"
+#include "kernels/cpu/scratch.h"
 
 namespace attnserve::kernels::cpu {
 namespace {
@@ -77,24 +78,6 @@ void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, cons
   }
 }
 
-// A 64-byte aligned scratch buffer per thread, grown on demand and kept for the next call.
-// Attention tasks and projection tasks run in separate phases and never hold it at once.
-float* ThreadScratch(int64_t floats) {
-  struct Buffer {
-    float* data = nullptr;
-    int64_t size = 0;
-    ~Buffer() { ::operator delete[](data, std::align_val_t{64}); }
-  };
-  thread_local Buffer buffer;
-  if (buffer.size < floats) {
-    ::operator delete[](buffer.data, std::align_val_t{64});
-    buffer.data = static_cast<float*>(
-        ::operator new[](static_cast<size_t>(floats) * sizeof(float), std::align_val_t{64}));
-    buffer.size = floats;
-  }
-  return buffer.data;
-}
-
 // The packed K and V of one call, 64-byte aligned. Up to kKeepBytes stay with the calling
 // thread for its next call: a fresh buffer of a few MiB per call costs page faults (measured:
 // about 15% of the bf16 attention at (4, 1024, 512, 8)); larger ones are returned at once.
@@ -141,6 +124,22 @@ thread_local PackBuffer::Kept PackBuffer::kept_;
 
 }  // namespace
 
+float* ThreadScratch(int64_t floats) {
+  struct Buffer {
+    float* data = nullptr;
+    int64_t size = 0;
+    ~Buffer() { ::operator delete[](data, std::align_val_t{64}); }
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < floats) {
+    ::operator delete[](buffer.data, std::align_val_t{64});
+    buffer.data = static_cast<float*>(
+        ::operator new[](static_cast<size_t>(floats) * sizeof(float), std::align_val_t{64}));
+    buffer.size = floats;
+  }
+  return buffer.data;
+}
+
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
   if (options.num_threads < 0 || options.num_threads > 1024) {
     return absl::InvalidArgumentError(
@@ -166,6 +165,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
 CpuBackend::CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
                        bool float32_as_bf16)
     : kernel_(kernel),
+      paged_kernel_(PagedKernelFor(kernel.isa, bf16_isa != Bf16Isa::kNone)),
       bf16_isa_(bf16_isa),
       bf16_kernel_(bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa)),
       float32_as_bf16_(float32_as_bf16),

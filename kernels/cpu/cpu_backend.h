@@ -17,6 +17,9 @@
 //   attention   one task per (item, batch entry, query head, block of kQueryBlock query rows);
 //   projections one task per block of rows of one request's GEMM, the block size a function of
 //               that GEMM's row count only (GemmRowChunk in cpu_backend.cc).
+//   paged       one task per (sequence, kv head, split of kPagedSplitKeys keys) for decode steps,
+//               or per (sequence, kv head, block of 16 query rows) for prefill chunks, folded in
+//               key order (paged_attention_kernel.h, paged_attention.cc).
 // Hence batch invariance (backend.h): a request's output bits do not depend on the other items
 // of the call, their order, or num_threads. They do depend on the instruction set (the kernel
 // chosen at Create), which is fixed for the life of the backend.
@@ -34,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/paged_attention_kernel.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace attnserve::kernels::cpu {
@@ -75,11 +79,19 @@ class CpuBackend final : public Backend {
   std::vector<DeviceInfo> devices() const override;
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+  // Float32 arithmetic on the widened cache, vectorised for the backend's Isa
+  // (paged_attention_kernel.h says how a row's bits are fixed), on the pool. With a 16-bit path
+  // (bf16_isa not kNone) and Isa kAvx512, the scores of BFLOAT16 caches are AVX512_BF16 dot
+  // products of the bfloat16 values (exact products, float32 sums); probabilities and P·V stay
+  // float32, so the accuracy is that of the float32 path.
+  absl::Status PagedAttention(const PagedAttentionParams& p) override;
 
   std::string float32_precision() const override;
 
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return kernel_.isa; }
+  // The paged attention kernel in use ("avx512_bf16", "avx512", "avx2" or "generic").
+  const char* paged_kernel_name() const { return paged_kernel_.name; }
   // The 16-bit path in use (kNone when there is none).
   Bf16Isa bf16_isa() const { return bf16_isa_; }
   // True when requests with inputs of `dtype` compute with bfloat16 operands.
@@ -93,6 +105,7 @@ class CpuBackend final : public Backend {
   void RunAttention(absl::Span<const AttentionParams> batch);
 
   const AttentionKernel& kernel_;
+  const PagedAttentionKernel& paged_kernel_;  // of kernel_'s Isa
   const Bf16Isa bf16_isa_;
   const Bf16AttentionKernel* const bf16_kernel_;  // nullptr when bf16_isa_ is kNone
   const bool float32_as_bf16_;

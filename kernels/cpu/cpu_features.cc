@@ -47,6 +47,18 @@ const AttentionKernel& KernelFor(Isa isa) {
   return kGenericAttentionKernel;
 }
 
+const PagedAttentionKernel& PagedKernelFor(Isa isa, bool bf16_dot) {
+#if defined(ATTNSERVE_CPU_X86_KERNELS)
+  if (isa == Isa::kAvx512) {
+    return bf16_dot ? kAvx512Bf16PagedAttentionKernel : kAvx512PagedAttentionKernel;
+  }
+  if (isa == Isa::kAvx2) return kAvx2PagedAttentionKernel;
+#endif
+  (void)isa;
+  (void)bf16_dot;
+  return kGenericPagedAttentionKernel;
+}
+
 namespace {
 
 #if defined(ATTNSERVE_CPU_X86_KERNELS)

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/paged_attention_kernel.h"
 
 namespace attnserve::kernels::cpu {
 
@@ -18,6 +19,10 @@ Isa BestIsa();
 
 // The kernel table of `isa`. REQUIRES: isa != kAuto and CpuSupports(isa).
 const AttentionKernel& KernelFor(Isa isa);
+// The paged attention kernel table of `isa`; with `bf16_dot`, the one whose BFLOAT16 scores use
+// AVX512_BF16 when there is one for isa (kAvx512). REQUIRES: isa != kAuto and CpuSupports(isa),
+// and CpuSupports(Bf16Isa::kAvx512Bf16) when bf16_dot.
+const PagedAttentionKernel& PagedKernelFor(Isa isa, bool bf16_dot);
 
 // True when the bfloat16 path `isa` can run here (kNone and kAuto always). For kAmx this also
 // asks Linux for permission to use the AMX tile data (arch_prctl ARCH_REQ_XCOMP_PERM), once per

@@ -1,0 +1,102 @@
+// CpuBackend::PagedAttention: the tasks of a paged attention call on the backend's pool
+// (paged_attention_kernel.h has the arithmetic).
+//
+// Scheduling, per sequence, from its own q_len and kv_len only:
+//   q_len <= kSplitRowsMax and more than one split: decode. One task per (kv head, split of
+//     kPagedSplitKeys keys) writes that split's state for all q_len rows x group heads, then one
+//     task per kv head folds the splits in order. A decode step has no other parallelism: at
+//     64 sequences x 8 kv heads x 4096 keys that is 8192 tasks of 256 keys.
+//   otherwise: one task per (kv head, block of kRowBlock rows) folding its splits itself; each
+//     K/V page is read once per block of rows, every head of the GQA group at once.
+// Both give the same bits (paged_attention_kernel.h), so the choice is about speed only.
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+#include "kernels/cpu/scratch.h"
+
+namespace attnserve::kernels::cpu {
+namespace {
+
+// Query rows per prefill task. 16 rows x a GQA group of 4 = 64 row-heads share each page read;
+// their scores (64 x kPagedSplitKeys floats, 64 KiB) stay in L2.
+constexpr int kRowBlock = 16;
+// Sequences with at most this many new rows (decode steps, short speculative chunks) split their
+// keys over tasks.
+constexpr int kSplitRowsMax = kRowBlock;
+
+// A fold of every split of (seq, kv head).
+struct CombineTask {
+  int seq;
+  int kv_head;
+  const float* partials;
+};
+
+}  // namespace
+
+absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
+  const PagedAttentionKernel& k = paged_kernel_;
+  auto splits_of = [&](int s) { return (p.kv_lens[s] + kPagedSplitKeys - 1) / kPagedSplitKeys; };
+  auto split_parallel = [&](int s) { return p.q_lens[s] <= kSplitRowsMax && splits_of(s) > 1; };
+
+  int64_t partial_floats = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    if (split_parallel(s)) {
+      partial_floats += int64_t{p.num_kv_heads} * splits_of(s) * k.partial_floats(p, p.q_lens[s]);
+    }
+  }
+  // Left uninitialised: every split state is written before it is folded. Kept by the calling
+  // thread for its next call: a fresh buffer (18 MB at 64 sequences x 4096 keys x 8 kv heads)
+  // would be mapped, faulted in and zeroed by the kernel at every decode step.
+  thread_local std::unique_ptr<float[]> kept;
+  thread_local int64_t kept_floats = 0;
+  if (kept_floats < partial_floats) {
+    kept = std::make_unique_for_overwrite<float[]>(partial_floats);
+    kept_floats = partial_floats;
+  }
+  float* const partials = kept.get();
+
+  std::vector<PagedTask> tasks;
+  std::vector<CombineTask> combines;
+  float* next = partials;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int q_len = p.q_lens[s];
+    if (split_parallel(s)) {
+      const int64_t stride = k.partial_floats(p, q_len);
+      for (int h = 0; h < p.num_kv_heads; ++h) {
+        combines.push_back(CombineTask{s, h, next});
+        for (int split = 0; split < splits_of(s); ++split) {
+          tasks.push_back(PagedTask{s, h, 0, q_len, split, next});
+          next += stride;
+        }
+      }
+      continue;
+    }
+    // Later blocks see more keys: queue them first so the pool's dynamic scheduling ends evenly
+    // (order only; results do not depend on it).
+    const int blocks = (q_len + kRowBlock - 1) / kRowBlock;
+    for (int b = blocks - 1; b >= 0; --b) {
+      const int row0 = b * kRowBlock;
+      for (int h = 0; h < p.num_kv_heads; ++h) {
+        tasks.push_back(PagedTask{s, h, row0, std::min(kRowBlock, q_len - row0), 0, nullptr});
+      }
+    }
+  }
+
+  pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const PagedTask& task = tasks[t];
+    k.run(p, task, ThreadScratch(k.scratch_floats(p, task.rows)));
+  });
+  if (!combines.empty()) {
+    pool_.ParallelFor(static_cast<int64_t>(combines.size()), [&](int64_t t) {
+      const CombineTask& c = combines[t];
+      k.combine(p, c.seq, c.kv_head, c.partials,
+                ThreadScratch(k.scratch_floats(p, p.q_lens[c.seq])));
+    });
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::kernels::cpu

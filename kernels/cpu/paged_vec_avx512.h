@@ -1,0 +1,72 @@
+// The vector traits of the paged attention body (paged_attention_impl.h) for AVX-512 (F, DQ, BW,
+// VL; FMA; FLOAT16 widened by VCVTPH2PS), shared by paged_attention_avx512.cc and
+// paged_attention_avx512bf16.cc. Internal linkage (an unnamed namespace), as exp_avx512.h and for
+// the same reason; include only from a unit compiled with at least those flags.
+#ifndef ATTNSERVE_KERNELS_CPU_PAGED_VEC_AVX512_H_
+#define ATTNSERVE_KERNELS_CPU_PAGED_VEC_AVX512_H_
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "kernels/cpu/exp_avx512.h"
+
+namespace attnserve::kernels::cpu {
+namespace {
+
+struct PVecAvx512 {
+  using V = __m512;
+  static constexpr int kWidth = 16;
+  // Scores: 8 accumulators + the key vector + query loads. P·V: 4 row-heads x 4 vectors = 16
+  // accumulators + 4 value vectors + 1 broadcast of the 32 zmm registers.
+  static constexpr int kScoreRows = 8;
+  static constexpr int kPvRows = 4;
+  static constexpr int kPvVecs = 4;
+
+  static __mmask16 Lanes(int n) { return static_cast<__mmask16>((1u << n) - 1); }
+  static V Zero() { return _mm512_setzero_ps(); }
+  static V Set1(float x) { return _mm512_set1_ps(x); }
+  static V Load(const float* p) { return _mm512_loadu_ps(p); }
+  static V LoadN(const float* p, int n) { return _mm512_maskz_loadu_ps(Lanes(n), p); }
+  static void Store(float* p, V v) { _mm512_storeu_ps(p, v); }
+  static void StoreN(float* p, V v, int n) { _mm512_mask_storeu_ps(p, Lanes(n), v); }
+  static V LoadF16(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static V LoadF16N(const uint16_t* p, int n) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(Lanes(n), p));
+  }
+  static V LoadBf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  }
+  static V LoadBf16N(const uint16_t* p, int n) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(Lanes(n), p)), 16));
+  }
+  static V Add(V a, V b) { return _mm512_add_ps(a, b); }
+  static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
+  static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
+  static V Div(V a, V b) { return _mm512_div_ps(a, b); }
+  static V Max(V a, V b) { return _mm512_max_ps(a, b); }
+  static V Fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+  static V Exp(V x) { return Exp512(x); }
+  static float ReduceAdd(V v) { return _mm512_reduce_add_ps(v); }
+  static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
+  // Four reductions for about the price of one: lane l + l+8, + l+4, then within 128 bits.
+  static void Reduce4(V a, V b, V c, V d, float* out) {
+    const V ab = _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+    const V cd = _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x44), _mm512_shuffle_f32x4(c, d, 0xEE));
+    V x = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88), _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0x4E));
+    x = _mm512_add_ps(x, _mm512_permute_ps(x, 0xB1));
+    const V lanes = _mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), x);
+    _mm_storeu_ps(out, _mm512_castps512_ps128(lanes));
+  }
+};
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu
+
+#endif  // ATTNSERVE_KERNELS_CPU_PAGED_VEC_AVX512_H_
