@@ -18,7 +18,7 @@ set_tests_properties(python_package_install PROPERTIES
   LABELS "python;client" TIMEOUT 300 FIXTURES_SETUP python_package)
 
 # The client tests with that environment's python, from a folder outside the source tree.
-foreach(t test_python_client test_python_client_async)
+foreach(t test_python_client test_python_client_async test_sessions_client)
   add_test(NAME python_${t}
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} ${t})
   set_tests_properties(python_${t} PROPERTIES
