@@ -5,6 +5,7 @@
 #include <deque>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "server/attention_stream.h"
@@ -77,6 +78,13 @@ class WorkThread {
   std::thread thread_;  // last: starts after the members it reads
 };
 
+grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServerContext* context) {
+  if (const std::string reason = sessions::SessionManager::LostReason(status); !reason.empty()) {
+    context->AddTrailingMetadata("attnserve-session-lost", reason);
+  }
+  return ToGrpcStatus(status);
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
@@ -121,11 +129,12 @@ void FillModuleInfo(const Module& module, v1::ModuleInfo* info) {
 }
 
 AttentionService::AttentionService(const Options& options, ModuleRegistry* modules,
-                                   Dispatcher* dispatcher, metrics::Metrics* metrics,
-                                   ServiceInfo info)
+                                   Dispatcher* dispatcher, sessions::SessionManager* sessions,
+                                   metrics::Metrics* metrics, ServiceInfo info)
     : options_(options),
       modules_(modules),
       dispatcher_(dispatcher),
+      sessions_(sessions),
       metrics_(metrics),
       info_(std::move(info)),
       loader_(std::make_unique<WorkThread>()) {
@@ -139,20 +148,19 @@ grpc::ServerUnaryReactor* AttentionService::Compute(grpc::CallbackServerContext*
                                                     const grpc::ByteBuffer* request_bytes,
                                                     grpc::ByteBuffer* response_bytes, Build build) {
   auto* reactor = new UnaryReactor(*context, dispatcher_);
-  auto call =
-      std::make_unique<Call>(metrics_, rpc, reactor->caller(),
-                             [reactor, response_bytes, request_size = request_bytes->Length()](
-                                 const absl::Status& status, Job* job, absl::Time now) {
-                               if (status.ok()) {
-                                 Response response;
-                                 WriteOutputs(*job, &response);
-                                 WriteTiming(job->timing, now, response.mutable_timing());
-                                 ReleaseBuffers(job);
-                                 SerializeMessage(response, response_bytes);
-                               }
-                               reactor->set_bytes(request_size + response_bytes->Length());
-                               reactor->Finish(ToGrpcStatus(status));
-                             });
+  auto call = std::make_unique<Call>(
+      metrics_, rpc, reactor->caller(),
+      [reactor, context, response_bytes, request_size = request_bytes->Length()](
+          const absl::Status& status, Job* job, absl::Time now) {
+        if (status.ok()) {
+          Response response;
+          FillResponse(*job, now, &response);
+          ReleaseBuffers(job);
+          SerializeMessage(response, response_bytes);
+        }
+        reactor->set_bytes(request_size + response_bytes->Length());
+        reactor->Finish(SessionAwareStatus(status, context));
+      });
   if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
     call->Finish(std::move(s));
     return reactor;
@@ -172,19 +180,23 @@ grpc::ServerUnaryReactor* AttentionService::Compute(grpc::CallbackServerContext*
   (*job)->request = std::move(request);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
+  if (!HasWork(**job)) {
+    (*job)->Finish(absl::OkStatus());  // every step failed validation: answered at once
+    return reactor;
+  }
   dispatcher_->Submit(*std::move(job));
   return reactor;
 }
 
 template <typename Body>
-grpc::ServerUnaryReactor* AttentionService::AnswerNow(const grpc::CallbackServerContext& context,
+grpc::ServerUnaryReactor* AttentionService::AnswerNow(grpc::CallbackServerContext* context,
                                                       metrics::Rpc rpc, Body body) {
-  auto* reactor = new UnaryReactor(context, /*dispatcher=*/nullptr);
+  auto* reactor = new UnaryReactor(*context, /*dispatcher=*/nullptr);
   Call call(metrics_, rpc, reactor->caller(),
-            [reactor](const absl::Status& status, Job*, absl::Time) {
-              reactor->Finish(ToGrpcStatus(status));
+            [reactor, context](const absl::Status& status, Job*, absl::Time) {
+              reactor->Finish(SessionAwareStatus(status, context));
             });
-  absl::Status status = Authorize(context, options_.auth_token);
+  absl::Status status = Authorize(*context, options_.auth_token);
   if (status.ok()) status = body();
   call.Finish(std::move(status));
   return reactor;
@@ -210,7 +222,8 @@ grpc::ServerUnaryReactor* AttentionService::MultiHeadAttention(grpc::CallbackSer
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::AttentionStream(
     grpc::CallbackServerContext* context) {
-  return new AttentionStreamReactor(context, {&options_.limits, modules_, dispatcher_, metrics_},
+  return new AttentionStreamReactor(context,
+                                    {&options_.limits, modules_, dispatcher_, sessions_, metrics_},
                                     Authorize(*context, options_.auth_token));
 }
 
@@ -252,7 +265,7 @@ grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerContext* context,
                                                          const v1::UnloadModuleRequest* request,
                                                          v1::UnloadModuleResponse*) {
-  return AnswerNow(*context, metrics::Rpc::kUnloadModule, [&]() -> absl::Status {
+  return AnswerNow(context, metrics::Rpc::kUnloadModule, [&]() -> absl::Status {
     if (!options_.allow_module_rpc) {
       return absl::PermissionDeniedError(
           "UnloadModule is switched off on this server (--allow_module_rpc=false)");
@@ -266,7 +279,7 @@ grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* AttentionService::ListModules(grpc::CallbackServerContext* context,
                                                         const v1::ListModulesRequest*,
                                                         v1::ListModulesResponse* response) {
-  return AnswerNow(*context, metrics::Rpc::kListModules, [&] {
+  return AnswerNow(context, metrics::Rpc::kListModules, [&] {
     for (const auto& module : modules_->List()) FillModuleInfo(*module, response->add_modules());
     return absl::OkStatus();
   });
@@ -275,7 +288,7 @@ grpc::ServerUnaryReactor* AttentionService::ListModules(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetServerInfoRequest*,
                                                           v1::GetServerInfoResponse* response) {
-  return AnswerNow(*context, metrics::Rpc::kGetServerInfo, [&] {
+  return AnswerNow(context, metrics::Rpc::kGetServerInfo, [&] {
     response->set_version(info_.version);
     for (const auto& backend : info_.backends) *response->add_backends() = backend;
     v1::Limits* limits = response->mutable_limits();
@@ -286,7 +299,118 @@ grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerCo
     limits->set_max_module_bytes(options_.limits.max_module_bytes);
     limits->set_max_stream_in_flight(options_.limits.max_stream_in_flight);
     *response->mutable_batching() = info_.batching;
+    limits->set_max_sessions(sessions_->options().max_sessions);
     response->set_float32_precision(info_.float32_precision);
+    const sessions::SessionOptions& so = sessions_->options();
+    v1::SessionSettings* settings = response->mutable_sessions();
+    settings->set_page_tokens(so.page_tokens);
+    settings->set_pool_bytes(so.pool_bytes);
+    settings->set_when_full(so.when_full == sessions::WhenFull::kRefuse
+                                ? v1::WHEN_POOL_FULL_REFUSE
+                                : v1::WHEN_POOL_FULL_EVICT_LRU);
+    settings->set_idle_ttl_us(absl::ToInt64Microseconds(so.idle_ttl));
+    settings->set_max_pinned_fraction(so.max_pinned_fraction);
+    settings->set_owner(sessions_->owner());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AttentionService::CreateSession(grpc::CallbackServerContext* context,
+                                                          const v1::CreateSessionRequest* request,
+                                                          v1::CreateSessionResponse* response) {
+  return AnswerNow(context, metrics::Rpc::kCreateSession, [&]() -> absl::Status {
+    auto spec = BuildSessionSpec(*request, *modules_, options_.limits);
+    if (!spec.ok()) return spec.status();
+    auto state = sessions_->Create(*spec);
+    if (!state.ok()) return state.status();
+    WriteSessionInfo(*state, response->mutable_session());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AttentionService::ExtendSession(grpc::CallbackServerContext* context,
+                                                          const grpc::ByteBuffer* request,
+                                                          grpc::ByteBuffer* response) {
+  return Compute<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
+      context, metrics::Rpc::kExtendSession, request, response,
+      [this](const v1::ExtendSessionRequest& r) {
+        return BuildExtendJob(r, *sessions_, options_.limits);
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::ExtendSessions(grpc::CallbackServerContext* context,
+                                                           const grpc::ByteBuffer* request,
+                                                           grpc::ByteBuffer* response) {
+  return Compute<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
+      context, metrics::Rpc::kExtendSessions, request, response,
+      [this](const v1::ExtendSessionsRequest& r) {
+        return BuildExtendsJob(r, *sessions_, options_.limits);
+      });
+}
+
+grpc::ServerUnaryReactor* AttentionService::ForkSession(grpc::CallbackServerContext* context,
+                                                        const v1::ForkSessionRequest* request,
+                                                        v1::ForkSessionResponse* response) {
+  return AnswerNow(context, metrics::Rpc::kForkSession, [&]() -> absl::Status {
+    if (request->idle_ttl_us() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("idle_ttl_us must be >= 0; was ", request->idle_ttl_us()));
+    }
+    auto state = sessions_->Fork(request->session_id(), request->pinned(),
+                                 absl::Microseconds(request->idle_ttl_us()));
+    if (!state.ok()) return state.status();
+    WriteSessionInfo(*state, response->mutable_session());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AttentionService::CloseSession(grpc::CallbackServerContext* context,
+                                                         const v1::CloseSessionRequest* request,
+                                                         v1::CloseSessionResponse*) {
+  return AnswerNow(context, metrics::Rpc::kCloseSession,
+                   [&] { return sessions_->Close(request->session_id()); });
+}
+
+grpc::ServerUnaryReactor* AttentionService::GetSession(grpc::CallbackServerContext* context,
+                                                       const v1::GetSessionRequest* request,
+                                                       v1::GetSessionResponse* response) {
+  return AnswerNow(context, metrics::Rpc::kGetSession, [&]() -> absl::Status {
+    auto state = sessions_->Get(request->session_id());
+    if (!state.ok()) return state.status();
+    WriteSessionInfo(*state, response->mutable_session());
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* AttentionService::ListSessions(grpc::CallbackServerContext* context,
+                                                         const v1::ListSessionsRequest* request,
+                                                         v1::ListSessionsResponse* response) {
+  return AnswerNow(context, metrics::Rpc::kListSessions, [&]() -> absl::Status {
+    if (request->page_size() < 0 || request->page_size() > 1000) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_size must be in 0..1000; was ", request->page_size()));
+    }
+    const std::string& token = request->page_token();
+    if (!token.empty() && !absl::StartsWith(token, sessions_->owner() + "/")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page_token must be a next_page_token this server returned; was '", token, "'"));
+    }
+    bool more = false;
+    const int limit = request->page_size() == 0 ? 100 : request->page_size();
+    for (const sessions::SessionState& st : sessions_->List(token, limit, &more)) {
+      WriteSessionInfo(st, response->add_sessions());
+    }
+    if (more && response->sessions_size() > 0) {
+      response->set_next_page_token(response->sessions(response->sessions_size() - 1).session_id());
+    }
+    const sessions::PoolUsage u = sessions_->Usage();
+    v1::SessionPoolUsage* usage = response->mutable_usage();
+    usage->set_pages_total(u.pages_total);
+    usage->set_pages_used(u.pages_used);
+    usage->set_tokens(u.tokens);
+    usage->set_sessions(u.sessions);
+    usage->set_pinned_sessions(u.pinned_sessions);
+    usage->set_pinned_pages(u.pinned_pages);
     return absl::OkStatus();
   });
 }

@@ -13,6 +13,7 @@
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
 #include "server/module_registry.h"
+#include "server/sessions/session_manager.h"
 
 namespace attnserve::server {
 
@@ -34,7 +35,16 @@ using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule
                 v1::AttentionService::WithRawCallbackMethod_Attend<
                     v1::AttentionService::WithRawCallbackMethod_MultiHeadAttention<
                         v1::AttentionService::WithRawCallbackMethod_AttentionStream<
-                            v1::AttentionService::Service>>>>>>>;
+                            v1::AttentionService::WithCallbackMethod_CreateSession<
+                                v1::AttentionService::WithRawCallbackMethod_ExtendSession<
+                                    v1::AttentionService::WithRawCallbackMethod_ExtendSessions<
+                                        v1::AttentionService::WithCallbackMethod_ForkSession<
+                                            v1::AttentionService::WithCallbackMethod_CloseSession<
+                                                v1::AttentionService::WithCallbackMethod_GetSession<
+                                                    v1::AttentionService::
+                                                        WithCallbackMethod_ListSessions<
+                                                            v1::AttentionService::
+                                                                Service>>>>>>>>>>>>>>;
 
 class WorkThread;  // attention_service.cc
 
@@ -51,9 +61,10 @@ class AttentionService final : public AttentionServiceBase {
     std::string auth_token;
   };
 
-  // Every rpc is counted in `metrics` (by rpc and code, with its server time).
+  // Every rpc is counted in `metrics` (by rpc and code, with its server time). `sessions`
+  // holds the decode sessions.
   AttentionService(const Options& options, ModuleRegistry* modules, Dispatcher* dispatcher,
-                   metrics::Metrics* metrics, ServiceInfo info);
+                   sessions::SessionManager* sessions, metrics::Metrics* metrics, ServiceInfo info);
   // Waits for module loads in progress.
   ~AttentionService() override;
 
@@ -77,6 +88,27 @@ class AttentionService final : public AttentionServiceBase {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::GetServerInfoResponse* response) override;
+  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
+                                          const v1::CreateSessionRequest* request,
+                                          v1::CreateSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ExtendSession(grpc::CallbackServerContext* context,
+                                          const grpc::ByteBuffer* request,
+                                          grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ExtendSessions(grpc::CallbackServerContext* context,
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
+                                        const v1::ForkSessionRequest* request,
+                                        v1::ForkSessionResponse* response) override;
+  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
+                                         const v1::CloseSessionRequest* request,
+                                         v1::CloseSessionResponse* response) override;
+  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
+                                       const v1::GetSessionRequest* request,
+                                       v1::GetSessionResponse* response) override;
+  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
+                                         const v1::ListSessionsRequest* request,
+                                         v1::ListSessionsResponse* response) override;
 
  private:
   // Attend and MultiHeadAttention: parse, authorise, validate, queue; answered by the Call.
@@ -87,12 +119,13 @@ class AttentionService final : public AttentionServiceBase {
   // The other rpcs, answered on the handler's thread: authorise, then `body` fills the
   // response and returns the status.
   template <typename Body>
-  grpc::ServerUnaryReactor* AnswerNow(const grpc::CallbackServerContext& context, metrics::Rpc rpc,
+  grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                       Body body);
 
   const Options options_;
   ModuleRegistry* const modules_;
   Dispatcher* const dispatcher_;
+  sessions::SessionManager* const sessions_;
   metrics::Metrics* const metrics_;
   const ServiceInfo info_;
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
@@ -110,6 +143,10 @@ void SerializeMessage(const google::protobuf::Message& message, grpc::ByteBuffer
 
 // absl::Status -> grpc::Status (the canonical codes share their numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// A unary call's status, with the trailing metadata "attnserve-session-lost: <reason>" added to
+// `context` when the status says a session was lost.
+grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServerContext* context);
 
 // Fills a ModuleInfo from a loaded module.
 void FillModuleInfo(const Module& module, v1::ModuleInfo* info);

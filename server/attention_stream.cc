@@ -17,7 +17,13 @@ v1::AttentionStreamResponse MakeResponse(uint64_t id, const absl::Status& status
   response.set_code(static_cast<int>(status.code()));
   response.set_message(std::string(status.message()));
   if (status.ok() && job != nullptr) {
-    if (job->kind == JobKind::kAttend) {
+    if (job->kind == JobKind::kSessionExtend) {
+      if (job->session_batch) {
+        FillResponse(*job, now, response.mutable_extend_sessions());
+      } else {
+        FillResponse(*job, now, response.mutable_extend_session());
+      }
+    } else if (job->kind == JobKind::kAttend) {
       WriteOutputs(*job, response.mutable_attend());
       WriteTiming(job->timing, now, response.mutable_attend()->mutable_timing());
     } else {
@@ -80,9 +86,23 @@ void AttentionStreamReactor::Handle() {
   read_.Clear();
 
   const uint64_t id = request.request_id();
-  const metrics::Rpc rpc = request.has_attend()                 ? metrics::Rpc::kAttend
-                           : request.has_multi_head_attention() ? metrics::Rpc::kMultiHeadAttention
-                                                                : metrics::Rpc::kAttentionStream;
+  metrics::Rpc rpc = metrics::Rpc::kAttentionStream;
+  switch (request.request_case()) {
+    case v1::AttentionStreamRequest::kAttend:
+      rpc = metrics::Rpc::kAttend;
+      break;
+    case v1::AttentionStreamRequest::kMultiHeadAttention:
+      rpc = metrics::Rpc::kMultiHeadAttention;
+      break;
+    case v1::AttentionStreamRequest::kExtendSession:
+      rpc = metrics::Rpc::kExtendSession;
+      break;
+    case v1::AttentionStreamRequest::kExtendSessions:
+      rpc = metrics::Rpc::kExtendSessions;
+      break;
+    default:
+      break;
+  }
   bool duplicate;
   {
     batching::MutexLock lock(&mu_);
@@ -113,14 +133,22 @@ void AttentionStreamReactor::Handle() {
     case v1::AttentionStreamRequest::kMultiHeadAttention:
       job = BuildMultiHeadJob(request.multi_head_attention(), *context_.modules, *context_.limits);
       break;
+    case v1::AttentionStreamRequest::kExtendSession:
+      job = BuildExtendJob(request.extend_session(), *context_.sessions, *context_.limits);
+      break;
+    case v1::AttentionStreamRequest::kExtendSessions:
+      job = BuildExtendsJob(request.extend_sessions(), *context_.sessions, *context_.limits);
+      break;
     default:
       job = absl::InvalidArgumentError(
-          "request must set attend or multi_head_attention; neither was set");
+          "request must set attend or multi_head_attention (or extend_session, extend_sessions); "
+          "none was set");
   }
   if (!job.ok()) return call->Finish(job.status());
   (*job)->request = std::move(owned);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
+  if (!HasWork(**job)) return (*job)->Finish(absl::OkStatus());
   context_.dispatcher->Submit(*std::move(job));
 }
 

@@ -18,6 +18,7 @@
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
 #include "server/module_registry.h"
+#include "server/sessions/session_manager.h"
 
 namespace attnserve::server {
 
@@ -49,6 +50,7 @@ class AttentionStreamReactor final
     const Limits* limits;
     const ModuleRegistry* modules;
     Dispatcher* dispatcher;
+    sessions::SessionManager* sessions;
     metrics::Metrics* metrics;
   };
 

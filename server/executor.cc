@@ -17,6 +17,8 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
   }
   if (live.empty()) return;
 
+  if (live.front()->kind == JobKind::kSessionExtend) return RunExtends(std::move(live), start);
+
   absl::Status status;
   if (live.front()->kind == JobKind::kAttend) {
     std::vector<kernels::AttentionParams> params;
@@ -51,6 +53,36 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     job->timing.backend = backend_name;
     job->Finish(status);
     job.reset();  // its buffers go now, not after the whole batch has been answered
+  }
+}
+
+void Executor::RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time start) {
+  std::vector<sessions::ExtendItem*> items;
+  sessions::SessionManager* manager = live.front()->session_manager;
+  for (const auto& job : live) {
+    for (const auto& item : job->session_items) {
+      if (item->lease.active() && item->status.ok()) items.push_back(item.get());
+    }
+  }
+  manager->Compute(items, backend_);
+  const absl::Time end = absl::Now();
+  const std::string backend_name = backend_->name();
+  if (metrics_ != nullptr) {
+    int64_t tokens = 0;
+    for (const auto& job : live) tokens += job->tokens;
+    metrics_->ObserveBatch(static_cast<int64_t>(live.size()), tokens);
+    metrics_->ForBackend(backend_name).ObserveCompute(end - start, 0);
+  }
+  for (auto& job : live) {
+    job->timing.compute_end = end;
+    job->timing.batch_size = static_cast<int>(items.size());
+    job->timing.backend = backend_name;
+    // An answer that can no longer reach its caller appends nothing: Call::Finish will answer
+    // DEADLINE_EXCEEDED or CANCELLED, and the caller must be able to retry.
+    const bool deliverable = !job->IsCancelled() && job->deadline() > absl::Now();
+    for (auto& item : job->session_items) item->lease.End(deliverable && item->status.ok());
+    job->Finish(job->session_batch ? absl::OkStatus() : job->session_items.front()->status);
+    job.reset();
   }
 }
 

@@ -26,6 +26,10 @@ class Executor {
   void Run(std::vector<std::unique_ptr<Job>> batch);
 
  private:
+  // Session extends (JobKind::kSessionExtend): computed by their SessionManager, committed or
+  // rolled back, answered.
+  void RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time start);
+
   kernels::Backend* backend_;
   metrics::Metrics* metrics_;
 };

@@ -25,6 +25,7 @@
 #include "server/call.h"
 #include "server/metrics/metrics.h"
 #include "server/module_registry.h"
+#include "server/sessions/session_manager.h"
 
 namespace attnserve::server {
 
@@ -37,7 +38,8 @@ struct JobTiming {
   std::string backend;
 };
 
-enum class JobKind { kAttend, kMultiHead };
+// kSessionExtend: ExtendSession (one item) or ExtendSessions (one item per step).
+enum class JobKind { kAttend, kMultiHead, kSessionExtend };
 
 struct Job {
   JobKind kind = JobKind::kAttend;
@@ -58,6 +60,13 @@ struct Job {
 
   kernels::AttentionParams attend;      // kAttend
   kernels::MultiHeadParams multi_head;  // kMultiHead
+
+  // kSessionExtend: the extends, each holding its session's lease (or failed validation, with
+  // its status set and no lease); `session_batch` for ExtendSessions (per-item results, the job
+  // itself OK). The manager computes them (SessionManager::Compute).
+  std::vector<std::unique_ptr<sessions::ExtendItem>> session_items;
+  bool session_batch = false;
+  sessions::SessionManager* session_manager = nullptr;
 
   // Shapes of the outputs, for the response.
   std::vector<int64_t> out_shape;
@@ -86,7 +95,10 @@ struct Job {
 
   // Answers the caller (exactly once; later calls are ignored). On OK the outputs and timing
   // are final. `drop`: why the job was not computed, from whoever decided it.
+  // Sessions' leases end first (rolled back unless the executor committed them), so that the
+  // caller's next extend, sent as soon as this answer arrives, finds the session free.
   void Finish(absl::Status status, std::optional<metrics::DropReason> drop = std::nullopt) {
+    for (auto& item : session_items) item->lease.End(false);
     if (call != nullptr) call->Finish(std::move(status), this, drop);
   }
 };

@@ -100,6 +100,22 @@ ABSL_FLAG(int64_t, transport_memory_bytes, kDefaults.transport_memory_bytes,
           "beyond); 0 = unbounded");
 ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdown_grace),
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
+ABSL_FLAG(int64_t, session_pool_bytes, kDefaults.sessions.pool_bytes,
+          "bytes of the decode sessions' paged KV pool (K and V of every session)");
+ABSL_FLAG(int, session_page_tokens, kDefaults.sessions.page_tokens,
+          "tokens per page of the session KV pool (1..4096)");
+ABSL_FLAG(std::string, session_when_full, "evict",
+          "when an extend needs pages the pool lacks: 'evict' (idle unpinned sessions, least "
+          "recently used first) or 'refuse' (RESOURCE_EXHAUSTED)");
+ABSL_FLAG(int64_t, session_idle_ttl_ms, absl::ToInt64Milliseconds(kDefaults.sessions.idle_ttl),
+          "a session unused this long is lost (expired); also the longest a session may ask for");
+ABSL_FLAG(double, session_max_pinned_fraction, kDefaults.sessions.max_pinned_fraction,
+          "most of the pool pinned sessions may hold (0..1)");
+ABSL_FLAG(std::string, session_owner, "",
+          "the replica's address in session ids (empty: the listening host:port, the hostname "
+          "for a wildcard address); clients route a session's calls by it");
+ABSL_FLAG(int64_t, max_sessions, kDefaults.sessions.max_sessions,
+          "most decode sessions held at once");
 
 namespace {
 
@@ -187,6 +203,19 @@ int Run() {
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
   options.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  options.sessions.pool_bytes = absl::GetFlag(FLAGS_session_pool_bytes);
+  options.sessions.page_tokens = absl::GetFlag(FLAGS_session_page_tokens);
+  if (const std::string when = absl::GetFlag(FLAGS_session_when_full); when == "refuse") {
+    options.sessions.when_full = attnserve::server::sessions::WhenFull::kRefuse;
+  } else if (when != "evict") {
+    std::fprintf(stderr, "attnserve: --session_when_full must be 'evict' or 'refuse'; was '%s'\n",
+                 when.c_str());
+    return 2;
+  }
+  options.sessions.idle_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_session_idle_ttl_ms));
+  options.sessions.max_pinned_fraction = absl::GetFlag(FLAGS_session_max_pinned_fraction);
+  options.sessions.owner = absl::GetFlag(FLAGS_session_owner);
+  options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);

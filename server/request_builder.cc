@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/mask.h"
@@ -378,6 +379,292 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
   job->signature =
       Signature(*job, absl::StrCat("m:", request.module(), self_attention ? "/self" : "/cross"));
   return job;
+}
+
+absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRequest& request,
+                                                       const ModuleRegistry& modules,
+                                                       const Limits& limits) {
+  sessions::SessionSpec spec;
+  switch (request.binding_case()) {
+    case v1::CreateSessionRequest::kModule: {
+      if (auto s = ModuleRegistry::ValidateName(request.module(), "module"); !s.ok()) return s;
+      auto module = modules.Get(request.module());
+      if (!module.ok()) return module.status();
+      spec.module_name = request.module();
+      // Shares the registry entry's lifetime: an unloaded module lives on in its sessions.
+      spec.module = std::shared_ptr<const kernels::MultiHeadWeights>(*module, &(*module)->weights);
+      if (auto s = CheckHeadDim(spec.module->head_dim(), "the module's head dimension", limits);
+          !s.ok()) {
+        return s;
+      }
+      break;
+    }
+    case v1::CreateSessionRequest::kLayout: {
+      const v1::HeadLayout& l = request.layout();
+      const auto positive = [](int64_t v, absl::string_view field) {
+        return v >= 1 ? absl::OkStatus()
+                      : Invalid("layout.", field, absl::StrCat(" must be >= 1; was ", v));
+      };
+      if (auto s = positive(l.num_heads(), "num_heads"); !s.ok()) return s;
+      if (auto s = positive(l.num_kv_heads(), "num_kv_heads"); !s.ok()) return s;
+      if (auto s = positive(l.head_dim(), "head_dim"); !s.ok()) return s;
+      if (l.v_head_dim() < 0) {
+        return Invalid(absl::StrCat("layout.v_head_dim must be >= 0; was ", l.v_head_dim()));
+      }
+      if (l.num_heads() % l.num_kv_heads() != 0) {
+        return Invalid(absl::StrCat("layout.num_heads (", l.num_heads(),
+                                    ") must be a multiple of layout.num_kv_heads (",
+                                    l.num_kv_heads(), ")"));
+      }
+      spec.num_heads = l.num_heads();
+      spec.num_kv_heads = l.num_kv_heads();
+      spec.head_dim = l.head_dim();
+      spec.v_head_dim = l.v_head_dim() == 0 ? l.head_dim() : l.v_head_dim();
+      if (auto s = CheckHeadDim(spec.head_dim, "layout.head_dim", limits); !s.ok()) return s;
+      if (auto s = CheckHeadDim(spec.v_head_dim, "layout.v_head_dim", limits); !s.ok()) return s;
+      break;
+    }
+    default:
+      return Invalid("module or layout must be set; neither was");
+  }
+  const v1::Dtype t = request.cache_dtype();
+  if (t != v1::DTYPE_FLOAT32 && t != v1::DTYPE_FLOAT16 && t != v1::DTYPE_BFLOAT16) {
+    return Invalid("cache_dtype must be FLOAT32, FLOAT16 or BFLOAT16; was ", DtypeString(t));
+  }
+  spec.cache_dtype = WireDType(t).value();
+  if (request.has_scale()) {
+    if (!std::isfinite(request.scale())) {
+      return Invalid(absl::StrCat("scale must be finite; was ", request.scale()));
+    }
+    spec.scale = request.scale();
+  }
+  if (request.idle_ttl_us() < 0) {
+    return Invalid(absl::StrCat("idle_ttl_us must be >= 0; was ", request.idle_ttl_us()));
+  }
+  spec.pinned = request.pinned();
+  spec.idle_ttl = absl::Microseconds(request.idle_ttl_us());
+  return spec;
+}
+
+namespace {
+
+// Validates one extend against its session and takes the session's lease.
+absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::SessionManager& manager,
+                            const Limits& limits, sessions::ExtendItem* item) {
+  if (r.session_id().empty()) return Invalid("session_id is required");
+  if (r.has_expected_length() && r.expected_length() < 0) {
+    return Invalid(absl::StrCat("expected_length must be >= 0; was ", r.expected_length()));
+  }
+  // The token count first (for the lease), then the shapes against the session's layout.
+  const bool module = r.has_input();
+  const v1::Tensor& first = module ? r.input() : r.query();
+  if (!module && !r.has_query()) {
+    return Invalid("input (module sessions) or query, key and value (raw sessions) are required");
+  }
+  if (auto s = CheckFloatDType(first, module ? "input" : "query", nullptr, ""); !s.ok()) return s;
+  auto n = CheckTensor(first, module ? "input" : "query", module ? 2 : 3, limits);
+  if (!n.ok()) return n.status();
+  const int64_t L = first.shape(0);
+  if (auto s = CheckSequence(L, module ? "input.shape[0] (L)" : "query.shape[0] (L)", limits);
+      !s.ok()) {
+    return s;
+  }
+  const std::optional<int64_t> expected =
+      r.has_expected_length() ? std::optional<int64_t>(r.expected_length()) : std::nullopt;
+  if (auto s = manager.BeginExtend(r.session_id(), expected, L, item); !s.ok()) return s;
+  item->wire_dtype = WireDType(first.dtype()).value();
+  item->return_lse = r.return_lse();
+  if (item->module != nullptr) {
+    if (!module) {
+      return Invalid("session '", r.session_id(), "' is bound to module '", item->module_name,
+                     "': send input [L, d_model], not query, key and value");
+    }
+    if (r.has_query() || r.has_key() || r.has_value()) {
+      return Invalid(
+          "query, key and value must be unset for a module session; input carries "
+          "the new tokens");
+    }
+    if (first.shape(1) != item->module->d_model) {
+      return Invalid(absl::StrCat("input.shape[1] must equal the d_model of module '",
+                                  item->module_name, "' (", item->module->d_model, "); was ",
+                                  first.shape(1)));
+    }
+    item->input = first.data().data();
+    return absl::OkStatus();
+  }
+  if (module) {
+    return Invalid("session '", r.session_id(),
+                   "' has a raw head layout: send query, key and value, not input");
+  }
+  if (!r.has_key()) return Invalid("key is required");
+  if (!r.has_value()) return Invalid("value is required");
+  const v1::Tensor& q = r.query();
+  const v1::Tensor& k = r.key();
+  const v1::Tensor& v = r.value();
+  if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
+  if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
+  if (auto s = CheckTensor(k, "key", 3, limits); !s.ok()) return s.status();
+  if (auto s = CheckTensor(v, "value", 3, limits); !s.ok()) return s.status();
+  const auto dim = [&](const v1::Tensor& t, absl::string_view field, int i, int64_t want,
+                       absl::string_view what) {
+    return t.shape(i) == want
+               ? absl::OkStatus()
+               : Invalid(field, absl::StrCat(".shape[", i, "] must equal the session's "), what,
+                         absl::StrCat(" (", want, "); was ", t.shape(i)));
+  };
+  if (auto s = dim(q, "query", 1, item->num_heads, "num_heads"); !s.ok()) return s;
+  if (auto s = dim(q, "query", 2, item->head_dim, "head_dim"); !s.ok()) return s;
+  if (auto s = dim(k, "key", 0, L, "new tokens, query.shape[0],"); !s.ok()) return s;
+  if (auto s = dim(k, "key", 1, item->num_kv_heads, "num_kv_heads"); !s.ok()) return s;
+  if (auto s = dim(k, "key", 2, item->head_dim, "head_dim"); !s.ok()) return s;
+  if (auto s = dim(v, "value", 0, L, "new tokens, query.shape[0],"); !s.ok()) return s;
+  if (auto s = dim(v, "value", 1, item->num_kv_heads, "num_kv_heads"); !s.ok()) return s;
+  if (auto s = dim(v, "value", 2, item->v_head_dim, "v_head_dim"); !s.ok()) return s;
+  item->q = q.data().data();
+  item->k = k.data().data();
+  item->v = v.data().data();
+  return absl::OkStatus();
+}
+
+std::unique_ptr<sessions::ExtendItem> BuildExtendItem(const v1::ExtendSessionRequest& r,
+                                                      sessions::SessionManager& manager,
+                                                      const Limits& limits) {
+  auto item = std::make_unique<sessions::ExtendItem>();
+  item->status = FillExtendItem(r, manager, limits, item.get());
+  if (!item->status.ok()) item->lease.End(false);
+  return item;
+}
+
+std::unique_ptr<Job> SessionJob(sessions::SessionManager& manager) {
+  auto job = std::make_unique<Job>();
+  job->kind = JobKind::kSessionExtend;
+  job->session_manager = &manager;
+  return job;
+}
+
+// Sizes and signature: decode steps (every item one token) and prefills queue apart, so that
+// neither waits behind the other's batches (the batcher serves the queue whose batch is due
+// first); max_batch_tokens caps a prefill batch.
+void SetSessionSizes(Job* job) {
+  bool decode = true;
+  for (const auto& item : job->session_items) {
+    if (!item->status.ok()) continue;
+    job->tokens += item->new_tokens;
+    decode = decode && item->new_tokens == 1;
+    const int64_t in_elements =
+        item->new_tokens * (item->module != nullptr
+                                ? item->module->d_model
+                                : item->num_heads * item->head_dim +
+                                      item->num_kv_heads * (item->head_dim + item->v_head_dim));
+    const int64_t out_elements =
+        item->new_tokens *
+        (item->module != nullptr ? item->module->d_model : item->num_heads * item->v_head_dim);
+    job->input_bytes += in_elements * static_cast<int64_t>(kernels::DTypeSize(item->wire_dtype));
+    job->bytes += job->input_bytes + out_elements * static_cast<int64_t>(sizeof(float));
+  }
+  job->signature = decode ? "session/decode" : "session/prefill";
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Job>> BuildExtendJob(const v1::ExtendSessionRequest& request,
+                                                    sessions::SessionManager& manager,
+                                                    const Limits& limits) {
+  auto item = BuildExtendItem(request, manager, limits);
+  if (!item->status.ok()) return item->status;
+  auto job = SessionJob(manager);
+  job->dtype = item->wire_dtype;
+  job->session_items.push_back(std::move(item));
+  SetSessionSizes(job.get());
+  return job;
+}
+
+absl::StatusOr<std::unique_ptr<Job>> BuildExtendsJob(const v1::ExtendSessionsRequest& request,
+                                                     sessions::SessionManager& manager,
+                                                     const Limits& limits) {
+  if (request.steps_size() == 0) return Invalid("steps must hold at least one extend; was empty");
+  auto job = SessionJob(manager);
+  job->session_batch = true;
+  absl::flat_hash_set<std::string> seen;
+  for (int i = 0; i < request.steps_size(); ++i) {
+    const v1::ExtendSessionRequest& step = request.steps(i);
+    std::unique_ptr<sessions::ExtendItem> item;
+    if (!step.session_id().empty() && !seen.insert(step.session_id()).second) {
+      item = std::make_unique<sessions::ExtendItem>();
+      item->status = Invalid(absl::StrCat("steps[", i, "].session_id '", step.session_id(),
+                                          "' appears more than once; a session may appear "
+                                          "only once per ExtendSessions"));
+    } else {
+      item = BuildExtendItem(step, manager, limits);
+      if (!item->status.ok() && item->status.code() == absl::StatusCode::kInvalidArgument) {
+        item->status = Invalid(absl::StrCat("steps[", i, "]: ", item->status.message()));
+      }
+    }
+    if (item->status.ok()) job->dtype = item->wire_dtype;
+    job->session_items.push_back(std::move(item));
+  }
+  SetSessionSizes(job.get());
+  return job;
+}
+
+bool HasWork(const Job& job) {
+  if (job.kind != JobKind::kSessionExtend) return true;
+  for (const auto& item : job.session_items) {
+    if (item->lease.active()) return true;
+  }
+  return false;
+}
+
+void WriteSessionInfo(const sessions::SessionState& st, v1::SessionInfo* info) {
+  info->set_session_id(st.id);
+  if (!st.module_name.empty()) {
+    info->set_module(st.module_name);
+  } else {
+    v1::HeadLayout* l = info->mutable_layout();
+    l->set_num_heads(st.num_heads);
+    l->set_num_kv_heads(st.num_kv_heads);
+    l->set_head_dim(st.head_dim);
+    l->set_v_head_dim(st.v_head_dim);
+  }
+  info->set_cache_dtype(ProtoDType(st.cache_dtype));
+  info->set_length(st.length);
+  info->set_pages(st.pages);
+  info->set_shared_pages(st.shared_pages);
+  info->set_bytes(st.bytes);
+  info->set_pinned(st.pinned);
+  info->set_idle_ttl_us(absl::ToInt64Microseconds(st.idle_ttl));
+  info->set_idle_us(absl::ToInt64Microseconds(st.idle));
+  info->set_parent_id(st.parent_id);
+  info->set_scale(st.scale);
+}
+
+void WriteExtendResponse(const sessions::ExtendItem& item, const JobTiming& timing, absl::Time now,
+                         v1::ExtendSessionResponse* response) {
+  const int64_t L = item.new_tokens;
+  if (item.module != nullptr) {
+    WriteTensor(item.wire_dtype, item.out, {L, item.module->d_model}, response->mutable_output());
+  } else {
+    WriteTensor(item.wire_dtype, item.out, {L, item.num_heads, item.v_head_dim},
+                response->mutable_output());
+  }
+  if (item.return_lse) {
+    WriteTensor(DType::kFloat32, item.lse, {L, item.num_heads}, response->mutable_lse());
+  }
+  response->set_length(item.length_after);
+  WriteTiming(timing, now, response->mutable_timing());
+}
+
+void FillResponse(Job& job, absl::Time now, v1::ExtendSessionResponse* response) {
+  WriteExtendResponse(*job.session_items.front(), job.timing, now, response);
+}
+
+void FillResponse(Job& job, absl::Time now, v1::ExtendSessionsResponse* response) {
+  for (const auto& item : job.session_items) {
+    v1::ExtendSessionResult* result = response->add_results();
+    result->set_code(static_cast<int>(item->status.code()));
+    result->set_message(std::string(item->status.message()));
+    if (item->status.ok()) WriteExtendResponse(*item, job.timing, now, result->mutable_response());
+  }
 }
 
 void WriteTensor(kernels::DType dtype, const std::vector<float>& values,

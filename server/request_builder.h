@@ -26,6 +26,36 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
                                                        const ModuleRegistry& modules,
                                                        const Limits& limits);
 
+void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out);
+
+// Decode sessions. CreateSession's request as a SessionSpec (INVALID_ARGUMENT naming the field,
+// NOT_FOUND for an unknown module).
+absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRequest& request,
+                                                       const ModuleRegistry& modules,
+                                                       const Limits& limits);
+// ExtendSession: a job of one item holding its session's lease, or the item's error (the
+// session's own codes, sessions/session_manager.h, and INVALID_ARGUMENT naming the field).
+absl::StatusOr<std::unique_ptr<Job>> BuildExtendJob(const v1::ExtendSessionRequest& request,
+                                                    sessions::SessionManager& manager,
+                                                    const Limits& limits);
+// ExtendSessions: a job of one item per step, each with its lease or its own error
+// (INVALID_ARGUMENT "steps[i]: ..."); INVALID_ARGUMENT for no steps.
+absl::StatusOr<std::unique_ptr<Job>> BuildExtendsJob(const v1::ExtendSessionsRequest& request,
+                                                     sessions::SessionManager& manager,
+                                                     const Limits& limits);
+// False for a session job none of whose items holds a lease (every step failed validation):
+// it is answered at once, without queueing.
+bool HasWork(const Job& job);
+void WriteSessionInfo(const sessions::SessionState& state, v1::SessionInfo* info);
+void WriteExtendResponse(const sessions::ExtendItem& item, const JobTiming& timing, absl::Time now,
+                         v1::ExtendSessionResponse* response);
+
+// Fills a response from a computed job: outputs (and weights, or per-item results) and timing.
+template <typename Response>
+void FillResponse(Job& job, absl::Time now, Response* response);
+void FillResponse(Job& job, absl::Time now, v1::ExtendSessionResponse* response);
+void FillResponse(Job& job, absl::Time now, v1::ExtendSessionsResponse* response);
+
 // Writes a computed job's output, and its weights when they were asked for, into a response
 // (AttendResponse or MultiHeadAttentionResponse).
 template <typename Response>
@@ -40,7 +70,12 @@ void WriteOutputs(const Job& job, Response* response) {
     WriteTensor(job.dtype, job.weights, job.weights_shape, response->mutable_weights());
   }
 }
-void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out);
+
+template <typename Response>
+void FillResponse(Job& job, absl::Time now, Response* response) {
+  WriteOutputs(job, response);
+  WriteTiming(job.timing, now, response->mutable_timing());
+}
 
 // Frees a job's request and outputs (once they are written into a response), so that a response
 // being encoded does not hold its data twice over.

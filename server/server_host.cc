@@ -1,5 +1,7 @@
 #include "server/server_host.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -192,6 +194,24 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     if (auto s = host->modules_.Add(*module, /*replace=*/true); !s.ok()) return s;
   }
 
+  sessions::SessionOptions session_options = options.sessions;
+  session_options.max_session_tokens = options.limits.max_sequence_length;
+  auto manager = sessions::SessionManager::Create(session_options, metrics);
+  if (!manager.ok()) return manager.status();
+  host->sessions_ = *std::move(manager);
+  if (metrics != nullptr) {
+    host->sessions_hook_ = metrics->OnScrape([metrics, sessions = host->sessions_.get()] {
+      const sessions::PoolUsage u = sessions->Usage();
+      metrics->SetSessionPool({.pages_used = u.pages_used,
+                               .pages_total = u.pages_total,
+                               .bytes_used = u.bytes_used,
+                               .bytes_total = u.bytes_total,
+                               .tokens = u.tokens,
+                               .pages_shared = u.shared_pages,
+                               .sessions = u.sessions});
+    });
+  }
+
   host->executor_ = std::make_unique<Executor>(host->backend_.get(), metrics);
   auto dispatcher = BatchingDispatcher::Create(options.batching, host->executor_.get(), metrics);
   if (!dispatcher.ok()) return dispatcher.status();
@@ -220,8 +240,9 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   service_options.limits = options.limits;
   service_options.allow_module_rpc = options.allow_module_rpc;
   service_options.auth_token = options.auth_token;
-  host->service_ = std::make_unique<AttentionService>(
-      service_options, &host->modules_, host->dispatcher_.get(), metrics, std::move(info));
+  host->service_ =
+      std::make_unique<AttentionService>(service_options, &host->modules_, host->dispatcher_.get(),
+                                         host->sessions_.get(), metrics, std::move(info));
 
   if (metrics != nullptr) {
     // Device memory gauges, read from the backend at each scrape.
@@ -271,6 +292,15 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (host->server_ == nullptr || host->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on '", options.listen_address, "' (address in use?)"));
+  }
+  if (options.sessions.owner.empty()) {
+    // Session ids name the replica: the address it listens on, or the hostname for a wildcard.
+    std::string host_name = options.listen_address.substr(0, options.listen_address.rfind(':'));
+    if (host_name.empty() || host_name == "0.0.0.0" || host_name == "[::]" || host_name == "::") {
+      char name[256] = {};
+      host_name = gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+    }
+    host->sessions_->SetOwner(absl::StrCat(host_name, ":", host->port_));
   }
   host->server_->GetHealthCheckService()->SetServingStatus(true);
   return host;

@@ -19,6 +19,7 @@
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
 #include "server/module_registry.h"
+#include "server/sessions/session_manager.h"
 
 namespace attnserve::server {
 
@@ -77,6 +78,10 @@ struct ServerOptions {
   // pressure it stops reading from sockets. 0: unbounded. REQUIRES: 0 or above
   // limits.max_message_bytes. Default: 0.
   int64_t transport_memory_bytes = 0;
+  // Decode sessions: the KV pool and its policies (flags --session_*; owner empty: the
+  // listening host:port, the hostname for a wildcard address). max_sessions is a flag of its
+  // own (--max_sessions); max_session_tokens is set from limits.max_sequence_length.
+  sessions::SessionOptions sessions;
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
@@ -103,6 +108,7 @@ class ServerHost {
   // The port actually bound.
   int port() const { return port_; }
   ModuleRegistry& modules() { return modules_; }
+  sessions::SessionManager& sessions() { return *sessions_; }
   kernels::Backend& backend() { return *backend_; }
 
   // The drain. Reports NOT_SERVING on grpc.health.v1; from then on the service answers new
@@ -127,6 +133,9 @@ class ServerHost {
   std::unique_ptr<metrics::Metrics::ScrapeHook> memory_hook_;  // reads backend_: declared after
   ModuleRegistry modules_;
   std::unique_ptr<Executor> executor_;
+  // Before the dispatcher: its jobs hold session leases, so it goes first.
+  std::unique_ptr<sessions::SessionManager> sessions_;
+  std::unique_ptr<metrics::Metrics::ScrapeHook> sessions_hook_;  // reads sessions_
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<AttentionService> service_;
   std::shared_ptr<OpenCalls> open_calls_;  // shared with gRPC's interceptor factory

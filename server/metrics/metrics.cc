@@ -21,8 +21,9 @@ namespace attnserve::metrics {
 namespace {
 
 constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
-    "Attend",      "MultiHeadAttention", "LoadModule",      "UnloadModule",
-    "ListModules", "GetServerInfo",      "AttentionStream",
+    "Attend",        "MultiHeadAttention", "LoadModule",    "UnloadModule",  "ListModules",
+    "GetServerInfo", "AttentionStream",    "CreateSession", "ExtendSession", "ExtendSessions",
+    "ForkSession",   "CloseSession",       "GetSession",    "ListSessions",
 };
 constexpr std::array<std::string_view, kNumCodes> kCodeNames = {
     "OK",
@@ -179,6 +180,35 @@ Metrics::Metrics(const MetricsOptions& options)
            .Add({});
   module_bytes_ =
       &Build<Gauge>(r, "attnserve_module_bytes", "Bytes held by loaded modules.").Add({});
+  const auto gauge = [&r](const char* name, const char* help) {
+    return &Build<Gauge>(r, name, help).Add({});
+  };
+  session_pages_used_ =
+      gauge("attnserve_session_pool_pages_used", "Pages of the session KV pool held by sessions.");
+  session_pages_total_ = gauge("attnserve_session_pool_pages_total",
+                               "Pages the session KV pool holds at most (pool bytes over the "
+                               "page bytes of the largest head layout in use).");
+  session_bytes_used_ = gauge("attnserve_session_pool_bytes_used",
+                              "Bytes of the session KV pool's pages held by sessions.");
+  session_bytes_total_ =
+      gauge("attnserve_session_pool_bytes_total", "Bytes of the session KV pool (its budget).");
+  session_tokens_ = gauge("attnserve_session_pool_tokens",
+                          "Tokens cached in the session KV pool (a shared page's once).");
+  session_pages_shared_ = gauge("attnserve_session_pages_shared",
+                                "Pages of the session KV pool held by more than one session.");
+  sessions_active_ = gauge("attnserve_sessions_active", "Open decode sessions.");
+  auto& lost = Build<Counter>(r, "attnserve_sessions_lost_total",
+                              "Decode sessions lost, by reason (evicted, expired).");
+  sessions_lost_ = {&lost.Add({{"reason", "evicted"}}), &lost.Add({{"reason", "expired"}})};
+  auto& appended = Build<Counter>(r, "attnserve_session_tokens_appended_total",
+                                  "Tokens appended to decode sessions, by phase (an extend of "
+                                  "one token is a decode step, longer ones prefills).");
+  session_tokens_appended_ = {&appended.Add({{"phase", "prefill"}}),
+                              &appended.Add({{"phase", "decode"}})};
+  auto& extend = Build<Histogram>(r, "attnserve_session_extend_duration_seconds",
+                                  "Compute time of the batch a session extend ran in, by phase.");
+  session_extend_duration_ = {&extend.Add({{"phase", "prefill"}}, DurationBucketsSeconds()),
+                              &extend.Add({{"phase", "decode"}}, DurationBucketsSeconds())};
   Build<Gauge>(r, "attnserve_build_info", "Always 1; the labels describe the binary.")
       .Add({{"version", options.version},
             {"backend", options.backend},
@@ -298,6 +328,28 @@ std::string Metrics::ExpositionText() const {
   std::ostringstream out;
   prometheus::TextSerializer().Serialize(out, Collect());
   return out.str();
+}
+
+void Metrics::SetSessionPool(const SessionPool& pool) {
+  session_pages_used_->Set(static_cast<double>(pool.pages_used));
+  session_pages_total_->Set(static_cast<double>(pool.pages_total));
+  session_bytes_used_->Set(static_cast<double>(pool.bytes_used));
+  session_bytes_total_->Set(static_cast<double>(pool.bytes_total));
+  session_tokens_->Set(static_cast<double>(pool.tokens));
+  session_pages_shared_->Set(static_cast<double>(pool.pages_shared));
+  sessions_active_->Set(static_cast<double>(pool.sessions));
+}
+
+void Metrics::RecordSessionLost(std::string_view reason) {
+  sessions_lost_[reason == "evicted" ? 0 : 1]->Increment();
+}
+
+void Metrics::RecordSessionTokens(std::string_view phase, int64_t tokens) {
+  session_tokens_appended_[phase == "prefill" ? 0 : 1]->Increment(static_cast<double>(tokens));
+}
+
+void Metrics::ObserveSessionExtend(std::string_view phase, absl::Duration elapsed) {
+  session_extend_duration_[phase == "prefill" ? 0 : 1]->Observe(absl::ToDoubleSeconds(elapsed));
 }
 
 RequestScope::RequestScope(Metrics* metrics, Rpc rpc)

@@ -39,6 +39,18 @@
 //   attnserve_host_memory_limit_bytes    gauge                  cgroup limit, else MemTotal
 //   attnserve_module_bytes               gauge                  bytes held by loaded modules
 //   attnserve_build_info                 gauge     {version, backend, cuda}  always 1
+// Decode sessions (server/sessions/), the gauges set at each scrape from the pool:
+//   attnserve_session_pool_pages_used    gauge                  pages held by sessions
+//   attnserve_session_pool_pages_total   gauge                  pages the pool holds at most
+//   attnserve_session_pool_bytes_used    gauge                  bytes of the pages held (exact)
+//   attnserve_session_pool_bytes_total   gauge                  the pool's budget
+//   attnserve_session_pool_tokens        gauge                  tokens cached (shared once)
+//   attnserve_session_pages_shared       gauge                  pages held by several sessions
+//   attnserve_sessions_active            gauge                  open sessions
+//   attnserve_sessions_lost_total        counter   {reason}     evicted / expired
+//   attnserve_session_tokens_appended_total counter {phase}     prefill / decode tokens
+//   attnserve_session_extend_duration_seconds histogram {phase} compute time of an extend's
+//                                                                 batch (per extend)
 //
 // Thread-safety: every method of Metrics and of the handles it returns is thread-safe and
 // non-blocking apart from short internal locks, so it may be called from gRPC handlers, the
@@ -92,8 +104,15 @@ enum class Rpc : int {
   // neither `attend` nor `multi_head_attention` set. Stream items that are Attend or
   // MultiHeadAttention requests count under those rpcs.
   kAttentionStream,
+  kCreateSession,
+  kExtendSession,
+  kExtendSessions,
+  kForkSession,
+  kCloseSession,
+  kGetSession,
+  kListSessions,
 };
-inline constexpr int kNumRpcs = 7;
+inline constexpr int kNumRpcs = 14;
 std::string_view RpcName(Rpc rpc);
 
 // Canonical name of a gRPC / absl status code ("OK", "INVALID_ARGUMENT"); codes outside 0..16
@@ -226,6 +245,20 @@ class Metrics {
   class ScrapeHook;
   [[nodiscard]] std::unique_ptr<ScrapeHook> OnScrape(std::function<void()> callback);
 
+  // --- Decode sessions ---
+  struct SessionPool {
+    int64_t pages_used = 0, pages_total = 0, bytes_used = 0, bytes_total = 0, tokens = 0;
+    int64_t pages_shared = 0, sessions = 0;
+  };
+  // The pool's gauges (from an OnScrape callback).
+  void SetSessionPool(const SessionPool& pool);
+  // A session was lost: reason "evicted" or "expired".
+  void RecordSessionLost(std::string_view reason);
+  // Tokens appended to sessions by a committed extend: phase "prefill" or "decode".
+  void RecordSessionTokens(std::string_view phase, int64_t tokens);
+  // The compute time of the batch an extend ran in, by phase.
+  void ObserveSessionExtend(std::string_view phase, absl::Duration elapsed);
+
   // --- Reading (tests, debugging) ---
   // What a scrape returns, after the same refresh a scrape does.
   std::vector<prometheus::MetricFamily> Collect() const;
@@ -260,6 +293,16 @@ class Metrics {
   prometheus::Gauge* host_resident_;
   prometheus::Gauge* host_limit_;
   prometheus::Gauge* module_bytes_;
+  prometheus::Gauge* session_pages_used_;
+  prometheus::Gauge* session_pages_total_;
+  prometheus::Gauge* session_bytes_used_;
+  prometheus::Gauge* session_bytes_total_;
+  prometheus::Gauge* session_tokens_;
+  prometheus::Gauge* session_pages_shared_;
+  prometheus::Gauge* sessions_active_;
+  std::array<prometheus::Counter*, 2> sessions_lost_;            // evicted, expired
+  std::array<prometheus::Counter*, 2> session_tokens_appended_;  // prefill, decode
+  std::array<prometheus::Histogram*, 2> session_extend_duration_;
 
   // std::mutex rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer,
   // which then cannot see absl::Mutex and reports false races; it does see pthread mutexes.

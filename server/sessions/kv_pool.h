@@ -1,0 +1,133 @@
+// The paged KV pool of decode sessions: K and V pages in host memory, in the layout
+// kernels/paged_attention_params.h defines (HND within a page), refcounted so that forks share
+// pages copy-on-write.
+//
+// The pool is a budget of `pool_bytes` shared by every head layout. Pages of one layout (kv
+// heads, head dims, cache dtype) live in an arena of their own: two address ranges (K and V)
+// reserved with mmap at the arena's first use, each big enough for the whole budget, so page
+// indices are stable and one PagedAttentionParams can address every page of the layout from
+// two base pointers. Memory is touched only as pages are used; a freed page is handed back to
+// the system (madvise) when its size is a multiple of the system page, so resident memory
+// follows the accounting.
+//
+// Accounting is exact: bytes_used() is the sum over arenas of pages held times the layout's
+// page bytes (K and V), and an allocation that would take it over pool_bytes fails.
+//
+// Thread-compatible: the SessionManager's lock guards every call. Page contents are written
+// and read outside that lock by whoever holds the page (see session_manager.h).
+#ifndef ATTNSERVE_SERVER_SESSIONS_KV_POOL_H_
+#define ATTNSERVE_SERVER_SESSIONS_KV_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "kernels/dtype.h"
+
+namespace attnserve::server::sessions {
+
+// What a page holds: page_tokens tokens of num_kv_heads heads, K of head_dim and V of
+// v_head_dim elements, in `dtype`.
+struct PageLayout {
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int v_head_dim = 0;
+  kernels::DType dtype = kernels::DType::kFloat32;
+
+  int64_t k_page_bytes(int page_tokens) const {
+    return int64_t{num_kv_heads} * page_tokens * head_dim *
+           static_cast<int64_t>(kernels::DTypeSize(dtype));
+  }
+  int64_t v_page_bytes(int page_tokens) const {
+    return int64_t{num_kv_heads} * page_tokens * v_head_dim *
+           static_cast<int64_t>(kernels::DTypeSize(dtype));
+  }
+  bool operator==(const PageLayout& o) const {
+    return num_kv_heads == o.num_kv_heads && head_dim == o.head_dim && v_head_dim == o.v_head_dim &&
+           dtype == o.dtype;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const PageLayout& l) {
+    return H::combine(std::move(h), l.num_kv_heads, l.head_dim, l.v_head_dim, l.dtype);
+  }
+};
+
+// The pages of one layout.
+class Arena {
+ public:
+  ~Arena();
+  const PageLayout& layout() const { return layout_; }
+  int64_t page_bytes() const { return k_page_bytes_ + v_page_bytes_; }
+  // Base pointers of the K and V pages (PagedAttentionParams::k_pages, v_pages).
+  void* k_base() const { return k_base_; }
+  void* v_base() const { return v_base_; }
+  uint8_t* k_page(int32_t page) const { return k_base_ + page * k_page_bytes_; }
+  uint8_t* v_page(int32_t page) const { return v_base_ + page * v_page_bytes_; }
+  int64_t k_page_bytes() const { return k_page_bytes_; }
+  int64_t v_page_bytes() const { return v_page_bytes_; }
+  // References to `page` (sessions holding it).
+  int refs(int32_t page) const { return refs_[page]; }
+  int64_t pages_used() const { return pages_used_; }
+
+ private:
+  friend class KvPool;
+  Arena() = default;
+
+  PageLayout layout_;
+  int64_t k_page_bytes_ = 0, v_page_bytes_ = 0;
+  int32_t capacity_ = 0;  // pages the reserved ranges hold
+  uint8_t* k_base_ = nullptr;
+  uint8_t* v_base_ = nullptr;
+  int32_t next_unused_ = 0;    // pages below it have been handed out at least once
+  std::vector<int32_t> free_;  // freed pages, reused first
+  std::vector<int32_t> refs_;  // per page below next_unused_
+  int64_t pages_used_ = 0;     // pages with refs > 0
+  int64_t users_ = 0;          // sessions of this layout (Acquire - Release)
+};
+
+class KvPool {
+ public:
+  // INVALID_ARGUMENT naming the value when pool_bytes < 1, page_tokens outside 1..4096 or
+  // max_layouts < 1.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(int64_t pool_bytes, int page_tokens,
+                                                        int max_layouts);
+
+  int page_tokens() const { return page_tokens_; }
+  int64_t bytes_total() const { return pool_bytes_; }
+  int64_t bytes_used() const { return bytes_used_; }
+  // Pages held, over every layout.
+  int64_t pages_used() const;
+  // Pages the pool holds at most: pool_bytes over the page bytes of the largest layout in use
+  // (of a float32 page of 8 heads of 128 when none is).
+  int64_t pages_total() const;
+
+  // The arena of `layout`, made on first use, counted as used by one more session.
+  // RESOURCE_EXHAUSTED when max_layouts other layouts are in use, or a page of this layout is
+  // larger than the pool; INTERNAL when the address range cannot be reserved.
+  absl::StatusOr<Arena*> Acquire(const PageLayout& layout);
+  // One session fewer uses `arena`; an arena without sessions and pages is unmapped.
+  void Release(Arena* arena);
+
+  // Appends `n` fresh pages (one reference each) to `pages`; false (and nothing allocated) when
+  // the budget lacks room for them.
+  bool Allocate(Arena* arena, int64_t n, std::vector<int32_t>* pages);
+  void Ref(Arena* arena, int32_t page);
+  // Drops a reference; the page is free when none is left.
+  void Unref(Arena* arena, int32_t page);
+
+ private:
+  KvPool(int64_t pool_bytes, int page_tokens, int max_layouts)
+      : pool_bytes_(pool_bytes), page_tokens_(page_tokens), max_layouts_(max_layouts) {}
+
+  const int64_t pool_bytes_;
+  const int page_tokens_;
+  const int max_layouts_;
+  int64_t bytes_used_ = 0;
+  absl::flat_hash_map<PageLayout, std::unique_ptr<Arena>> arenas_;
+};
+
+}  // namespace attnserve::server::sessions
+
+#endif  // ATTNSERVE_SERVER_SESSIONS_KV_POOL_H_

@@ -1,0 +1,259 @@
+// Decode sessions: the server-held state behind CreateSession, ExtendSession(s), ForkSession,
+// CloseSession, GetSession and ListSessions (proto/attnserve/v1/attention.proto documents the
+// codes; this header the mechanics).
+//
+// A session is a paged KV cache (kv_pool.h) plus what it computes: a module (the server
+// projects the new tokens with W_q, W_k, W_v and applies W_o) or a raw head layout. Extends go
+// through the server's dispatcher like every compute request:
+//
+//   BeginExtend (gRPC thread)    the session is marked busy (a second extend: ABORTED),
+//                                expected_length checked; returns a Lease
+//   Compute (batch thread)       for a batch of leases: reserve pages (evicting LRU idle
+//                                sessions, or refusing, as the options say), project (module
+//                                sessions), write the new K and V in the cache dtype (copying
+//                                a shared last page first), one Backend::PagedAttention call
+//                                per head layout for every sequence of the batch, W_o
+//   Lease::End(keep)             commits (the tokens become part of the session) or rolls back
+//                                (the pages reserved are freed, the session is as before)
+//
+// A lease that is destroyed without End rolls back, so a job refused or dropped anywhere leaves
+// its session as it was.
+//
+// Session ids are "<owner>/<instance>/<number>": owner the replica's address, instance a random
+// tag of this process (an id of another instance is "lost (restarted)"), number a counter.
+// Lost sessions (evicted, expired) are remembered, a bounded number, so that their ids answer
+// FAILED_PRECONDITION "session lost (...)" and not NOT_FOUND.
+//
+// Thread-safe: one mutex guards the sessions and the pool; page contents are written outside
+// it by the one extend that holds the session (pages it writes are its own: fresh, or its last
+// page when no other session shares it; forks of a busy session are refused).
+#ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_H_
+#define ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_H_
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "kernels/multi_head.h"
+#include "server/batching/clock.h"
+#include "server/batching/sync.h"
+#include "server/sessions/kv_pool.h"
+
+namespace attnserve::metrics {
+class Metrics;
+}
+
+namespace attnserve::server::sessions {
+
+enum class WhenFull { kEvictLru, kRefuse };
+
+// The sessions' settings (flags of the attnserve binary with the same names, prefixed
+// "session_"; GetServerInfo.sessions reports them).
+struct SessionOptions {
+  // ---- Affect behaviour ----
+  // Bytes of the KV pool (K and V of every session). Default: 1 GiB. REQUIRES: > 0.
+  int64_t pool_bytes = int64_t{1} << 30;
+  // Tokens per page. Default: 16. REQUIRES: 1..4096.
+  int page_tokens = 16;
+  // When an extend needs pages the pool does not have. Default: evict LRU idle sessions.
+  WhenFull when_full = WhenFull::kEvictLru;
+  // A session unused this long is lost (expired); the longest a session may ask for.
+  // Default: 10 minutes. REQUIRES: > 0.
+  absl::Duration idle_ttl = absl::Minutes(10);
+  // Pinned sessions hold at most this fraction of pool_bytes. Default: 0.5. REQUIRES: 0..1.
+  double max_pinned_fraction = 0.5;
+  // Most sessions held at once (Limits.max_sessions). Default: 65536. REQUIRES: > 0.
+  int64_t max_sessions = 65536;
+  // Longest session in tokens (Limits.max_sequence_length). Default: 65536. REQUIRES: > 0.
+  int64_t max_session_tokens = 65536;
+  // Lost ids remembered (beyond it the oldest answer NOT_FOUND). Default: 65536.
+  int64_t remembered_lost = 65536;
+  // Distinct head layouts (kv heads, head dims, dtype) the pool serves at once. Default: 16.
+  int max_layouts = 16;
+  // The replica's address in session ids; set by the server host (host:port) when empty.
+  std::string owner;
+
+  // ---- Injected ----
+  // The clock of idle times. Not owned. Default: nullptr, the wall clock.
+  batching::Clock* clock = nullptr;
+};
+
+// What a session computes.
+struct SessionSpec {
+  // Module sessions: the module's name and weights (shared with the registry's entry).
+  std::string module_name;
+  std::shared_ptr<const kernels::MultiHeadWeights> module;
+  // Raw sessions (ignored for modules, which use num_heads heads of d_model / num_heads).
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
+  kernels::DType cache_dtype = kernels::DType::kFloat32;
+  std::optional<float> scale;
+  bool pinned = false;
+  absl::Duration idle_ttl = absl::ZeroDuration();  // zero: the default
+};
+
+// A session's state (SessionInfo).
+struct SessionState {
+  std::string id;
+  std::string module_name;  // empty for raw sessions
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
+  kernels::DType cache_dtype = kernels::DType::kFloat32;
+  int64_t length = 0, pages = 0, shared_pages = 0, bytes = 0;
+  bool pinned = false;
+  absl::Duration idle_ttl, idle;
+  std::string parent_id;
+  float scale = 1.0f;
+};
+
+// The pool's usage (SessionPoolUsage and the metrics).
+struct PoolUsage {
+  int64_t pages_total = 0, pages_used = 0, bytes_total = 0, bytes_used = 0, tokens = 0;
+  int64_t sessions = 0, pinned_sessions = 0, pinned_pages = 0, shared_pages = 0;
+};
+
+struct Session;
+class SessionManager;
+
+// The right to extend one session, from BeginExtend until End. Move-only.
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&& other) noexcept { *this = std::move(other); }
+  Lease& operator=(Lease&& other) noexcept;
+  ~Lease() { End(false); }
+
+  // Commits the computed tokens (`keep` and the computation succeeded) or rolls back, and frees
+  // the session for its next extend. Idempotent.
+  void End(bool keep);
+  bool active() const { return manager_ != nullptr; }
+
+ private:
+  friend class SessionManager;
+  SessionManager* manager_ = nullptr;
+  std::shared_ptr<Session> session_;
+  // What Compute reserved: the session's page table after the extend, the pages allocated for
+  // it (freed on rollback) and the shared last page a copy replaced.
+  int64_t new_tokens_ = 0;
+  bool reserved_ = false, computed_ = false;
+  std::vector<int32_t> new_table_;
+  std::vector<int32_t> fresh_;
+  std::optional<int32_t> replaced_;
+};
+
+// One extend: inputs (views of the request's bytes, in the wire dtype) and results.
+struct ExtendItem {
+  Lease lease;
+  int64_t new_tokens = 0;  // L
+  kernels::DType wire_dtype = kernels::DType::kFloat32;
+  const void* input = nullptr;  // module: [L, d_model]
+  const void* q = nullptr;      // raw: [L, Hq, D]
+  const void* k = nullptr;      // raw: [L, Hkv, D]
+  const void* v = nullptr;      // raw: [L, Hkv, Dv]
+  bool return_lse = false;
+
+  // Results of Compute.
+  absl::Status status;
+  std::vector<float> out;  // module: [L, d_model]; raw: [L, Hq, Dv]
+  std::vector<float> lse;  // [L, Hq] when return_lse
+  int64_t length_after = 0;
+  // The session's layout, as BeginExtend found it (for validating the request's tensors).
+  std::string module_name;
+  std::shared_ptr<const kernels::MultiHeadWeights> module;
+  int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
+};
+
+class SessionManager {
+ public:
+  // Validates the options (INVALID_ARGUMENT naming the flag and the value). `metrics` may be
+  // null; it outlives the manager.
+  static absl::StatusOr<std::unique_ptr<SessionManager>> Create(const SessionOptions& options,
+                                                                metrics::Metrics* metrics);
+  ~SessionManager();
+
+  const SessionOptions& options() const { return options_; }
+  std::string owner() const;
+  // Sets the owner named in new ids (the server host, once its port is known).
+  void SetOwner(std::string owner);
+
+  absl::StatusOr<SessionState> Create(const SessionSpec& spec);
+  absl::StatusOr<SessionState> Fork(const std::string& id, bool pinned, absl::Duration idle_ttl);
+  absl::Status Close(const std::string& id);
+  absl::StatusOr<SessionState> Get(const std::string& id);
+  // Sessions with ids after `after` (empty: from the first), at most `limit`; `more` says
+  // whether others follow.
+  std::vector<SessionState> List(const std::string& after, int limit, bool* more);
+  PoolUsage Usage();
+
+  // Marks session `id` busy for an extend of `new_tokens` tokens. Errors: INVALID_ARGUMENT (a
+  // malformed id), NOT_FOUND, FAILED_PRECONDITION (lost), ABORTED (another extend in flight,
+  // or the length is not expected_length), RESOURCE_EXHAUSTED (longer than
+  // max_session_tokens).
+  // Fills item->lease and the layout fields of *item.
+  absl::Status BeginExtend(const std::string& id, std::optional<int64_t> expected_length,
+                           int64_t new_tokens, ExtendItem* item);
+  // Computes a batch of extends (each with an active lease and status OK): per-item errors in
+  // item.status (RESOURCE_EXHAUSTED when the pool is full), a backend failure for every item it
+  // touched. Does not End the leases.
+  void Compute(absl::Span<ExtendItem* const> items, kernels::Backend* backend);
+
+  // "session lost (<reason>): ..." status helpers (the proto's contract).
+  static absl::Status Lost(absl::string_view reason, absl::string_view id);
+  // The reason of a status made by Lost, or empty.
+  static std::string LostReason(const absl::Status& status);
+
+ private:
+  friend class Lease;
+  SessionManager(const SessionOptions& options, std::unique_ptr<KvPool> pool,
+                 metrics::Metrics* metrics);
+  absl::Time Now() { return clock_->Now(); }
+
+  // The session `id` names, or the status to answer (refreshing its last use when `touch`).
+  absl::StatusOr<std::shared_ptr<Session>> FindLocked(const std::string& id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loses sessions idle past their TTL.
+  void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes a session (closed or lost), freeing its pages.
+  void RemoveLocked(const std::shared_ptr<Session>& s, absl::string_view lost_reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FreePagesLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SessionState StateLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<SessionState> AddLocked(std::shared_ptr<Session> s)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Reserves the pages of one extend (item.new_table, fresh, replaced).
+  absl::Status ReserveLocked(ExtendItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndLease(Lease& lease, bool keep);
+
+  const SessionOptions options_;
+  metrics::Metrics* const metrics_;
+  std::unique_ptr<batching::Clock> owned_clock_;
+  batching::Clock* clock_;
+  const std::string instance_;
+
+  mutable batching::Mutex mu_;
+  std::string owner_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Least recently used first.
+  std::list<Session*> lru_ ABSL_GUARDED_BY(mu_);
+  int64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pinned_sessions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Lost ids and why, oldest first in lost_order_.
+  absl::flat_hash_map<std::string, std::string> lost_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace attnserve::server::sessions
+
+#endif  // ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_H_
