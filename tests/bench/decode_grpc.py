@@ -3,7 +3,7 @@
 
 Both ways compute the same thing: C callers, each generating T tokens one at a time after a
 context of P tokens (raw heads Hq/Hkv/D, --dtype).
-  session:   CreateSession, one ExtendSession prefill of P tokens, then T ExtendSession steps
+  session:   CreateSession, a prefill of P tokens (extends of --prefill_chunk), then T steps
              of one token (q [1, Hq, D], k and v [1, Hkv, D]);
   stateless: T Attend calls, step t sending q [1, Hq, 1, D] and the whole K/V so far
              [1, Hkv, P + t + 1, D] (causal), as a caller without server-held state must.
@@ -49,6 +49,17 @@ def start_server(binary, flags):
     raise TimeoutError("server did not start")
 
 
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def percentile(values, p):
     v = sorted(values)
     return v[min(len(v) - 1, max(0, int(np.ceil(p / 100 * len(v))) - 1))]
@@ -73,7 +84,9 @@ def run_sessions(client, data, a):
     for q, k, v in data:  # create and prefill before the clock starts
         s = client.create_session(layout=attnserve.layout(a.heads, a.head_dim, a.kv_heads),
                                   cache_dtype=a.dtype)
-        s.extend(q[:a.context], k[:a.context], v[:a.context], dtype=a.dtype)
+        for c in range(0, a.context, a.prefill_chunk):
+            e = min(a.context, c + a.prefill_chunk)
+            s.extend(q[c:e], k[c:e], v[c:e], dtype=a.dtype)
         sessions.append(s)
     barrier = threading.Barrier(len(data) + 1)
 
@@ -151,6 +164,8 @@ def main():
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--callers", type=int, default=4)
+    ap.add_argument("--prefill_chunk", type=int, default=256,
+                    help="the session prefill is sent in extends of this many tokens")
     ap.add_argument("--heads", type=int, default=32)
     ap.add_argument("--kv_heads", type=int, default=8)
     ap.add_argument("--head_dim", type=int, default=128)
@@ -180,12 +195,13 @@ def main():
     session, stateless = summary("session", s_wall, s_lat, a), summary("stateless", a_wall,
                                                                        a_lat, a)
     result = {
-        "config": {k: getattr(a, k) for k in ("context", "steps", "callers", "heads",
+        "config": {k: getattr(a, k) for k in ("context", "steps", "callers", "prefill_chunk",
+                                              "heads",
                                               "kv_heads", "head_dim", "dtype")},
         "server": {"version": info.version, "backend": backend,
                    "page_tokens": info.sessions.page_tokens},
-        "machine": {"cpu": platform.processor() or platform.machine(),
-                    "cores": os.cpu_count()},
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+                    "load_average_1m": os.getloadavg()[0]},
         "session": session, "stateless": stateless,
         "speedup": round(session["tokens_per_s"] / stateless["tokens_per_s"], 2),
         "max_abs_output_difference": diff,
