@@ -1,0 +1,675 @@
+// Decode sessions end to end through a real server and client (server/sessions/, the session
+// rpcs): outputs equal one causal Attend / MultiHeadAttention over the whole sequence after any
+// sequence of prefills and steps; forks; every documented code (lost: evicted, expired,
+// restarted; pool full; bad ids; ABORTED); no page leaks; batch invariance, bitwise. A gated
+// backend and a fake clock make every ordering deterministic; no test depends on a timing window.
+#include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "kernels/reference.h"
+#include "server/batching/fake_clock.h"
+#include "server/server_host.h"
+#include "server/sessions/session_manager.h"
+#include "tests/testing/exposition.h"
+#include "tests/testing/seed_vectors.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(gen);
+  return v;
+}
+
+v1::Tensor F32(const std::vector<float>& values, std::vector<int64_t> shape) {
+  v1::Tensor t;
+  t.set_dtype(v1::DTYPE_FLOAT32);
+  for (int64_t d : shape) t.add_shape(d);
+  t.set_data(values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+std::vector<float> Floats(const v1::Tensor& t) {
+  std::vector<float> v(t.data().size() / sizeof(float));
+  std::memcpy(v.data(), t.data().data(), t.data().size());
+  return v;
+}
+
+// Rows [from, to) of a token-major [T, ...] array of `row` elements per token.
+std::vector<float> Rows(const std::vector<float>& a, int64_t row, int64_t from, int64_t to) {
+  return std::vector<float>(a.begin() + from * row, a.begin() + to * row);
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    m = std::max(m, std::abs(static_cast<double>(a[i]) - b[i]));
+  }
+  return m;
+}
+
+// A raw sequence: T tokens of q [T, Hq, D], k [T, Hkv, D], v [T, Hkv, Dv].
+struct Sequence {
+  int hq, hkv, d, dv;
+  int64_t t;
+  std::vector<float> q, k, v;
+  Sequence(int hq_, int hkv_, int d_, int dv_, int64_t t_, uint32_t seed)
+      : hq(hq_), hkv(hkv_), d(d_), dv(dv_), t(t_) {
+    q = Random(t * hq * d, seed);
+    k = Random(t * hkv * d, seed + 1);
+    v = Random(t * hkv * dv, seed + 2);
+  }
+  v1::ExtendSessionRequest Extend(const std::string& id, int64_t from, int64_t to) const {
+    v1::ExtendSessionRequest r;
+    r.set_session_id(id);
+    *r.mutable_query() = F32(Rows(q, hq * d, from, to), {to - from, hq, d});
+    *r.mutable_key() = F32(Rows(k, hkv * d, from, to), {to - from, hkv, d});
+    *r.mutable_value() = F32(Rows(v, hkv * dv, from, to), {to - from, hkv, dv});
+    return r;
+  }
+};
+
+// [T, H, X] -> [1, H, T, X]
+std::vector<float> HeadMajor(const std::vector<float>& a, int64_t t, int h, int x) {
+  std::vector<float> out(a.size());
+  for (int64_t i = 0; i < t; ++i) {
+    for (int j = 0; j < h; ++j) {
+      for (int c = 0; c < x; ++c) out[(j * t + i) * x + c] = a[(i * h + j) * x + c];
+    }
+  }
+  return out;
+}
+
+// A backend whose PagedAttention waits at a gate the test opens (Attend and MultiHead pass).
+class GatedPagedBackend final : public kernels::Backend {
+ public:
+  std::string name() const override { return inner_.name(); }
+  std::vector<kernels::DeviceInfo> devices() const override { return inner_.devices(); }
+  absl::Status Attend(absl::Span<const kernels::AttentionParams> b) override {
+    return inner_.Attend(b);
+  }
+  absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> b) override {
+    return inner_.MultiHead(b);
+  }
+  absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++calls_;
+    seqs_.push_back(p.num_seqs);
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return open_; });
+    lock.unlock();
+    return inner_.PagedAttention(p);
+  }
+  void Close() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = false;
+  }
+  void Open() {
+    std::lock_guard<std::mutex> lock(mu_);
+    open_ = true;
+    cv_.notify_all();
+  }
+  void AwaitCalls(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return calls_ >= n; });
+  }
+  std::vector<int> seqs() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seqs_;
+  }
+
+ private:
+  kernels::ReferenceBackend inner_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool open_ = true;
+  int calls_ = 0;
+  std::vector<int> seqs_;
+};
+
+class SessionTest : public ::testing::Test {
+ public:
+  void Start(server::ServerOptions options = {}) {
+    options.listen_address = "127.0.0.1:0";
+    auto backend = std::make_unique<GatedPagedBackend>();
+    gate_ = backend.get();
+    metrics_ = metrics::Metrics::Create({}).value();
+    auto host = server::ServerHost::Start(options, std::move(backend), metrics_.get());
+    ASSERT_TRUE(host.ok()) << host.status();
+    host_ = *std::move(host);
+    stub_ = v1::AttentionService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(host_->port()), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (gate_ != nullptr) gate_->Open();
+    host_.reset();
+  }
+
+  std::string CreateRaw(int hq, int hkv, int d, int dv, bool pinned = false) {
+    v1::CreateSessionRequest r;
+    r.mutable_layout()->set_num_heads(hq);
+    r.mutable_layout()->set_num_kv_heads(hkv);
+    r.mutable_layout()->set_head_dim(d);
+    r.mutable_layout()->set_v_head_dim(dv);
+    r.set_cache_dtype(v1::DTYPE_FLOAT32);
+    r.set_pinned(pinned);
+    v1::CreateSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s = stub_->CreateSession(&context, r, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.session().session_id();
+  }
+  grpc::Status Extend(const v1::ExtendSessionRequest& r, v1::ExtendSessionResponse* response,
+                      std::string* lost = nullptr) {
+    grpc::ClientContext context;
+    const grpc::Status s = stub_->ExtendSession(&context, r, response);
+    if (lost != nullptr) {
+      auto it = context.GetServerTrailingMetadata().find("attnserve-session-lost");
+      *lost = it == context.GetServerTrailingMetadata().end()
+                  ? ""
+                  : std::string(it->second.data(), it->second.size());
+    }
+    return s;
+  }
+  grpc::Status Get(const std::string& id, v1::SessionInfo* info = nullptr) {
+    v1::GetSessionRequest r;
+    r.set_session_id(id);
+    v1::GetSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s = stub_->GetSession(&context, r, &response);
+    if (info != nullptr) *info = response.session();
+    return s;
+  }
+  grpc::Status Close(const std::string& id) {
+    v1::CloseSessionRequest r;
+    r.set_session_id(id);
+    v1::CloseSessionResponse response;
+    grpc::ClientContext context;
+    return stub_->CloseSession(&context, r, &response);
+  }
+  std::string Fork(const std::string& id) {
+    v1::ForkSessionRequest r;
+    r.set_session_id(id);
+    v1::ForkSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s = stub_->ForkSession(&context, r, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.session().session_id();
+  }
+  v1::SessionPoolUsage Usage() {
+    v1::ListSessionsResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->ListSessions(&context, {}, &response).ok());
+    return response.usage();
+  }
+  // The causal Attend of tokens [0, t) of `s`, token-major [t, Hq, Dv].
+  std::vector<float> CausalAttend(const Sequence& s, int64_t t) {
+    v1::AttendRequest r;
+    *r.mutable_query() =
+        F32(HeadMajor(Rows(s.q, s.hq * s.d, 0, t), t, s.hq, s.d), {1, s.hq, t, s.d});
+    *r.mutable_key() =
+        F32(HeadMajor(Rows(s.k, s.hkv * s.d, 0, t), t, s.hkv, s.d), {1, s.hkv, t, s.d});
+    *r.mutable_value() =
+        F32(HeadMajor(Rows(s.v, s.hkv * s.dv, 0, t), t, s.hkv, s.dv), {1, s.hkv, t, s.dv});
+    r.mutable_options()->set_causal(true);
+    v1::AttendResponse response;
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->Attend(&context, r, &response).ok());
+    // [1, Hq, t, Dv] -> [t, Hq, Dv]
+    const std::vector<float> o = Floats(response.output());
+    std::vector<float> out(o.size());
+    for (int64_t i = 0; i < t; ++i) {
+      for (int h = 0; h < s.hq; ++h) {
+        for (int c = 0; c < s.dv; ++c) out[(i * s.hq + h) * s.dv + c] = o[(h * t + i) * s.dv + c];
+      }
+    }
+    return out;
+  }
+  // Extends session `id` with tokens [from, to) of `s` and returns the output.
+  std::vector<float> Step(const std::string& id, const Sequence& s, int64_t from, int64_t to) {
+    v1::ExtendSessionResponse response;
+    const grpc::Status st = Extend(s.Extend(id, from, to), &response);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    EXPECT_EQ(response.length(), to);
+    return Floats(response.output());
+  }
+  double Metric(const std::string& family, const std::vector<std::string>& labels) {
+    return testing::MetricSample(metrics_->ExpositionText(), family, labels);
+  }
+
+  GatedPagedBackend* gate_ = nullptr;
+  std::unique_ptr<metrics::Metrics> metrics_;
+  std::unique_ptr<server::ServerHost> host_;
+  std::unique_ptr<v1::AttentionService::Stub> stub_;
+};
+
+server::ServerOptions SmallPages() {
+  server::ServerOptions options;
+  options.sessions.page_tokens = 4;
+  return options;
+}
+
+TEST_F(SessionTest, RawSessionAfterPrefillsAndStepsEqualsOneCausalAttend) {
+  Start(SmallPages());
+  const Sequence s(4, 2, 8, 6, 23, 7);
+  const std::string id = CreateRaw(4, 2, 8, 6);
+  std::vector<float> got;
+  // Prefills and steps across page boundaries (4 tokens a page).
+  const std::vector<int64_t> cuts = {0, 7, 8, 9, 10, 15, 16, 17, 21, 22, 23};
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    const std::vector<float> out = Step(id, s, cuts[i], cuts[i + 1]);
+    got.insert(got.end(), out.begin(), out.end());
+  }
+  EXPECT_LE(MaxAbsDiff(got, CausalAttend(s, s.t)), 1e-6);
+  v1::SessionInfo info;
+  ASSERT_TRUE(Get(id, &info).ok());
+  EXPECT_EQ(info.length(), 23);
+  EXPECT_EQ(info.pages(), 6);
+  EXPECT_EQ(info.layout().v_head_dim(), 6);
+}
+
+TEST_F(SessionTest, LogSumExpIsThatOfEachNewQuerysScores) {
+  Start(SmallPages());
+  const Sequence s(2, 1, 4, 4, 6, 11);
+  const std::string id = CreateRaw(2, 1, 4, 4);
+  Step(id, s, 0, 3);
+  v1::ExtendSessionRequest r = s.Extend(id, 3, 6);
+  r.set_return_lse(true);
+  v1::ExtendSessionResponse response;
+  ASSERT_TRUE(Extend(r, &response).ok());
+  ASSERT_THAT(response.lse().shape(), ::testing::ElementsAre(3, 2));
+  const std::vector<float> lse = Floats(response.lse());
+  for (int64_t t = 3; t < 6; ++t) {
+    for (int h = 0; h < 2; ++h) {
+      double sum = 0;
+      for (int64_t j = 0; j <= t; ++j) {
+        double dot = 0;
+        for (int c = 0; c < 4; ++c) dot += double(s.q[(t * 2 + h) * 4 + c]) * s.k[j * 4 + c];
+        sum += std::exp(dot / 2.0);  // scale 1/sqrt(4)
+      }
+      EXPECT_NEAR(lse[(t - 3) * 2 + h], std::log(sum), 1e-5);
+    }
+  }
+}
+
+TEST_F(SessionTest, ModuleSessionsEqualMultiHeadAttentionAndTheSeedVectors) {
+  Start(SmallPages());
+  for (const std::string name : {"causal", "seed_demo"}) {
+    SCOPED_TRACE(name);
+    auto c = testing::LoadSeedCase(name);
+    ASSERT_TRUE(c.ok()) << c.status();
+    v1::LoadModuleRequest load;
+    load.set_name("seed_" + name);
+    load.set_safetensors(c->bytes);
+    v1::LoadModuleResponse loaded;
+    {
+      grpc::ClientContext context;
+      ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
+    }
+    const int64_t d = c->weights.d_model, t = c->q_len;
+    const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);  // batch item 0
+    v1::CreateSessionRequest create;
+    create.set_module("seed_" + name);
+    create.set_cache_dtype(v1::DTYPE_FLOAT32);
+    v1::CreateSessionResponse created;
+    {
+      grpc::ClientContext context;
+      ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
+    }
+    std::vector<float> got;
+    for (int64_t from = 0; from < t;) {
+      const int64_t to = from == 0 ? t / 2 : from + 1;
+      v1::ExtendSessionRequest r;
+      r.set_session_id(created.session().session_id());
+      *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
+      v1::ExtendSessionResponse response;
+      ASSERT_TRUE(Extend(r, &response).ok());
+      const std::vector<float> out = Floats(response.output());
+      got.insert(got.end(), out.begin(), out.end());
+      from = to;
+    }
+    v1::MultiHeadAttentionRequest mha;
+    mha.set_module("seed_" + name);
+    *mha.mutable_query() = F32(input, {1, t, d});
+    mha.mutable_options()->set_causal(true);
+    v1::MultiHeadAttentionResponse expected;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->MultiHeadAttention(&context, mha, &expected).ok());
+    EXPECT_LE(MaxAbsDiff(got, Floats(expected.output())), 1e-4);
+    if (name == "causal") {  // its mask is the causal one: PyTorch's numbers
+      const std::vector<float> torch(c->expected_output.begin(),
+                                     c->expected_output.begin() + t * d);
+      EXPECT_LE(MaxAbsDiff(got, torch), 1e-4);
+    }
+  }
+}
+
+TEST_F(SessionTest, ForksDivergeWithoutTouchingTheParent) {
+  Start(SmallPages());
+  const Sequence a(2, 2, 4, 4, 12, 21);  // parent: tokens 0..5 then a's 6..11
+  Sequence b(2, 2, 4, 4, 12, 99);        // child: the same first 6 tokens, then b's own
+  std::copy(a.q.begin(), a.q.begin() + 6 * 8, b.q.begin());
+  std::copy(a.k.begin(), a.k.begin() + 6 * 8, b.k.begin());
+  std::copy(a.v.begin(), a.v.begin() + 6 * 8, b.v.begin());
+  const std::string parent = CreateRaw(2, 2, 4, 4);
+  const std::vector<float> prefix = Step(parent, a, 0, 6);  // the last page is half full
+  const std::string child = Fork(parent);
+  v1::SessionInfo info;
+  ASSERT_TRUE(Get(child, &info).ok());
+  EXPECT_EQ(info.length(), 6);
+  EXPECT_EQ(info.shared_pages(), 2);
+  EXPECT_EQ(info.parent_id(), parent);
+  EXPECT_EQ(Usage().pages_used(), 2);
+
+  std::vector<float> got_b = prefix, got_a = prefix;
+  for (int64_t i = 6; i < 12; ++i) {
+    const std::vector<float> ob = Step(child, b, i, i + 1);
+    const std::vector<float> oa = Step(parent, a, i, i + 1);
+    got_b.insert(got_b.end(), ob.begin(), ob.end());
+    got_a.insert(got_a.end(), oa.begin(), oa.end());
+  }
+  EXPECT_LE(MaxAbsDiff(got_a, CausalAttend(a, 12)), 1e-6);
+  EXPECT_LE(MaxAbsDiff(got_b, CausalAttend(b, 12)), 1e-6);
+  // The first page stays shared; each wrote its own copy of the second and a third of its own.
+  EXPECT_EQ(Usage().pages_used(), 5);
+  ASSERT_TRUE(Close(parent).ok());
+  EXPECT_EQ(Usage().pages_used(), 3);
+  ASSERT_TRUE(Close(child).ok());
+  EXPECT_EQ(Usage().pages_used(), 0);
+}
+
+// 4 pages of 4 tokens of 1 kv head of D = Dv = 4 float32: 128 bytes a page.
+server::ServerOptions FourPagePool(server::sessions::WhenFull when_full) {
+  server::ServerOptions options = SmallPages();
+  options.sessions.pool_bytes = 4 * 128;
+  options.sessions.when_full = when_full;
+  return options;
+}
+
+TEST_F(SessionTest, AFullPoolEvictsTheLeastRecentlyUsedIdleSession) {
+  Start(FourPagePool(server::sessions::WhenFull::kEvictLru));
+  const Sequence s(1, 1, 4, 4, 8, 5);
+  const std::string a = CreateRaw(1, 1, 4, 4), b = CreateRaw(1, 1, 4, 4), c = CreateRaw(1, 1, 4, 4);
+  Step(a, s, 0, 8);
+  Step(b, s, 0, 8);
+  ASSERT_TRUE(Get(a).ok());  // a is now more recently used than b
+  Step(c, s, 0, 4);          // needs a page: b goes
+  v1::ExtendSessionResponse response;
+  std::string lost;
+  const grpc::Status st = Extend(s.Extend(b, 0, 1), &response, &lost);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("session lost (evicted)"));
+  EXPECT_EQ(lost, "evicted");
+  EXPECT_TRUE(Get(a).ok());
+  EXPECT_EQ(Get(b).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Close(b).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"evicted\""}), 1);
+}
+
+TEST_F(SessionTest, AFullPoolInRefuseModeAnswersResourceExhaustedAndAppendsNothing) {
+  Start(FourPagePool(server::sessions::WhenFull::kRefuse));
+  const Sequence s(1, 1, 4, 4, 8, 5);
+  const std::string a = CreateRaw(1, 1, 4, 4), b = CreateRaw(1, 1, 4, 4);
+  Step(a, s, 0, 8);
+  Step(b, s, 0, 8);
+  v1::ExtendSessionResponse response;
+  const grpc::Status st = Extend(s.Extend(a, 0, 1), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("--session_when_full=refuse"));
+  v1::SessionInfo info;
+  ASSERT_TRUE(Get(a, &info).ok());
+  EXPECT_EQ(info.length(), 8);
+  ASSERT_TRUE(Get(b).ok());
+  EXPECT_EQ(Usage().pages_used(), 4);
+}
+
+TEST_F(SessionTest, AnIdleSessionExpiresOnTheInjectedClock) {
+  batching::FakeClock clock;
+  server::ServerOptions options = SmallPages();
+  options.sessions.clock = &clock;
+  options.sessions.idle_ttl = absl::Seconds(10);
+  Start(options);
+  const std::string a = CreateRaw(1, 1, 4, 4), b = CreateRaw(1, 1, 4, 4);
+  clock.Advance(absl::Seconds(6));
+  ASSERT_TRUE(Get(a).ok());  // refreshes a, not b
+  clock.Advance(absl::Seconds(6));
+  EXPECT_TRUE(Get(a).ok());
+  std::string lost;
+  v1::ExtendSessionResponse response;
+  const Sequence s(1, 1, 4, 4, 1, 3);
+  const grpc::Status st = Extend(s.Extend(b, 0, 1), &response, &lost);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("session lost (expired)"));
+  EXPECT_EQ(lost, "expired");
+  EXPECT_EQ(Usage().sessions(), 1);
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"expired\""}), 1);
+}
+
+TEST_F(SessionTest, AnIdOfAnotherInstanceIsLostRestartedAndBadIdsAreRefused) {
+  server::ServerOptions options = SmallPages();
+  options.sessions.owner = "replica-a";
+  Start(options);
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  EXPECT_THAT(id, ::testing::StartsWith("replica-a/"));
+  // A second server process of the same replica (a restart): the first one's ids are lost.
+  auto second = server::ServerHost::Start(options, std::make_unique<kernels::ReferenceBackend>(),
+                                          metrics_.get());
+  ASSERT_TRUE(second.ok());
+  auto stub = v1::AttentionService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string((*second)->port()), grpc::InsecureChannelCredentials()));
+  v1::GetSessionRequest get;
+  get.set_session_id(id);
+  v1::GetSessionResponse response;
+  grpc::ClientContext context;
+  const grpc::Status st = stub->GetSession(&context, get, &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("session lost (restarted)"));
+  (*second)->Shutdown(absl::ZeroDuration());
+
+  EXPECT_EQ(Get("").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Get("no-slashes").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Get(id + "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Get(id + "0").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Get("replica-b/" + id.substr(10)).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Close(id).ok());
+  EXPECT_EQ(Get(id).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Close(id).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(SessionTest, ASecondExtendWhileOneIsInFlightIsAbortedAndExpectedLengthIsChecked) {
+  Start(SmallPages());
+  const Sequence s(1, 1, 4, 4, 4, 13);
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  gate_->Close();
+  std::thread first([&] {
+    v1::ExtendSessionResponse response;
+    EXPECT_TRUE(Extend(s.Extend(id, 0, 2), &response).ok());
+  });
+  gate_->AwaitCalls(1);
+  v1::ExtendSessionResponse response;
+  grpc::Status st = Extend(s.Extend(id, 2, 3), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("one at a time"));
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(id);
+  v1::ForkSessionResponse forked;
+  grpc::ClientContext context;
+  EXPECT_EQ(stub_->ForkSession(&context, fork, &forked).error_code(), grpc::StatusCode::ABORTED);
+  gate_->Open();
+  first.join();
+
+  v1::ExtendSessionRequest r = s.Extend(id, 2, 3);
+  r.set_expected_length(5);
+  st = Extend(r, &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_THAT(st.error_message(), HasSubstr("holds 2 tokens"));
+  r.set_expected_length(2);
+  EXPECT_TRUE(Extend(r, &response).ok());
+  EXPECT_EQ(response.length(), 3);
+}
+
+TEST_F(SessionTest, AStepsBitsDoNotDependOnItsBatchCompanions) {
+  Start(SmallPages());
+  const Sequence s(4, 2, 8, 8, 10, 31);
+  const std::string alone = CreateRaw(4, 2, 8, 8), batched = CreateRaw(4, 2, 8, 8);
+  Step(alone, s, 0, 9);
+  Step(batched, s, 0, 9);
+  const std::vector<float> expected = Step(alone, s, 9, 10);
+
+  v1::ExtendSessionsRequest many;
+  std::vector<std::unique_ptr<Sequence>> others;
+  for (int i = 0; i < 3; ++i) {
+    others.push_back(std::make_unique<Sequence>(4, 2, 8, 8, 5 + 7 * i, 40 + i));
+    const std::string id = CreateRaw(4, 2, 8, 8);
+    Step(id, *others.back(), 0, others.back()->t - 1);
+    *many.add_steps() = others.back()->Extend(id, others.back()->t - 1, others.back()->t);
+  }
+  *many.add_steps() = s.Extend(batched, 9, 10);
+  *many.add_steps() = s.Extend(batched, 9, 10);  // a session twice: that item is refused
+  gate_->Close();
+  const int calls = static_cast<int>(gate_->seqs().size());
+  v1::ExtendSessionsResponse response;
+  std::thread caller([&] {
+    grpc::ClientContext context;
+    EXPECT_TRUE(stub_->ExtendSessions(&context, many, &response).ok());
+  });
+  gate_->AwaitCalls(calls + 1);
+  gate_->Open();
+  caller.join();
+  EXPECT_EQ(gate_->seqs().back(), 4);  // one PagedAttention call for the four sessions
+  ASSERT_EQ(response.results_size(), 5);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(response.results(i).code(), 0) << i;
+  EXPECT_EQ(response.results(4).code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(response.results(4).message(), HasSubstr("steps[4]"));
+  const std::vector<float> got = Floats(response.results(3).response().output());
+  ASSERT_EQ(got.size(), expected.size());
+  EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
+}
+
+TEST_F(SessionTest, StreamItemsExtendSessions) {
+  Start(SmallPages());
+  const Sequence s(2, 1, 4, 4, 3, 17);
+  const std::string id = CreateRaw(2, 1, 4, 4);
+  grpc::ClientContext context;
+  auto stream = stub_->AttentionStream(&context);
+  v1::AttentionStreamRequest request;
+  request.set_request_id(1);
+  *request.mutable_extend_session() = s.Extend(id, 0, 2);
+  ASSERT_TRUE(stream->Write(request));
+  v1::AttentionStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.code(), 0) << response.message();
+  EXPECT_EQ(response.extend_session().length(), 2);
+  request.set_request_id(2);
+  *request.mutable_extend_sessions()->add_steps() = s.Extend(id, 2, 3);
+  ASSERT_TRUE(stream->Write(request));
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_EQ(response.extend_sessions().results_size(), 1);
+  EXPECT_EQ(response.extend_sessions().results(0).response().length(), 3);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+TEST_F(SessionTest, ServerInfoReportsTheSessionSettings) {
+  server::ServerOptions options = SmallPages();
+  options.sessions.pool_bytes = 1 << 20;
+  options.sessions.when_full = server::sessions::WhenFull::kRefuse;
+  options.sessions.max_sessions = 77;
+  Start(options);
+  v1::GetServerInfoResponse info;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->GetServerInfo(&context, {}, &info).ok());
+  EXPECT_EQ(info.sessions().page_tokens(), 4);
+  EXPECT_EQ(info.sessions().pool_bytes(), 1 << 20);
+  EXPECT_EQ(info.sessions().when_full(), v1::WHEN_POOL_FULL_REFUSE);
+  EXPECT_EQ(info.sessions().owner(), "127.0.0.1:" + std::to_string(host_->port()));
+  EXPECT_EQ(info.limits().max_sessions(), 77);
+}
+
+TEST_F(SessionTest, BadRequestsNameTheFieldAndTheValue) {
+  Start(SmallPages());
+  v1::CreateSessionRequest create;
+  create.mutable_layout()->set_num_heads(3);
+  create.mutable_layout()->set_num_kv_heads(2);
+  create.mutable_layout()->set_head_dim(4);
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  v1::CreateSessionResponse created;
+  grpc::ClientContext c1;
+  grpc::Status st = stub_->CreateSession(&c1, create, &created);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("layout.num_heads (3)"));
+  const std::string id = CreateRaw(2, 1, 4, 4);
+  const Sequence wrong(2, 1, 8, 4, 2, 1);  // head_dim 8, the session's is 4
+  v1::ExtendSessionResponse response;
+  st = Extend(wrong.Extend(id, 0, 2), &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(),
+              HasSubstr("query.shape[2] must equal the session's head_dim (4); was 8"));
+  v1::SessionInfo info;
+  ASSERT_TRUE(Get(id, &info).ok());
+  EXPECT_EQ(info.length(), 0);
+  const Sequence right(2, 1, 4, 4, 2, 1);
+  EXPECT_TRUE(Extend(right.Extend(id, 0, 2), &response).ok());  // not left busy
+}
+
+// Thousands of create / extend / fork / extend / close cycles through the manager itself leave
+// the pool empty: every page is accounted for.
+TEST(SessionManagerTest, ThousandsOfCyclesLeakNoPage) {
+  server::sessions::SessionOptions options;
+  options.page_tokens = 4;
+  options.pool_bytes = 1 << 20;
+  auto manager = server::sessions::SessionManager::Create(options, nullptr).value();
+  kernels::ReferenceBackend backend;
+  std::mt19937 gen(5);
+  const auto extend = [&](const std::string& id, int64_t n) {
+    server::sessions::ExtendItem item;
+    const std::vector<float> q = Random(n * 2 * 4, gen()), kv = Random(n * 4, gen());
+    ASSERT_TRUE(manager->BeginExtend(id, std::nullopt, n, &item).ok());
+    item.q = q.data();
+    item.k = item.v = kv.data();
+    server::sessions::ExtendItem* items[] = {&item};
+    manager->Compute(items, &backend);
+    ASSERT_TRUE(item.status.ok()) << item.status;
+    item.lease.End(gen() % 8 != 0);  // some roll back
+  };
+  server::sessions::SessionSpec spec;
+  spec.num_heads = 2;
+  spec.num_kv_heads = 1;
+  spec.head_dim = spec.v_head_dim = 4;
+  for (int i = 0; i < 3000; ++i) {
+    const std::string a = manager->Create(spec).value().id;
+    extend(a, 1 + gen() % 9);
+    const std::string b = manager->Fork(a, false, absl::ZeroDuration()).value().id;
+    extend(b, 1 + gen() % 3);
+    extend(a, 1);
+    if (i % 2 == 0) {
+      ASSERT_TRUE(manager->Close(a).ok());
+      ASSERT_TRUE(manager->Close(b).ok());
+    } else {
+      ASSERT_TRUE(manager->Close(b).ok());
+      ASSERT_TRUE(manager->Close(a).ok());
+    }
+  }
+  const server::sessions::PoolUsage usage = manager->Usage();
+  EXPECT_EQ(usage.sessions, 0);
+  EXPECT_EQ(usage.pages_used, 0);
+  EXPECT_EQ(usage.bytes_used, 0);
+}
+
+}  // namespace
+}  // namespace attnserve
