@@ -180,6 +180,7 @@ grpc::ServerUnaryReactor* AttentionService::Compute(grpc::CallbackServerContext*
   (*job)->request = std::move(request);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
+  (*job)->dispatcher = dispatcher_;
   if (!HasWork(**job)) {
     (*job)->Finish(absl::OkStatus());  // every step failed validation: answered at once
     return reactor;

@@ -148,6 +148,7 @@ void AttentionStreamReactor::Handle() {
   (*job)->request = std::move(owned);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
+  (*job)->dispatcher = context_.dispatcher;
   if (!HasWork(**job)) return (*job)->Finish(absl::OkStatus());
   context_.dispatcher->Submit(*std::move(job));
 }

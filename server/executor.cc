@@ -1,6 +1,9 @@
 #include "server/executor.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "server/dispatcher.h"
 
 namespace attnserve::server {
 
@@ -80,6 +83,19 @@ void Executor::RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time sta
     // An answer that can no longer reach its caller appends nothing: Call::Finish will answer
     // DEADLINE_EXCEEDED or CANCELLED, and the caller must be able to retry.
     const bool deliverable = !job->IsCancelled() && job->deadline() > absl::Now();
+    int64_t pending_tokens = 0;
+    for (const auto& item : job->session_items) {
+      if (item->pending()) {
+        pending_tokens +=
+            std::min(item->new_tokens - item->done_rows, manager->options().prefill_chunk_tokens);
+      }
+    }
+    if (pending_tokens > 0 && deliverable && job->dispatcher != nullptr) {
+      // A prefill's next chunk queues behind what arrived meanwhile (decode steps first).
+      job->tokens = pending_tokens;
+      job->dispatcher->Submit(std::move(job));
+      continue;
+    }
     for (auto& item : job->session_items) item->lease.End(deliverable && item->status.ok());
     job->Finish(job->session_batch ? absl::OkStatus() : job->session_items.front()->status);
     job.reset();

@@ -111,6 +111,9 @@ ABSL_FLAG(int64_t, session_idle_ttl_ms, absl::ToInt64Milliseconds(kDefaults.sess
           "a session unused this long is lost (expired); also the longest a session may ask for");
 ABSL_FLAG(double, session_max_pinned_fraction, kDefaults.sessions.max_pinned_fraction,
           "most of the pool pinned sessions may hold (0..1)");
+ABSL_FLAG(int64_t, session_prefill_chunk_tokens, kDefaults.sessions.prefill_chunk_tokens,
+          "new tokens of a prefill computed per batch; the rest goes back to the queue, behind "
+          "the decode steps that arrived meanwhile");
 ABSL_FLAG(std::string, session_owner, "",
           "the replica's address in session ids (empty: the listening host:port, the hostname "
           "for a wildcard address); clients route a session's calls by it");
@@ -214,6 +217,7 @@ int Run() {
   }
   options.sessions.idle_ttl = absl::Milliseconds(absl::GetFlag(FLAGS_session_idle_ttl_ms));
   options.sessions.max_pinned_fraction = absl::GetFlag(FLAGS_session_max_pinned_fraction);
+  options.sessions.prefill_chunk_tokens = absl::GetFlag(FLAGS_session_prefill_chunk_tokens);
   options.sessions.owner = absl::GetFlag(FLAGS_session_owner);
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);

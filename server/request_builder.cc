@@ -549,7 +549,7 @@ void SetSessionSizes(Job* job) {
   bool decode = true;
   for (const auto& item : job->session_items) {
     if (!item->status.ok()) continue;
-    job->tokens += item->new_tokens;
+    job->tokens += std::min(item->new_tokens, job->session_manager->options().prefill_chunk_tokens);
     decode = decode && item->new_tokens == 1;
     const int64_t in_elements =
         item->new_tokens * (item->module != nullptr

@@ -149,6 +149,10 @@ absl::StatusOr<std::unique_ptr<SessionManager>> SessionManager::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("max_sessions must be positive; was ", options.max_sessions));
   }
+  if (options.prefill_chunk_tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "session_prefill_chunk_tokens must be positive; was ", options.prefill_chunk_tokens));
+  }
   if (options.max_session_tokens < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_session_tokens must be positive; was ", options.max_session_tokens));
@@ -564,17 +568,18 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     batching::MutexLock lock(&mu_);
     page_tokens = pool_->page_tokens();
     for (ExtendItem* item : items) {
-      if (item->status.ok()) item->status = ReserveLocked(*item);
+      if (item->status.ok() && !item->written) item->status = ReserveLocked(*item);
     }
   }
 
-  // Per item: the queries in the cache dtype, and the new K and V written into its pages. The
-  // pages written are the item's own (fresh, or a last page no other session holds).
-  std::vector<std::vector<uint8_t>> queries(items.size());
+  // Per item, at its first chunk: the queries in the cache dtype (kept for the later chunks),
+  // and the new K and V written into its pages. The pages written are the item's own (fresh, or
+  // a last page no other session holds).
   std::vector<float> tmp;
   for (size_t i = 0; i < items.size(); ++i) {
     ExtendItem& item = *items[i];
-    if (!item.status.ok()) continue;
+    if (!item.status.ok() || item.written) continue;
+    item.written = true;
     Lease& lease = item.lease;
     const Session& s = *lease.session_;
     const Arena& arena = *s.arena;
@@ -612,8 +617,10 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
       v = projected.data() + 2 * L * d;
     }
     const size_t src_size = kernels::DTypeSize(src_type);
-    queries[i].resize(static_cast<size_t>(L) * s.num_heads * l.head_dim * esize);
-    Convert(src_type, q, cache, queries[i].data(), L * s.num_heads * l.head_dim, &tmp);
+    item.queries.resize(static_cast<size_t>(L) * s.num_heads * l.head_dim * esize);
+    Convert(src_type, q, cache, item.queries.data(), L * s.num_heads * l.head_dim, &tmp);
+    item.attention.assign(static_cast<size_t>(L) * s.num_heads * l.v_head_dim, 0.0f);
+    item.lse.assign(item.return_lse ? static_cast<size_t>(L) * s.num_heads : 0, 0.0f);
     for (int64_t t = 0; t < L; ++t) {
       const int64_t pos = s.length + t;
       const int32_t page = lease.new_table_[pos / page_tokens];
@@ -631,11 +638,15 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
   }
 
   // One PagedAttention call per (layout, query heads, scale): the sequences of a call share
-  // them. Every row's bits depend on its own sequence alone (paged_attention_params.h).
+  // them. Every row's bits depend on its own sequence alone (paged_attention_params.h). An item
+  // computes its next chunk: rows [done_rows, done_rows + rows) of its new tokens, attending to
+  // the cache up to its last row (chunk boundaries depend on the item alone).
   std::map<std::tuple<const Arena*, int, uint32_t>, std::vector<size_t>> groups;
+  std::vector<int64_t> rows_now(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) {
     const ExtendItem& item = *items[i];
-    if (!item.status.ok()) continue;
+    if (!item.status.ok() || item.done_rows >= item.new_tokens) continue;
+    rows_now[i] = std::min(item.new_tokens - item.done_rows, options_.prefill_chunk_tokens);
     const Session& s = *item.lease.session_;
     uint32_t scale_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
@@ -661,7 +672,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     int64_t total_q = 0;
     for (size_t i : members) {
       max_pages = std::max(max_pages, static_cast<int>(items[i]->lease.new_table_.size()));
-      total_q += items[i]->new_tokens;
+      total_q += rows_now[i];
     }
     p.max_pages_per_seq = max_pages;
     std::vector<int32_t> table(static_cast<size_t>(p.num_seqs) * max_pages, 0);
@@ -672,12 +683,14 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
       const ExtendItem& item = *items[members[j]];
       const std::vector<int32_t>& t = item.lease.new_table_;
       std::copy(t.begin(), t.end(), table.begin() + static_cast<int64_t>(j) * max_pages);
-      kv_lens.push_back(static_cast<int32_t>(item.lease.session_->length + item.new_tokens));
-      q_lens.push_back(static_cast<int32_t>(item.new_tokens));
+      const int64_t rows = rows_now[members[j]];
+      const int64_t row_bytes = int64_t{p.num_heads} * p.head_dim * static_cast<int64_t>(esize);
+      kv_lens.push_back(static_cast<int32_t>(item.lease.session_->length + item.done_rows + rows));
+      q_lens.push_back(static_cast<int32_t>(rows));
       q_offsets.push_back(static_cast<int32_t>(offset));
-      std::memcpy(q.data() + offset * p.num_heads * p.head_dim * esize, queries[members[j]].data(),
-                  queries[members[j]].size());
-      offset += item.new_tokens;
+      std::memcpy(q.data() + offset * row_bytes, item.queries.data() + item.done_rows * row_bytes,
+                  static_cast<size_t>(rows * row_bytes));
+      offset += rows;
     }
     std::vector<float> out(static_cast<size_t>(total_q) * p.num_heads * p.v_head_dim);
     std::vector<float> lse(static_cast<size_t>(total_q) * p.num_heads);
@@ -698,20 +711,26 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
         continue;
       }
       const int64_t L = item.new_tokens;
-      const int64_t rows = L * p.num_heads;
+      const int64_t rows = rows_now[members[j]];
       const float* o = out.data() + int64_t{q_offsets[j]} * p.num_heads * p.v_head_dim;
+      std::copy(o, o + rows * p.num_heads * p.v_head_dim,
+                item.attention.begin() + item.done_rows * p.num_heads * p.v_head_dim);
+      if (item.return_lse) {
+        const float* e = lse.data() + int64_t{q_offsets[j]} * p.num_heads;
+        std::copy(e, e + rows * p.num_heads, item.lse.begin() + item.done_rows * p.num_heads);
+      }
+      item.done_rows += rows;
+      if (item.done_rows < L) continue;  // more chunks to come
       if (item.module != nullptr) {
         const kernels::MultiHeadWeights& w = *item.module;
         item.out.resize(static_cast<size_t>(L) * w.d_model);
-        kernels::cpu::Linear(o, w.d_model, L, w.d_model, w.w_o.data(), w.b_o.data(), w.d_model,
-                             item.out.data(), w.d_model);
+        kernels::cpu::Linear(item.attention.data(), w.d_model, L, w.d_model, w.w_o.data(),
+                             w.b_o.data(), w.d_model, item.out.data(), w.d_model);
+        std::vector<float>().swap(item.attention);
       } else {
-        item.out.assign(o, o + rows * p.v_head_dim);
+        item.out = std::move(item.attention);
       }
-      if (item.return_lse) {
-        const float* e = lse.data() + int64_t{q_offsets[j]} * p.num_heads;
-        item.lse.assign(e, e + rows);
-      }
+      std::vector<uint8_t>().swap(item.queries);
       item.length_after = item.lease.session_->length + L;
       item.lease.computed_ = true;
     }
@@ -719,7 +738,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
   if (metrics_ != nullptr) {
     const absl::Duration elapsed = absl::Now() - start;
     for (ExtendItem* item : items) {
-      if (item->status.ok()) {
+      if (item->status.ok() && item->lease.computed_) {
         metrics_->ObserveSessionExtend(item->new_tokens == 1 ? "decode" : "prefill", elapsed);
       }
     }

@@ -75,6 +75,10 @@ struct SessionOptions {
   double max_pinned_fraction = 0.5;
   // Most sessions held at once (Limits.max_sessions). Default: 65536. REQUIRES: > 0.
   int64_t max_sessions = 65536;
+  // The most new tokens of one extend computed in one batch: a longer prefill is computed a
+  // chunk per batch and goes back to the queue between chunks, so that decode steps queued
+  // meanwhile are not held up by it for longer than a chunk. Default: 512. REQUIRES: > 0.
+  int64_t prefill_chunk_tokens = 512;
   // Longest session in tokens (Limits.max_sequence_length). Default: 65536. REQUIRES: > 0.
   int64_t max_session_tokens = 65536;
   // Lost ids remembered (beyond it the oldest answer NOT_FOUND). Default: 65536.
@@ -166,6 +170,14 @@ struct ExtendItem {
   std::vector<float> out;  // module: [L, d_model]; raw: [L, Hq, Dv]
   std::vector<float> lse;  // [L, Hq] when return_lse
   int64_t length_after = 0;
+
+  // Progress of a prefill computed in chunks (SessionOptions::prefill_chunk_tokens).
+  bool written = false;          // pages reserved, K and V cached, queries converted
+  int64_t done_rows = 0;         // new tokens whose attention is computed
+  std::vector<uint8_t> queries;  // [L, Hq, D] in the cache dtype
+  std::vector<float> attention;  // [L, Hq, Dv], filled chunk by chunk
+  // True when Compute has more chunks to do (the caller queues the item again).
+  bool pending() const { return status.ok() && written && done_rows < new_tokens; }
   // The session's layout, as BeginExtend found it (for validating the request's tensors).
   std::string module_name;
   std::shared_ptr<const kernels::MultiHeadWeights> module;
@@ -203,7 +215,10 @@ class SessionManager {
                            int64_t new_tokens, ExtendItem* item);
   // Computes a batch of extends (each with an active lease and status OK): per-item errors in
   // item.status (RESOURCE_EXHAUSTED when the pool is full), a backend failure for every item it
-  // touched. Does not End the leases.
+  // touched. Computes the next prefill_chunk_tokens new tokens of each item; an item with more
+  // left is pending() and must be computed again (the K and V of all its tokens are cached at
+  // its first chunk; its queries attend causally whatever the chunking). Does not End the
+  // leases.
   void Compute(absl::Span<ExtendItem* const> items, kernels::Backend* backend);
 
   // "session lost (<reason>): ..." status helpers (the proto's contract).

@@ -110,6 +110,7 @@ class GatedPagedBackend final : public kernels::Backend {
     std::unique_lock<std::mutex> lock(mu_);
     ++calls_;
     seqs_.push_back(p.num_seqs);
+    rows_.push_back(p.total_q);
     cv_.notify_all();
     cv_.wait(lock, [&] { return open_; });
     lock.unlock();
@@ -132,6 +133,10 @@ class GatedPagedBackend final : public kernels::Backend {
     std::lock_guard<std::mutex> lock(mu_);
     return seqs_;
   }
+  std::vector<int> rows() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return rows_;
+  }
 
  private:
   kernels::ReferenceBackend inner_;
@@ -140,6 +145,7 @@ class GatedPagedBackend final : public kernels::Backend {
   bool open_ = true;
   int calls_ = 0;
   std::vector<int> seqs_;
+  std::vector<int> rows_;
 };
 
 class SessionTest : public ::testing::Test {
@@ -258,9 +264,11 @@ class SessionTest : public ::testing::Test {
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
 
+// Pages of 4 tokens, prefills computed 3 new tokens a batch.
 server::ServerOptions SmallPages() {
   server::ServerOptions options;
   options.sessions.page_tokens = 4;
+  options.sessions.prefill_chunk_tokens = 3;
   return options;
 }
 
@@ -281,6 +289,75 @@ TEST_F(SessionTest, RawSessionAfterPrefillsAndStepsEqualsOneCausalAttend) {
   EXPECT_EQ(info.length(), 23);
   EXPECT_EQ(info.pages(), 6);
   EXPECT_EQ(info.layout().v_head_dim(), 6);
+}
+
+v1::Tensor Encode(const v1::Tensor& f32, v1::Dtype dtype) {
+  const std::vector<float> values = Floats(f32);
+  const kernels::DType t =
+      dtype == v1::DTYPE_FLOAT16 ? kernels::DType::kFloat16 : kernels::DType::kBFloat16;
+  v1::Tensor out = f32;
+  out.set_dtype(dtype);
+  std::string data(values.size() * 2, '\0');
+  kernels::FromFloat32(t, values.data(), values.size(), data.data());
+  out.set_data(data);
+  return out;
+}
+
+std::vector<float> Decode(const v1::Tensor& t) {
+  const kernels::DType type =
+      t.dtype() == v1::DTYPE_FLOAT16 ? kernels::DType::kFloat16 : kernels::DType::kBFloat16;
+  std::vector<float> v(t.data().size() / 2);
+  kernels::ToFloat32(type, t.data().data(), v.size(), v.data());
+  return v;
+}
+
+TEST_F(SessionTest, HalfPrecisionCachesEqualAnAttendInTheSameDtype) {
+  Start(SmallPages());
+  for (const v1::Dtype dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+    SCOPED_TRACE(v1::Dtype_Name(dtype));
+    const Sequence s(4, 2, 8, 8, 11, 51);
+    v1::CreateSessionRequest create;
+    create.mutable_layout()->set_num_heads(4);
+    create.mutable_layout()->set_num_kv_heads(2);
+    create.mutable_layout()->set_head_dim(8);
+    create.set_cache_dtype(dtype);
+    v1::CreateSessionResponse created;
+    grpc::ClientContext c1;
+    ASSERT_TRUE(stub_->CreateSession(&c1, create, &created).ok());
+    EXPECT_EQ(created.session().cache_dtype(), dtype);
+    std::vector<float> got;
+    for (const auto& [from, to] :
+         std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 6}, {6, 11}}) {
+      v1::ExtendSessionRequest r = s.Extend(created.session().session_id(), from, to);
+      *r.mutable_query() = Encode(r.query(), dtype);
+      *r.mutable_key() = Encode(r.key(), dtype);
+      *r.mutable_value() = Encode(r.value(), dtype);
+      v1::ExtendSessionResponse response;
+      ASSERT_TRUE(Extend(r, &response).ok());
+      ASSERT_EQ(response.output().dtype(), dtype);
+      const std::vector<float> out = Decode(response.output());
+      got.insert(got.end(), out.begin(), out.end());
+    }
+    v1::AttendRequest attend;
+    const int64_t t = s.t;
+    *attend.mutable_query() = Encode(F32(HeadMajor(s.q, t, 4, 8), {1, 4, t, 8}), dtype);
+    *attend.mutable_key() = Encode(F32(HeadMajor(s.k, t, 2, 8), {1, 2, t, 8}), dtype);
+    *attend.mutable_value() = Encode(F32(HeadMajor(s.v, t, 2, 8), {1, 2, t, 8}), dtype);
+    attend.mutable_options()->set_causal(true);
+    v1::AttendResponse expected;
+    grpc::ClientContext c2;
+    ASSERT_TRUE(stub_->Attend(&c2, attend, &expected).ok());
+    const std::vector<float> e = Decode(expected.output());  // [1, 4, t, 8]
+    std::vector<float> want(e.size());
+    for (int64_t i = 0; i < t; ++i) {
+      for (int h = 0; h < 4; ++h) {
+        for (int c = 0; c < 8; ++c) want[(i * 4 + h) * 8 + c] = e[(h * t + i) * 8 + c];
+      }
+    }
+    // The same inputs, both computed in float64 and rounded once: within one rounding of the
+    // dtype (values are below 1: 2^-8 for bfloat16).
+    EXPECT_LE(MaxAbsDiff(got, want), dtype == v1::DTYPE_BFLOAT16 ? 1.0 / 256 : 1e-3);
+  }
 }
 
 TEST_F(SessionTest, LogSumExpIsThatOfEachNewQuerysScores) {
@@ -559,6 +636,34 @@ TEST_F(SessionTest, AStepsBitsDoNotDependOnItsBatchCompanions) {
   const std::vector<float> got = Floats(response.results(3).response().output());
   ASSERT_EQ(got.size(), expected.size());
   EXPECT_EQ(std::memcmp(got.data(), expected.data(), got.size() * sizeof(float)), 0);
+}
+
+TEST_F(SessionTest, ADecodeStepQueuedDuringAPrefillGoesBeforeThePrefillsNextChunk) {
+  Start(SmallPages());
+  const Sequence s(2, 1, 4, 4, 9, 23);
+  const std::string prefilling = CreateRaw(2, 1, 4, 4), decoding = CreateRaw(2, 1, 4, 4);
+  Step(decoding, s, 0, 4);
+  gate_->Close();
+  const int calls = static_cast<int>(gate_->rows().size());
+  std::vector<float> prefill;
+  std::thread prefiller([&] { prefill = Step(prefilling, s, 0, 9); });
+  gate_->AwaitCalls(calls + 1);  // its first chunk is computing
+  std::thread decoder([&] { Step(decoding, s, 4, 5); });
+  // Waits until the step is queued (the batcher's gauge), as call_lifecycle_test does; 20 s is
+  // far beyond any scheduling delay.
+  bool queued = false;
+  for (int i = 0; i < 4000 && !queued; ++i) {
+    queued = Metric("attnserve_queued_requests", {}) >= 1;
+    if (!queued) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(queued);
+  gate_->Open();
+  prefiller.join();
+  decoder.join();
+  const std::vector<int> rows = gate_->rows();
+  EXPECT_THAT(std::vector<int>(rows.begin() + calls, rows.end()),
+              ::testing::ElementsAre(3, 1, 3, 3));
+  EXPECT_LE(MaxAbsDiff(prefill, CausalAttend(s, 9)), 1e-6);
 }
 
 TEST_F(SessionTest, StreamItemsExtendSessions) {
