@@ -43,7 +43,9 @@ ABSL_FLAG(std::string, target, "localhost:50051",
 ABSL_FLAG(int, connections, 1, "channels (TCP connections) calls are spread over");
 ABSL_FLAG(std::string, rpc, "attend",
           "attend, mha, stream, or decode (steps of prefilled sessions; see --sessions)");
-ABSL_FLAG(int, sessions, 8, "decode: sessions created and prefilled before the run");
+ABSL_FLAG(int, sessions, 8,
+          "decode: sessions created and prefilled before the run (spread over the servers of an "
+          "ipv4:/ipv6: target, each stepped on its own)");
 ABSL_FLAG(int64_t, prefill, 1024, "decode: tokens each session is prefilled with");
 ABSL_FLAG(int64_t, decode_steps, 0,
           "decode: steps per session per phase (sets --requests to sessions x steps)");
@@ -266,7 +268,14 @@ int main(int argc, char** argv) {
     if (!ReadFile(tf, &token)) return Usage("cannot read --auth_token_file " + tf);
     copts.auth_token = std::string(absl::StripAsciiWhitespace(token));
   }
-  auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target), copts);
+  // Decode against several servers ("ipv4:a:p1,b:p2"): a client that knows each address, so
+  // that every session's steps reach the server holding it (client/client.h).
+  const std::string target = absl::GetFlag(FLAGS_target);
+  const bool replicas =
+      work.decode && (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:"));
+  auto client =
+      replicas ? attnserve::Client::CreateBalanced(absl::StrSplit(target.substr(5), ','), copts)
+               : attnserve::Client::Create(target, copts);
   if (!client.ok()) return Usage(client.status().ToString());
   auto info = (*client)->GetServerInfo(absl::Seconds(20));
   if (!info.ok()) return Usage("GetServerInfo: " + info.status().ToString());

@@ -271,6 +271,22 @@ class ToolsTest(unittest.TestCase):
         with attnserve.Client(self.server.target) as client:
             self.assertEqual(client.list_sessions().usage.sessions, 0)  # closed
 
+    def test_bench_decode_over_two_servers(self):
+        other = LiveServer("--backend=cpu")
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "run.json")
+                self.run_tool(os.environ["ATTNSERVE_BENCH"],
+                              f"--target=ipv4:{self.server.target},{other.target}",
+                              "--rpc=decode", "--sessions=4", "--prefill=16",
+                              "--decode_steps=3", "--shapes=1,2,1,8", "--warmup_s=0",
+                              "--progress=off", f"--json={path}", "--concurrency=4")
+                with open(path) as f:
+                    (phase,) = json.load(f)["phases"]
+                self.assertEqual((phase["sent"], phase["ok"]), (12, 12))  # none misrouted
+        finally:
+            other.stop()
+
 
 if __name__ == "__main__":
     unittest.main()
