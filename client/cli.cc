@@ -6,6 +6,8 @@
 //                        [--causal] [--weights]
 //   attnserve-cli mha [--module=demo] --shape=B,L [--causal] [--weights]
 //   attnserve-cli seed --file=tests/data/seed-vectors/causal.safetensors
+//   attnserve-cli session [--module=demo | --layout=Hq,Hkv,D] [--prefill=P | --file=F]
+//                         [--steps=N] [--dtype=...] [--cache_dtype=...]
 //
 // Security: --tls_ca_file (turns TLS on; the CA that signed the server's certificate),
 // --tls_cert_file/--tls_key_file (mutual TLS), --tls_server_name (name the certificate is checked
@@ -14,6 +16,11 @@
 // `attend` and `mha` send random tensors (fixed seed); `seed` loads a seed-vector file's module
 // through LoadModule, sends its inputs and mask, and compares the answer with the expected
 // output and weights stored in the file (exit status 1 when the error exceeds --tolerance).
+// `session` creates a decode session (bound to --module, or raw with --layout), prefills it
+// with --prefill random tokens or with a safetensors --file (tensors "input" [P, d_model] for
+// a module session; "query" [P, Hq, D], "key" and "value" [P, Hkv, D] for a raw one), runs
+// --steps decode steps of one random token, prints each step's latency (as the client saw it,
+// and the server's) and their p50/p99 and tokens/s, and closes the session.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -30,6 +37,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "client/client.h"
+#include "client/session.h"
 #include "kernels/safetensors.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "server address (gRPC target)");
@@ -40,8 +48,13 @@ ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
 ABSL_FLAG(bool, causal, false, "causal masking");
 ABSL_FLAG(bool, weights, false, "ask for the attention weights");
 ABSL_FLAG(std::string, module, "demo", "mha: module name");
-ABSL_FLAG(std::string, file, "", "seed: a seed-vector safetensors file");
+ABSL_FLAG(std::string, file, "",
+          "seed: a seed-vector safetensors file; session: the prefill's tensors");
 ABSL_FLAG(double, tolerance, 1e-5, "seed: largest absolute error accepted");
+ABSL_FLAG(std::string, layout, "", "session: a raw session's Hq,Hkv,D (default: --module's)");
+ABSL_FLAG(int64_t, prefill, 16, "session: random prefill tokens (when no --file)");
+ABSL_FLAG(int64_t, steps, 8, "session: decode steps of one token after the prefill");
+ABSL_FLAG(std::string, cache_dtype, "", "session: the cache's dtype (default: --dtype)");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of the call");
 ABSL_FLAG(std::string, tls_ca_file, "",
           "PEM CA certificate(s) to verify the server with; setting it turns TLS on");
@@ -255,6 +268,138 @@ int Seed(attnserve::Client& client, absl::Duration timeout) {
   return out_err <= tol && w_err <= tol ? 0 : 1;
 }
 
+absl::StatusOr<std::vector<int64_t>> ParseInts(const std::string& flag, const std::string& value,
+                                               size_t count) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(value, ',')) {
+    int64_t d;
+    if (!absl::SimpleAtoi(part, &d) || d < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", part, "' is not a positive number"));
+    }
+    out.push_back(d);
+  }
+  if (out.size() != count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " needs ", count, " numbers; got '", value, "'"));
+  }
+  return out;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t i = std::min(v.size() - 1, static_cast<size_t>(std::ceil(p * v.size())) - 1);
+  return v[i];
+}
+
+int RunSession(attnserve::Client& client, absl::Duration timeout) {
+  namespace k = attnserve::kernels;
+  auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return Fail(dtype.status());
+  attnserve::SessionOptions options;
+  options.cache_dtype = *dtype;
+  options.timeout = timeout;
+  if (const std::string c = absl::GetFlag(FLAGS_cache_dtype); !c.empty()) {
+    auto cache = ParseDType(c);
+    if (!cache.ok()) return Fail(cache.status());
+    options.cache_dtype = *cache;
+  }
+  const std::string layout_flag = absl::GetFlag(FLAGS_layout);
+  int64_t hq = 0, hkv = 0, d = 0, d_model = 0;
+  absl::StatusOr<attnserve::Session> session = absl::UnknownError("unset");
+  if (!layout_flag.empty()) {
+    auto l = ParseInts("layout", layout_flag, 3);
+    if (!l.ok()) return Fail(l.status());
+    hq = (*l)[0], hkv = (*l)[1], d = (*l)[2];
+    attnserve::HeadLayout layout;
+    layout.num_heads = static_cast<int>(hq);
+    layout.num_kv_heads = static_cast<int>(hkv);
+    layout.head_dim = static_cast<int>(d);
+    session = attnserve::Session::CreateRaw(&client, layout, options);
+  } else {
+    auto modules = client.ListModules(timeout);
+    if (!modules.ok()) return Fail(modules.status());
+    for (const auto& m : modules->modules()) {
+      if (m.name() == absl::GetFlag(FLAGS_module)) d_model = m.d_model();
+    }
+    if (d_model == 0) {
+      return Fail(absl::NotFoundError(
+          absl::StrCat("no module '", absl::GetFlag(FLAGS_module), "' on the server")));
+    }
+    session = attnserve::Session::CreateForModule(&client, absl::GetFlag(FLAGS_module), options);
+  }
+  if (!session.ok()) return Fail(session.status());
+  std::printf("session %s\n", session->id().c_str());
+
+  std::mt19937 rng(1);
+  // One extend of `n` random tokens (or the file's tensors when `file` is set).
+  auto request = [&](int64_t n) {
+    v1::ExtendSessionRequest r;
+    if (d_model > 0) {
+      *r.mutable_input() = attnserve::MakeTensor(*dtype, {n, d_model}, Random(n * d_model, &rng));
+    } else {
+      *r.mutable_query() = attnserve::MakeTensor(*dtype, {n, hq, d}, Random(n * hq * d, &rng));
+      *r.mutable_key() = attnserve::MakeTensor(*dtype, {n, hkv, d}, Random(n * hkv * d, &rng));
+      *r.mutable_value() = attnserve::MakeTensor(*dtype, {n, hkv, d}, Random(n * hkv * d, &rng));
+    }
+    return r;
+  };
+  v1::ExtendSessionRequest prefill;
+  if (const std::string path = absl::GetFlag(FLAGS_file); !path.empty()) {
+    auto bytes = k::ReadFileToString(path);
+    if (!bytes.ok()) return Fail(bytes.status());
+    auto file = k::ParseSafetensors(*bytes);
+    if (!file.ok()) return Fail(file.status());
+    const std::vector<std::pair<const char*, v1::Tensor*>> wanted =
+        d_model > 0
+            ? std::vector<std::pair<const char*, v1::Tensor*>>{{"input", prefill.mutable_input()}}
+            : std::vector<std::pair<const char*, v1::Tensor*>>{{"query", prefill.mutable_query()},
+                                                               {"key", prefill.mutable_key()},
+                                                               {"value", prefill.mutable_value()}};
+    for (const auto& [name, tensor] : wanted) {
+      auto t = file->Find(name);
+      if (!t.ok()) return Fail(t.status());
+      auto values = (*t)->ToFloat32(name);
+      if (!values.ok()) return Fail(values.status());
+      *tensor = attnserve::MakeTensor(*dtype, (*t)->shape, *values);
+    }
+  } else {
+    prefill = request(absl::GetFlag(FLAGS_prefill));
+  }
+  const absl::Time start = absl::Now();
+  auto r = session->Extend(prefill);
+  if (!r.ok()) return Fail(r.status());
+  std::printf("prefill: %lld tokens in %.0f us (server %lld us)\n",
+              static_cast<long long>(r->length()), absl::ToDoubleMicroseconds(absl::Now() - start),
+              static_cast<long long>(r->timing().server_us()));
+  std::vector<double> latencies;
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  const absl::Time decode_start = absl::Now();
+  for (int64_t i = 0; i < steps; ++i) {
+    v1::ExtendSessionRequest step = request(1);
+    const absl::Time t0 = absl::Now();
+    r = session->Extend(std::move(step));
+    const double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+    if (!r.ok()) return Fail(r.status());
+    latencies.push_back(us);
+    std::printf("step %lld: length %lld, %.0f us (server %lld us, batch of %d)\n",
+                static_cast<long long>(i), static_cast<long long>(r->length()), us,
+                static_cast<long long>(r->timing().server_us()), r->timing().batch_size());
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - decode_start);
+  if (steps > 0) {
+    PrintTensor("output", r->output());
+    std::printf("decode: %lld steps, p50 %.0f us, p99 %.0f us, %.1f tokens/s\n",
+                static_cast<long long>(steps), Percentile(latencies, 0.50),
+                Percentile(latencies, 0.99), seconds > 0 ? steps / seconds : 0.0);
+  }
+  absl::Status closed = session->Close();
+  if (!closed.ok()) return Fail(closed);
+  std::printf("closed %s\n", session->id().c_str());
+  return 0;
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
   auto bytes = attnserve::kernels::ReadFileToString(path);
   if (!bytes.ok()) {
@@ -302,10 +447,10 @@ absl::StatusOr<attnserve::ClientOptions> SecurityOptions() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "attnserve-cli [--target=HOST:PORT] info|modules|attend|mha|seed [flags]");
+      "attnserve-cli [--target=HOST:PORT] info|modules|attend|mha|seed|session [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() != 2) {
-    std::fprintf(stderr, "usage: attnserve-cli [flags] info|modules|attend|mha|seed\n");
+    std::fprintf(stderr, "usage: attnserve-cli [flags] info|modules|attend|mha|seed|session\n");
     return 2;
   }
   auto options = SecurityOptions();
@@ -329,6 +474,7 @@ int main(int argc, char** argv) {
   if (command == "attend") return Attend(**client, timeout);
   if (command == "mha") return MultiHead(**client, timeout);
   if (command == "seed") return Seed(**client, timeout);
+  if (command == "session") return RunSession(**client, timeout);
   std::fprintf(stderr, "unknown command '%s'\n", command.c_str());
   return 2;
 }

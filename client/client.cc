@@ -1,6 +1,8 @@
 #include "client/client.h"
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -83,6 +85,35 @@ std::future<absl::StatusOr<Response>> ToFuture(
   return future;
 }
 
+// A channel to `target` with the options' credentials, limits and service config.
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target, const ClientOptions& options,
+                                           int index) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (options.tls) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_root_certs;
+    ssl.pem_cert_chain = options.tls_client_cert;
+    ssl.pem_private_key = options.tls_client_key;
+    credentials = grpc::SslCredentials(ssl);
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  args.SetMaxSendMessageSize(-1);
+  args.SetServiceConfigJSON(options.service_config_json.empty() ? ServiceConfigJson(options)
+                                                                : options.service_config_json);
+  // A retried call keeps its request in memory until committed; gRPC's default (256 KiB)
+  // would leave most attention requests unretried.
+  args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, 64 << 20);
+  // Separate connections per channel: gRPC shares subchannels between channels with equal
+  // arguments unless each keeps its own pool.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt("attnserve.channel_index", index);
+  if (options.tls && !options.tls_server_name.empty()) {
+    args.SetSslTargetNameOverride(options.tls_server_name);
+  }
+  return grpc::CreateCustomChannel(target, credentials, args);
+}
+
 }  // namespace
 
 std::string ServiceConfigJson(const ClientOptions& options) {
@@ -132,33 +163,8 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
     return absl::InvalidArgumentError(
         absl::StrCat("retry.max_attempts must be at least 1; was ", options.retry.max_attempts));
   }
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (options.tls) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_root_certs;
-    ssl.pem_cert_chain = options.tls_client_cert;
-    ssl.pem_private_key = options.tls_client_key;
-    credentials = grpc::SslCredentials(ssl);
-  }
   std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int i = 0; i < options.channels; ++i) {
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
-    args.SetMaxSendMessageSize(-1);
-    args.SetServiceConfigJSON(options.service_config_json.empty() ? ServiceConfigJson(options)
-                                                                  : options.service_config_json);
-    // A retried call keeps its request in memory until committed; gRPC's default (256 KiB)
-    // would leave most attention requests unretried.
-    args.SetInt(GRPC_ARG_PER_RPC_RETRY_BUFFER_SIZE, 64 << 20);
-    // Separate connections per channel: gRPC shares subchannels between channels with equal
-    // arguments unless each keeps its own pool.
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt("attnserve.channel_index", i);
-    if (options.tls && !options.tls_server_name.empty()) {
-      args.SetSslTargetNameOverride(options.tls_server_name);
-    }
-    channels.push_back(grpc::CreateCustomChannel(target, credentials, args));
-  }
+  for (int i = 0; i < options.channels; ++i) channels.push_back(MakeChannel(target, options, i));
   return std::unique_ptr<Client>(new Client(std::move(channels), options));
 }
 
@@ -167,7 +173,18 @@ absl::StatusOr<std::unique_ptr<Client>> Client::CreateBalanced(
   absl::StatusOr<std::string> target = MultiAddressTarget(addresses);
   if (!target.ok()) return target.status();
   if (options.load_balancing.empty()) options.load_balancing = "round_robin";
-  return Create(*target, options);
+  absl::StatusOr<std::unique_ptr<Client>> client = Create(*target, options);
+  if (!client.ok() || addresses.size() < 2) return client;
+  // Sessions are routed by hand (the id names its replica), over a channel per address.
+  ClientOptions single = options;
+  single.load_balancing.clear();
+  for (const std::string& address : addresses) {
+    (*client)->replica_addresses_.push_back(address);
+    (*client)->replica_channels_.push_back(MakeChannel(address, single, 0));
+    (*client)->replica_stubs_.push_back(
+        v1::AttentionService::NewStub((*client)->replica_channels_.back()));
+  }
+  return client;
 }
 
 Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options)
@@ -267,6 +284,217 @@ std::unique_ptr<AttentionStream> Client::OpenStream(
   Prepare(&stream->context_, timeout <= absl::ZeroDuration() ? absl::InfiniteDuration() : timeout);
   stream->Start(NextStub());
   return stream;
+}
+
+// --- Decode sessions ---
+
+std::vector<std::string> Client::replicas() const { return replica_addresses_; }
+
+absl::StatusOr<v1::AttentionService::Stub*> Client::SessionStub(const std::string& session_id) {
+  if (replica_stubs_.empty()) return &NextStub();  // the server judges the id
+  absl::StatusOr<std::string> owner = SessionOwner(session_id);
+  if (!owner.ok()) return owner.status();
+  for (size_t i = 0; i < replica_addresses_.size(); ++i) {
+    if (replica_addresses_[i] == *owner) return replica_stubs_[i].get();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "session_id '", session_id, "' names owner '", *owner,
+      "', which is none of this client's addresses (", absl::StrJoin(replica_addresses_, ", "),
+      "); start each replica with its owner set to the address clients reach it by"));
+}
+
+std::pair<v1::AttentionService::Stub*, std::string> Client::NextReplica() {
+  if (replica_stubs_.empty()) return {&NextStub(), ""};
+  const size_t i = next_replica_.fetch_add(1, std::memory_order_relaxed) % replica_stubs_.size();
+  return {replica_stubs_[i].get(), replica_addresses_[i]};
+}
+
+absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
+    const v1::CreateSessionRequest& request, absl::Duration timeout) {
+  auto [stub, address] = NextReplica();
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::CreateSessionResponse response;
+  grpc::Status status = stub->CreateSession(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  if (address.empty()) return response;
+  const std::string& id = response.session().session_id();
+  absl::StatusOr<std::string> owner = SessionOwner(id);
+  if (owner.ok() && *owner == address) return response;
+  // Later calls could not find this session: give it back and say why.
+  grpc::ClientContext close_context;
+  Prepare(&close_context, timeout);
+  v1::CloseSessionRequest close;
+  close.set_session_id(id);
+  v1::CloseSessionResponse closed;
+  stub->CloseSession(&close_context, close, &closed).ok();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the replica at ", address, " issued session_id '", id,
+      "', whose owner is not that address; start each replica with its owner set to the "
+      "address clients reach it by"));
+}
+
+#define ATTNSERVE_SESSION_METHOD(Rpc)                                                     \
+  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,          \
+                                                absl::Duration timeout) {                 \
+    absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id()); \
+    if (!stub.ok()) return stub.status();                                                 \
+    grpc::ClientContext context;                                                          \
+    Prepare(&context, timeout);                                                           \
+    v1::Rpc##Response response;                                                           \
+    grpc::Status status = (*stub)->Rpc(&context, request, &response);                     \
+    if (!status.ok()) return FromGrpc(status);                                            \
+    return response;                                                                      \
+  }
+ATTNSERVE_SESSION_METHOD(ExtendSession)
+ATTNSERVE_SESSION_METHOD(ForkSession)
+ATTNSERVE_SESSION_METHOD(CloseSession)
+ATTNSERVE_SESSION_METHOD(GetSession)
+#undef ATTNSERVE_SESSION_METHOD
+
+absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
+    const v1::ListSessionsRequest& request, const std::string& replica, absl::Duration timeout) {
+  v1::AttentionService::Stub* stub = nullptr;
+  if (replica.empty()) {
+    stub = NextReplica().first;
+  } else {
+    for (size_t i = 0; i < replica_addresses_.size(); ++i) {
+      if (replica_addresses_[i] == replica) stub = replica_stubs_[i].get();
+    }
+    if (stub == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("replica '", replica,
+                                                     "' is none of this client's addresses (",
+                                                     absl::StrJoin(replica_addresses_, ", "), ")"));
+    }
+  }
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  v1::ListSessionsResponse response;
+  grpc::Status status = stub->ListSessions(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
+    const v1::ExtendSessionsRequest& request, absl::Duration timeout) {
+  // Group the steps by the stub of their replica, keeping each step's index.
+  struct Group {
+    v1::AttentionService::Stub* stub;
+    std::vector<int> indices;
+    v1::ExtendSessionsRequest request;
+    v1::ExtendSessionsResponse response;
+    grpc::ClientContext context;
+    grpc::Status status;
+  };
+  std::vector<std::unique_ptr<Group>> groups;
+  for (int i = 0; i < request.steps_size(); ++i) {
+    absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.steps(i).session_id());
+    if (!stub.ok()) return stub.status();
+    Group* group = nullptr;
+    for (auto& g : groups) {
+      if (g->stub == *stub) group = g.get();
+    }
+    if (group == nullptr) {
+      groups.push_back(std::make_unique<Group>());
+      group = groups.back().get();
+      group->stub = *stub;
+    }
+    group->indices.push_back(i);
+    *group->request.add_steps() = request.steps(i);
+  }
+  if (groups.size() <= 1) {  // one replica (or no steps: the server answers INVALID_ARGUMENT)
+    grpc::ClientContext context;
+    Prepare(&context, timeout);
+    v1::ExtendSessionsResponse response;
+    v1::AttentionService::Stub* stub = groups.empty() ? &NextStub() : groups[0]->stub;
+    grpc::Status status = stub->ExtendSessions(&context, request, &response);
+    if (!status.ok()) return FromGrpc(status);
+    return response;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t pending = groups.size();
+  for (auto& g : groups) {
+    Prepare(&g->context, timeout);
+    Group* group = g.get();
+    group->stub->async()->ExtendSessions(&group->context, &group->request, &group->response,
+                                         [&, group](grpc::Status s) {
+                                           std::lock_guard<std::mutex> lock(mu);
+                                           group->status = std::move(s);
+                                           if (--pending == 0) cv.notify_all();
+                                         });
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending == 0; });
+  }
+  v1::ExtendSessionsResponse merged;
+  for (int i = 0; i < request.steps_size(); ++i) merged.add_results();
+  for (auto& g : groups) {
+    for (size_t j = 0; j < g->indices.size(); ++j) {
+      v1::ExtendSessionResult* result = merged.mutable_results(g->indices[j]);
+      if (!g->status.ok()) {
+        result->set_code(g->status.error_code());
+        result->set_message(g->status.error_message());
+      } else if (static_cast<int>(j) < g->response.results_size()) {
+        *result = std::move(*g->response.mutable_results(j));
+      } else {
+        result->set_code(static_cast<int>(absl::StatusCode::kInternal));
+        result->set_message("the replica answered fewer results than steps");
+      }
+    }
+  }
+  return merged;
+}
+
+void Client::ExtendSessionAsync(std::shared_ptr<const v1::ExtendSessionRequest> request,
+                                Callback<v1::ExtendSessionResponse> done, absl::Duration timeout) {
+  absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request->session_id());
+  if (!stub.ok()) {
+    done(stub.status());
+    return;
+  }
+  auto* call = new AsyncCall<v1::ExtendSessionRequest, v1::ExtendSessionResponse>;
+  call->request = std::move(request);
+  call->done = std::move(done);
+  Prepare(&call->context, timeout);
+  (*stub)->async()->ExtendSession(&call->context, call->request.get(), &call->response,
+                                  [call](grpc::Status s) { call->Complete(s); });
+}
+
+absl::StatusOr<std::unique_ptr<AttentionStream>> Client::OpenStreamForSession(
+    const std::string& session_id, std::function<void(v1::AttentionStreamResponse)> on_response,
+    absl::Duration timeout) {
+  absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(session_id);
+  if (!stub.ok()) return stub.status();
+  std::unique_ptr<AttentionStream> stream(new AttentionStream(std::move(on_response)));
+  Prepare(&stream->context_, timeout <= absl::ZeroDuration() ? absl::InfiniteDuration() : timeout);
+  stream->Start(**stub);
+  return stream;
+}
+
+absl::StatusOr<std::string> SessionOwner(const std::string& session_id) {
+  const size_t last = session_id.rfind('/');
+  const size_t second =
+      last == std::string::npos || last == 0 ? std::string::npos : session_id.rfind('/', last - 1);
+  if (second == std::string::npos || second == 0 || last == second + 1 ||
+      last + 1 == session_id.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session_id must be \"<owner>/<instance>/<number>\"; was '", session_id, "'"));
+  }
+  return session_id.substr(0, second);
+}
+
+bool IsSessionLost(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         absl::StartsWith(status.message(), "session lost (");
+}
+
+std::string SessionLostReason(const absl::Status& status) {
+  if (!IsSessionLost(status)) return "";
+  const absl::string_view rest = status.message().substr(14);
+  const size_t close = rest.find(')');
+  return close == absl::string_view::npos ? "" : std::string(rest.substr(0, close));
 }
 
 v1::Tensor MakeTensor(v1::Dtype dtype, const std::vector<int64_t>& shape,

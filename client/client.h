@@ -16,6 +16,14 @@
 // retried with exponential backoff inside its deadline, and calls are spread over every address
 // a target resolves to (a `dns:///` name with several records, or an `ipv4:a:p1,b:p2` list; see
 // Client::CreateBalanced).
+//
+// Decode sessions (client/session.h wraps them): a session lives on one replica, and its id
+// "<owner>/<instance>/<number>" names that replica (the server's SessionSettings.owner). A
+// client made by CreateBalanced from several addresses sends CreateSession to the next
+// address in turn and every later call naming a session to the address equal to the id's
+// owner; an owner that is none of the client's addresses is INVALID_ARGUMENT, raised by the
+// client before anything is sent (start each replica with its owner set to the address clients
+// use for it). A client of one target sends everything to that target.
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
@@ -161,6 +169,45 @@ class Client {
   std::unique_ptr<AttentionStream> OpenStream(
       std::function<void(v1::AttentionStreamResponse)> on_response = nullptr,
       absl::Duration timeout = absl::ZeroDuration());
+  // As OpenStream, on the replica that holds `session_id` (see "Decode sessions" above): a
+  // stream reaches one replica, so its session extends must all name sessions of that one.
+  // INVALID_ARGUMENT when the id's owner is none of the client's addresses.
+  absl::StatusOr<std::unique_ptr<AttentionStream>> OpenStreamForSession(
+      const std::string& session_id,
+      std::function<void(v1::AttentionStreamResponse)> on_response = nullptr,
+      absl::Duration timeout = absl::ZeroDuration());
+
+  // --- Decode sessions (see the proto for semantics and codes; client/session.h wraps them) ---
+  // CreateSession goes to the next replica in turn; the others to the replica named by the
+  // session id's owner. Blocking.
+  absl::StatusOr<v1::CreateSessionResponse> CreateSession(
+      const v1::CreateSessionRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::ExtendSessionResponse> ExtendSession(
+      const v1::ExtendSessionRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  // Steps of sessions held by different replicas are split into one call per replica, sent
+  // at once; the results come back merged in the request's order. A call that fails as a
+  // whole gives each of its items that call's code and message.
+  absl::StatusOr<v1::ExtendSessionsResponse> ExtendSessions(
+      const v1::ExtendSessionsRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::ForkSessionResponse> ForkSession(
+      const v1::ForkSessionRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::CloseSessionResponse> CloseSession(
+      const v1::CloseSessionRequest& request, absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<v1::GetSessionResponse> GetSession(const v1::GetSessionRequest& request,
+                                                    absl::Duration timeout = absl::ZeroDuration());
+  // One replica's sessions: `replica` (one of the client's addresses), or empty for the next
+  // one in turn (the only one of a single-target client).
+  absl::StatusOr<v1::ListSessionsResponse> ListSessions(
+      const v1::ListSessionsRequest& request, const std::string& replica = "",
+      absl::Duration timeout = absl::ZeroDuration());
+  // ExtendSession without blocking: `done` runs once, on a gRPC thread (as AttendAsync's).
+  void ExtendSessionAsync(std::shared_ptr<const v1::ExtendSessionRequest> request,
+                          Callback<v1::ExtendSessionResponse> done,
+                          absl::Duration timeout = absl::ZeroDuration());
+
+  // The addresses sessions are routed over (CreateBalanced's, in order); empty for a client of
+  // one target.
+  std::vector<std::string> replicas() const;
 
   // The first channel (all share the same target and options).
   grpc::Channel& channel() { return *channels_[0]; }
@@ -171,10 +218,20 @@ class Client {
   void Prepare(grpc::ClientContext* context, absl::Duration timeout) const;
   // The stub of the next channel, in turn.
   v1::AttentionService::Stub& NextStub();
+  // The stub of the replica holding `session_id` (NextStub() for a single-target client).
+  absl::StatusOr<v1::AttentionService::Stub*> SessionStub(const std::string& session_id);
+  // The next replica in turn (CreateSession), with its address; NextStub() and "" when the
+  // client has no replicas.
+  std::pair<v1::AttentionService::Stub*, std::string> NextReplica();
 
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::AttentionService::Stub>> stubs_;
   std::atomic<uint64_t> next_stub_{0};
+  // Session routing (CreateBalanced): one channel per address, in the order given.
+  std::vector<std::string> replica_addresses_;
+  std::vector<std::shared_ptr<grpc::Channel>> replica_channels_;
+  std::vector<std::unique_ptr<v1::AttentionService::Stub>> replica_stubs_;
+  std::atomic<uint64_t> next_replica_{0};
   ClientOptions options_;
   friend class AttentionStream;
 };
@@ -188,6 +245,16 @@ v1::Tensor MakeMask(const std::vector<int64_t>& shape, const std::vector<uint8_t
 // Unpacks a FLOAT32, FLOAT16 or BFLOAT16 tensor into float32 values (exact).
 // INVALID_ARGUMENT when the dtype is not a float type or the data size does not match.
 absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
+
+// The owner part of a session id "<owner>/<instance>/<number>" (the owner may itself hold
+// '/'); INVALID_ARGUMENT naming the id when it does not have that form.
+absl::StatusOr<std::string> SessionOwner(const std::string& session_id);
+// Whether `status` says a session was lost (evicted, expired, or its server restarted):
+// FAILED_PRECONDITION with a message starting "session lost (". The caller creates a new
+// session and prefills it again.
+bool IsSessionLost(const absl::Status& status);
+// "evicted", "expired" or "restarted" for a lost session's status; empty otherwise.
+std::string SessionLostReason(const absl::Status& status);
 
 }  // namespace attnserve
 

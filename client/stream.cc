@@ -41,6 +41,20 @@ bool AttentionStream::Send(uint64_t request_id, const v1::MultiHeadAttentionRequ
   return Send(std::move(r));
 }
 
+bool AttentionStream::Send(uint64_t request_id, const v1::ExtendSessionRequest& request) {
+  v1::AttentionStreamRequest r;
+  r.set_request_id(request_id);
+  *r.mutable_extend_session() = request;
+  return Send(std::move(r));
+}
+
+bool AttentionStream::Send(uint64_t request_id, const v1::ExtendSessionsRequest& request) {
+  v1::AttentionStreamRequest r;
+  r.set_request_id(request_id);
+  *r.mutable_extend_sessions() = request;
+  return Send(std::move(r));
+}
+
 void AttentionStream::CloseSend() {
   {
     std::lock_guard<std::mutex> lock(mu_);

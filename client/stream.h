@@ -44,6 +44,10 @@ class AttentionStream
   bool Send(v1::AttentionStreamRequest request);
   bool Send(uint64_t request_id, const v1::AttendRequest& request);
   bool Send(uint64_t request_id, const v1::MultiHeadAttentionRequest& request);
+  // Session extends (one session's, or many sessions' in one message). A stream reaches one
+  // replica: with several, open it with Client::OpenStreamForSession.
+  bool Send(uint64_t request_id, const v1::ExtendSessionRequest& request);
+  bool Send(uint64_t request_id, const v1::ExtendSessionsRequest& request);
 
   // Half-closes after the queued requests are written: the server answers them all and ends
   // the stream OK.

@@ -7,6 +7,8 @@
 //   attnserve-bench --mode=closed --steps=1,2,4,8,16 --json=-                   # JSON on stdout
 //   attnserve-bench --mode=open --ramp=50:400:8 --json=run.json --html=run.html  # with charts
 //   attnserve-bench --html_from=run.json --html=run.html                 # redraw a saved run
+//   attnserve-bench --rpc=decode --sessions=16 --prefill=4096 --decode_steps=64 \
+//       --shapes=1,32,1,128 --kv_heads=8            # decode: 16 sessions x 64 steps each
 //
 // Prints one line per phase (see --help for every flag); a live progress line only when stdout
 // is a terminal. Exit status: 0 when every request succeeded, 1 when some failed, 2 on bad
@@ -16,6 +18,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -32,12 +35,20 @@
 #include "client/bench/stats.h"
 #include "client/bench/workload.h"
 #include "client/client.h"
+#include "client/session.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051",
           "gRPC target; several servers: ipv4:127.0.0.1:p1,127.0.0.1:p2 (round_robin)");
 ABSL_FLAG(int, connections, 1, "channels (TCP connections) calls are spread over");
-ABSL_FLAG(std::string, rpc, "attend", "attend, mha or stream");
+ABSL_FLAG(std::string, rpc, "attend",
+          "attend, mha, stream, or decode (steps of prefilled sessions; see --sessions)");
+ABSL_FLAG(int, sessions, 8,
+          "decode: sessions created and prefilled before the run (spread over the servers of an "
+          "ipv4:/ipv6: target, each stepped on its own)");
+ABSL_FLAG(int64_t, prefill, 1024, "decode: tokens each session is prefilled with");
+ABSL_FLAG(int64_t, decode_steps, 0,
+          "decode: steps per session per phase (sets --requests to sessions x steps)");
 ABSL_FLAG(std::string, stream_payload, "attend", "rpc=stream: attend or mha requests");
 ABSL_FLAG(std::string, mode, "closed", "closed (N concurrent callers) or open (arrival rate)");
 ABSL_FLAG(int, concurrency, 1, "closed loop: concurrent callers");
@@ -139,8 +150,11 @@ int main(int argc, char** argv) {
       return Usage("--stream_payload must be attend or mha; was '" + payload + "'");
     }
     work.multi_head = payload == "mha";
+  } else if (rpc == "decode") {
+    load.rpc = bench::Rpc::kDecode;
+    work.decode = true;
   } else {
-    return Usage("--rpc must be attend, mha or stream; was '" + rpc + "'");
+    return Usage("--rpc must be attend, mha, stream or decode; was '" + rpc + "'");
   }
   const std::string mode = absl::GetFlag(FLAGS_mode);
   if (mode != "closed" && mode != "open") {
@@ -187,6 +201,16 @@ int main(int argc, char** argv) {
   }
   load.phase_duration = absl::Seconds(absl::GetFlag(FLAGS_duration_s));
   load.phase_requests = absl::GetFlag(FLAGS_requests);
+  const int sessions = absl::GetFlag(FLAGS_sessions);
+  const int64_t prefill = absl::GetFlag(FLAGS_prefill);
+  if (work.decode) {
+    if (sessions < 1) return Usage(absl::StrCat("--sessions must be positive; was ", sessions));
+    if (prefill < 1) return Usage(absl::StrCat("--prefill must be positive; was ", prefill));
+    if (absl::GetFlag(FLAGS_decode_steps) > 0 && load.phase_requests == 0) {
+      load.phase_requests = sessions * absl::GetFlag(FLAGS_decode_steps);
+    }
+    work.decode_context = prefill;
+  }
   load.warmup = absl::Seconds(std::max(0.0, absl::GetFlag(FLAGS_warmup_s)));
   load.timeout = absl::Milliseconds(absl::GetFlag(FLAGS_timeout_ms));
   load.streams = std::max(1, absl::GetFlag(FLAGS_connections));
@@ -206,9 +230,15 @@ int main(int argc, char** argv) {
     return Usage("--dtype must be float32, float16 or bfloat16; was '" + dtype + "'");
   }
   std::string shapes = absl::GetFlag(FLAGS_shapes);
-  if (shapes.empty()) shapes = work.multi_head ? "1,128" : "1,8,128,64";
+  if (shapes.empty()) {
+    shapes = work.multi_head ? "1,128" : work.decode ? "1,8,1,64" : "1,8,128,64";
+  }
   auto parsed = bench::ParseShapes(shapes, work.multi_head ? 2 : 4);
   if (!parsed.ok()) return Usage(std::string(parsed.status().message()));
+  if (work.decode && parsed->size() != 1) {
+    return Usage("decode: --shapes must be one 1,H,1,D (the sessions' heads); was '" + shapes +
+                 "'");
+  }
   work.shapes = *parsed;
   auto seq = bench::ParseSeqLen(absl::GetFlag(FLAGS_seq_len));
   if (!seq.ok()) return Usage(std::string(seq.status().message()));
@@ -238,7 +268,14 @@ int main(int argc, char** argv) {
     if (!ReadFile(tf, &token)) return Usage("cannot read --auth_token_file " + tf);
     copts.auth_token = std::string(absl::StripAsciiWhitespace(token));
   }
-  auto client = attnserve::Client::Create(absl::GetFlag(FLAGS_target), copts);
+  // Decode against several servers ("ipv4:a:p1,b:p2"): a client that knows each address, so
+  // that every session's steps reach the server holding it (client/client.h).
+  const std::string target = absl::GetFlag(FLAGS_target);
+  const bool replicas =
+      work.decode && (absl::StartsWith(target, "ipv4:") || absl::StartsWith(target, "ipv6:"));
+  auto client =
+      replicas ? attnserve::Client::CreateBalanced(absl::StrSplit(target.substr(5), ','), copts)
+               : attnserve::Client::Create(target, copts);
   if (!client.ok()) return Usage(client.status().ToString());
   auto info = (*client)->GetServerInfo(absl::Seconds(20));
   if (!info.ok()) return Usage("GetServerInfo: " + info.status().ToString());
@@ -256,6 +293,37 @@ int main(int argc, char** argv) {
   }
   auto workload = bench::Workload::Create(work);
   if (!workload.ok()) return Usage(workload.status().ToString());
+  // Decode: the sessions, prefilled; closed when `open_sessions` goes, after the run.
+  std::vector<attnserve::Session> open_sessions;
+  if (work.decode) {
+    const bench::ShapeSpec& s = work.shapes[0];
+    attnserve::HeadLayout layout;
+    layout.num_heads = static_cast<int>(s.heads);
+    layout.num_kv_heads = static_cast<int>(work.kv_heads > 0 ? work.kv_heads : s.heads);
+    layout.head_dim = static_cast<int>(s.head_dim);
+    attnserve::SessionOptions sopts;
+    sopts.cache_dtype = work.dtype;
+    sopts.timeout = load.timeout;
+    std::mt19937 rng(static_cast<uint32_t>(load.seed));
+    std::normal_distribution<float> normal;
+    auto random = [&](std::vector<int64_t> shape) {
+      std::vector<float> v(shape[0] * shape[1] * shape[2]);
+      for (float& x : v) x = normal(rng);
+      return attnserve::MakeTensor(work.dtype, shape, v);
+    };
+    const v1::Tensor q = random({prefill, layout.num_heads, layout.head_dim});
+    const v1::Tensor k = random({prefill, layout.num_kv_heads, layout.head_dim});
+    const v1::Tensor v = random({prefill, layout.num_kv_heads, layout.head_dim});
+    for (int i = 0; i < sessions; ++i) {
+      auto session = attnserve::Session::CreateRaw(client->get(), layout, sopts);
+      if (!session.ok()) return Usage("CreateSession: " + session.status().ToString());
+      auto r = session->Extend(q, k, v);
+      if (!r.ok()) return Usage("prefill: " + r.status().ToString());
+      load.session_ids.push_back(session->id());
+      load.session_lengths.push_back(session->length());
+      open_sessions.push_back(*std::move(session));
+    }
+  }
 
   std::vector<double> levels;  // as the table prints them: 6 significant digits
   for (double l : load.levels) levels.push_back(std::stod(absl::StrFormat("%.6g", l)));
@@ -282,6 +350,12 @@ int main(int argc, char** argv) {
                    {"mean_tokens", workload->mean_tokens()},
                    {"mean_flops", workload->mean_flops()}};
   if (work.multi_head) report.config["module"] = work.module;
+  if (work.decode) {
+    report.config["sessions"] = sessions;
+    report.config["prefill"] = prefill;
+    report.config["decode_steps"] = absl::GetFlag(FLAGS_decode_steps);
+    report.config["kv_heads"] = work.kv_heads;
+  }
   {
     google::protobuf::util::JsonPrintOptions o;
     o.preserve_proto_field_names = true;

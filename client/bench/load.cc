@@ -6,7 +6,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <deque>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -114,6 +116,85 @@ class Driver::StreamPool {
   std::unordered_map<uint64_t, Pending> pending_;
 };
 
+// The sessions of rpc = kDecode: which are free, and the steps waiting for one.
+class Driver::DecodePool {
+ public:
+  DecodePool(Client& client, const LoadOptions& options)
+      : client_(client),
+        timeout_(options.timeout),
+        ids_(options.session_ids),
+        lengths_(options.session_lengths) {
+    lengths_.resize(ids_.size(), 0);
+    for (size_t i = 0; i < ids_.size(); ++i) free_.push_back(i);
+  }
+  void Send(const Prepared& p, uint32_t item, int64_t intended_ns, Done done) {
+    Step step{&p, item, intended_ns, std::move(done)};
+    size_t session;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (free_.empty()) {
+        waiting_.push_back(std::move(step));
+        return;
+      }
+      session = free_.front();
+      free_.pop_front();
+    }
+    Start(session, std::move(step));
+  }
+
+ private:
+  struct Step {
+    const Prepared* prepared;
+    uint32_t item;
+    int64_t intended_ns;
+    Done done;
+  };
+  // Sends `step` on `session`, which is this step's alone until it completes.
+  void Start(size_t session, Step step) {
+    auto request = std::make_shared<v1::ExtendSessionRequest>(*step.prepared->extend);
+    request->set_session_id(ids_[session]);
+    request->set_expected_length(lengths_[session]);
+    auto shared = std::make_shared<Step>(std::move(step));
+    client_.ExtendSessionAsync(
+        request,
+        [this, session, shared](absl::StatusOr<v1::ExtendSessionResponse> r) {
+          Sample s;
+          s.intended_ns = shared->intended_ns;
+          s.completed_ns = NowNs();
+          s.latency_us = (s.completed_ns - shared->intended_ns) / 1e3;
+          s.code = static_cast<int>(r.status().code());
+          s.item = shared->item;
+          if (r.ok()) {
+            FillTiming(r->timing(), &s);
+            lengths_[session] = r->length();
+          }
+          std::optional<Step> next;
+          {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (waiting_.empty()) {
+              free_.push_back(session);
+            } else {
+              next = std::move(waiting_.front());
+              waiting_.pop_front();
+            }
+          }
+          // The next step first: `done` may end the phase, and the next step must count in
+          // it before then (it was counted in flight when it was issued).
+          if (next.has_value()) Start(session, std::move(*next));
+          shared->done(s);
+        },
+        timeout_);
+  }
+
+  Client& client_;
+  const absl::Duration timeout_;
+  const std::vector<std::string> ids_;
+  std::vector<int64_t> lengths_;  // [i] touched only by the step holding session i
+  std::mutex mu_;
+  std::deque<size_t> free_;
+  std::deque<Step> waiting_;
+};
+
 // The state of one phase, shared with the completion callbacks.
 struct Driver::Phase {
   Recorder recorder;
@@ -151,6 +232,7 @@ Driver::Driver(Client& client, const Workload& workload, const LoadOptions& opti
   if (options_.rpc == Rpc::kStream) {
     streams_ = std::make_unique<StreamPool>(client_, std::max(1, options_.streams));
   }
+  if (options_.rpc == Rpc::kDecode) decode_ = std::make_unique<DecodePool>(client_, options_);
 }
 
 Driver::~Driver() = default;
@@ -160,6 +242,10 @@ void Driver::Issue(size_t item, int64_t intended_ns, Done done) {
   const uint32_t index = static_cast<uint32_t>(item);
   if (options_.rpc == Rpc::kStream) {
     streams_->Send(p, index, intended_ns, std::move(done));
+    return;
+  }
+  if (options_.rpc == Rpc::kDecode) {
+    decode_->Send(p, index, intended_ns, std::move(done));
     return;
   }
   auto finish = [intended_ns, index, done = std::move(done)](int code, const v1::Timing* t) {

@@ -37,6 +37,12 @@ struct LoadOptions {
   absl::Duration timeout = absl::Seconds(60);
   // Streams (rpc = kStream): one per channel; requests spread over them in turn.
   int streams = 1;
+  // rpc = kDecode: the sessions stepped (prefilled by the caller, who also closes them) and
+  // the tokens each holds. A step goes to a session with no step in flight; when every
+  // session is busy it waits for the first to come free (the wait counts in its latency), so
+  // a session never gets two steps at once.
+  std::vector<std::string> session_ids;
+  std::vector<int64_t> session_lengths;
   // Open loop: requests outstanding at most; the sender waits (and the wait counts in the
   // latency, measured from the intended time) beyond it. Default: 100000.
   int64_t max_in_flight = 100000;
@@ -56,6 +62,7 @@ class Driver {
   using Done = std::function<void(const Sample&)>;
   struct Phase;
   class StreamPool;
+  class DecodePool;
   // Sends workload item `item`; `done` gets the sample, latency from `intended`.
   void Issue(size_t item, int64_t intended_ns, Done done);
   PhaseReport RunPhase(const std::string& name, double level, bool warmup);
@@ -66,6 +73,7 @@ class Driver {
   const Workload& workload_;
   const LoadOptions options_;
   std::unique_ptr<StreamPool> streams_;
+  std::unique_ptr<DecodePool> decode_;
   int64_t run_start_ns_ = 0;  // NowNs() at the first reported phase's start
 };
 

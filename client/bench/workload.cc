@@ -166,7 +166,19 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& o) {
   for (const auto& [s, weight] : plan) {
     Prepared p;
     p.tokens = s.batch * s.seq_len;
-    if (!o.multi_head) {
+    if (o.decode) {
+      const int64_t kv = o.kv_heads > 0 ? o.kv_heads : s.heads;
+      auto r = std::make_shared<v1::ExtendSessionRequest>();
+      *r->mutable_query() = random({1, s.heads, s.head_dim});
+      *r->mutable_key() = random({1, kv, s.head_dim});
+      *r->mutable_value() = random({1, kv, s.head_dim});
+      p.tokens = 1;
+      p.flops = AttendFlops(1, s.heads, 1, std::max<int64_t>(1, o.decode_context), s.head_dim,
+                            s.head_dim);
+      p.bytes = static_cast<int64_t>(r->ByteSizeLong());
+      p.label = absl::StrCat("step ", s.heads, "x", s.head_dim);
+      p.extend = std::move(r);
+    } else if (!o.multi_head) {
       const int64_t kv = o.kv_heads > 0 ? o.kv_heads : s.heads;
       auto r = std::make_shared<v1::AttendRequest>();
       *r->mutable_query() = random({s.batch, s.heads, s.seq_len, s.head_dim});

@@ -16,7 +16,8 @@ namespace attnserve::bench {
 
 namespace v1 = ::attnserve::v1;
 
-enum class Rpc { kAttend, kMultiHead, kStream };
+// kDecode: decode steps of sessions prefilled before the run (ExtendSession, one token each).
+enum class Rpc { kAttend, kMultiHead, kStream, kDecode };
 
 // One entry of --shapes: Attend "B,H,L,D" (query heads H, key/value heads kv_heads or H,
 // Lq = Lk = L, Dv = D) or MultiHeadAttention "B,L"; "@W" appends a relative weight (default 1).
@@ -47,15 +48,22 @@ absl::StatusOr<SeqLenDist> ParseSeqLen(const std::string& text);
 struct Prepared {
   std::shared_ptr<const v1::AttendRequest> attend;           // set for Rpc::kAttend
   std::shared_ptr<const v1::MultiHeadAttentionRequest> mha;  // set for kMultiHead
-  int64_t tokens = 0;                                        // query rows: B * Lq
-  double flops = 0;   // dense multiply-add count x2 (causal masking not discounted)
-  int64_t bytes = 0;  // serialised request size
-  std::string label;  // e.g. "1x8x128x64"
+  // Set for kDecode: one token's q [1, H, D], k and v [1, Hkv, D]; session_id and
+  // expected_length are filled in per session when sent.
+  std::shared_ptr<const v1::ExtendSessionRequest> extend;
+  int64_t tokens = 0;  // query rows: B * Lq
+  double flops = 0;    // dense multiply-add count x2 (causal masking not discounted)
+  int64_t bytes = 0;   // serialised request size
+  std::string label;   // e.g. "1x8x128x64"
 };
 
 struct WorkloadOptions {
   // False: Attend requests; true: MultiHeadAttention requests (whichever rpc carries them).
   bool multi_head = false;
+  // Decode steps of raw sessions (shapes give H and D; B and L are ignored): one token each,
+  // worth the FLOPs of attending over decode_context tokens.
+  bool decode = false;
+  int64_t decode_context = 0;
   std::vector<ShapeSpec> shapes;
   SeqLenDist seq_len;
   int64_t kv_heads = 0;  // Attend: key/value heads; 0 = H

@@ -118,6 +118,68 @@ export class AttentionStream implements AsyncIterable<StreamAnswer> {
   [Symbol.asyncIterator](): AsyncIterator<StreamAnswer>;
 }
 
+/** A raw session's heads (the proto's HeadLayout). */
+export interface HeadLayout {
+  numHeads: number; numKvHeads: number; headDim: number; vHeadDim?: number;
+}
+
+/** The proto's SessionInfo; int64 fields are numbers. */
+export interface SessionInfo {
+  sessionId: string;
+  module?: string;
+  layout?: HeadLayout;
+  cacheDtype: string;
+  length: number;
+  pages: number;
+  sharedPages: number;
+  bytes: number;
+  pinned: boolean;
+  idleTtlUs: number;
+  idleUs: number;
+  parentId: string;
+  scale: number;
+}
+
+export interface CreateSessionOptions {
+  /** A loaded module (extends send input [L, d_model]); or give layout. */
+  module?: string;
+  /** A raw layout (extends send q [L, Hq, D], k and v [L, Hkv, D]). */
+  layout?: HeadLayout;
+  /** The cache's element type; default float32. */
+  cacheDtype?: Dtype;
+  scale?: number;
+  pinned?: boolean;
+  /** 0: the server's idle TTL. */
+  idleTtlUs?: number;
+  timeoutMs?: number;
+}
+
+/** New tokens: q, k, v for raw sessions (token-major), input for module sessions. */
+export interface SessionTokens {
+  q?: TensorInput | TensorMessage;
+  k?: TensorInput | TensorMessage;
+  v?: TensorInput | TensorMessage;
+  input?: TensorInput | TensorMessage;
+}
+
+export interface ExtendSessionOptions {
+  /** Applies only if the session holds exactly this many tokens, else ABORTED (safe retry). */
+  expectedLength?: number;
+  /** Also return the log-sum-exp [L, Hq] of each new query. */
+  returnLse?: boolean;
+  dtype?: Dtype;
+  timeoutMs?: number;
+}
+
+export interface SessionResult {
+  /** Raw sessions [L, Hq, Dv]; module sessions [L, d_model]. */
+  output: TensorOutput;
+  lse: TensorOutput | null;
+  /** Tokens in the session after the extend. */
+  length: number;
+  timing: Timing;
+}
+
 export interface ClientOptions {
   /** Default: insecure. */
   credentials?: grpc.ChannelCredentials;
@@ -142,6 +204,16 @@ export class Client {
   unloadModule(name: string, options?: { timeoutMs?: number }): Promise<void>;
   listModules(options?: { timeoutMs?: number }): Promise<ModuleInfo[]>;
   serverInfo(options?: { timeoutMs?: number }): Promise<ServerInfo>;
+  /** Creates a decode session; resolves to its SessionInfo. */
+  createSession(options: CreateSessionOptions): Promise<SessionInfo>;
+  /** Appends tokens (a prefill or one decode step); their attention over the whole cache. */
+  extendSession(sessionId: string, tokens: SessionTokens,
+                options?: ExtendSessionOptions): Promise<SessionResult>;
+  forkSession(sessionId: string,
+              options?: { pinned?: boolean; idleTtlUs?: number; timeoutMs?: number }
+  ): Promise<SessionInfo>;
+  getSession(sessionId: string, options?: { timeoutMs?: number }): Promise<SessionInfo>;
+  closeSession(sessionId: string, options?: { timeoutMs?: number }): Promise<void>;
   /** Opens an AttentionStream; timeoutMs bounds the whole stream (default: none). */
   stream(options?: { timeoutMs?: number }): AttentionStream;
   close(): void;

@@ -293,6 +293,64 @@ class Client {
     return this.unary('GetServerInfo', {}, options.timeoutMs);
   }
 
+  /**
+   * Creates a decode session: options.module (a loaded module: extends send input
+   * [L, d_model]) or options.layout ({numHeads, numKvHeads, headDim, vHeadDim}: extends send
+   * projected q [L, Hq, D], k and v [L, Hkv, D], token-major); options.cacheDtype (float32,
+   * float16, bfloat16), scale, pinned, idleTtlUs. Resolves to the SessionInfo (sessionId, ...).
+   */
+  async createSession(options = {}) {
+    const request = {
+      cacheDtype: `DTYPE_${(options.cacheDtype || 'float32').toUpperCase()}`,
+      pinned: !!options.pinned, idleTtlUs: options.idleTtlUs || 0,
+    };
+    if (options.module) request.module = options.module;
+    else request.layout = options.layout;
+    if (options.scale !== undefined) request.scale = options.scale;
+    return (await this.unary('CreateSession', request, options.timeoutMs)).session;
+  }
+
+  /**
+   * Appends tokens to session `sessionId` and resolves to { output, lse, length, timing }:
+   * tensors.q, tensors.k, tensors.v for raw sessions, or tensors.input for module sessions.
+   * options: expectedLength (the extend applies only at that length, else ABORTED: safe
+   * retries), returnLse, dtype, timeoutMs.
+   */
+  async extendSession(sessionId, tensors, options = {}) {
+    const request = { sessionId, returnLse: !!options.returnLse };
+    if (tensors.input) {
+      request.input = toTensor(tensors.input, options.dtype);
+    } else {
+      request.query = toTensor(tensors.q, options.dtype);
+      const dtype = request.query.dtype.slice('DTYPE_'.length).toLowerCase();
+      request.key = toTensor(tensors.k, dtype);
+      request.value = toTensor(tensors.v, dtype);
+    }
+    if (options.expectedLength !== undefined) request.expectedLength = options.expectedLength;
+    const r = await this.unary('ExtendSession', request, options.timeoutMs);
+    return {
+      output: fromTensor(r.output), lse: r.lse ? fromTensor(r.lse) : null,
+      length: Number(r.length), timing: r.timing,
+    };
+  }
+
+  /** A new session sharing `sessionId`'s tokens copy-on-write; resolves to its SessionInfo. */
+  async forkSession(sessionId, options = {}) {
+    return (await this.unary('ForkSession', {
+      sessionId, pinned: !!options.pinned, idleTtlUs: options.idleTtlUs || 0,
+    }, options.timeoutMs)).session;
+  }
+
+  /** The session's SessionInfo (length, pages, bytes, idle time, ...). */
+  async getSession(sessionId, options = {}) {
+    return (await this.unary('GetSession', { sessionId }, options.timeoutMs)).session;
+  }
+
+  /** Ends the session and frees its pages. */
+  async closeSession(sessionId, options = {}) {
+    await this.unary('CloseSession', { sessionId }, options.timeoutMs);
+  }
+
   /** Opens an AttentionStream; options.timeoutMs bounds the whole stream (default: none). */
   stream(options = {}) {
     const callOptions = options.timeoutMs ? { deadline: new Date(Date.now() + options.timeoutMs) }

@@ -80,6 +80,14 @@ def check_overlay(name, flavour, docs):
     check(env.get("ATTNSERVE_METRICS_ADDRESS", "").endswith(f":{METRICS_PORT}"),
           f"{w} ATTNSERVE_METRICS_ADDRESS")
 
+    # Decode sessions: each pod names itself in session ids by its pod IP and gRPC port, the
+    # address the headless Service resolves to (clients route a session's calls there).
+    pod_env = {e["name"]: e for e in c.get("env", [])}
+    check(pod_env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+          == "status.podIP", f"{w} POD_IP must come from status.podIP")
+    check(pod_env.get("ATTNSERVE_SESSION_OWNER", {}).get("value") == f"$(POD_IP):{GRPC_PORT}",
+          f"{w} ATTNSERVE_SESSION_OWNER must be $(POD_IP):{GRPC_PORT}")
+
     # Drain: preStop sleep + --shutdown_grace_ms must end before SIGKILL.
     grace_ms = int(env.get("ATTNSERVE_SHUTDOWN_GRACE_MS", "10000"))  # the server's default
     pre_stop = c.get("lifecycle", {}).get("preStop", {})

@@ -1,7 +1,8 @@
 // The attnserve Node.js package (client/node), packed with npm pack and installed into an empty
 // folder, against a live attnserve: Attend (float32, grouped-query, causal; float16 and
 // bfloat16) against a float64 reference written here, MultiHeadAttention through "demo",
-// GetServerInfo, the stream with a failing request, and an error's code and message.
+// GetServerInfo, the stream with a failing request, an error's code and message, and a raw
+// decode session (prefill and steps against causal float64 attention, ABORTED, fork, close).
 //   node attend_test.js HOST:PORT VERSION     (run where `require('attnserve')` is installed)
 'use strict';
 const assert = require('node:assert/strict');
@@ -155,6 +156,53 @@ async function main() {
   assert.equal(answers.get(7).code, attnserve.grpc.status.NOT_FOUND);
   assert.equal(answers.get(7).result, null);
   assert.match(answers.get(7).message, /no-such-module/);
+  // A raw decode session: a prefill of 5 tokens and 2 steps of one, each answer equal to causal
+  // attention over every token so far (token-major [L, H, D] in, [L, Hq, D] out).
+  const [SH, SKV, SD, SL] = [4, 2, 8, 7];
+  const sq = tensor([SL, SH, SD], normal);
+  const sk = tensor([SL, SKV, SD], normal);
+  const sv = tensor([SL, SKV, SD], normal);
+  // [L, H, D] rows from..to as [1, H, L', D] for attention64.
+  const headMajor = (t, H, from, to) => {
+    const out = new Float32Array(H * (to - from) * SD);
+    for (let h = 0; h < H; h++) for (let i = from; i < to; i++) for (let d = 0; d < SD; d++) {
+      out[(h * (to - from) + (i - from)) * SD + d] = t.data[(i * H + h) * SD + d];
+    }
+    return out;
+  };
+  const slice = (t, H, from, to) => ({
+    shape: [to - from, H, SD], data: t.data.slice(from * H * SD, to * H * SD),
+  });
+  const session = await client.createSession({
+    layout: { numHeads: SH, numKvHeads: SKV, headDim: SD },
+  });
+  assert.match(session.sessionId, /^.+\/[0-9a-f]+\/[0-9]+$/);
+  let have = 0;
+  for (const [from, to] of [[0, 5], [5, 6], [6, 7]]) {
+    const r = await client.extendSession(session.sessionId, {
+      q: slice(sq, SH, from, to), k: slice(sk, SKV, from, to), v: slice(sv, SKV, from, to),
+    }, { expectedLength: have });
+    assert.equal(r.length, to);
+    assert.deepEqual(r.output.shape, [to - from, SH, SD]);
+    const ref = attention64(headMajor(sq, SH, from, to), headMajor(sk, SKV, 0, to),
+      headMajor(sv, SKV, 0, to), [1, SH, to - from, SD], SKV, to, true);
+    const got = headMajor({ data: r.output.data }, SH, 0, to - from);
+    const err = maxError(got, ref);
+    assert.ok(err < 1e-5, `session extend ${from}..${to}: max |error| ${err}`);
+    have = to;
+  }
+  await assert.rejects(client.extendSession(session.sessionId, {
+    q: slice(sq, SH, 0, 1), k: slice(sk, SKV, 0, 1), v: slice(sv, SKV, 0, 1),
+  }, { expectedLength: 3 }), (err) => err.code === attnserve.grpc.status.ABORTED);
+  const child = await client.forkSession(session.sessionId);
+  assert.equal(Number(child.length), SL);
+  assert.equal(Number((await client.getSession(session.sessionId)).length), SL);
+  await client.closeSession(child.sessionId);
+  await client.closeSession(session.sessionId);
+  await assert.rejects(client.getSession(session.sessionId),
+    (err) => err.code === attnserve.grpc.status.NOT_FOUND);
+  console.log('decode session: prefill and steps match float64 causal attention');
+
   console.log(`GetServerInfo: attnserve ${info.version}; stream answered ${answers.size}; ` +
               'all checks passed');
   client.close();

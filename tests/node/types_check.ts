@@ -20,7 +20,14 @@ async function main(): Promise<void> {
   const info = await client.serverInfo();
   const v: string = info.version;
   const mods: attnserve.ModuleInfo[] = await client.listModules();
-  console.log(shape, us, a.output.dtype, v, mods.length, attnserve.grpc.status.NOT_FOUND);
+  const sess: attnserve.SessionInfo = await client.createSession({
+    layout: { numHeads: 8, numKvHeads: 2, headDim: 64 }, cacheDtype: 'float16',
+  });
+  const step: attnserve.SessionResult = await client.extendSession(
+    sess.sessionId, { q: x, k: x, v: x }, { expectedLength: sess.length, returnLse: true });
+  const n: number = step.length;
+  await client.closeSession(sess.sessionId);
+  console.log(shape, us, a.output.dtype, v, mods.length, attnserve.grpc.status.NOT_FOUND, n);
   client.close();
 }
 main();

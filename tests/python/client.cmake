@@ -18,7 +18,7 @@ set_tests_properties(python_package_install PROPERTIES
   LABELS "python;client" TIMEOUT 300 FIXTURES_SETUP python_package)
 
 # The client tests with that environment's python, from a folder outside the source tree.
-foreach(t test_python_client test_python_client_async)
+foreach(t test_python_client test_python_client_async test_sessions_client)
   add_test(NAME python_${t}
     COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} ${t})
   set_tests_properties(python_${t} PROPERTIES
@@ -28,6 +28,16 @@ foreach(t test_python_client test_python_client_async)
     ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_SEED_VECTORS_DIR=${ATTNSERVE_SEED_VECTORS_DIR};PYTHONDONTWRITEBYTECODE=1")
 endforeach()
 
+# Decode sessions against live servers (two for routing), attnserve-cli session and
+# attnserve-bench --rpc=decode included.
+add_test(NAME python_test_sessions_live
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} test_sessions_live)
+set_tests_properties(python_test_sessions_live PROPERTIES
+  LABELS "python;client;integration"
+  TIMEOUT 600
+  FIXTURES_REQUIRED python_package
+  ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_CLI=$<TARGET_FILE:attnserve-cli>;ATTNSERVE_BENCH=$<TARGET_FILE:attnserve-bench>;PYTHONDONTWRITEBYTECODE=1")
+
 # The examples of client/python/README.md and of README.md's Python sections, run as written
 # (from `pip install ./client/python` in a fresh venv) against a live server.
 set(PY_README_EXPECT
@@ -35,7 +45,8 @@ set(PY_README_EXPECT
   "--expect=first-call=(1, 10, 64)"
   "--expect=load-module=4 (2, 5, 32) (2, 4, 5, 7)"
   "--expect=asyncio=8 (1, 4, 8, 16)"
-  "--expect=stream=99 5 module: no module 'no-such-module'")
+  "--expect=stream=99 5 module: no module 'no-such-module'"
+  "--expect=sessions=20 (1, 8, 64) 21")
 add_test(NAME python_readme_examples
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
           --readme=client/python/README.md --copy=client/python ${PY_README_EXPECT}

@@ -16,6 +16,11 @@ importable, and come out with Client(..., torch_out=True). float32, float16 and 
   list_modules, server_info) and stream() over the AttentionStream rpc.
 - AsyncClient: the same as coroutines on asyncio (grpc.aio); stream() as an async iterator.
 - attend_request, multi_head_request, stream_request: the request messages, for streams.
+- Decode sessions: Client.create_session -> Session (extend, fork, describe, close; a context
+  manager), extend_sessions (many sessions' steps in one call), list_sessions; AsyncSession
+  for AsyncClient. layout() describes a raw session's heads; is_session_lost() recognises the
+  FAILED_PRECONDITION "session lost (...)" of an evicted, expired or restarted session. A
+  client given a list of addresses routes each session to the replica its id names.
 - to_tensor / from_tensor: arrays <-> attnserve.v1.Tensor.
 - export_state_dict, write_safetensors, read_safetensors: a PyTorch module's weights as
   safetensors bytes ready for load_module.
@@ -36,10 +41,17 @@ from attnserve.v1 import attention_pb2_grpc as pb_grpc
 from attnserve.tensors import to_tensor, from_tensor, DTYPES
 from attnserve.client import (Client, AsyncClient, Result, RetryPolicy, attend_request,
                               multi_head_request, stream_request)
+from attnserve.sessions import (Session, AsyncSession, SessionResult, StepError,
+                                ExtendAlreadyApplied, is_session_lost, session_lost_reason,
+                                session_owner, layout, create_session_request, extend_request,
+                                session_result)
 from attnserve.safetensors import (write_safetensors, read_safetensors, export_state_dict,
                                    REFERENCE_NAMES)
 
 __all__ = ["__version__", "pb", "pb_grpc", "Client", "AsyncClient", "Result", "RetryPolicy",
            "attend_request", "multi_head_request", "stream_request", "to_tensor",
            "from_tensor", "DTYPES", "write_safetensors", "read_safetensors",
-           "export_state_dict", "REFERENCE_NAMES"]
+           "export_state_dict", "REFERENCE_NAMES", "Session", "AsyncSession", "SessionResult",
+           "StepError", "ExtendAlreadyApplied", "is_session_lost", "session_lost_reason",
+           "session_owner", "layout", "create_session_request", "extend_request",
+           "session_result"]

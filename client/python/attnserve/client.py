@@ -5,9 +5,13 @@ and message (see the proto): e.g. INVALID_ARGUMENT "key.shape[3] must equal quer
 Retries (UNAVAILABLE, with backoff) and load balancing (round_robin over the addresses a
 target resolves to, e.g. "ipv4:127.0.0.1:5001,127.0.0.1:5002") are gRPC's, through the
 channel's service config.
+
+Decode sessions (create_session, extend_sessions, list_sessions; attnserve.sessions): given a
+list of addresses, a client routes each session's calls to the address its id names.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from typing import (Any, AsyncIterable, AsyncIterator, Iterable, Iterator, List, NamedTuple,
@@ -18,9 +22,13 @@ import grpc
 from attnserve.v1 import attention_pb2 as pb
 from attnserve.v1 import attention_pb2_grpc as pb_grpc
 from attnserve.tensors import ArrayLike, to_tensor, from_tensor
+from attnserve import sessions as _s
+from attnserve.sessions import Session, AsyncSession, SessionResult, Step
 
-# A request of a stream: AttendRequest or MultiHeadAttentionRequest.
-Request = Union[pb.AttendRequest, pb.MultiHeadAttentionRequest]
+# A request of a stream: AttendRequest, MultiHeadAttentionRequest, or a session's
+# ExtendSessionRequest / ExtendSessionsRequest.
+Request = Union[pb.AttendRequest, pb.MultiHeadAttentionRequest, pb.ExtendSessionRequest,
+                pb.ExtendSessionsRequest]
 # Weights for load_module: safetensors bytes or a path, a state_dict or a torch module.
 Weights = Any
 
@@ -60,6 +68,24 @@ def _service_config(retry: Optional[RetryPolicy], load_balancing: Optional[str])
     if load_balancing:
         config["loadBalancingConfig"] = [{load_balancing: {}}]
     return json.dumps(config)
+
+
+def _multi_address_target(addresses: Sequence[str]) -> str:
+    """The "ipv4:a,b" / "ipv6:[a],[b]" target for a list of replicas (as the C++ client's)."""
+    if not addresses:
+        raise ValueError("addresses must not be empty")
+    if len(addresses) == 1:
+        return addresses[0]
+
+    def v4(a):
+        host, _, port = a.rpartition(":")
+        return port.isdigit() and host.count(".") == 3 and host.replace(".", "").isdigit()
+    if all(v4(a) for a in addresses):
+        return "ipv4:" + ",".join(addresses)
+    if all(a.startswith("[") and "]:" in a for a in addresses):
+        return "ipv6:" + ",".join(addresses)
+    raise ValueError("addresses must all be IPv4 or all IPv6 literals with ports (use a "
+                     f"dns:/// target for host names); were {','.join(addresses)}")
 
 
 def _read(path) -> bytes:
@@ -154,8 +180,12 @@ def stream_request(request_id: int, request: Request) -> pb.AttentionStreamReque
         return pb.AttentionStreamRequest(request_id=request_id, attend=request)
     if isinstance(request, pb.MultiHeadAttentionRequest):
         return pb.AttentionStreamRequest(request_id=request_id, multi_head_attention=request)
-    raise TypeError("a stream carries AttendRequest or MultiHeadAttentionRequest; was "
-                    f"{type(request).__name__}")
+    if isinstance(request, pb.ExtendSessionRequest):
+        return pb.AttentionStreamRequest(request_id=request_id, extend_session=request)
+    if isinstance(request, pb.ExtendSessionsRequest):
+        return pb.AttentionStreamRequest(request_id=request_id, extend_sessions=request)
+    raise TypeError("a stream carries AttendRequest, MultiHeadAttentionRequest, "
+                    f"ExtendSessionRequest or ExtendSessionsRequest; was {type(request).__name__}")
 
 
 def _result(response, torch_out: bool) -> Result:
@@ -176,13 +206,16 @@ def _module_bytes(weights, num_heads) -> bytes:
 class _Base:
     """What Client and AsyncClient share: the channel's settings."""
 
-    def __init__(self, target: str, *, timeout: float = 60.0, tls: bool = False,
+    def __init__(self, target: Union[str, Sequence[str]], *, timeout: float = 60.0,
+                 tls: bool = False,
                  root_certs: Union[bytes, str, None] = None,
                  client_cert: Union[bytes, str, None] = None,
                  client_key: Union[bytes, str, None] = None, server_name: Optional[str] = None,
                  token: Optional[str] = None, retry: Optional[RetryPolicy] = None,
                  load_balancing: Optional[str] = None, torch_out: bool = False):
-        """target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2".
+        """target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2"; or a list of
+        "host:port" replicas: stateless calls are balanced over them (round_robin; IP literals
+        only, as in "ipv4:"), and decode sessions are routed to the replica their id names.
 
         timeout: seconds per call. tls / root_certs / client_cert / client_key (PEM bytes or
         file paths): TLS and mutual TLS; server_name overrides the name checked. token: a
@@ -190,6 +223,12 @@ class _Base:
         retries. load_balancing: "round_robin" or "pick_first" (default: round_robin when the
         target lists addresses). torch_out: results as torch tensors instead of numpy arrays.
         """
+        replicas: List[str] = []
+        if not isinstance(target, str):
+            replicas = list(target)
+            target = _multi_address_target(replicas)
+            if len(replicas) < 2:
+                replicas = []
         if load_balancing is None and target.startswith(("ipv4:", "ipv6:", "dns:")):
             load_balancing = "round_robin"
         self.timeout = timeout
@@ -202,6 +241,49 @@ class _Base:
         self.target = target
         self.channel = self._channel(target)
         self.stub = pb_grpc.AttentionServiceStub(self.channel)
+        self.replicas = replicas
+        self._replica_channels = [self._channel(a) for a in replicas]
+        self._replica_stubs = [pb_grpc.AttentionServiceStub(c) for c in self._replica_channels]
+        self._next_replica = itertools.count()  # next() is atomic: thread-safe turns
+
+    def _session_address(self, session_id: str) -> str:
+        """The replica address of `session_id` ("" for a client of one target)."""
+        if not self.replicas:
+            return ""
+        owner = _s.session_owner(session_id)
+        if owner not in self.replicas:
+            raise ValueError(
+                f"session_id {session_id!r} names owner {owner!r}, which is none of this "
+                f"client's addresses ({', '.join(self.replicas)}); start each replica with its "
+                "owner set to the address clients reach it by")
+        return owner
+
+    def _session_stub(self, session_id: str):
+        address = self._session_address(session_id)
+        return self._replica_stubs[self.replicas.index(address)] if address else self.stub
+
+    def _replica_stub(self, replica: Optional[str] = None):
+        """(stub, address) of `replica`, or of the next replica in turn."""
+        if not self.replicas:
+            if replica:
+                raise ValueError(f"replica {replica!r}: this client has one target")
+            return self.stub, ""
+        if replica is None:
+            i = next(self._next_replica) % len(self.replicas)
+        elif replica in self.replicas:
+            i = self.replicas.index(replica)
+        else:
+            raise ValueError(f"replica {replica!r} is none of this client's addresses "
+                             f"({', '.join(self.replicas)})")
+        return self._replica_stubs[i], self.replicas[i]
+
+    def _check_owner(self, info: pb.SessionInfo, address: str) -> Optional[str]:
+        """The error to raise when the replica at `address` issued an id naming another."""
+        if address and _s.session_owner(info.session_id) != address:
+            return (f"the replica at {address} issued session_id {info.session_id!r}, whose "
+                    "owner is not that address; start each replica with its owner set to the "
+                    "address clients reach it by")
+        return None
 
     def _kw(self, timeout):
         return {"timeout": self.timeout if timeout is None else timeout,
@@ -265,6 +347,65 @@ class Client(_Base):
     def server_info(self, *, timeout: Optional[float] = None) -> pb.GetServerInfoResponse:
         """The server's version, backends and devices, limits and batching settings."""
         return self.stub.GetServerInfo(pb.GetServerInfoRequest(), **self._kw(timeout))
+
+    # --- Decode sessions (attnserve.sessions) ---
+
+    def create_session(self, module: Optional[str] = None,
+                       layout: Optional[pb.HeadLayout] = None, *,
+                       cache_dtype: str = "float32", scale: Optional[float] = None,
+                       pinned: bool = False, idle_ttl_s: Optional[float] = None,
+                       timeout: Optional[float] = None) -> Session:
+        """A new decode session: bound to the loaded `module` (extend(input=[L, d_model])), or
+        to a raw `layout` (attnserve.layout(num_heads, head_dim, num_kv_heads); extend(q, k,
+        v) token-major). cache_dtype: "float32", "float16" or "bfloat16". Use the Session as a
+        context manager, or close() it. With several replicas it goes to the next in turn."""
+        request = _s.create_session_request(module, layout, cache_dtype=cache_dtype,
+                                            scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s)
+        stub, address = self._replica_stub()
+        info = stub.CreateSession(request, **self._kw(timeout)).session
+        error = self._check_owner(info, address)
+        if error:
+            stub.CloseSession(pb.CloseSessionRequest(session_id=info.session_id),
+                              **self._kw(timeout))
+            raise ValueError(error)
+        return Session(self, info)
+
+    def extend_sessions(self, steps: Sequence[Step], *,
+                        timeout: Optional[float] = None) -> List[Union[SessionResult, Exception]]:
+        """One step for each of many sessions in one ExtendSessions call (one per replica):
+        steps are (session, (q, k, v)), (session, {"input": x}) or (session,
+        session.request(...)). Returns, in order, a SessionResult or a StepError (code,
+        details) per step; each session's length follows its successful step. Raises
+        grpc.RpcError only when the call itself fails with one replica."""
+        groups = _s._group_steps(self, steps)
+        responses = []
+        for stub, _, request in groups:
+            try:
+                responses.append(stub.ExtendSessions(request, **self._kw(timeout)))
+            except grpc.RpcError as e:
+                if len(groups) == 1:
+                    raise
+                responses.append(e)
+        return _s._merge(steps, groups, responses, self.torch_out)
+
+    def list_sessions(self, *, replica: Optional[str] = None, page_size: int = 0,
+                      page_token: str = "",
+                      timeout: Optional[float] = None) -> pb.ListSessionsResponse:
+        """One replica's sessions (`replica`, default the next in turn) and its pool's usage:
+        pb.ListSessionsResponse(sessions, next_page_token, usage)."""
+        stub, _ = self._replica_stub(replica)
+        return stub.ListSessions(pb.ListSessionsRequest(page_size=page_size,
+                                                        page_token=page_token),
+                                 **self._kw(timeout))
+
+    def stream_for_session(self, session_id: str, requests: Iterable[Tuple[int, Request]], *,
+                           timeout: Optional[float] = None
+                           ) -> Iterator[pb.AttentionStreamResponse]:
+        """stream() on the replica holding `session_id`: a stream reaches one replica, so its
+        session extends must name sessions of that one."""
+        messages = (stream_request(i, r) for i, r in requests)
+        return self._session_stub(session_id).AttentionStream(messages, timeout=timeout,
+                                                              metadata=self._metadata)
 
     def stream(self, requests: Iterable[Tuple[int, Request]], *,
                timeout: Optional[float] = None) -> Iterator[pb.AttentionStreamResponse]:
@@ -333,6 +474,46 @@ class AsyncClient(_Base):
                           timeout: Optional[float] = None) -> pb.GetServerInfoResponse:
         """Client.server_info as a coroutine."""
         return await self.stub.GetServerInfo(pb.GetServerInfoRequest(), **self._kw(timeout))
+
+    async def create_session(self, module: Optional[str] = None,
+                             layout: Optional[pb.HeadLayout] = None, *,
+                             cache_dtype: str = "float32", scale: Optional[float] = None,
+                             pinned: bool = False, idle_ttl_s: Optional[float] = None,
+                             timeout: Optional[float] = None) -> AsyncSession:
+        """Client.create_session as a coroutine; the AsyncSession's methods are coroutines."""
+        request = _s.create_session_request(module, layout, cache_dtype=cache_dtype,
+                                            scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s)
+        stub, address = self._replica_stub()
+        info = (await stub.CreateSession(request, **self._kw(timeout))).session
+        error = self._check_owner(info, address)
+        if error:
+            await stub.CloseSession(pb.CloseSessionRequest(session_id=info.session_id),
+                                    **self._kw(timeout))
+            raise ValueError(error)
+        return AsyncSession(self, info)
+
+    async def extend_sessions(self, steps: Sequence[Step], *, timeout: Optional[float] = None
+                              ) -> List[Union[SessionResult, Exception]]:
+        """Client.extend_sessions as a coroutine (the replicas' calls run concurrently)."""
+        import asyncio
+        groups = _s._group_steps(self, steps)
+        responses = await asyncio.gather(
+            *(stub.ExtendSessions(request, **self._kw(timeout)) for stub, _, request in groups),
+            return_exceptions=True)
+        for r in responses:
+            if isinstance(r, BaseException) and (len(groups) == 1
+                                                 or not isinstance(r, grpc.RpcError)):
+                raise r
+        return _s._merge(steps, groups, responses, self.torch_out)
+
+    async def list_sessions(self, *, replica: Optional[str] = None, page_size: int = 0,
+                            page_token: str = "",
+                            timeout: Optional[float] = None) -> pb.ListSessionsResponse:
+        """Client.list_sessions as a coroutine."""
+        stub, _ = self._replica_stub(replica)
+        return await stub.ListSessions(pb.ListSessionsRequest(page_size=page_size,
+                                                              page_token=page_token),
+                                       **self._kw(timeout))
 
     def stream(self, requests: Union[Iterable[Tuple[int, Request]],
                                      AsyncIterable[Tuple[int, Request]], None] = None, *,

@@ -1,0 +1,377 @@
+"""Decode sessions: attention over a key/value cache the server keeps between calls.
+
+A session is bound to a loaded module (extends send inputs [L, d_model]) or to a raw head
+layout (extends send projected q [L, Hq, D], k [L, Hkv, D], v [L, Hkv, Dv], token-major).
+Client.create_session / AsyncClient.create_session return a Session / AsyncSession; see their
+docstrings. Every extend carries expected_length (the tokens the object knows the session
+holds), so a retried extend can never append twice.
+
+Codes (grpc.RpcError): FAILED_PRECONDITION "session lost (evicted|expired|restarted): ..." for
+a lost session (is_session_lost; create a new session and prefill again), ABORTED for an extend
+while another of the same session is in flight or a length other than expected, NOT_FOUND for
+an id the server never issued or already closed, RESOURCE_EXHAUSTED when the pool is full.
+
+Several replicas: a session id "<owner>/<instance>/<number>" names the replica holding it. A
+client given a list of addresses sends create_session to the next address in turn and every
+call naming a session to the address equal to its owner; an owner that is none of them raises
+ValueError before anything is sent.
+"""
+from __future__ import annotations
+
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+import grpc
+
+from attnserve.v1 import attention_pb2 as pb
+from attnserve.tensors import ArrayLike, to_tensor, from_tensor
+
+
+class SessionResult(NamedTuple):
+    """One extend's answer: `output` (raw sessions [L, Hq, Dv], module sessions [L, d_model]),
+    `lse` ([L, Hq] float32 log-sum-exp, None unless return_lse=True), `length` (tokens held
+    after the extend) and the server's `timing`."""
+    output: Any
+    lse: Any
+    length: int
+    timing: pb.Timing
+
+
+class StepError(Exception):
+    """A failed item of extend_sessions: `code` (grpc.StatusCode) and `details`, as
+    ExtendSession would have failed."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class ExtendAlreadyApplied(Exception):
+    """An extend refused ABORTED because an earlier attempt of it (whose response was lost) was
+    applied: the session holds `length` tokens, and that attempt's output is lost."""
+
+    def __init__(self, session_id: str, length: int, details: str):
+        super().__init__(f"the extend of session {session_id} was applied by an earlier attempt "
+                         f"whose response was lost; the session now holds {length} tokens "
+                         f"({details})")
+        self.session_id = session_id
+        self.length = length
+
+
+_CODES = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def is_session_lost(error: BaseException) -> bool:
+    """Whether `error` (a grpc.RpcError or StepError) says the session was lost: evicted,
+    expired, or its server restarted. Create a new session and prefill it again."""
+    return session_lost_reason(error) != ""
+
+
+def session_lost_reason(error: BaseException) -> str:
+    """"evicted", "expired" or "restarted" for a lost session's error; "" otherwise."""
+    if isinstance(error, StepError):
+        code, details = error.code, error.details
+    elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        code, details = error.code(), error.details() or ""
+    else:
+        return ""
+    if code != grpc.StatusCode.FAILED_PRECONDITION or not details.startswith("session lost ("):
+        return ""
+    return details[len("session lost ("):].split(")", 1)[0]
+
+
+def session_owner(session_id: str) -> str:
+    """The owner of "<owner>/<instance>/<number>" (the owner may hold '/'); ValueError
+    otherwise."""
+    parts = session_id.rsplit("/", 2)
+    if len(parts) != 3 or not all(parts):
+        raise ValueError(f'session_id must be "<owner>/<instance>/<number>"; was {session_id!r}')
+    return parts[0]
+
+
+def layout(num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
+           v_head_dim: int = 0) -> pb.HeadLayout:
+    """A raw session's pb.HeadLayout: Hq = num_heads, Hkv = num_kv_heads (default Hq), D, Dv
+    (0: D)."""
+    return pb.HeadLayout(num_heads=num_heads, num_kv_heads=num_kv_heads or num_heads,
+                         head_dim=head_dim, v_head_dim=v_head_dim)
+
+
+def create_session_request(module: Optional[str] = None,
+                           layout: Optional[pb.HeadLayout] = None, *,
+                           cache_dtype: str = "float32", scale: Optional[float] = None,
+                           pinned: bool = False,
+                           idle_ttl_s: Optional[float] = None) -> pb.CreateSessionRequest:
+    """A pb.CreateSessionRequest bound to `module` or to `layout` (exactly one).
+    cache_dtype: "float32", "float16" or "bfloat16". idle_ttl_s: None for the server's."""
+    from attnserve.tensors import DTYPES
+    if (module is None) == (layout is None):
+        raise ValueError("give exactly one of module and layout")
+    r = pb.CreateSessionRequest(cache_dtype=DTYPES[cache_dtype], pinned=pinned,
+                                idle_ttl_us=0 if idle_ttl_s is None else int(idle_ttl_s * 1e6))
+    if module is not None:
+        r.module = module
+    else:
+        r.layout.CopyFrom(layout)
+    if scale is not None:
+        r.scale = float(scale)
+    return r
+
+
+def extend_request(session_id: str = "", q: Optional[ArrayLike] = None,
+                   k: Optional[ArrayLike] = None, v: Optional[ArrayLike] = None, *,
+                   input: Optional[ArrayLike] = None, expected_length: Optional[int] = None,
+                   return_lse: bool = False,
+                   dtype: Optional[str] = None) -> pb.ExtendSessionRequest:
+    """A pb.ExtendSessionRequest: raw sessions q [L, Hq, D], k [L, Hkv, D], v [L, Hkv, Dv];
+    module sessions input [L, d_model] (keyword). dtype: as attend_request's; k and v go in
+    q's dtype. Session.request fills session_id and expected_length for you."""
+    r = pb.ExtendSessionRequest(session_id=session_id, return_lse=return_lse)
+    if input is not None:
+        if q is not None or k is not None or v is not None:
+            raise ValueError("give input (module sessions) or q, k, v (raw sessions), not both")
+        r.input.CopyFrom(to_tensor(input, dtype))
+    else:
+        if q is None or k is None or v is None:
+            raise ValueError("raw sessions need q, k and v; module sessions input=")
+        r.query.CopyFrom(to_tensor(q, dtype))
+        r.key.CopyFrom(to_tensor(k, r.query.dtype))
+        r.value.CopyFrom(to_tensor(v, r.query.dtype))
+    if expected_length is not None:
+        r.expected_length = expected_length
+    return r
+
+
+def _tokens(request: pb.ExtendSessionRequest) -> int:
+    t = request.input if request.HasField("input") else request.query
+    return t.shape[0] if t.shape else 0
+
+
+def session_result(response: pb.ExtendSessionResponse, torch_out: bool = False) -> SessionResult:
+    """A SessionResult from a pb.ExtendSessionResponse (e.g. a stream's extend_session)."""
+    lse = from_tensor(response.lse, torch_out) if response.HasField("lse") else None
+    return SessionResult(from_tensor(response.output, torch_out), lse, response.length,
+                         response.timing)
+
+
+class _SessionBase:
+    """What Session and AsyncSession share: the id, the known length, request building."""
+
+    def __init__(self, client, info: pb.SessionInfo):
+        self._client = client
+        self.info = info
+        self.closed = False
+
+    @property
+    def id(self) -> str:
+        """The session id, "<owner>/<instance>/<number>"."""
+        return self.info.session_id
+
+    @property
+    def length(self) -> int:
+        """Tokens the session holds, as far as this object knows."""
+        return self.info.length
+
+    def request(self, q: Optional[ArrayLike] = None, k: Optional[ArrayLike] = None,
+                v: Optional[ArrayLike] = None, **kwargs: Any) -> pb.ExtendSessionRequest:
+        """This session's extend request (extend_request's arguments) with session_id and
+        expected_length filled in: for extend_sessions and streams. Give its answer to
+        applied()."""
+        r = kwargs.pop("request", None) or extend_request(self.id, q, k, v, **kwargs)
+        r = pb.ExtendSessionRequest.FromString(r.SerializeToString())
+        r.session_id = self.id
+        if not r.HasField("expected_length"):
+            r.expected_length = self.length
+        return r
+
+    def applied(self, response: pb.ExtendSessionResponse) -> None:
+        """Records an extend's answer obtained elsewhere (its length)."""
+        self.info.length = response.length
+
+    def _check_open(self):
+        if self.closed:
+            raise ValueError(f"session {self.id} was closed by this object")
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} length={self.length}>"
+
+
+class Session(_SessionBase):
+    """A decode session on the server (Client.create_session). Use it as a context manager,
+    or call close(). Not for concurrent use from several threads (a session's extends are
+    applied one at a time anyway)."""
+
+    def extend(self, q: Optional[ArrayLike] = None, k: Optional[ArrayLike] = None,
+               v: Optional[ArrayLike] = None, *, input: Optional[ArrayLike] = None,
+               return_lse: bool = False, dtype: Optional[str] = None,
+               timeout: Optional[float] = None) -> SessionResult:
+        """Appends tokens (a prefill of many, or one decode step) and returns their attention
+        over the whole cache, causal. Raw sessions: q [L, Hq, D], k [L, Hkv, D],
+        v [L, Hkv, Dv]; module sessions: input=[L, d_model]. Raises grpc.RpcError with the
+        server's code, or ExtendAlreadyApplied after a retried extend whose first attempt was
+        applied."""
+        self._check_open()
+        request = self.request(q, k, v, input=input, return_lse=return_lse, dtype=dtype)
+        try:
+            response = self._client._session_stub(self.id).ExtendSession(
+                request, **self._client._kw(timeout))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.ABORTED:
+                self._check_applied(request, e, timeout)
+            raise
+        self.applied(response)
+        return session_result(response, self._client.torch_out)
+
+    def _check_applied(self, request, error, timeout):
+        try:
+            now = self.describe(timeout=timeout)
+        except grpc.RpcError:
+            return
+        if now.length == request.expected_length + _tokens(request):
+            raise ExtendAlreadyApplied(self.id, now.length, error.details()) from error
+
+    def fork(self, *, pinned: bool = False, idle_ttl_s: Optional[float] = None,
+             timeout: Optional[float] = None) -> Session:
+        """A new session holding the same tokens, sharing the pages copy-on-write (beam
+        search, parallel sampling). idle_ttl_s: None for the parent's."""
+        self._check_open()
+        r = pb.ForkSessionRequest(session_id=self.id, pinned=pinned,
+                                  idle_ttl_us=0 if idle_ttl_s is None else int(idle_ttl_s * 1e6))
+        info = self._client._session_stub(self.id).ForkSession(r, **self._client._kw(timeout))
+        return Session(self._client, info.session)
+
+    def describe(self, *, timeout: Optional[float] = None) -> pb.SessionInfo:
+        """The server's pb.SessionInfo (length, pages, bytes, idle time...); updates length."""
+        self._check_open()
+        r = self._client._session_stub(self.id).GetSession(
+            pb.GetSessionRequest(session_id=self.id), **self._client._kw(timeout))
+        self.info = r.session
+        return r.session
+
+    def close(self, *, timeout: Optional[float] = None) -> None:
+        """Ends the session and frees its pages. Only the first call reaches the server."""
+        if self.closed:
+            return
+        self.closed = True
+        self._client._session_stub(self.id).CloseSession(
+            pb.CloseSessionRequest(session_id=self.id), **self._client._kw(timeout))
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self.close()
+        except grpc.RpcError:
+            if exc[0] is None:
+                raise
+
+
+class AsyncSession(_SessionBase):
+    """Session for AsyncClient: the same methods as coroutines; `async with` closes it."""
+
+    async def extend(self, q: Optional[ArrayLike] = None, k: Optional[ArrayLike] = None,
+                     v: Optional[ArrayLike] = None, *, input: Optional[ArrayLike] = None,
+                     return_lse: bool = False, dtype: Optional[str] = None,
+                     timeout: Optional[float] = None) -> SessionResult:
+        """Session.extend as a coroutine."""
+        self._check_open()
+        request = self.request(q, k, v, input=input, return_lse=return_lse, dtype=dtype)
+        try:
+            response = await self._client._session_stub(self.id).ExtendSession(
+                request, **self._client._kw(timeout))
+        except grpc.RpcError as e:
+            if e.code() == grpc.StatusCode.ABORTED:
+                try:
+                    now = await self.describe(timeout=timeout)
+                except grpc.RpcError:
+                    raise e
+                if now.length == request.expected_length + _tokens(request):
+                    raise ExtendAlreadyApplied(self.id, now.length, e.details()) from e
+            raise
+        self.applied(response)
+        return session_result(response, self._client.torch_out)
+
+    async def fork(self, *, pinned: bool = False, idle_ttl_s: Optional[float] = None,
+                   timeout: Optional[float] = None) -> AsyncSession:
+        """Session.fork as a coroutine."""
+        self._check_open()
+        r = pb.ForkSessionRequest(session_id=self.id, pinned=pinned,
+                                  idle_ttl_us=0 if idle_ttl_s is None else int(idle_ttl_s * 1e6))
+        info = await self._client._session_stub(self.id).ForkSession(
+            r, **self._client._kw(timeout))
+        return AsyncSession(self._client, info.session)
+
+    async def describe(self, *, timeout: Optional[float] = None) -> pb.SessionInfo:
+        """Session.describe as a coroutine."""
+        self._check_open()
+        r = await self._client._session_stub(self.id).GetSession(
+            pb.GetSessionRequest(session_id=self.id), **self._client._kw(timeout))
+        self.info = r.session
+        return r.session
+
+    async def close(self, *, timeout: Optional[float] = None) -> None:
+        """Session.close as a coroutine."""
+        if self.closed:
+            return
+        self.closed = True
+        await self._client._session_stub(self.id).CloseSession(
+            pb.CloseSessionRequest(session_id=self.id), **self._client._kw(timeout))
+
+    async def __aenter__(self) -> AsyncSession:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        try:
+            await self.close()
+        except grpc.RpcError:
+            if exc[0] is None:
+                raise
+
+
+# One step of extend_sessions: a session and its request (from session.request(...)), or a
+# session and the (q, k, v) / {"input": x} it extends with.
+Step = Tuple[_SessionBase, Union[pb.ExtendSessionRequest, Sequence[ArrayLike], dict]]
+
+
+def _step_request(session: _SessionBase, what) -> pb.ExtendSessionRequest:
+    if isinstance(what, pb.ExtendSessionRequest):
+        return session.request(request=what)
+    if isinstance(what, dict):
+        return session.request(**what)
+    return session.request(*what)
+
+
+def _group_steps(client, steps: Sequence[Step]):
+    """[(stub, [indices], pb.ExtendSessionsRequest)], one per replica, and the requests."""
+    if not steps:
+        raise ValueError("steps must not be empty")
+    seen = set()
+    groups: dict = {}
+    for i, (session, what) in enumerate(steps):
+        if session.id in seen:
+            raise ValueError(f"steps[{i}] names session {session.id} a second time")
+        seen.add(session.id)
+        key = client._session_address(session.id)
+        stub, indices, request = groups.setdefault(
+            key, (client._session_stub(session.id), [], pb.ExtendSessionsRequest()))
+        indices.append(i)
+        request.steps.append(_step_request(session, what))
+    return list(groups.values())
+
+
+def _merge(steps: Sequence[Step], groups, responses, torch_out) -> List[Any]:
+    out: List[Any] = [None] * len(steps)
+    for (_, indices, _), response in zip(groups, responses):
+        if isinstance(response, grpc.RpcError):
+            for i in indices:
+                out[i] = StepError(response.code(), response.details() or "")
+            continue
+        for i, result in zip(indices, response.results):
+            if result.code == 0:
+                steps[i][0].applied(result.response)
+                out[i] = session_result(result.response, torch_out)
+            else:
+                out[i] = StepError(_CODES.get(result.code, grpc.StatusCode.UNKNOWN),
+                                   result.message)
+    return out

@@ -1,0 +1,228 @@
+// The C++ session helpers (client/session.h) against real in-process servers: a raw session's
+// prefill and steps equal causal attention over the whole sequence computed in float64 here, a
+// fork diverges from its parent, ExtendSessions and the stream answer as ExtendSession does,
+// and a client given two servers' addresses routes each session to the server that holds it.
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "client/client.h"
+#include "client/session.h"
+#include "client/stream.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/metrics/metrics.h"
+#include "server/server_host.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr int kHq = 4, kHkv = 2, kD = 8;
+
+// Token-major [n, h, kD] standard normals.
+std::vector<float> Random(int64_t n, int h, std::mt19937* rng) {
+  std::normal_distribution<float> dist;
+  std::vector<float> v(n * h * kD);
+  for (float& x : v) x = dist(*rng);
+  return v;
+}
+
+// Rows [from, to) of a token-major [L, h, kD] tensor.
+v1::Tensor Rows(const std::vector<float>& all, int h, int64_t from, int64_t to) {
+  return MakeTensor(v1::DTYPE_FLOAT32, {to - from, h, kD},
+                    std::vector<float>(all.begin() + from * h * kD, all.begin() + to * h * kD));
+}
+
+// Causal attention of tokens [from, to) over tokens [0, to), float64, [to - from, kHq, kD].
+std::vector<double> Causal64(const std::vector<float>& q, const std::vector<float>& k,
+                             const std::vector<float>& v, int64_t from, int64_t to) {
+  std::vector<double> out((to - from) * kHq * kD);
+  for (int64_t i = from; i < to; ++i) {
+    for (int h = 0; h < kHq; ++h) {
+      const int g = h / (kHq / kHkv);
+      std::vector<double> s(i + 1);
+      double max = -INFINITY, sum = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int d = 0; d < kD; ++d)
+          dot += double{q[(i * kHq + h) * kD + d]} * k[(j * kHkv + g) * kD + d];
+        s[j] = dot / std::sqrt(double{kD});
+        max = std::max(max, s[j]);
+      }
+      for (double& x : s) sum += (x = std::exp(x - max));
+      for (int d = 0; d < kD; ++d) {
+        double acc = 0;
+        for (int64_t j = 0; j <= i; ++j) acc += s[j] / sum * v[(j * kHkv + g) * kD + d];
+        out[((i - from) * kHq + h) * kD + d] = acc;
+      }
+    }
+  }
+  return out;
+}
+
+double MaxError(const v1::Tensor& got, const std::vector<double>& want) {
+  std::vector<float> g = TensorToFloats(got).value();
+  if (g.size() != want.size()) return INFINITY;
+  double e = 0;
+  for (size_t i = 0; i < g.size(); ++i) e = std::max(e, std::fabs(g[i] - want[i]));
+  return e;
+}
+
+struct LiveServer {
+  LiveServer() {
+    server::ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.backend = "cpu";
+    metrics = metrics::Metrics::Create({}).value();
+    host = server::ServerHost::Start(options, metrics.get()).value();
+  }
+  std::string address() const { return "127.0.0.1:" + std::to_string(host->port()); }
+  std::unique_ptr<metrics::Metrics> metrics;
+  std::unique_ptr<server::ServerHost> host;
+};
+
+HeadLayout Layout() {
+  HeadLayout l;
+  l.num_heads = kHq;
+  l.num_kv_heads = kHkv;
+  l.head_dim = kD;
+  return l;
+}
+
+TEST(SessionLiveTest, PrefillAndStepsEqualCausalAttention) {
+  LiveServer server;
+  auto client = Client::Create(server.address()).value();
+  std::mt19937 rng(1);
+  const int64_t n = 19;
+  const auto q = Random(n, kHq, &rng), k = Random(n, kHkv, &rng), v = Random(n, kHkv, &rng);
+  Session s = Session::CreateRaw(client.get(), Layout()).value();
+  for (auto [from, to] : std::vector<std::pair<int64_t, int64_t>>{{0, 16}, {16, 17}, {17, 19}}) {
+    auto r = s.Extend(Rows(q, kHq, from, to), Rows(k, kHkv, from, to), Rows(v, kHkv, from, to));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->length(), to);
+    EXPECT_EQ(s.length(), to);
+    EXPECT_LT(MaxError(r->output(), Causal64(q, k, v, from, to)), 2e-5) << from;
+  }
+  // A fork continues from the same 19 tokens; the parent is untouched by the child's step.
+  Session child = s.Fork().value();
+  const auto q2 = Random(1, kHq, &rng), k2 = Random(1, kHkv, &rng), v2 = Random(1, kHkv, &rng);
+  auto c = child.Extend(Rows(q2, kHq, 0, 1), Rows(k2, kHkv, 0, 1), Rows(v2, kHkv, 0, 1));
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto qc = q, kc = k, vc = v;
+  qc.insert(qc.end(), q2.begin(), q2.end());
+  kc.insert(kc.end(), k2.begin(), k2.end());
+  vc.insert(vc.end(), v2.begin(), v2.end());
+  EXPECT_LT(MaxError(c->output(), Causal64(qc, kc, vc, n, n + 1)), 2e-5);
+  EXPECT_EQ(s.Describe().value().length(), n);
+  EXPECT_EQ(child.Describe().value().parent_id(), s.id());
+  // A wrong expected_length is ABORTED and appends nothing.
+  v1::ExtendSessionRequest wrong;
+  *wrong.mutable_query() = Rows(q, kHq, 0, 1);
+  *wrong.mutable_key() = Rows(k, kHkv, 0, 1);
+  *wrong.mutable_value() = Rows(v, kHkv, 0, 1);
+  wrong.set_expected_length(3);
+  EXPECT_EQ(s.Extend(wrong).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(s.Describe().value().length(), n);
+}
+
+TEST(SessionLiveTest, BatchAndStreamAnswerAsExtendDoes) {
+  LiveServer server;
+  auto client = Client::Create(server.address()).value();
+  std::mt19937 rng(2);
+  const int64_t n = 6;
+  std::vector<std::vector<float>> qs, ks, vs;
+  std::vector<Session> sessions;
+  for (int i = 0; i < 3; ++i) {
+    qs.push_back(Random(n, kHq, &rng));
+    ks.push_back(Random(n, kHkv, &rng));
+    vs.push_back(Random(n, kHkv, &rng));
+    sessions.push_back(Session::CreateRaw(client.get(), Layout()).value());
+    ASSERT_TRUE(
+        sessions[i]
+            .Extend(Rows(qs[i], kHq, 0, 4), Rows(ks[i], kHkv, 0, 4), Rows(vs[i], kHkv, 0, 4))
+            .ok());
+  }
+  std::vector<std::pair<Session*, v1::ExtendSessionRequest>> steps;
+  for (int i = 0; i < 3; ++i) {
+    v1::ExtendSessionRequest r;
+    *r.mutable_query() = Rows(qs[i], kHq, 4, 5);
+    *r.mutable_key() = Rows(ks[i], kHkv, 4, 5);
+    *r.mutable_value() = Rows(vs[i], kHkv, 4, 5);
+    steps.emplace_back(&sessions[i], r);
+  }
+  auto results = ExtendSessions(client.get(), steps);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*results)[i].ok()) << (*results)[i].status();
+    EXPECT_LT(MaxError((*results)[i]->output(), Causal64(qs[i], ks[i], vs[i], 4, 5)), 2e-5);
+    EXPECT_EQ(sessions[i].length(), 5);
+  }
+  std::unique_ptr<AttentionStream> stream = client->OpenStream();
+  for (int i = 0; i < 3; ++i) {
+    v1::ExtendSessionRequest r;
+    *r.mutable_query() = Rows(qs[i], kHq, 5, 6);
+    *r.mutable_key() = Rows(ks[i], kHkv, 5, 6);
+    *r.mutable_value() = Rows(vs[i], kHkv, 5, 6);
+    ASSERT_TRUE(stream->Send(i, sessions[i].Prepare(r)));
+  }
+  stream->CloseSend();
+  v1::AttentionStreamResponse response;
+  int answered = 0;
+  while (stream->Read(&response)) {
+    const int i = static_cast<int>(response.request_id());
+    ASSERT_EQ(response.code(), 0) << response.message();
+    EXPECT_LT(MaxError(response.extend_session().output(), Causal64(qs[i], ks[i], vs[i], 5, 6)),
+              2e-5);
+    sessions[i].Applied(response.extend_session());
+    ++answered;
+  }
+  EXPECT_TRUE(stream->Finish().ok());
+  EXPECT_EQ(answered, 3);
+  for (Session& s : sessions) EXPECT_EQ(s.Describe().value().length(), 6);
+}
+
+TEST(SessionLiveTest, TwoServersEachSessionReachesItsOwner) {
+  LiveServer a, b;
+  auto client = Client::CreateBalanced({a.address(), b.address()}).value();
+  std::mt19937 rng(3);
+  const int64_t n = 4;
+  std::vector<std::vector<float>> qs, ks, vs;
+  std::vector<Session> sessions;
+  for (int i = 0; i < 4; ++i) {
+    qs.push_back(Random(n, kHq, &rng));
+    ks.push_back(Random(n, kHkv, &rng));
+    vs.push_back(Random(n, kHkv, &rng));
+    sessions.push_back(Session::CreateRaw(client.get(), Layout()).value());
+  }
+  EXPECT_EQ(SessionOwner(sessions[0].id()).value(), a.address());
+  EXPECT_EQ(SessionOwner(sessions[1].id()).value(), b.address());
+  for (int64_t t = 0; t < n; ++t) {
+    for (int i = 0; i < 4; ++i) {
+      auto r = sessions[i].Extend(Rows(qs[i], kHq, t, t + 1), Rows(ks[i], kHkv, t, t + 1),
+                                  Rows(vs[i], kHkv, t, t + 1));
+      ASSERT_TRUE(r.ok()) << r.status();
+      EXPECT_LT(MaxError(r->output(), Causal64(qs[i], ks[i], vs[i], t, t + 1)), 2e-5);
+    }
+  }
+  for (const std::string& replica : {a.address(), b.address()}) {
+    auto listed = client->ListSessions({}, replica);
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    EXPECT_EQ(listed->sessions_size(), 2) << replica;
+  }
+  // A server asked about another's session says where it lives.
+  auto direct = Client::Create(b.address()).value();
+  v1::GetSessionRequest get;
+  get.set_session_id(sessions[0].id());
+  auto r = direct->GetSession(get);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(r.status().message(), HasSubstr(a.address()));
+  sessions.clear();  // closes them all, each on its own server
+  for (const std::string& replica : {a.address(), b.address()}) {
+    EXPECT_EQ(client->ListSessions({}, replica).value().usage().pages_used(), 0) << replica;
+  }
+}
+
+}  // namespace
+}  // namespace attnserve

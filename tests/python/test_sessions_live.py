@@ -1,0 +1,292 @@
+"""The installed package's decode sessions against live attnserve processes: a raw session's
+prefill and steps (grouped-query; float32 and float16 caches) and a module session equal causal
+attention over the whole sequence computed in float64 here; a fork diverges without touching its
+parent; ABORTED for a wrong expected_length; an expired session is recognised as lost;
+extend_sessions and the stream; sessions routed over two server processes by their owner (and a
+replica refusing another's id); attnserve-cli session and attnserve-bench --rpc=decode run
+against a server. No timing windows: the expiry waits for more than the TTL, never less.
+
+Run by tests/python/package_test.sh with the installed wheel (see test_python_client.py).
+"""
+import asyncio
+import json
+import os
+import subprocess
+import tempfile
+import time
+import unittest
+
+import grpc
+import numpy as np
+
+import attnserve
+from attnserve import pb
+
+from live_server import LiveServer
+
+
+def causal64(q, k, v, scale=None):
+    """q [Lq, Hq, D], k/v [Lk, Hkv, D*] token-major -> [Lq, Hq, Dv], bottom-right causal."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    lq, hq, d = q.shape
+    lk, hkv, _ = k.shape
+    k, v = np.repeat(k, hq // hkv, axis=1), np.repeat(v, hq // hkv, axis=1)
+    s = np.einsum("ihd,jhd->hij", q, k) * (scale or 1 / np.sqrt(d))
+    allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + lk - lq
+    s = np.where(allowed[None], s, -1e9)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    return np.einsum("hij,jhd->ihd", w, v)
+
+
+def module64(t, num_heads, x):
+    """The reference module's causal self-attention over x [L, d_model], float64."""
+    def lin(a, n):
+        return np.asarray(a, np.float64) @ np.asarray(t[n + ".weight"], np.float64).T + t[n + ".bias"]
+    length, dm = x.shape
+    dk = dm // num_heads
+    heads = [lin(x, f"W_{p}").reshape(length, num_heads, dk) for p in "qkv"]
+    out = causal64(*heads)
+    return lin(out.reshape(length, dm), "W_o")
+
+
+def tokens(rng, n, h, d, dtype=np.float32):
+    return rng.standard_normal((n, h, d)).astype(dtype)
+
+
+class LiveSessionTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.server = LiveServer("--backend=cpu")
+        cls.client = attnserve.Client(cls.server.target)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.server.stop()
+
+    def test_raw_prefill_and_steps_equal_causal_attention(self):
+        rng = np.random.default_rng(1)
+        for dtype, cache, tol in (("float32", "float32", 2e-5), ("float16", "float16", 2e-3)):
+            np_dtype = np.float16 if dtype == "float16" else np.float32
+            q, k, v = (tokens(rng, 21, h, 16, np_dtype) for h in (8, 2, 2))
+            with self.client.create_session(layout=attnserve.layout(8, 16, 2),
+                                            cache_dtype=cache) as s:
+                for a, b in ((0, 17), (17, 18), (18, 19), (19, 21)):
+                    r = s.extend(q[a:b], k[a:b], v[a:b])
+                    self.assertEqual(r.length, b)
+                    self.assertEqual(r.output.shape, (b - a, 8, 16))
+                    want = causal64(q[a:b], k[:b], v[:b])
+                    np.testing.assert_allclose(r.output, want, atol=tol, err_msg=f"{dtype} {a}")
+                info = s.describe()
+                self.assertEqual((info.length, info.layout.num_kv_heads), (21, 2))
+
+    def test_module_session_equals_the_module_over_the_whole_sequence(self):
+        rng = np.random.default_rng(2)
+        dm, heads = 32, 4
+        weights = {f"W_{p}.{k}": rng.standard_normal((dm, dm) if k == "weight" else dm)
+                   .astype(np.float32) * 0.2 for p in "qkvo" for k in ("weight", "bias")}
+        self.client.load_module("sess-live", weights, num_heads=heads, replace=True)
+        x = rng.standard_normal((12, dm)).astype(np.float32)
+        with self.client.create_session("sess-live") as s:
+            outs = [s.extend(input=x[:9]).output] + [s.extend(input=x[i:i + 1]).output
+                                                       for i in range(9, 12)]
+        np.testing.assert_allclose(np.concatenate(outs), module64(weights, heads, x), atol=2e-5)
+
+    def test_fork_diverges_and_lse_merges(self):
+        rng = np.random.default_rng(3)
+        q, k, v = (tokens(rng, 10, 4, 8) for _ in range(3))
+        q2, k2, v2 = (tokens(rng, 1, 4, 8) for _ in range(3))
+        with self.client.create_session(layout=attnserve.layout(4, 8)) as parent:
+            parent.extend(q[:9], k[:9], v[:9])
+            with parent.fork() as child:
+                a = parent.extend(q[9:], k[9:], v[9:], return_lse=True)
+                b = child.extend(q2, k2, v2)
+                np.testing.assert_allclose(a.output, causal64(q[9:], k, v), atol=2e-5)
+                np.testing.assert_allclose(
+                    b.output, causal64(q2, np.concatenate([k[:9], k2]),
+                                       np.concatenate([v[:9], v2])), atol=2e-5)
+                s = np.einsum("hd,jhd->hj", q[9].astype(np.float64), k) / np.sqrt(8)
+                np.testing.assert_allclose(a.lse[0], np.log(np.exp(s).sum(-1)), atol=2e-5)
+                self.assertEqual((parent.length, child.length), (10, 10))
+                self.assertEqual(child.describe().parent_id, parent.id)
+
+    def test_codes(self):
+        rng = np.random.default_rng(4)
+        q = tokens(rng, 2, 2, 8)
+        with self.client.create_session(layout=attnserve.layout(2, 8)) as s:
+            s.extend(q, q, q)
+            (r,) = self.client.extend_sessions([(s, s.request(q, q, q, expected_length=5))])
+            self.assertEqual(r.code, grpc.StatusCode.ABORTED)
+            self.assertIn("5", r.details)
+            self.assertEqual(s.describe().length, 2)  # nothing appended
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.stub.GetSession(pb.GetSessionRequest(session_id=s.id))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.stub.GetSession(pb.GetSessionRequest(session_id="nonsense"))
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+
+    def test_an_expired_session_is_lost(self):
+        s = self.client.create_session(layout=attnserve.layout(2, 8), idle_ttl_s=0.001)
+        time.sleep(0.05)  # far beyond the TTL: it has expired, whatever the load
+        q = np.ones((1, 2, 8), np.float32)
+        with self.assertRaises(grpc.RpcError) as e:
+            s.extend(q, q, q)
+        self.assertTrue(attnserve.is_session_lost(e.exception), e.exception.details())
+        self.assertEqual(attnserve.session_lost_reason(e.exception), "expired")
+
+    def test_extend_sessions_and_the_stream(self):
+        rng = np.random.default_rng(5)
+        data = [[tokens(rng, 6, h, 8) for h in (4, 2, 2)] for _ in range(3)]
+        sessions = [self.client.create_session(layout=attnserve.layout(4, 8, 2))
+                    for _ in data]
+        for s, (q, k, v) in zip(sessions, data):
+            s.extend(q[:4], k[:4], v[:4])
+        results = self.client.extend_sessions(
+            [(s, (q[4:5], k[4:5], v[4:5])) for s, (q, k, v) in zip(sessions, data)])
+        for r, (q, k, v) in zip(results, data):
+            np.testing.assert_allclose(r.output, causal64(q[4:5], k[:5], v[:5]), atol=2e-5)
+        requests = [(i, s.request(q[5:6], k[5:6], v[5:6]))
+                    for i, (s, (q, k, v)) in enumerate(zip(sessions, data))]
+        for response in self.client.stream(requests):
+            self.assertEqual(response.code, 0, response.message)
+            i = response.request_id
+            q, k, v = data[i]
+            out = attnserve.from_tensor(response.extend_session.output)
+            np.testing.assert_allclose(out, causal64(q[5:6], k, v), atol=2e-5)
+        for s in sessions:
+            self.assertEqual(s.describe().length, 6)
+            s.close()
+
+    def test_asyncio(self):
+        async def main():
+            async with attnserve.AsyncClient(self.server.target) as client:
+                rng = np.random.default_rng(6)
+                q = tokens(rng, 3, 2, 8)
+                async with await client.create_session(layout=attnserve.layout(2, 8)) as s:
+                    await s.extend(q[:2], q[:2], q[:2])
+                    r = await s.extend(q[2:], q[2:], q[2:])
+                    np.testing.assert_allclose(r.output, causal64(q[2:], q, q), atol=2e-5)
+                    return r.length
+        self.assertEqual(asyncio.run(main()), 3)
+
+
+class RoutingTest(unittest.TestCase):
+    """Two server processes, one client given both addresses."""
+
+    def test_sessions_are_routed_to_the_process_that_holds_them(self):
+        a, b = LiveServer("--backend=cpu"), LiveServer("--backend=cpu")
+        try:
+            with attnserve.Client([a.target, b.target]) as client:
+                rng = np.random.default_rng(7)
+                data = [[tokens(rng, 5, 2, 8) for _ in range(3)] for _ in range(4)]
+                sessions = [client.create_session(layout=attnserve.layout(2, 8))
+                            for _ in data]
+                owners = [attnserve.session_owner(s.id) for s in sessions]
+                self.assertEqual(sorted(owners), sorted([a.target, b.target] * 2))
+                for step in range(5):
+                    for s, (q, k, v) in zip(sessions, data):
+                        r = s.extend(q[step:step + 1], k[step:step + 1], v[step:step + 1])
+                        np.testing.assert_allclose(
+                            r.output, causal64(q[step:step + 1], k[:step + 1], v[:step + 1]),
+                            atol=2e-5)
+                for target in (a.target, b.target):
+                    listed = client.list_sessions(replica=target)
+                    self.assertEqual(len(listed.sessions), 2)
+                    self.assertEqual(listed.usage.sessions, 2)
+                # A replica answers another's id NOT_FOUND, naming the owner.
+                other = next(s for s in sessions if attnserve.session_owner(s.id) == a.target)
+                with attnserve.Client(b.target) as direct:
+                    with self.assertRaises(grpc.RpcError) as e:
+                        direct.stub.GetSession(pb.GetSessionRequest(session_id=other.id))
+                    self.assertEqual(e.exception.code(), grpc.StatusCode.NOT_FOUND)
+                    self.assertIn(a.target, e.exception.details())
+                results = client.extend_sessions(
+                    [(s, (q[:1], k[:1], v[:1])) for s, (q, k, v) in zip(sessions, data)])
+                self.assertTrue(all(r.length == 6 for r in results), results)
+                for s in sessions:
+                    s.close()
+                for target in (a.target, b.target):
+                    self.assertEqual(client.list_sessions(replica=target).usage.pages_used, 0)
+        finally:
+            a.stop()
+            b.stop()
+
+
+@unittest.skipUnless(os.environ.get("ATTNSERVE_CLI") and os.environ.get("ATTNSERVE_BENCH"),
+                     "ATTNSERVE_CLI and ATTNSERVE_BENCH not set")
+class ToolsTest(unittest.TestCase):
+    """attnserve-cli session and attnserve-bench --rpc=decode against a live server."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = LiveServer("--backend=cpu")
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.server.stop()
+
+    def run_tool(self, *args):
+        r = subprocess.run(args, capture_output=True, text=True, timeout=240)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        return r.stdout
+
+    def test_cli_session(self):
+        out = self.run_tool(os.environ["ATTNSERVE_CLI"], f"--target={self.server.target}",
+                            "session", "--layout=4,2,16", "--prefill=40", "--steps=5")
+        self.assertIn("prefill: 40 tokens", out)
+        for i in range(5):
+            self.assertIn(f"step {i}: length {41 + i}", out)
+        self.assertIn("decode: 5 steps, p50", out)
+        self.assertIn("output: DTYPE_FLOAT32 [1, 4, 16]", out)
+        out = self.run_tool(os.environ["ATTNSERVE_CLI"], f"--target={self.server.target}",
+                            "session", "--module=demo", "--prefill=8", "--steps=2")
+        self.assertIn("step 1: length 10", out)
+        self.assertIn("output: DTYPE_FLOAT32 [1, 64]", out)
+        with attnserve.Client(self.server.target) as client:
+            self.assertEqual(client.list_sessions().usage.sessions, 0)  # closed
+
+    def test_bench_decode_closed_and_open(self):
+        with tempfile.TemporaryDirectory() as d:
+            for mode in (["--mode=closed", "--concurrency=3"],
+                         ["--mode=open", "--rate=200"]):
+                path = os.path.join(d, "run.json")
+                self.run_tool(os.environ["ATTNSERVE_BENCH"], f"--target={self.server.target}",
+                              "--rpc=decode", "--sessions=3", "--prefill=64",
+                              "--decode_steps=4", "--shapes=1,4,1,16", "--kv_heads=2",
+                              "--warmup_s=0", "--progress=off", f"--json={path}",
+                              f"--csv={os.path.join(d, 'run.csv')}",
+                              f"--html={os.path.join(d, 'run.html')}", *mode)
+                with open(path) as f:
+                    report = json.load(f)
+                (phase,) = report["phases"]
+                self.assertEqual((phase["sent"], phase["ok"]), (12, 12), mode)
+                self.assertGreater(phase["tokens_per_s"], 0)
+                self.assertGreater(phase["latency_ms"]["p99"], 0)
+                self.assertEqual((report["config"]["sessions"], report["config"]["prefill"]),
+                                 (3, 64))
+                with open(os.path.join(d, "run.csv")) as f:
+                    self.assertEqual(len(f.read().strip().splitlines()), 2)
+        with attnserve.Client(self.server.target) as client:
+            self.assertEqual(client.list_sessions().usage.sessions, 0)  # closed
+
+    def test_bench_decode_over_two_servers(self):
+        other = LiveServer("--backend=cpu")
+        try:
+            with tempfile.TemporaryDirectory() as d:
+                path = os.path.join(d, "run.json")
+                self.run_tool(os.environ["ATTNSERVE_BENCH"],
+                              f"--target=ipv4:{self.server.target},{other.target}",
+                              "--rpc=decode", "--sessions=4", "--prefill=16",
+                              "--decode_steps=3", "--shapes=1,2,1,8", "--warmup_s=0",
+                              "--progress=off", f"--json={path}", "--concurrency=4")
+                with open(path) as f:
+                    (phase,) = json.load(f)["phases"]
+                self.assertEqual((phase["sent"], phase["ok"]), (12, 12))  # none misrouted
+        finally:
+            other.stop()
+
+
+if __name__ == "__main__":
+    unittest.main()
