@@ -185,13 +185,13 @@ Metrics::Metrics(const MetricsOptions& options)
   };
   session_pages_used_ =
       gauge("attnserve_session_pool_pages_used", "Pages of the session KV pool held by sessions.");
-  session_pages_total_ = gauge("attnserve_session_pool_pages_total",
+  session_pages_total_ = gauge("attnserve_session_pool_pages_capacity",
                                "Pages the session KV pool holds at most (pool bytes over the "
                                "page bytes of the largest head layout in use).");
   session_bytes_used_ = gauge("attnserve_session_pool_bytes_used",
                               "Bytes of the session KV pool's pages held by sessions.");
   session_bytes_total_ =
-      gauge("attnserve_session_pool_bytes_total", "Bytes of the session KV pool (its budget).");
+      gauge("attnserve_session_pool_bytes_capacity", "Bytes of the session KV pool (its budget).");
   session_tokens_ = gauge("attnserve_session_pool_tokens",
                           "Tokens cached in the session KV pool (a shared page's once).");
   session_pages_shared_ = gauge("attnserve_session_pages_shared",

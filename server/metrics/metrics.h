@@ -41,9 +41,9 @@
 //   attnserve_build_info                 gauge     {version, backend, cuda}  always 1
 // Decode sessions (server/sessions/), the gauges set at each scrape from the pool:
 //   attnserve_session_pool_pages_used    gauge                  pages held by sessions
-//   attnserve_session_pool_pages_total   gauge                  pages the pool holds at most
+//   attnserve_session_pool_pages_capacity   gauge                  pages the pool holds at most
 //   attnserve_session_pool_bytes_used    gauge                  bytes of the pages held (exact)
-//   attnserve_session_pool_bytes_total   gauge                  the pool's budget
+//   attnserve_session_pool_bytes_capacity   gauge                  the pool's budget
 //   attnserve_session_pool_tokens        gauge                  tokens cached (shared once)
 //   attnserve_session_pages_shared       gauge                  pages held by several sessions
 //   attnserve_sessions_active            gauge                  open sessions
