@@ -8,6 +8,7 @@
 
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "kernels/backend.h"
+#include "server/admission.h"
 #include "server/call.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
@@ -36,7 +37,8 @@ using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule
                         v1::AttentionService::WithRawCallbackMethod_AttentionStream<
                             v1::AttentionService::Service>>>>>>>;
 
-class WorkThread;  // attention_service.cc
+class WorkThread;        // attention_service.cc
+class UnaryCallReactor;  // attention_service.cc
 
 // Thread-safe. Does not own its collaborators; they outlive it. Every request has one Call
 // (call.h) that owns its life; the handlers here only say how to respond.
@@ -57,12 +59,6 @@ class AttentionService final : public AttentionServiceBase {
   // Waits for module loads in progress.
   ~AttentionService() override;
 
-  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const grpc::ByteBuffer* request,
-                                   grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* MultiHeadAttention(grpc::CallbackServerContext* context,
-                                               const grpc::ByteBuffer* request,
-                                               grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
@@ -79,11 +75,11 @@ class AttentionService final : public AttentionServiceBase {
                                           v1::GetServerInfoResponse* response) override;
 
  private:
-  // Attend and MultiHeadAttention: parse, authorise, validate, queue; answered by the Call.
+  // Attend and MultiHeadAttention (served as streams: see the constructor): authorise and ask
+  // the dispatcher whether the call can be served, before its request is read; then parse,
+  // validate, queue; answered by the Call.
   template <typename Request, typename Response, typename Build>
-  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc,
-                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
-                                    Build build);
+  UnaryCallReactor* Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc, Build build);
   // The other rpcs, answered on the handler's thread: authorise, then `body` fills the
   // response and returns the status.
   template <typename Body>
@@ -95,6 +91,8 @@ class AttentionService final : public AttentionServiceBase {
   Dispatcher* const dispatcher_;
   metrics::Metrics* const metrics_;
   const ServiceInfo info_;
+  // Attend and MultiHeadAttention calls admitted and not yet answered (Compute).
+  AdmissionGate admission_;
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;

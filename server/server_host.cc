@@ -254,6 +254,11 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
+  // gRPC grows a connection's flow-control windows to its bandwidth-delay product (BDP probes), up
+  // to megabytes per stream, so a client sends a whole request before the server has looked at
+  // the call; without probes a call's bytes wait for the server to read them, beyond the first
+  // 64 KiB, and a call refused at arrival costs its headers and that much (OVERLOAD.md).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   if (options.max_concurrent_streams > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   }
