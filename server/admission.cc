@@ -15,14 +15,14 @@ absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
     if (in_flight_ == 0) last_ = now;
     ahead = in_flight_;
     wait = (in_flight_ + 1) * interval_;
-    if (in_flight_ == 0 || now + wait <= deadline) {
+    if (in_flight_ == 0 || wait <= kTimeoutShare * (deadline - now)) {
       ++in_flight_;
       return absl::OkStatus();
     }
   }
-  return absl::DeadlineExceededError(
-      absl::StrCat("the server would answer in about ", absl::FormatDuration(wait), " (", ahead,
-                   " calls ahead), after the deadline; refused before the request was read"));
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the server would answer in about ", absl::FormatDuration(wait), " (", ahead,
+      " calls ahead), too close to the deadline; refused before the request was read"));
 }
 
 void AdmissionGate::Done(absl::Time now) {

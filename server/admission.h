@@ -8,9 +8,10 @@
 // admitted them all, and nearly all expired. The gate counts the calls it has admitted and not
 // yet answered (`in_flight`) and measures the time between answers while the server is busy
 // (`interval`, an exponential average): a new call would be answered after about
-// (in_flight + 1) x interval, and a call whose deadline is nearer is refused at once, costing
-// the server its headers only. With nothing in flight a call is always admitted, so the gate
-// cannot starve the server, and a short deadline never locks the gate shut.
+// (in_flight + 1) x interval, and a call for which that is more than kTimeoutShare of the time
+// left to its deadline is refused at once, costing the server its headers only. With nothing in
+// flight a call is always admitted, so the gate cannot starve the server, and a short deadline
+// never locks the gate shut.
 #ifndef ATTNSERVE_SERVER_ADMISSION_H_
 #define ATTNSERVE_SERVER_ADMISSION_H_
 
@@ -28,9 +29,16 @@ class AdmissionGate {
   // Weight of each new interval in the average: about the last 1/kWeight answers count. 0.05
   // averages over about two 100 ms periods of a CPU quota (one burst of answers each).
   static constexpr double kWeight = 0.05;
+  // Of the time left to a call's deadline, the share its expected wait may take. The rest is for
+  // what the server does not see: the caller's deadline runs from before the call's headers were
+  // read, and the answer still has to travel. Under a 0.1-core quota a throttled server reads
+  // headers and sends answers up to 90 ms late: with the whole time left (1.0), half of the
+  // answers the server sent as OK reached their callers after the deadline, and goodput at 3x
+  // overload was 0.36 of capacity; with half, none were late and goodput was 0.92 (OVERLOAD.md).
+  static constexpr double kTimeoutShare = 0.5;
 
   // OK: admitted, and Done() must follow once. DEADLINE_EXCEEDED: (in_flight + 1) x interval
-  // from `now` is after `deadline` (refused; no Done()).
+  // is more than kTimeoutShare x (deadline - now) (refused; no Done()).
   absl::Status Admit(absl::Time now, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // An admitted call is answered (whatever the answer).
   void Done(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);

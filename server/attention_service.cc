@@ -80,8 +80,10 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   void OnReadDone(bool ok) override {
     std::unique_ptr<Call> call = std::move(call_);
     if (!ok) {
-      NoteCancellation();
-      call->Finish(absl::InvalidArgumentError("the call ended before its request message"));
+      // Every unary caller sends its one message: a read fails when the call was cancelled or
+      // broken (its deadline, mostly), which gRPC may report only later (OnCancel).
+      caller_.Cancel();
+      call->Finish(absl::CancelledError("the call ended before its request message arrived"));
       return;
     }
     bytes_ = request_.Length();
@@ -247,9 +249,7 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
     call->Finish(std::move(s), nullptr, why);
     return reactor;
   }
-  if (absl::Status s = admission_.Admit(call->arrival(),
-                                        call->arrival() + (call->deadline() - call->arrival()) / 2);
-      !s.ok()) {
+  if (absl::Status s = admission_.Admit(call->arrival(), call->deadline()); !s.ok()) {
     call->Finish(std::move(s), nullptr, metrics::DropReason::kUnmeetable);
     return reactor;
   }
