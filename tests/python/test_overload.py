@@ -11,9 +11,7 @@ burst of far more calls than it can compute within their deadlines then must end
 - the server's RSS stays within a generous bound of its idle RSS.
 Nothing depends on timing: a slower machine only moves calls from OK to the other codes.
 
-Not yet registered with ctest: at lifeA 400b7cc to b4ecee2 the server counts calls whose deadline
-passed during the upload as INVALID_ARGUMENT (their callers see DEADLINE_EXCEEDED), so this test
-fails; register it in tests/python/CMakeLists.txt (like python_drain) once that is fixed.
+Registered with ctest as python_overload; by hand:
   ATTNSERVE_BIN=build/server/attnserve ATTNSERVE_STUBS=build/python/attnserve_pb \
     /usr/bin/python3 -m unittest -v test_overload          (in tests/python)
 """
