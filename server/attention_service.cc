@@ -296,9 +296,12 @@ grpc::ServerUnaryReactor* AttentionService::AnswerNow(const grpc::CallbackServer
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::AttentionStream(
     grpc::CallbackServerContext* context) {
-  return new AttentionStreamReactor(context, {&options_.limits, modules_, dispatcher_, metrics_},
+  return new AttentionStreamReactor(context,
+                                    {&options_.limits, modules_, dispatcher_, metrics_, &streams_},
                                     Authorize(*context, options_.auth_token));
 }
+
+void AttentionService::DrainStreams() { streams_.DrainAll(); }
 
 AttentionService::~AttentionService() = default;
 

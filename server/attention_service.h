@@ -9,6 +9,7 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "kernels/backend.h"
 #include "server/admission.h"
+#include "server/attention_stream.h"
 #include "server/call.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
@@ -61,6 +62,10 @@ class AttentionService final : public AttentionServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
+  // The server drains: open AttentionStreams stop reading and end once their requests are
+  // answered (UNAVAILABLE; idle ones at once), and new ones end at once.
+  void DrainStreams();
+
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
                                        v1::LoadModuleResponse* response) override;
@@ -93,6 +98,7 @@ class AttentionService final : public AttentionServiceBase {
   const ServiceInfo info_;
   // Attend and MultiHeadAttention calls admitted and not yet answered (Compute).
   AdmissionGate admission_;
+  OpenStreams streams_;
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;
