@@ -37,10 +37,10 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
 
 // An Attend or MultiHeadAttention call: unary for its caller, served as a stream of one request
 // and one response, so that the service sees the call when its headers arrive, before its
-// request is read. A call refused then (not authorised, its deadline unmeetable, the server
-// draining) costs the server its headers and at most one flow-control window of its bytes, not
-// the whole request (768 KiB for an Attend of [1, 8, 128, 64] float32): under a CPU quota,
-// receiving the requests of refused calls was most of what overload cost (OVERLOAD.md).
+// request is read. A call refused then (not authorised, the server draining, or its deadline
+// unmeetable by the AdmissionGate) costs the server its headers and at most one flow-control window
+// of its bytes, not the whole request (768 KiB for an Attend of [1, 8, 128, 64] float32): under a
+// CPU quota, receiving the requests of refused calls was most of what overload cost (OVERLOAD.md).
 // Holds the call's Caller; deletes itself in OnDone.
 class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -243,10 +243,14 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
     return reactor;
   }
   // Before the request's bytes are read: under overload most calls end here, at the cost of
-  // their headers (tests/bench/OVERLOAD.md).
-  metrics::DropReason why;
-  if (absl::Status s = dispatcher_->CheckAdmissible(call->deadline(), &why); !s.ok()) {
-    call->Finish(std::move(s), nullptr, why);
+  // their headers (tests/bench/OVERLOAD.md). The batcher is not asked here: what it refuses (a
+  // drain, a long queue of compute) Submit refuses after the read, and asking it twice cost
+  // server CPU on every call (tests/bench/cpu_per_call.sh, tiny calls, means of 3 rounds in two
+  // runs on the loaded 2-core machine: 58 and 74 us per call with, 52 and 59 without).
+  if (draining_.load(std::memory_order_acquire)) {
+    // Before the gate, whose DEADLINE_EXCEEDED would not tell the caller to go elsewhere.
+    call->Finish(absl::UnavailableError("the server is shutting down; retry on another replica"),
+                 nullptr, metrics::DropReason::kShutdown);
     return reactor;
   }
   if (absl::Status s = admission_.Admit(call->arrival(), call->deadline()); !s.ok()) {
@@ -301,7 +305,10 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::A
                                     Authorize(*context, options_.auth_token));
 }
 
-void AttentionService::DrainStreams() { streams_.DrainAll(); }
+void AttentionService::Drain() {
+  draining_.store(true, std::memory_order_release);
+  streams_.DrainAll();
+}
 
 AttentionService::~AttentionService() = default;
 

@@ -4,6 +4,7 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
+#include <atomic>
 #include <string>
 
 #include "attnserve/v1/attention.grpc.pb.h"
@@ -62,9 +63,10 @@ class AttentionService final : public AttentionServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
-  // The server drains: open AttentionStreams stop reading and end once their requests are
+  // The server drains: new Attend and MultiHeadAttention calls are answered UNAVAILABLE before
+  // their requests are read; open AttentionStreams stop reading and end once their requests are
   // answered (UNAVAILABLE; idle ones at once), and new ones end at once.
-  void DrainStreams();
+  void Drain();
 
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
@@ -99,6 +101,7 @@ class AttentionService final : public AttentionServiceBase {
   // Attend and MultiHeadAttention calls admitted and not yet answered (Compute).
   AdmissionGate admission_;
   OpenStreams streams_;
+  std::atomic<bool> draining_{false};  // Drain()
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;

@@ -60,13 +60,6 @@ void BatchingDispatcher::Submit(std::unique_ptr<Job> job) {
   }
 }
 
-absl::Status BatchingDispatcher::CheckAdmissible(absl::Time deadline, metrics::DropReason* why) {
-  batching::DropReason reason;
-  absl::Status s = batcher_->CheckAdmissible(deadline, &reason);
-  if (!s.ok()) *why = ToMetrics(reason);
-  return s;
-}
-
 void BatchingDispatcher::NotifyCancelled() { batcher_->NotifyCancelled(); }
 
 void BatchingDispatcher::Shutdown(absl::Duration grace) { batcher_->Shutdown(grace); }

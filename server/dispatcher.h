@@ -33,14 +33,6 @@ class Dispatcher {
   // must not be called holding a lock that answering a job takes.
   virtual void Submit(std::unique_ptr<Job> job) = 0;
 
-  // Asked when a call arrives, before its request is read: whether a job due by `deadline` can
-  // still be queued. Refusals are Submit()'s (UNAVAILABLE when shutting down, DEADLINE_EXCEEDED
-  // when expired or the queue ahead outlasts the deadline), with the drop reason in `*why`, and
-  // cost the caller no upload. OK promises nothing about Submit(). Never blocks. Default: OK.
-  virtual absl::Status CheckAdmissible(absl::Time /*deadline*/, metrics::DropReason* /*why*/) {
-    return absl::OkStatus();
-  }
-
   // A queued job's caller has cancelled: drop cancelled jobs from the queue soon. Never blocks.
   virtual void NotifyCancelled() = 0;
 
@@ -71,7 +63,6 @@ class BatchingDispatcher final : public Dispatcher {
   ~BatchingDispatcher() override;
 
   void Submit(std::unique_ptr<Job> job) override;
-  absl::Status CheckAdmissible(absl::Time deadline, metrics::DropReason* why) override;
   void NotifyCancelled() override;
   void Shutdown(absl::Duration grace) override;
   void EndGracePeriod() override;

@@ -297,9 +297,10 @@ void ServerHost::Shutdown(absl::Duration grace) {
   // UNAVAILABLE from now on, with a message that says why. (gRPC's own shutdown would cancel some
   // of the calls that reach it in the meantime, and standard retry policies do not retry
   // CANCELLED.)
-  // Idle streams end now, busy ones once their requests are answered (UNAVAILABLE: their
-  // callers retry elsewhere); otherwise an open stream held the exit until the grace period ended.
-  service_->DrainStreams();
+  // New unary calls are refused UNAVAILABLE before their requests are read; idle streams end
+  // now, busy ones once their requests are answered (UNAVAILABLE: their callers retry elsewhere);
+  // otherwise an open stream held the exit until the grace period ended.
+  service_->Drain();
   dispatcher_->Shutdown(grace);
   // Every queued request has been answered. gRPC stops accepting calls now (a caller then gets
   // UNAVAILABLE from its own channel) and lets the open ones finish. Once no AttentionService

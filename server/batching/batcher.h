@@ -243,36 +243,6 @@ class Batcher {
     }
   }
 
-  // Whether a task due by `deadline` can still be queued, asked before the caller pays for the
-  // task (a server asks it before it reads the request's bytes): refuses what Schedule() would
-  // refuse whatever the task's size and owner: the batcher is stopping (UNAVAILABLE), the deadline
-  // has passed or the queue ahead alone would outlast it (DEADLINE_EXCEEDED). OK promises nothing
-  // about Schedule(). Counts nothing in stats() (no task was given). Never blocks.
-  absl::Status CheckAdmissible(absl::Time deadline, DropReason* why) ABSL_LOCKS_EXCLUDED(mu_) {
-    int64_t queued_tokens = 0;
-    absl::Duration needed;
-    {
-      MutexLock lock(&mu_);
-      if (draining_) {
-        *why = DropReason::kShutdown;
-        return absl::UnavailableError("the server is shutting down; retry on another replica");
-      }
-      const absl::Time now = clock_->Now();
-      if (deadline <= now) {
-        *why = DropReason::kExpired;
-        return absl::DeadlineExceededError("the deadline passed before the request was read");
-      }
-      if (deadline == absl::InfiniteFuture()) return absl::OkStatus();
-      queued_tokens = policy_.queued_tokens();
-      needed = cost_model_->Estimate(queued_tokens) / num_threads_;
-      if (now + needed <= deadline) return absl::OkStatus();
-    }
-    *why = DropReason::kUnmeetable;
-    return absl::DeadlineExceededError(absl::StrCat(
-        "the queue ahead (", queued_tokens, " tokens) needs about ", absl::FormatDuration(needed),
-        ", longer than the deadline allows; refused before the request was read"));
-  }
-
   // Rejects every queued task that is cancelled, on this thread (see the contract). Holds the
   // lock only for one pass over the queued tasks; never waits for a batch thread.
   void NotifyCancelled() ABSL_LOCKS_EXCLUDED(mu_) {
