@@ -36,6 +36,78 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
 
 }  // namespace
 
+// An Attend or MultiHeadAttention call: unary for its caller, served as a stream of one request
+// and one response, so that the service sees the call when its headers arrive, before its
+// request is read. A call refused then (not authorised, the server draining, or its deadline
+// unmeetable by the AdmissionGate) costs the server its headers and at most one flow-control window
+// of its bytes, not the whole request (768 KiB for an Attend of [1, 8, 128, 64] float32): under a
+// CPU quota, receiving the requests of refused calls was most of what overload cost (OVERLOAD.md).
+// Holds the call's Caller; deletes itself in OnDone.
+class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  // Takes the call and its request's bytes (alive for the duration of the call only).
+  using Serve = absl::AnyInvocable<void(std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes)>;
+
+  UnaryCallReactor(grpc::CallbackServerContext* context, Dispatcher* dispatcher)
+      : context_(context), caller_(*context, dispatcher) {}
+  const Caller* caller() const { return &caller_; }
+  // Where the answer's message goes before Respond(OK).
+  grpc::ByteBuffer* response() { return &response_; }
+
+  // The call was admitted by `gate`: Respond() tells it of the answer.
+  void set_admitted(AdmissionGate* gate) { admitted_ = gate; }
+  // Reads the request, then gives it to `serve` with `call` (on gRPC's callback thread).
+  void Read(std::unique_ptr<Call> call, Serve serve) {
+    call_ = std::move(call);
+    serve_ = std::move(serve);
+    StartRead(&request_);
+  }
+  // The call's answer, once: response() and OK, or the status alone.
+  void Respond(const absl::Status& status) {
+    if (admitted_ != nullptr) admitted_->Done(absl::Now());
+    bytes_ += response_.Length();
+    if (status.ok()) {
+      StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
+    } else {
+      Finish(SessionAwareStatus(status, context_));
+    }
+  }
+  // gRPC knows of a cancel (the caller's deadline, mostly) before OnCancel runs: a request cut
+  // short by it is counted as what the caller saw, not as its mistake.
+  void NoteCancellation() {
+    if (context_->IsCancelled()) caller_.Cancel();
+  }
+
+  void OnReadDone(bool ok) override {
+    std::unique_ptr<Call> call = std::move(call_);
+    if (!ok) {
+      // Every unary caller sends its one message: a read fails when the call was cancelled or
+      // broken (its deadline, mostly), which gRPC may report only later (OnCancel).
+      caller_.Cancel();
+      call->Finish(absl::CancelledError("the call ended before its request message arrived"));
+      return;
+    }
+    bytes_ = request_.Length();
+    serve_(std::move(call), request_);
+    request_.Clear();  // parsed: the job holds its own copy
+  }
+  void OnCancel() override { caller_.Cancel(); }
+  void OnDone() override {
+    if (bytes_ >= kTrimAfterBytes) TrimAfterLargeCall();
+    delete this;
+  }
+
+ private:
+  grpc::CallbackServerContext* const context_;
+  Caller caller_;
+  std::unique_ptr<Call> call_;  // between Read() and OnReadDone
+  Serve serve_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer response_;
+  size_t bytes_ = 0;  // request and response: see OnDone
+  AdmissionGate* admitted_ = nullptr;
+};
+
 // Runs posted work in order on one thread of its own; the destructor finishes what was posted.
 class WorkThread {
  public:
@@ -138,54 +210,105 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
       metrics_(metrics),
       info_(std::move(info)),
       loader_(std::make_unique<WorkThread>()) {
+  // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
+  // served as a stream of one request and one response (UnaryCallReactor). Indices: the rpcs'
+  // order in attention.proto.
+  using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  MarkMethodStreamed(0, new Handler([this](grpc::CallbackServerContext* context) {
+                       return Compute<v1::AttendRequest, v1::AttendResponse>(
+                           context, metrics::Rpc::kAttend, [this](const v1::AttendRequest& r) {
+                             return BuildAttendJob(r, options_.limits);
+                           });
+                     }));
+  MarkMethodStreamed(
+      1, new Handler([this](grpc::CallbackServerContext* context) {
+        return Compute<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
+            context, metrics::Rpc::kMultiHeadAttention,
+            [this](const v1::MultiHeadAttentionRequest& r) {
+              return BuildMultiHeadJob(r, *modules_, options_.limits);
+            });
+      }));
+  MarkMethodStreamed(8, new Handler([this](grpc::CallbackServerContext* context) {
+                       return Compute<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
+                           context, metrics::Rpc::kExtendSession,
+                           [this](const v1::ExtendSessionRequest& r) {
+                             return BuildExtendJob(r, *sessions_, options_.limits);
+                           });
+                     }));
+  MarkMethodStreamed(9, new Handler([this](grpc::CallbackServerContext* context) {
+                       return Compute<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
+                           context, metrics::Rpc::kExtendSessions,
+                           [this](const v1::ExtendSessionsRequest& r) {
+                             return BuildExtendsJob(r, *sessions_, options_.limits);
+                           });
+                     }));
   ReturnLargeBlocksToTheSystem();
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
 
 template <typename Request, typename Response, typename Build>
-grpc::ServerUnaryReactor* AttentionService::Compute(grpc::CallbackServerContext* context,
-                                                    metrics::Rpc rpc,
-                                                    const grpc::ByteBuffer* request_bytes,
-                                                    grpc::ByteBuffer* response_bytes, Build build) {
-  auto* reactor = new UnaryReactor(*context, dispatcher_);
-  auto call = std::make_unique<Call>(
-      metrics_, rpc, reactor->caller(),
-      [reactor, context, response_bytes, request_size = request_bytes->Length()](
-          const absl::Status& status, Job* job, absl::Time now) {
-        if (status.ok()) {
-          Response response;
-          FillResponse(*job, now, &response);
-          ReleaseBuffers(job);
-          SerializeMessage(response, response_bytes);
-        }
-        reactor->set_bytes(request_size + response_bytes->Length());
-        reactor->Finish(SessionAwareStatus(status, context));
-      });
+UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc,
+                                            Build build) {
+  auto* reactor = new UnaryCallReactor(context, dispatcher_);
+  auto call =
+      std::make_unique<Call>(metrics_, rpc, reactor->caller(),
+                             [reactor](const absl::Status& status, Job* job, absl::Time now) {
+                               if (status.ok()) {
+                                 Response response;
+                                 FillResponse(*job, now, &response);
+                                 ReleaseBuffers(job);
+                                 SerializeMessage(response, reactor->response());
+                               }
+                               reactor->Respond(status);
+                             });
   if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
     call->Finish(std::move(s));
     return reactor;
   }
-  auto request = std::make_shared<Request>();  // the job's inputs are views into it
-  if (!ParseMessage(*request_bytes, request.get())) {
-    call->Finish(absl::InvalidArgumentError(absl::StrCat("the message (", request_bytes->Length(),
-                                                         " bytes) is not a valid ",
-                                                         Request::descriptor()->full_name())));
+  // Before the request's bytes are read: under overload most calls end here, at the cost of
+  // their headers (tests/bench/OVERLOAD.md). The batcher is not asked here: what it refuses (a
+  // drain, a long queue of compute) Submit refuses after the read, and asking it twice cost
+  // server CPU on every call (tests/bench/cpu_per_call.sh, tiny calls, means of 3 rounds in two
+  // runs on the loaded 2-core machine: 58 and 74 us per call with, 52 and 59 without).
+  if (draining_.load(std::memory_order_acquire)) {
+    // Before the gate, whose DEADLINE_EXCEEDED would not tell the caller to go elsewhere.
+    call->Finish(absl::UnavailableError("the server is shutting down; retry on another replica"),
+                 nullptr, metrics::DropReason::kShutdown);
     return reactor;
   }
-  absl::StatusOr<std::unique_ptr<Job>> job = build(*request);
-  if (!job.ok()) {
-    call->Finish(job.status());
+  if (absl::Status s = admission_.Admit(call->arrival(), call->deadline()); !s.ok()) {
+    call->Finish(std::move(s), nullptr, metrics::DropReason::kUnmeetable);
     return reactor;
   }
-  (*job)->request = std::move(request);
-  (*job)->timing.arrival = call->arrival();
-  (*job)->call = std::move(call);
-  (*job)->dispatcher = dispatcher_;
-  if (!HasWork(**job)) {
-    (*job)->Finish(absl::OkStatus());  // every step failed validation: answered at once
-    return reactor;
-  }
-  dispatcher_->Submit(*std::move(job));
+  reactor->set_admitted(&admission_);
+  reactor->Read(std::move(call),
+                [this, reactor, build](std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes) {
+                  auto request = std::make_shared<Request>();  // the job's inputs are views into it
+                  if (!ParseMessage(bytes, request.get())) {
+                    // A message cut short by the caller's cancel (its deadline, mostly) is not the
+                    // caller's mistake: Call::Finish answers and counts it as what the caller saw.
+                    reactor->NoteCancellation();
+                    call->Finish(absl::InvalidArgumentError(
+                        absl::StrCat("the message (", bytes.Length(), " bytes) is not a valid ",
+                                     Request::descriptor()->full_name())));
+                    return;
+                  }
+                  absl::StatusOr<std::unique_ptr<Job>> job = build(*request);
+                  if (!job.ok()) {
+                    reactor->NoteCancellation();
+                    call->Finish(job.status());
+                    return;
+                  }
+                  (*job)->request = std::move(request);
+                  (*job)->timing.arrival = call->arrival();
+                  (*job)->call = std::move(call);
+                  (*job)->dispatcher = dispatcher_;
+                  if (!HasWork(**job)) {
+                    (*job)->Finish(absl::OkStatus());  // every step failed validation: answered
+                    return;
+                  }
+                  dispatcher_->Submit(*std::move(job));
+                });
   return reactor;
 }
 
@@ -203,29 +326,16 @@ grpc::ServerUnaryReactor* AttentionService::AnswerNow(grpc::CallbackServerContex
   return reactor;
 }
 
-grpc::ServerUnaryReactor* AttentionService::Attend(grpc::CallbackServerContext* context,
-                                                   const grpc::ByteBuffer* request,
-                                                   grpc::ByteBuffer* response) {
-  return Compute<v1::AttendRequest, v1::AttendResponse>(
-      context, metrics::Rpc::kAttend, request, response,
-      [this](const v1::AttendRequest& r) { return BuildAttendJob(r, options_.limits); });
-}
-
-grpc::ServerUnaryReactor* AttentionService::MultiHeadAttention(grpc::CallbackServerContext* context,
-                                                               const grpc::ByteBuffer* request,
-                                                               grpc::ByteBuffer* response) {
-  return Compute<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
-      context, metrics::Rpc::kMultiHeadAttention, request, response,
-      [this](const v1::MultiHeadAttentionRequest& r) {
-        return BuildMultiHeadJob(r, *modules_, options_.limits);
-      });
-}
-
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::AttentionStream(
     grpc::CallbackServerContext* context) {
-  return new AttentionStreamReactor(context,
-                                    {&options_.limits, modules_, dispatcher_, sessions_, metrics_},
-                                    Authorize(*context, options_.auth_token));
+  return new AttentionStreamReactor(
+      context, {&options_.limits, modules_, dispatcher_, sessions_, metrics_, &streams_},
+      Authorize(*context, options_.auth_token));
+}
+
+void AttentionService::Drain() {
+  draining_.store(true, std::memory_order_release);
+  streams_.DrainAll();
 }
 
 AttentionService::~AttentionService() = default;
@@ -327,26 +437,6 @@ grpc::ServerUnaryReactor* AttentionService::CreateSession(grpc::CallbackServerCo
     WriteSessionInfo(*state, response->mutable_session());
     return absl::OkStatus();
   });
-}
-
-grpc::ServerUnaryReactor* AttentionService::ExtendSession(grpc::CallbackServerContext* context,
-                                                          const grpc::ByteBuffer* request,
-                                                          grpc::ByteBuffer* response) {
-  return Compute<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
-      context, metrics::Rpc::kExtendSession, request, response,
-      [this](const v1::ExtendSessionRequest& r) {
-        return BuildExtendJob(r, *sessions_, options_.limits);
-      });
-}
-
-grpc::ServerUnaryReactor* AttentionService::ExtendSessions(grpc::CallbackServerContext* context,
-                                                           const grpc::ByteBuffer* request,
-                                                           grpc::ByteBuffer* response) {
-  return Compute<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
-      context, metrics::Rpc::kExtendSessions, request, response,
-      [this](const v1::ExtendSessionsRequest& r) {
-        return BuildExtendsJob(r, *sessions_, options_.limits);
-      });
 }
 
 grpc::ServerUnaryReactor* AttentionService::ForkSession(grpc::CallbackServerContext* context,

@@ -4,10 +4,13 @@
 #ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 #define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
 
+#include <atomic>
 #include <string>
 
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "kernels/backend.h"
+#include "server/admission.h"
+#include "server/attention_stream.h"
 #include "server/call.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
@@ -46,7 +49,8 @@ using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule
                                                             v1::AttentionService::
                                                                 Service>>>>>>>>>>>>>>;
 
-class WorkThread;  // attention_service.cc
+class WorkThread;        // attention_service.cc
+class UnaryCallReactor;  // attention_service.cc
 
 // Thread-safe. Does not own its collaborators; they outlive it. Every request has one Call
 // (call.h) that owns its life; the handlers here only say how to respond.
@@ -68,14 +72,13 @@ class AttentionService final : public AttentionServiceBase {
   // Waits for module loads in progress.
   ~AttentionService() override;
 
-  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const grpc::ByteBuffer* request,
-                                   grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* MultiHeadAttention(grpc::CallbackServerContext* context,
-                                               const grpc::ByteBuffer* request,
-                                               grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
+  // The server drains: new Attend and MultiHeadAttention calls are answered UNAVAILABLE before
+  // their requests are read; open AttentionStreams stop reading and end once their requests are
+  // answered (UNAVAILABLE; idle ones at once), and new ones end at once.
+  void Drain();
+
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
                                        v1::LoadModuleResponse* response) override;
@@ -91,12 +94,6 @@ class AttentionService final : public AttentionServiceBase {
   grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
                                           const v1::CreateSessionRequest* request,
                                           v1::CreateSessionResponse* response) override;
-  grpc::ServerUnaryReactor* ExtendSession(grpc::CallbackServerContext* context,
-                                          const grpc::ByteBuffer* request,
-                                          grpc::ByteBuffer* response) override;
-  grpc::ServerUnaryReactor* ExtendSessions(grpc::CallbackServerContext* context,
-                                           const grpc::ByteBuffer* request,
-                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
                                         const v1::ForkSessionRequest* request,
                                         v1::ForkSessionResponse* response) override;
@@ -111,11 +108,12 @@ class AttentionService final : public AttentionServiceBase {
                                          v1::ListSessionsResponse* response) override;
 
  private:
-  // Attend and MultiHeadAttention: parse, authorise, validate, queue; answered by the Call.
+  // Attend, MultiHeadAttention, ExtendSession and ExtendSessions (served as streams: see the
+  // constructor): authorise and ask
+  // the dispatcher whether the call can be served, before its request is read; then parse,
+  // validate, queue; answered by the Call.
   template <typename Request, typename Response, typename Build>
-  grpc::ServerUnaryReactor* Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc,
-                                    const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
-                                    Build build);
+  UnaryCallReactor* Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc, Build build);
   // The other rpcs, answered on the handler's thread: authorise, then `body` fills the
   // response and returns the status.
   template <typename Body>
@@ -128,6 +126,10 @@ class AttentionService final : public AttentionServiceBase {
   sessions::SessionManager* const sessions_;
   metrics::Metrics* const metrics_;
   const ServiceInfo info_;
+  // Calls of Compute's rpcs admitted and not yet answered.
+  AdmissionGate admission_;
+  OpenStreams streams_;
+  std::atomic<bool> draining_{false};  // Drain()
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;

@@ -52,11 +52,31 @@ AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call
     Finish(ToGrpcStatus(authorized));
     return;
   }
+  if (context_.streams->Add(this)) {
+    // The server drains already: end at once.
+    {
+      batching::MutexLock lock(&mu_);
+      reading_ = false;
+      draining_ = true;
+      finished_ = true;
+    }
+    Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the server is shutting down; open a new stream to another replica"));
+    return;
+  }
   StartRead(&read_);
 }
 
 void AttentionStreamReactor::OnReadDone(bool ok) {
-  if (ok) Handle();
+  if (ok) {
+    // A read still pending when a drain finished the stream completes unread.
+    bool finished;
+    {
+      batching::MutexLock lock(&mu_);
+      finished = finished_;
+    }
+    if (!finished) Handle();
+  }
   Actions actions;
   {
     batching::MutexLock lock(&mu_);
@@ -206,17 +226,21 @@ AttentionStreamReactor::Actions AttentionStreamReactor::NextLocked() {
   // Unwritten responses count against the budget too: a caller that does not read stops us
   // from reading.
   const int64_t held = in_flight_ + static_cast<int64_t>(writes_.size());
-  if (!reading_ && !reads_done_ && !cancelled && !broken_.has_value() &&
-      held < context_.limits->max_stream_in_flight) {
+  const bool ending = reads_done_ || cancelled || broken_.has_value() || draining_;
+  if (!reading_ && !ending && held < context_.limits->max_stream_in_flight) {
     reading_ = true;
     a.read = true;
   }
-  if ((reads_done_ || cancelled || broken_.has_value()) && !reading_ && in_flight_ == 0 &&
-      !writing_ && writes_.empty()) {
+  // Draining, a pending read does not hold the end: it completes unread (OnReadDone).
+  if (ending && (!reading_ || draining_) && in_flight_ == 0 && !writing_ && writes_.empty()) {
     finished_ = true;
     a.finish = cancelled ? grpc::Status(grpc::StatusCode::CANCELLED, "the stream was cancelled")
                : broken_.has_value() ? ToGrpcStatus(*broken_)
-                                     : grpc::Status::OK;
+               : draining_ && !reads_done_
+                   ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  "the server is shutting down; open a new stream to another "
+                                  "replica")
+                   : grpc::Status::OK;
   }
   return a;
 }
@@ -227,6 +251,37 @@ void AttentionStreamReactor::Run(const Actions& actions) {
   if (actions.finish.has_value()) Finish(*actions.finish);
 }
 
-void AttentionStreamReactor::OnDone() { delete this; }
+void AttentionStreamReactor::Drain() {
+  Actions actions;
+  {
+    batching::MutexLock lock(&mu_);
+    draining_ = true;
+    actions = NextLocked();
+  }
+  Run(actions);
+}
+
+void AttentionStreamReactor::OnDone() {
+  context_.streams->Remove(this);  // a stream refused at once was never added: no-op
+  delete this;
+}
+
+bool OpenStreams::Add(AttentionStreamReactor* stream) {
+  batching::MutexLock lock(&mu_);
+  streams_.insert(stream);
+  return draining_;
+}
+
+void OpenStreams::Remove(AttentionStreamReactor* stream) {
+  batching::MutexLock lock(&mu_);
+  streams_.erase(stream);
+}
+
+void OpenStreams::DrainAll() {
+  // Under the lock, so that no stream is deleted meanwhile (OnDone waits in Remove()).
+  batching::MutexLock lock(&mu_);
+  draining_ = true;
+  for (AttentionStreamReactor* stream : streams_) stream->Drain();
+}
 
 }  // namespace attnserve::server

@@ -42,7 +42,10 @@ namespace attnserve::server {
 //   - a message that is not an AttentionStreamRequest ends the stream: nothing after it is read,
 //     the requests before it are answered, then the stream finishes INVALID_ARGUMENT.
 // The stream finishes once reading is over (the caller half-closed, the call was cancelled or a
-// message did not parse), every request has been answered and every response written.
+// message did not parse), every request has been answered and every response written. When the
+// server drains (Drain()), reading stops too: the stream ends once its requests are answered,
+// UNAVAILABLE (its caller opens a new one on another replica), at once when it is idle.
+class OpenStreams;
 class AttentionStreamReactor final
     : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
@@ -52,6 +55,7 @@ class AttentionStreamReactor final
     Dispatcher* dispatcher;
     sessions::SessionManager* sessions;
     metrics::Metrics* metrics;
+    OpenStreams* streams;  // the stream joins it until OnDone
   };
 
   // Starts reading, or finishes at once with `authorized` when it is not OK. `context`
@@ -63,6 +67,9 @@ class AttentionStreamReactor final
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
+
+  // The server drains: see the class comment. Never blocks on a gRPC operation.
+  void Drain();
 
  private:
   // Parses read_ and answers or submits the request in it.
@@ -91,10 +98,28 @@ class AttentionStreamReactor final
   bool reading_ ABSL_GUARDED_BY(mu_) = true;   // a read is in flight
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   // Set when the stream must end with this status (a message did not parse).
   std::optional<absl::Status> broken_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests accepted and not yet answered
   absl::flat_hash_set<uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // their request_ids
+};
+
+// The open streams of a service, so that a drain reaches the idle ones, which would otherwise
+// hold the server's shutdown until its grace period ends. Thread-safe.
+class OpenStreams {
+ public:
+  // True: DrainAll() has been called, and the stream must end at once.
+  bool Add(AttentionStreamReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  void Remove(AttentionStreamReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drains every open stream (later ones: see Add()). (A stream's Finish never runs its OnDone
+  // inline, so Remove() cannot be called from here.)
+  void DrainAll() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  batching::Mutex mu_;
+  absl::flat_hash_set<AttentionStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace attnserve::server

@@ -26,7 +26,7 @@ std::atomic<bool> trim_pending{false};
 void TrimAfterLargeCall() { trim_pending.store(true, std::memory_order_release); }
 
 absl::Duration DeadlineSkew(absl::Time arrival, absl::Time deadline) {
-  return std::clamp((deadline - arrival) / 4, absl::Milliseconds(50), absl::Seconds(1));
+  return std::clamp((deadline - arrival) / 2, absl::Milliseconds(50), absl::Seconds(1));
 }
 
 Caller::Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)

@@ -107,8 +107,11 @@ void TrimAfterLargeCall();
 // and the timeout's rounding up. At its own deadline the client cancels the call, and that cancel
 // often arrives before the server's deadline passes. So a cancellation within this skew of the
 // server's deadline is counted as the deadline (DEADLINE_EXCEEDED, drop reason "deadline"), which
-// is what the caller saw: a quarter of the call's timeout, at least 50 ms and at most 1 s. A
-// caller that cancels by hand that close to its deadline is counted as a deadline too.
+// is what the caller saw: half of the call's timeout, at least 50 ms and at most 1 s. Half, not
+// less: a server under a CPU quota reads a call's headers up to a quota period (100 ms) after
+// they arrived, so with a quarter some callers' deadlines were counted CANCELLED
+// (tests/python/test_overload.py). A caller that cancels by hand that close to its deadline is
+// counted as a deadline too.
 absl::Duration DeadlineSkew(absl::Time arrival, absl::Time deadline);
 
 // The gRPC deadline of a call; absl::InfiniteFuture() when the caller set none.

@@ -275,6 +275,11 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         static_cast<int>(absl::ToInt64Milliseconds(options.max_connection_age)));
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS, 30000);
   }
+  // gRPC grows a connection's flow-control windows to its bandwidth-delay product (BDP probes), up
+  // to megabytes per stream, so a client sends a whole request before the server has looked at
+  // the call; without probes a call's bytes wait for the server to read them, beyond the first
+  // 64 KiB, and a call refused at arrival costs its headers and that much (OVERLOAD.md).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   if (options.max_concurrent_streams > 0) {
     builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options.max_concurrent_streams);
   }
@@ -322,6 +327,10 @@ void ServerHost::Shutdown(absl::Duration grace) {
   // UNAVAILABLE from now on, with a message that says why. (gRPC's own shutdown would cancel some
   // of the calls that reach it in the meantime, and standard retry policies do not retry
   // CANCELLED.)
+  // New unary calls are refused UNAVAILABLE before their requests are read; idle streams end
+  // now, busy ones once their requests are answered (UNAVAILABLE: their callers retry elsewhere);
+  // otherwise an open stream held the exit until the grace period ended.
+  service_->Drain();
   dispatcher_->Shutdown(grace);
   // Every queued request has been answered. gRPC stops accepting calls now (a caller then gets
   // UNAVAILABLE from its own channel) and lets the open ones finish. Once no AttentionService

@@ -159,6 +159,37 @@ class DrainTest(unittest.TestCase):
             exit_code = server.stop()
         self.assertEqual(exit_code, 0)
 
+    def test_an_idle_open_stream_does_not_hold_the_exit(self):
+        # A stream whose caller keeps it open (nothing in flight) ends UNAVAILABLE when the
+        # drain starts, instead of holding the exit until the grace period ends.
+        grace_s = 120
+        server = LiveServer("--backend=cpu", f"--shutdown_grace_ms={grace_s * 1000}")
+        try:
+            with grpc.insecure_channel(server.target) as channel:
+                stub = pb_grpc.AttentionServiceStub(channel)
+                more = threading.Event()
+
+                def requests():
+                    yield pb.AttentionStreamRequest(request_id=1, attend=request(1, 8))
+                    more.wait(timeout=grace_s + 60)  # open, idle, until the test ends
+
+                responses = stub.AttentionStream(requests(), timeout=grace_s + 60)
+                first = next(responses)
+                self.assertEqual((first.request_id, first.code), (1, 0))
+                signalled = time.monotonic()
+                server.process.send_signal(signal.SIGTERM)
+                with self.assertRaises(grpc.RpcError) as ended:
+                    next(responses)
+                self.assertEqual(ended.exception.code(), grpc.StatusCode.UNAVAILABLE)
+                server.process.wait(timeout=grace_s + 30)
+                took = time.monotonic() - signalled
+                more.set()
+                self.assertLess(took, grace_s / 4, "the exit waited for the grace period")
+                print(f"shutdown with an idle stream took {took:.2f} s", file=sys.stderr)
+        finally:
+            exit_code = server.stop()
+        self.assertEqual(exit_code, 0)
+
     def test_calls_arriving_during_a_drain_get_unavailable(self):
         grace_s = 300
         server = LiveServer("--backend=reference", f"--shutdown_grace_ms={grace_s * 1000}",

@@ -11,9 +11,7 @@ burst of far more calls than it can compute within their deadlines then must end
 - the server's RSS stays within a generous bound of its idle RSS.
 Nothing depends on timing: a slower machine only moves calls from OK to the other codes.
 
-Not yet registered with ctest: at lifeA 400b7cc to b4ecee2 the server counts calls whose deadline
-passed during the upload as INVALID_ARGUMENT (their callers see DEADLINE_EXCEEDED), so this test
-fails; register it in tests/python/CMakeLists.txt (like python_drain) once that is fixed.
+Registered with ctest as python_overload; by hand:
   ATTNSERVE_BIN=build/server/attnserve ATTNSERVE_STUBS=build/python/attnserve_pb \
     /usr/bin/python3 -m unittest -v test_overload          (in tests/python)
 """
@@ -147,15 +145,20 @@ class OverloadTest(unittest.TestCase):
                 # is still in transit is ended by gRPC before any attnserve code sees it (the
                 # caller sees DEADLINE_EXCEEDED, the server counts nothing); and an OK sent just
                 # before the deadline can reach its caller after it (under a CPU quota the
-                # server's thread may sit throttled for 90 ms between the two). So: every code
-                # but OK and DEADLINE_EXCEEDED exactly; OK at least what the callers got; OK and
-                # DEADLINE_EXCEEDED together at most what the callers saw of them.
+                # server's thread may sit throttled for 90 ms between the two). And a caller's
+                # deadline reaches the server as a cancel, which it counts as the deadline only
+                # within half the timeout of its own deadline (server/call.h, DeadlineSkew): a
+                # machine loaded far beyond this one's usual 4x can deliver a call's headers later
+                # than that, and the server counts CANCELLED. (These callers never cancel by
+                # hand.) So: every code but OK, DEADLINE_EXCEEDED and CANCELLED exactly; OK at
+                # least what the callers got; the three together at most what the callers saw of
+                # OK and DEADLINE_EXCEEDED.
                 after = server_codes(server)
                 counted = {c: after.get(c, 0) - before.get(c, 0) for c in after}
                 counted["OK"] -= 1  # the lone call
                 counted = {c: n for c, n in counted.items() if n}
                 print(f"the server counted {counted}", file=sys.stderr)
-                timed = ("OK", "DEADLINE_EXCEEDED")
+                timed = ("OK", "DEADLINE_EXCEEDED", "CANCELLED")
                 self.assertEqual({c: n for c, n in counted.items() if c not in timed},
                                  {c: n for c, n in client.items() if c not in timed})
                 self.assertGreaterEqual(counted.get("OK", 0), client.get("OK", 0))

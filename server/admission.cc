@@ -1,0 +1,47 @@
+#include "server/admission.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::server {
+
+absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
+  int64_t ahead;
+  absl::Duration wait;
+  {
+    batching::MutexLock lock(&mu_);
+    // A busy period starts: the idle time before it is no interval between answers.
+    if (in_flight_ == 0) last_ = now;
+    ahead = in_flight_;
+    wait = (in_flight_ + 1) * interval_;
+    if (in_flight_ == 0 || wait <= kTimeoutShare * (deadline - now)) {
+      ++in_flight_;
+      return absl::OkStatus();
+    }
+  }
+  return absl::DeadlineExceededError(absl::StrCat(
+      "the server would answer in about ", absl::FormatDuration(wait), " (", ahead,
+      " calls ahead), too close to the deadline; refused before the request was read"));
+}
+
+void AdmissionGate::Done(absl::Time now) {
+  batching::MutexLock lock(&mu_);
+  const absl::Duration sample = std::max(now - last_, absl::ZeroDuration());
+  interval_ =
+      interval_ == absl::ZeroDuration() ? sample : (1 - kWeight) * interval_ + kWeight * sample;
+  last_ = now;
+  --in_flight_;
+}
+
+int64_t AdmissionGate::in_flight() const {
+  batching::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+absl::Duration AdmissionGate::interval() const {
+  batching::MutexLock lock(&mu_);
+  return interval_;
+}
+
+}  // namespace attnserve::server
