@@ -6,12 +6,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <mutex>
 #include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_format.h"
+#include "base/mutex.h"
 #include "client/stream.h"
 
 namespace attnserve::bench {
@@ -67,7 +67,7 @@ class Driver::StreamPool {
   void Send(const Prepared& p, uint32_t item, int64_t intended_ns, Done done) {
     const uint64_t id = next_id_.fetch_add(1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       pending_[id] = Pending{intended_ns, item, std::move(done)};
     }
     AttentionStream& s = *streams_[id % streams_.size()];
@@ -95,7 +95,7 @@ class Driver::StreamPool {
   void Complete(uint64_t id, Sample* s) {
     Pending p;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = pending_.find(id);
       if (it == pending_.end()) return;
       p = std::move(it->second);
@@ -110,8 +110,8 @@ class Driver::StreamPool {
 
   std::vector<std::unique_ptr<AttentionStream>> streams_;
   std::atomic<uint64_t> next_id_{0};
-  std::mutex mu_;
-  std::unordered_map<uint64_t, Pending> pending_;
+  Mutex mu_;
+  std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
 };
 
 // The state of one phase, shared with the completion callbacks.

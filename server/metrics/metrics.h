@@ -54,7 +54,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +61,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 
 namespace prometheus {
 class Counter;
@@ -261,16 +261,14 @@ class Metrics {
   prometheus::Gauge* host_limit_;
   prometheus::Gauge* module_bytes_;
 
-  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer,
-  // which then cannot see absl::Mutex and reports false races; it does see pthread mutexes.
-  mutable std::mutex handles_mu_;
+  mutable Mutex handles_mu_;
   std::map<std::string, std::unique_ptr<BackendMetrics>, std::less<>> backends_
       ABSL_GUARDED_BY(handles_mu_);
   std::map<std::string, std::unique_ptr<DeviceMetrics>, std::less<>> devices_
       ABSL_GUARDED_BY(handles_mu_);
 
   // Held while callbacks run, so that ~ScrapeHook waits for a run in progress.
-  mutable std::mutex hooks_mu_;
+  mutable Mutex hooks_mu_;
   std::map<uint64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
   uint64_t next_hook_id_ ABSL_GUARDED_BY(hooks_mu_) = 0;
 

@@ -53,7 +53,9 @@ TEST(DTypeTest, BFloat16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
   for (uint32_t b = 0; b <= 0xffff; ++b) {
     const float f = BFloat16ToFloat(static_cast<uint16_t>(b));
-    if (!std::isnan(f)) EXPECT_EQ(FloatToBFloat16(f), b);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(FloatToBFloat16(f), b);
+    }
   }
 }
 
