@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/strings.h"
 #include "server/attention_service.h"
 #include "server/request_builder.h"
 
@@ -15,7 +16,7 @@ v1::AttentionStreamResponse MakeResponse(uint64_t id, const absl::Status& status
   v1::AttentionStreamResponse response;
   response.set_request_id(id);
   response.set_code(static_cast<int>(status.code()));
-  response.set_message(std::string(status.message()));
+  response.set_message(BoundMessage(status.message()));
   if (status.ok() && job != nullptr) {
     if (job->kind == JobKind::kAttend) {
       WriteOutputs(*job, response.mutable_attend());
@@ -39,7 +40,7 @@ AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call
          [](const absl::Status&, Job*, absl::Time) {})
         .Finish(authorized);
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       reading_ = false;
       finished_ = true;
     }
@@ -53,7 +54,7 @@ void AttentionStreamReactor::OnReadDone(bool ok) {
   if (ok) Handle();
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     reading_ = false;
     if (!ok) reads_done_ = true;
     actions = NextLocked();
@@ -73,7 +74,7 @@ void AttentionStreamReactor::Handle() {
     Call(context_.metrics, metrics::Rpc::kAttentionStream, &caller_,
          [](const absl::Status&, Job*, absl::Time) {})
         .Finish(status);
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     broken_ = status;
     return;
   }
@@ -85,7 +86,7 @@ void AttentionStreamReactor::Handle() {
                                                                 : metrics::Rpc::kAttentionStream;
   bool duplicate;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     duplicate = !ids_.insert(id).second;
     if (!duplicate) ++in_flight_;
   }
@@ -127,7 +128,7 @@ void AttentionStreamReactor::Handle() {
 void AttentionStreamReactor::Respond(grpc::ByteBuffer response, uint64_t id, bool owns_id) {
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (owns_id) {
       ids_.erase(id);
       --in_flight_;
@@ -142,7 +143,7 @@ void AttentionStreamReactor::OnWriteDone(bool ok) {
   if (!ok) caller_.Cancel();
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (writes_.front().Length() >= kTrimAfterBytes) TrimAfterLargeCall();
     writes_.pop_front();
     writing_ = false;
@@ -159,7 +160,7 @@ void AttentionStreamReactor::OnCancel() {
   caller_.Cancel();
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     actions = NextLocked();
   }
   Run(actions);
