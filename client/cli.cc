@@ -29,6 +29,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/flags_usage.h"
 #include "client/client.h"
 #include "kernels/safetensors.h"
 
@@ -301,6 +302,7 @@ absl::StatusOr<attnserve::ClientOptions> SecurityOptions() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  attnserve::ShowFlagsOfFileInHelp(__FILE__);  // --help lists the flags above
   absl::SetProgramUsageMessage(
       "attnserve-cli [--target=HOST:PORT] info|modules|attend|mha|seed [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
