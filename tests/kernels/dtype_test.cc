@@ -59,6 +59,15 @@ TEST(DTypeTest, BFloat16RoundsToNearestEvenAndKeepsNaN) {
   }
 }
 
+// Found by fuzz_safetensors: an empty tensor's buffers may be null, and memcpy(nullptr, _, 0) is
+// undefined behaviour (UBSan's nonnull-attribute check, in the sanitizer and clang legs).
+TEST(DTypeTest, EmptyConversionsTouchNoPointer) {
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kBool}) {
+    ToFloat32(t, nullptr, 0, nullptr);
+    FromFloat32(t, nullptr, 0, nullptr);
+  }
+}
+
 TEST(DTypeTest, PackedConversionsAreLittleEndian) {
   const unsigned char half_bytes[4] = {0x00, 0x3c, 0x00, 0xc0};  // 1.0, -2.0
   float out[2];
