@@ -36,6 +36,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/flags_usage.h"
 #include "client/client.h"
 #include "client/session.h"
 #include "kernels/safetensors.h"
@@ -446,6 +447,7 @@ absl::StatusOr<attnserve::ClientOptions> SecurityOptions() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  attnserve::ShowFlagsOfFileInHelp(__FILE__);  // --help lists the flags above
   absl::SetProgramUsageMessage(
       "attnserve-cli [--target=HOST:PORT] info|modules|attend|mha|seed|session [flags]");
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);

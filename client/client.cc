@@ -1,13 +1,12 @@
 #include "client/client.h"
 
 #include <chrono>
-#include <condition_variable>
-#include <mutex>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/mutex.h"
 #include "client/float_codec.h"
 #include "client/stream.h"
 #include "grpcpp/create_channel.h"
@@ -411,22 +410,22 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
     if (!status.ok()) return FromGrpc(status);
     return response;
   }
-  std::mutex mu;
-  std::condition_variable cv;
+  Mutex mu;
+  CondVar cv;
   size_t pending = groups.size();
   for (auto& g : groups) {
     Prepare(&g->context, timeout);
     Group* group = g.get();
     group->stub->async()->ExtendSessions(&group->context, &group->request, &group->response,
                                          [&, group](grpc::Status s) {
-                                           std::lock_guard<std::mutex> lock(mu);
+                                           MutexLock lock(&mu);
                                            group->status = std::move(s);
-                                           if (--pending == 0) cv.notify_all();
+                                           if (--pending == 0) cv.NotifyAll();
                                          });
   }
   {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return pending == 0; });
+    MutexLock lock(&mu);
+    while (pending != 0) cv.Wait(&mu);
   }
   v1::ExtendSessionsResponse merged;
   for (int i = 0; i < request.steps_size(); ++i) merged.add_results();

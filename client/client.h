@@ -42,7 +42,8 @@
 
 namespace attnserve {
 
-namespace v1 = ::attnserve::v1;
+// v1:: below is attnserve::v1, the generated proto namespace (no alias: clang rejects one that
+// redeclares the namespace it names).
 
 class AttentionStream;  // client/stream.h
 

@@ -12,14 +12,14 @@ void AttentionStream::Start(v1::AttentionService::Stub& stub) {
 }
 
 AttentionStream::~AttentionStream() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (!done_) context_.TryCancel();
-  cv_.wait(lock, [this] { return done_; });
+  while (!done_) cv_.Wait(&mu_);
 }
 
 bool AttentionStream::Send(v1::AttentionStreamRequest request) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (close_requested_ || done_ || write_failed_) return false;
     writes_.push_back(std::move(request));
   }
@@ -57,7 +57,7 @@ bool AttentionStream::Send(uint64_t request_id, const v1::ExtendSessionsRequest&
 
 void AttentionStream::CloseSend() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     close_requested_ = true;
   }
   Pump();
@@ -67,7 +67,7 @@ void AttentionStream::Pump() {
   const v1::AttentionStreamRequest* next = nullptr;
   bool writes_done = false;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (writing_ || writes_done_started_ || done_ || write_failed_) return;
     if (!writes_.empty()) {
       writing_ = true;
@@ -83,7 +83,7 @@ void AttentionStream::Pump() {
 
 void AttentionStream::OnWriteDone(bool ok) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     writing_ = false;
     if (ok) {
       writes_.pop_front();
@@ -102,26 +102,26 @@ void AttentionStream::OnReadDone(bool ok) {
   if (on_response_) {
     on_response_(std::move(reading_));
   } else {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     responses_.push_back(std::move(reading_));
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   reading_.Clear();
   StartRead(&reading_);
 }
 
 void AttentionStream::OnDone(const grpc::Status& status) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   done_ = true;
   status_ = status.ok() ? absl::OkStatus()
                         : absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                                        status.error_message());
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 bool AttentionStream::Read(v1::AttentionStreamResponse* response) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return !responses_.empty() || done_; });
+  MutexLock lock(&mu_);
+  while (responses_.empty() && !done_) cv_.Wait(&mu_);
   if (responses_.empty()) return false;
   *response = std::move(responses_.front());
   responses_.pop_front();
@@ -129,8 +129,8 @@ bool AttentionStream::Read(v1::AttentionStreamResponse* response) {
 }
 
 absl::Status AttentionStream::Finish() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [this] { return done_; });
+  MutexLock lock(&mu_);
+  while (!done_) cv_.Wait(&mu_);
   return status_;
 }
 

@@ -14,13 +14,13 @@
 #ifndef ATTNSERVE_CLIENT_STREAM_H_
 #define ATTNSERVE_CLIENT_STREAM_H_
 
-#include <condition_variable>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "base/mutex.h"
 #include "client/client.h"
 #include "grpcpp/support/client_callback.h"
 
@@ -82,16 +82,17 @@ class AttentionStream
   const ResponseCallback on_response_;
   v1::AttentionStreamResponse reading_;  // the read in flight
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::AttentionStreamRequest> writes_;  // front() is being written when writing_
-  bool writing_ = false;
-  bool close_requested_ = false;
-  bool writes_done_started_ = false;
-  bool write_failed_ = false;
-  std::deque<v1::AttentionStreamResponse> responses_;  // for Read
-  bool done_ = false;
-  absl::Status status_;
+  Mutex mu_;
+  CondVar cv_;
+  std::deque<v1::AttentionStreamRequest> writes_
+      ABSL_GUARDED_BY(mu_);  // front() is being written when writing_
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool writes_done_started_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  std::deque<v1::AttentionStreamResponse> responses_ ABSL_GUARDED_BY(mu_);  // for Read
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve

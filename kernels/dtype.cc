@@ -64,6 +64,7 @@ uint16_t FloatToHalf(float f) {
 }
 
 void ToFloat32(DType type, const void* src, size_t n, float* dst) {
+  if (n == 0) return;  // an empty tensor's pointers may be null, which memcpy must not see
   const auto* bytes = static_cast<const unsigned char*>(src);
   switch (type) {
     case DType::kFloat32:
@@ -86,6 +87,7 @@ void ToFloat32(DType type, const void* src, size_t n, float* dst) {
 }
 
 void FromFloat32(DType type, const float* src, size_t n, void* dst) {
+  if (n == 0) return;  // as in ToFloat32
   auto* bytes = static_cast<unsigned char*>(dst);
   switch (type) {
     case DType::kFloat32:

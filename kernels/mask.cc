@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/strings.h"
 
 namespace attnserve::kernels {
 
@@ -10,7 +11,8 @@ absl::StatusOr<MaskView> BroadcastMask(const uint8_t* data, absl::Span<const int
   const int rank = static_cast<int>(shape.size());
   if (rank < 1 || rank > 4) {
     return absl::InvalidArgumentError(
-        absl::StrCat("mask must have 1 to 4 dimensions; was [", absl::StrJoin(shape, ", "), "]"));
+        absl::StrCat("mask must have 1 to 4 dimensions; was ",
+                     Elide(absl::StrCat("[", absl::StrJoin(shape, ", "), "]"))));
   }
   const int64_t full[4] = {b, h, lq, lk};
   const char* names[4] = {"B", "H", "Lq", "Lk"};
@@ -21,7 +23,7 @@ absl::StatusOr<MaskView> BroadcastMask(const uint8_t* data, absl::Span<const int
     const int64_t d = shape[i];
     if (d != 1 && d != full[target]) {
       return absl::InvalidArgumentError(
-          absl::StrCat("mask shape [", absl::StrJoin(shape, ", "),
+          absl::StrCat("mask shape [", absl::StrJoin(shape, ", "),  // rank <= 4 here
                        "] is not broadcastable to [B, H, Lq, Lk] = [", b, ", ", h, ", ", lq, ", ",
                        lk, "]: dimension ", i, " is ", d, "; must be 1 or ", names[target], " (",
                        full[target], ")"));

@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/strings.h"
 #include "kernels/safetensors.h"
 
 namespace attnserve::kernels {
@@ -66,8 +67,9 @@ absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& f
           "num_heads is 0 and the safetensors metadata has no 'num_heads'");
     }
     if (!absl::SimpleAtoi(it->second, &w.num_heads) || w.num_heads < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "safetensors metadata 'num_heads' must be a positive integer; was '", it->second, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("safetensors metadata 'num_heads' must be a positive integer; was '",
+                       Elide(it->second), "'"));
     }
   }
 
@@ -91,8 +93,9 @@ absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& f
     if (!t.ok()) return absl::InvalidArgumentError(t.status().message());
     if ((*t)->shape != shape) {
       return absl::InvalidArgumentError(
-          absl::StrCat("safetensors: '", name, "' has shape [", absl::StrJoin((*t)->shape, ", "),
-                       "]; expected [", absl::StrJoin(shape, ", "), "]"));
+          absl::StrCat("safetensors: '", name, "' has shape ",
+                       Elide(absl::StrCat("[", absl::StrJoin((*t)->shape, ", "), "]")),
+                       "; expected [", absl::StrJoin(shape, ", "), "]"));
     }
     auto values = (*t)->ToFloat32(name);
     if (!values.ok()) return values.status();

@@ -6,6 +6,10 @@
 //
 // Every offset, size and shape is checked against the buffer before anything is read: a
 // malformed file yields INVALID_ARGUMENT naming the tensor and the problem, never a crash.
+// Strict where the format is: the tensors' data_offsets, taken in order, must tile the data
+// buffer exactly (no overlap, no hole, no trailing bytes); no JSON object may repeat a key; the
+// header is at most 100 MB and nests at most 3 levels (header, entry, shape/offsets array).
+// Names and values quoted in errors are elided past 96 bytes (base/strings.h).
 #ifndef ATTNSERVE_KERNELS_SAFETENSORS_H_
 #define ATTNSERVE_KERNELS_SAFETENSORS_H_
 

@@ -10,7 +10,7 @@ absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
   int64_t ahead;
   absl::Duration wait;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     // A busy period starts: the idle time before it is no interval between answers.
     if (in_flight_ == 0) last_ = now;
     ahead = in_flight_;
@@ -26,7 +26,7 @@ absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
 }
 
 void AdmissionGate::Done(absl::Time now) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   const absl::Duration sample = std::max(now - last_, absl::ZeroDuration());
   interval_ =
       interval_ == absl::ZeroDuration() ? sample : (1 - kWeight) * interval_ + kWeight * sample;
@@ -35,12 +35,12 @@ void AdmissionGate::Done(absl::Time now) {
 }
 
 int64_t AdmissionGate::in_flight() const {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return in_flight_;
 }
 
 absl::Duration AdmissionGate::interval() const {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return interval_;
 }
 

@@ -19,7 +19,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "server/batching/sync.h"
+#include "base/mutex.h"
 
 namespace attnserve::server {
 
@@ -47,7 +47,7 @@ class AdmissionGate {
   absl::Duration interval() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable batching::Mutex mu_;
+  mutable Mutex mu_;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // When the last answer was given, or the first call of a busy period admitted.
   absl::Time last_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

@@ -8,6 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/mutex.h"
+#include "base/strings.h"
 #include "server/attention_stream.h"
 #include "server/request_builder.h"
 
@@ -114,7 +116,7 @@ class WorkThread {
   WorkThread() : thread_([this] { Run(); }) {}
   ~WorkThread() {
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       stopping_ = true;
     }
     cv_.NotifyAll();
@@ -122,7 +124,7 @@ class WorkThread {
   }
   void Post(absl::AnyInvocable<void()> work) {
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       work_.push_back(std::move(work));
     }
     cv_.NotifyAll();
@@ -133,7 +135,7 @@ class WorkThread {
     for (;;) {
       absl::AnyInvocable<void()> work;
       {
-        batching::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         while (work_.empty() && !stopping_) cv_.Wait(&mu_);
         if (work_.empty()) return;
         work = std::move(work_.front());
@@ -143,8 +145,8 @@ class WorkThread {
     }
   }
 
-  batching::Mutex mu_;
-  batching::CondVar cv_;
+  Mutex mu_;
+  CondVar cv_;
   std::deque<absl::AnyInvocable<void()>> work_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;  // last: starts after the members it reads
@@ -159,7 +161,8 @@ grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServer
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+  // Bounded: a client's 8 KiB metadata limit must see the real error (base/strings.h).
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundMessage(status.message()));
 }
 
 bool ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message* message) {

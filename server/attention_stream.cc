@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/strings.h"
 #include "server/attention_service.h"
 #include "server/request_builder.h"
 
@@ -15,7 +16,7 @@ v1::AttentionStreamResponse MakeResponse(uint64_t id, const absl::Status& status
   v1::AttentionStreamResponse response;
   response.set_request_id(id);
   response.set_code(static_cast<int>(status.code()));
-  response.set_message(std::string(status.message()));
+  response.set_message(BoundMessage(status.message()));
   if (status.ok() && job != nullptr) {
     if (job->kind == JobKind::kSessionExtend) {
       if (job->session_batch) {
@@ -45,7 +46,7 @@ AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call
          [](const absl::Status&, Job*, absl::Time) {})
         .Finish(authorized);
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       reading_ = false;
       finished_ = true;
     }
@@ -55,7 +56,7 @@ AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call
   if (context_.streams->Add(this)) {
     // The server drains already: end at once.
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       reading_ = false;
       draining_ = true;
       finished_ = true;
@@ -72,14 +73,14 @@ void AttentionStreamReactor::OnReadDone(bool ok) {
     // A read still pending when a drain finished the stream completes unread.
     bool finished;
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       finished = finished_;
     }
     if (!finished) Handle();
   }
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     reading_ = false;
     if (!ok) reads_done_ = true;
     actions = NextLocked();
@@ -99,7 +100,7 @@ void AttentionStreamReactor::Handle() {
     Call(context_.metrics, metrics::Rpc::kAttentionStream, &caller_,
          [](const absl::Status&, Job*, absl::Time) {})
         .Finish(status);
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     broken_ = status;
     return;
   }
@@ -125,7 +126,7 @@ void AttentionStreamReactor::Handle() {
   }
   bool duplicate;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     duplicate = !ids_.insert(id).second;
     if (!duplicate) ++in_flight_;
   }
@@ -176,7 +177,7 @@ void AttentionStreamReactor::Handle() {
 void AttentionStreamReactor::Respond(grpc::ByteBuffer response, uint64_t id, bool owns_id) {
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (owns_id) {
       ids_.erase(id);
       --in_flight_;
@@ -191,7 +192,7 @@ void AttentionStreamReactor::OnWriteDone(bool ok) {
   if (!ok) caller_.Cancel();
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (writes_.front().Length() >= kTrimAfterBytes) TrimAfterLargeCall();
     writes_.pop_front();
     writing_ = false;
@@ -208,7 +209,7 @@ void AttentionStreamReactor::OnCancel() {
   caller_.Cancel();
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     actions = NextLocked();
   }
   Run(actions);
@@ -254,7 +255,7 @@ void AttentionStreamReactor::Run(const Actions& actions) {
 void AttentionStreamReactor::Drain() {
   Actions actions;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     draining_ = true;
     actions = NextLocked();
   }
@@ -267,19 +268,19 @@ void AttentionStreamReactor::OnDone() {
 }
 
 bool OpenStreams::Add(AttentionStreamReactor* stream) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   streams_.insert(stream);
   return draining_;
 }
 
 void OpenStreams::Remove(AttentionStreamReactor* stream) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   streams_.erase(stream);
 }
 
 void OpenStreams::DrainAll() {
   // Under the lock, so that no stream is deleted meanwhile (OnDone waits in Remove()).
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   draining_ = true;
   for (AttentionStreamReactor* stream : streams_) stream->Drain();
 }

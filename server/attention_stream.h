@@ -11,8 +11,8 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "base/mutex.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "server/batching/sync.h"
 #include "server/call.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
@@ -92,7 +92,7 @@ class AttentionStreamReactor final
   grpc::ByteBuffer read_;      // the read in progress; only the reading side touches it
   int64_t messages_read_ = 0;  // only the reading side touches it
 
-  batching::Mutex mu_;
+  Mutex mu_;
   std::deque<grpc::ByteBuffer> writes_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;  // writes_.front() is being written
   bool reading_ ABSL_GUARDED_BY(mu_) = true;   // a read is in flight
@@ -117,7 +117,7 @@ class OpenStreams {
   void DrainAll() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  batching::Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_set<AttentionStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "base/flags_usage.h"
 #include "kernels/safetensors.h"
 #include "server/server_host.h"
 #include "server/version.h"
@@ -328,6 +329,7 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  attnserve::ShowFlagsOfFileInHelp(__FILE__);  // --help lists the flags above
   absl::SetProgramUsageMessage(
       "attnserve: Transformer attention over gRPC.\n"
       "  attnserve --listen=0.0.0.0:50051 [--module=NAME=PATH[:NUM_HEADS],...]");

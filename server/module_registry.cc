@@ -25,7 +25,7 @@ absl::Status ModuleRegistry::ValidateName(absl::string_view name, absl::string_v
 }
 
 absl::Status ModuleRegistry::Add(std::shared_ptr<const Module> module, bool replace) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = modules_.find(module->name);
   if (it != modules_.end() && !replace) {
     return absl::AlreadyExistsError(
@@ -36,7 +36,8 @@ absl::Status ModuleRegistry::Add(std::shared_ptr<const Module> module, bool repl
 }
 
 absl::Status ModuleRegistry::Remove(absl::string_view name) {
-  batching::MutexLock lock(&mu_);
+  if (auto s = ValidateName(name, "name"); !s.ok()) return s;
+  MutexLock lock(&mu_);
   auto it = modules_.find(name);
   if (it == modules_.end()) {
     return absl::NotFoundError(absl::StrCat("name: no module '", name, "' is loaded"));
@@ -46,7 +47,7 @@ absl::Status ModuleRegistry::Remove(absl::string_view name) {
 }
 
 absl::StatusOr<std::shared_ptr<const Module>> ModuleRegistry::Get(absl::string_view name) const {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = modules_.find(name);
   if (it == modules_.end()) {
     return absl::NotFoundError(
@@ -56,7 +57,7 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleRegistry::Get(absl::string_v
 }
 
 std::vector<std::shared_ptr<const Module>> ModuleRegistry::List() const {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   std::vector<std::shared_ptr<const Module>> out;
   out.reserve(modules_.size());
   for (const auto& [name, module] : modules_) out.push_back(module);
@@ -64,7 +65,7 @@ std::vector<std::shared_ptr<const Module>> ModuleRegistry::List() const {
 }
 
 int64_t ModuleRegistry::TotalBytes() const {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   int64_t total = 0;
   for (const auto& [name, module] : modules_) total += module->weights.bytes();
   return total;

@@ -11,8 +11,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "base/mutex.h"
 #include "kernels/multi_head.h"
-#include "server/batching/sync.h"
 
 namespace attnserve::server {
 
@@ -43,7 +43,7 @@ class ModuleRegistry {
   int64_t TotalBytes() const;
 
  private:
-  mutable batching::Mutex mu_;
+  mutable Mutex mu_;
   std::map<std::string, std::shared_ptr<const Module>, std::less<>> modules_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -8,6 +8,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/strings.h"
 #include "kernels/mask.h"
 
 namespace attnserve::server {
@@ -16,7 +17,7 @@ namespace {
 using kernels::DType;
 
 std::string ShapeString(const google::protobuf::RepeatedField<int64_t>& shape) {
-  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+  return Elide(absl::StrCat("[", absl::StrJoin(shape, ", "), "]"));
 }
 
 template <typename... Args>
@@ -333,15 +334,13 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
     return Invalid(absl::StrCat("query.shape[2] must equal the d_model of module '",
                                 request.module(), "' (", dm, "); was ", q.shape(2)));
   }
-  int64_t nk = *nq;
   if (!self_attention) {
     if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
     if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
-    auto nk_or = CheckTensor(k, "key", 3, limits);
-    if (!nk_or.ok()) return nk_or.status();
+    auto nk = CheckTensor(k, "key", 3, limits);
+    if (!nk.ok()) return nk.status();
     auto nv = CheckTensor(v, "value", 3, limits);
     if (!nv.ok()) return nv.status();
-    nk = *nk_or;
     if (auto s = CheckDimEqual(k, "key", 0, q, "query", 0); !s.ok()) return s;
     if (auto s = CheckDimEqual(k, "key", 2, q, "query", 2); !s.ok()) return s;
     for (int i = 0; i < 3; ++i) {

@@ -32,13 +32,13 @@ namespace attnserve::server {
 class OpenCalls {
  public:
   void Opened() {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++open_;
   }
   void Closed() {
     bool none;
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       none = --open_ == 0;
     }
     if (none) changed_.NotifyAll();
@@ -46,7 +46,7 @@ class OpenCalls {
   // Makes WaitUntilNone() return by `deadline` at the latest, also when it is waiting already.
   void WaitNoLongerThan(absl::Time deadline) {
     {
-      batching::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       latest_ = std::min(latest_, deadline);
     }
     changed_.NotifyAll();
@@ -54,7 +54,7 @@ class OpenCalls {
   // Waits until no call is open or `deadline` passes (see WaitNoLongerThan); returns how many
   // calls are still open.
   int64_t WaitUntilNone(absl::Time deadline) {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     while (open_ > 0 && absl::Now() < std::min(deadline, latest_)) {
       changed_.WaitWithDeadline(&mu_, std::min(deadline, latest_));
     }
@@ -62,10 +62,10 @@ class OpenCalls {
   }
 
  private:
-  batching::Mutex mu_;
+  Mutex mu_;
   int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  batching::CondVar changed_;
+  CondVar changed_;
 };
 
 absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
@@ -313,7 +313,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
 
 void ServerHost::Shutdown(absl::Duration grace) {
   {
-    batching::MutexLock lock(&shutdown_mu_);
+    MutexLock lock(&shutdown_mu_);
     if (shut_down_) return;
     shut_down_ = true;
   }

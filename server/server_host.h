@@ -10,11 +10,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "grpcpp/server.h"
 #include "kernels/backend.h"
 #include "server/attention_service.h"
 #include "server/backend_factory.h"
-#include "server/batching/sync.h"
 #include "server/dispatcher.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
@@ -141,7 +141,7 @@ class ServerHost {
   std::shared_ptr<OpenCalls> open_calls_;  // shared with gRPC's interceptor factory
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  batching::Mutex shutdown_mu_;
+  Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
 

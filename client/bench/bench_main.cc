@@ -1,13 +1,13 @@
 // attnserve-bench: a load generator for attnserve (and anything that speaks its proto).
 //
-//   attnserve-bench --target=127.0.0.1:50051 --rpc=attend --shapes=1,8,128,64 \
+//   attnserve-bench --target=127.0.0.1:50051 --rpc=attend --shapes=1,8,128,64
 //       --mode=closed --concurrency=8 --duration_s=10
 //   attnserve-bench --mode=open --rate=200 --arrival=poisson --rpc=mha --shapes="1,64;4,256@0.2"
 //   attnserve-bench --mode=open --ramp=50:400:8 --duration_s=5 --csv=knee.csv   # find the knee
 //   attnserve-bench --mode=closed --steps=1,2,4,8,16 --json=-                   # JSON on stdout
 //   attnserve-bench --mode=open --ramp=50:400:8 --json=run.json --html=run.html  # with charts
 //   attnserve-bench --html_from=run.json --html=run.html                 # redraw a saved run
-//   attnserve-bench --rpc=decode --sessions=16 --prefill=4096 --decode_steps=64 \
+//   attnserve-bench --rpc=decode --sessions=16 --prefill=4096 --decode_steps=64
 //       --shapes=1,32,1,128 --kv_heads=8            # decode: 16 sessions x 64 steps each
 //
 // Prints one line per phase (see --help for every flag); a live progress line only when stdout
@@ -30,6 +30,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/flags_usage.h"
 #include "client/bench/load.h"
 #include "client/bench/report.h"
 #include "client/bench/stats.h"
@@ -127,6 +128,7 @@ int RedrawHtml(const std::string& from, const std::string& to) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  attnserve::ShowFlagsOfFileInHelp(__FILE__);  // --help lists the flags above
   absl::SetProgramUsageMessage(
       "attnserve-bench [--target=HOST:PORT] [--rpc=attend|mha|stream] [--mode=closed|open] ...");
   absl::ParseCommandLine(argc, argv);

@@ -7,13 +7,13 @@
 #include <chrono>
 #include <cstdio>
 #include <deque>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_format.h"
+#include "base/mutex.h"
 #include "client/stream.h"
 
 namespace attnserve::bench {
@@ -69,7 +69,7 @@ class Driver::StreamPool {
   void Send(const Prepared& p, uint32_t item, int64_t intended_ns, Done done) {
     const uint64_t id = next_id_.fetch_add(1);
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       pending_[id] = Pending{intended_ns, item, std::move(done)};
     }
     AttentionStream& s = *streams_[id % streams_.size()];
@@ -97,7 +97,7 @@ class Driver::StreamPool {
   void Complete(uint64_t id, Sample* s) {
     Pending p;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       auto it = pending_.find(id);
       if (it == pending_.end()) return;
       p = std::move(it->second);
@@ -112,8 +112,8 @@ class Driver::StreamPool {
 
   std::vector<std::unique_ptr<AttentionStream>> streams_;
   std::atomic<uint64_t> next_id_{0};
-  std::mutex mu_;
-  std::unordered_map<uint64_t, Pending> pending_;
+  Mutex mu_;
+  std::unordered_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
 };
 
 // The sessions of rpc = kDecode: which are free, and the steps waiting for one.
@@ -131,7 +131,7 @@ class Driver::DecodePool {
     Step step{&p, item, intended_ns, std::move(done)};
     size_t session;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       if (free_.empty()) {
         waiting_.push_back(std::move(step));
         return;
@@ -170,7 +170,7 @@ class Driver::DecodePool {
           }
           std::optional<Step> next;
           {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             if (waiting_.empty()) {
               free_.push_back(session);
             } else {
@@ -190,9 +190,9 @@ class Driver::DecodePool {
   const absl::Duration timeout_;
   const std::vector<std::string> ids_;
   std::vector<int64_t> lengths_;  // [i] touched only by the step holding session i
-  std::mutex mu_;
-  std::deque<size_t> free_;
-  std::deque<Step> waiting_;
+  Mutex mu_;
+  std::deque<size_t> free_ ABSL_GUARDED_BY(mu_);
+  std::deque<Step> waiting_ ABSL_GUARDED_BY(mu_);
 };
 
 // The state of one phase, shared with the completion callbacks.

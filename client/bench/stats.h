@@ -6,9 +6,11 @@
 
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "base/mutex.h"
 
 namespace attnserve::bench {
 
@@ -30,26 +32,26 @@ struct Sample {
 class Recorder {
  public:
   void Record(const Sample& s) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     samples_.push_back(s);
   }
   // The samples so far (copied; for the progress line).
   std::vector<Sample> Copy() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return samples_;
   }
   size_t Count() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return samples_.size();
   }
   std::vector<Sample> Take() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return std::move(samples_);
   }
 
  private:
-  mutable std::mutex mu_;
-  std::vector<Sample> samples_;
+  mutable Mutex mu_;
+  std::vector<Sample> samples_ ABSL_GUARDED_BY(mu_);
 };
 
 // Nearest-rank percentiles (p = 50 -> the value at rank ceil(0.5 * n)) and the mean.

@@ -3,7 +3,9 @@
 // check in cpu_features.h.
 // GCC 12 warns that the _mm512_undefined_* placeholders inside its own intrinsics "may be used
 // uninitialized" (a false positive of its headers).
+#if !defined(__clang__)  // clang has no such warning (and warns about the unknown group)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 

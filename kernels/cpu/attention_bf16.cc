@@ -22,7 +22,9 @@
 // The two instantiations differ only in the tile product (TileGemm): AMX tiles (TDPBF16PS on
 // 16x32 by 32x16 tiles, 2x2 blocking) or AVX512_BF16 (VDPBF16PS, 4 rows x 4 vectors). Their
 // summation orders differ, so their bits differ; each is deterministic.
+#if !defined(__clang__)  // clang has no such warning (and warns about the unknown group)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 

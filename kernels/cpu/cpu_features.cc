@@ -7,6 +7,23 @@
 #include <string>
 
 namespace attnserve::kernels::cpu {
+namespace {
+
+#if defined(ATTNSERVE_CPU_X86_KERNELS)
+// CPUID leaf `leaf`, subleaf `sub`: {eax, ebx, ecx, edx}. For the features some compiler's
+// __builtin_cpu_supports does not know (clang 14: f16c, avx512bf16; GCC 12: amx).
+struct CpuidRegs {
+  unsigned eax, ebx, ecx, edx;
+};
+CpuidRegs Cpuid(unsigned leaf, unsigned sub) {
+  CpuidRegs r;
+  __asm__("cpuid" : "=a"(r.eax), "=b"(r.ebx), "=c"(r.ecx), "=d"(r.edx) : "a"(leaf), "c"(sub));
+  return r;
+}
+bool HasF16c() { return (Cpuid(1, 0).ecx >> 29 & 1) != 0; }  // leaf 1, ECX bit 29
+#endif
+
+}  // namespace
 
 bool CpuSupports(Isa isa) {
   switch (isa) {
@@ -16,8 +33,7 @@ bool CpuSupports(Isa isa) {
 #if defined(ATTNSERVE_CPU_X86_KERNELS)
     case Isa::kAvx2:
       // F16C widens FLOAT16 inputs; every CPU with AVX2 and FMA has it.
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && HasF16c();
     case Isa::kAvx512:
       // The kernel uses F (and DQ through the compiler's choices) plus FMA.
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
@@ -71,13 +87,12 @@ bool RequestAmxPermission() {
   return granted;
 }
 
-bool HasAvx512Bf16() { return CpuSupports(Isa::kAvx512) && __builtin_cpu_supports("avx512bf16"); }
+// AVX512_BF16: CPUID leaf 7, subleaf 1, EAX bit 5.
+bool HasAvx512Bf16() { return CpuSupports(Isa::kAvx512) && (Cpuid(7, 1).eax >> 5 & 1) != 0; }
 
-// AMX-BF16 and AMX-TILE: CPUID leaf 7, subleaf 0, EDX bits 22 and 24 (GCC 12's
-// __builtin_cpu_supports does not know them).
+// AMX-BF16 and AMX-TILE: CPUID leaf 7, subleaf 0, EDX bits 22 and 24.
 bool HasAmxBf16() {
-  unsigned eax, ebx, ecx, edx;
-  __asm__("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+  const unsigned edx = Cpuid(7, 0).edx;
   return (edx >> 22 & 1) != 0 && (edx >> 24 & 1) != 0;
 }
 #endif

@@ -9,9 +9,9 @@ struct ThreadPool::Loop {
   const int64_t n;
   const absl::FunctionRef<void(int64_t)> fn;
   std::atomic<int64_t> next{0};  // the next unclaimed index
-  std::mutex mu;
-  std::condition_variable all_done;
-  int64_t done = 0;  // indices finished; guarded by mu
+  Mutex mu;
+  CondVar all_done;
+  int64_t done ABSL_GUARDED_BY(mu) = 0;  // indices finished
 };
 
 ThreadPool::ThreadPool(int num_threads) {
@@ -21,10 +21,10 @@ ThreadPool::ThreadPool(int num_threads) {
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopping_ = true;
   }
-  work_.notify_all();
+  work_.NotifyAll();
   for (std::thread& t : workers_) t.join();
 }
 
@@ -35,9 +35,9 @@ void ThreadPool::Drain(Loop& loop) {
     ++finished;
   }
   if (finished > 0) {
-    std::lock_guard<std::mutex> lock(loop.mu);
+    MutexLock lock(&loop.mu);
     loop.done += finished;
-    if (loop.done == loop.n) loop.all_done.notify_all();
+    if (loop.done == loop.n) loop.all_done.NotifyAll();
   }
 }
 
@@ -45,8 +45,8 @@ void ThreadPool::WorkerMain() {
   for (;;) {
     std::shared_ptr<Loop> loop;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_.wait(lock, [this] { return stopping_ || !loops_.empty(); });
+      MutexLock lock(&mu_);
+      while (!stopping_ && loops_.empty()) work_.Wait(&mu_);
       if (loops_.empty()) return;  // stopping, with nothing left to do
       loop = loops_.front();
       // A loop whose indices are all claimed leaves the queue; its owner waits for the rest.
@@ -67,13 +67,13 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
   }
   auto loop = std::make_shared<Loop>(n, fn);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     loops_.push_back(loop);
   }
-  work_.notify_all();
+  work_.NotifyAll();
   Drain(*loop);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (auto it = loops_.begin(); it != loops_.end(); ++it) {
       if (*it == loop) {
         loops_.erase(it);
@@ -81,8 +81,8 @@ void ThreadPool::ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
       }
     }
   }
-  std::unique_lock<std::mutex> lock(loop->mu);
-  loop->all_done.wait(lock, [&loop] { return loop->done == loop->n; });
+  MutexLock lock(&loop->mu);
+  while (loop->done != loop->n) loop->all_done.Wait(&loop->mu);
 }
 
 }  // namespace attnserve::kernels::cpu

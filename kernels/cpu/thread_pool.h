@@ -8,15 +8,15 @@
 #ifndef ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 #define ATTNSERVE_KERNELS_CPU_THREAD_POOL_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/functional/function_ref.h"
+#include "base/mutex.h"
 
 namespace attnserve::kernels::cpu {
 
@@ -43,12 +43,10 @@ class ThreadPool {
   // Claims and runs indices of `loop` until none is left.
   static void Drain(Loop& loop);
 
-  // std::mutex rather than absl::Mutex: Debian's Abseil is not built for ThreadSanitizer, which
-  // then cannot see absl::Mutex synchronise and reports false races; it sees pthread mutexes.
-  std::mutex mu_;
-  std::condition_variable work_;             // loops_ gained a loop, or stopping_ was set
-  std::deque<std::shared_ptr<Loop>> loops_;  // loops with indices left; guarded by mu_
-  bool stopping_ = false;                    // guarded by mu_
+  Mutex mu_;
+  CondVar work_;  // loops_ gained a loop, or stopping_ was set
+  std::deque<std::shared_ptr<Loop>> loops_ ABSL_GUARDED_BY(mu_);  // loops with indices left
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;
 };
 

@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     backend->workers_.push_back(std::make_unique<Worker>());
     RETURN_IF_GPU_ERROR(InitWorker(backend->workers_.back().get()));
   }
-  absl::MutexLock lock(&backend->mu_);
+  MutexLock lock(&backend->mu_);
   for (auto& w : backend->workers_) backend->idle_.push_back(w.get());
   return backend;
 }
@@ -269,21 +269,17 @@ CudaMemoryFigures CudaBackend::MemoryFigures() const {
     cudaGetLastError();
     f.device_total_bytes = device_total_bytes_;
   }
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   f.pool_held_bytes = pool_held_bytes_;
   f.pinned_held_bytes = pinned_held_bytes_;
   return f;
 }
 
 CudaBackend::Worker* CudaBackend::AcquireWorker() {
-  absl::MutexLock lock(&mu_);
-  mu_.Await(absl::Condition(
-      +[](std::vector<Worker*>* idle) { return !idle->empty(); }, &idle_));
+  MutexLock lock(&mu_);
+  while (idle_.empty()) idle_changed_.Wait(&mu_);
   if (needs_reset_) {
-    mu_.Await(absl::Condition(
-        +[](CudaBackend* b)
-             ABSL_NO_THREAD_SAFETY_ANALYSIS { return b->idle_.size() == b->workers_.size(); },
-        this));
+    while (idle_.size() != workers_.size()) idle_changed_.Wait(&mu_);
     if (needs_reset_) ResetDeviceLocked();
   }
   Worker* w = idle_.back();
@@ -292,8 +288,9 @@ CudaBackend::Worker* CudaBackend::AcquireWorker() {
 }
 
 void CudaBackend::ReleaseWorker(Worker* w) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   idle_.push_back(w);
+  idle_changed_.NotifyAll();
 }
 
 absl::Status CudaBackend::MarkFaulted(absl::Status s) {
@@ -305,7 +302,7 @@ absl::Status CudaBackend::MarkFaulted(absl::Status s) {
   if (!IsStickyError(last) && !IsStickyError(cudaDeviceSynchronize())) return s;
   cudaGetLastError();
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     needs_reset_ = true;
   }
   return absl::Status(s.code(), absl::StrCat(s.message(),
@@ -332,7 +329,7 @@ absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
   const size_t want = (bytes + kGrowGranule - 1) / kGrowGranule * kGrowGranule;
   RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(w->stream), "synchronising before growth"));
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     const int64_t after =
         pool_held_bytes_ - static_cast<int64_t>(w->device_bytes) + static_cast<int64_t>(want);
     if (after > options_.device_pool_bytes) {
@@ -351,7 +348,7 @@ absl::Status CudaBackend::ReserveDevice(Worker* w, size_t bytes) {
   if (e != cudaSuccess) {
     cudaGetLastError();
     w->device = nullptr;
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     pool_held_bytes_ -= static_cast<int64_t>(want);
     w->device_bytes = 0;
     return absl::ResourceExhaustedError(
@@ -375,7 +372,7 @@ absl::Status CudaBackend::ReservePinned(Worker* w, size_t bytes) {
   RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(w->stream), "synchronising before growth"));
   if (w->pinned != nullptr) cudaFreeHost(w->pinned);
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     pinned_held_bytes_ -= static_cast<int64_t>(w->pinned_bytes);
   }
   w->pinned = nullptr;
@@ -388,7 +385,7 @@ absl::Status CudaBackend::ReservePinned(Worker* w, size_t bytes) {
                                                      " bytes failed: ", cudaGetErrorName(e)));
   }
   w->pinned_bytes = want;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   pinned_held_bytes_ += static_cast<int64_t>(want);
   return absl::OkStatus();
 }

@@ -39,8 +39,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "base/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/flash_params.h"
 
@@ -143,8 +143,9 @@ class CudaBackend final : public Backend {
   const int64_t device_total_bytes_;
   std::vector<std::unique_ptr<Worker>> workers_;  // fixed after Create
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::vector<Worker*> idle_ ABSL_GUARDED_BY(mu_);
+  CondVar idle_changed_;  // idle_ gained a worker
   int64_t pool_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool needs_reset_ ABSL_GUARDED_BY(mu_) = false;

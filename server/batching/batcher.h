@@ -86,13 +86,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "server/batching/batch_policy.h"
 #include "server/batching/batch_queue.h"
 #include "server/batching/batch_task.h"
 #include "server/batching/batcher_options.h"
 #include "server/batching/clock.h"
 #include "server/batching/cost_model.h"
-#include "server/batching/sync.h"
 
 namespace attnserve::batching {
 

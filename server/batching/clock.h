@@ -8,7 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/time/time.h"
-#include "server/batching/sync.h"
+#include "base/mutex.h"
 
 namespace attnserve::batching {
 

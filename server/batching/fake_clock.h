@@ -20,8 +20,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "server/batching/clock.h"
-#include "server/batching/sync.h"
 
 namespace attnserve::batching {
 

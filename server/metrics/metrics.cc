@@ -266,7 +266,7 @@ void Metrics::ObserveBatch(int64_t requests, int64_t tokens) {
 }
 
 BackendMetrics& Metrics::ForBackend(std::string_view name) {
-  std::lock_guard lock(handles_mu_);
+  MutexLock lock(&handles_mu_);
   auto it = backends_.find(name);
   if (it != backends_.end()) return *it->second;
   const prometheus::Labels labels = {{"backend", std::string(name)}};
@@ -283,7 +283,7 @@ void BackendMetrics::ObserveCompute(absl::Duration elapsed, double flops) {
 void Metrics::SetModuleBytes(int64_t bytes) { module_bytes_->Set(static_cast<double>(bytes)); }
 
 DeviceMetrics& Metrics::ForDevice(std::string_view device) {
-  std::lock_guard lock(handles_mu_);
+  MutexLock lock(&handles_mu_);
   auto it = devices_.find(device);
   if (it != devices_.end()) return *it->second;
   const prometheus::Labels labels = {{"device", std::string(device)}};
@@ -299,14 +299,14 @@ void DeviceMetrics::SetMemory(int64_t used_bytes, int64_t total_bytes, int64_t p
 }
 
 std::unique_ptr<Metrics::ScrapeHook> Metrics::OnScrape(std::function<void()> callback) {
-  std::lock_guard lock(hooks_mu_);
+  MutexLock lock(&hooks_mu_);
   const uint64_t id = next_hook_id_++;
   hooks_.emplace(id, std::move(callback));
   return std::unique_ptr<ScrapeHook>(new ScrapeHook(this, id));
 }
 
 Metrics::ScrapeHook::~ScrapeHook() {
-  std::lock_guard lock(metrics_->hooks_mu_);
+  MutexLock lock(&metrics_->hooks_mu_);
   metrics_->hooks_.erase(id_);
 }
 
@@ -315,7 +315,7 @@ void Metrics::RefreshBeforeCollect() const {
   // thread of our own to start and stop.
   host_resident_->Set(static_cast<double>(ReadResidentBytes()));
   host_limit_->Set(static_cast<double>(ReadMemoryLimitBytes()));
-  std::lock_guard lock(hooks_mu_);
+  MutexLock lock(&hooks_mu_);
   for (const auto& [id, callback] : hooks_) callback();
 }
 

@@ -66,7 +66,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -74,6 +73,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 
 namespace prometheus {
 class Counter;
@@ -304,16 +304,14 @@ class Metrics {
   std::array<prometheus::Counter*, 2> session_tokens_appended_;  // prefill, decode
   std::array<prometheus::Histogram*, 2> session_extend_duration_;
 
-  // std::mutex rather than absl::Mutex: Debian's Abseil is not built with ThreadSanitizer,
-  // which then cannot see absl::Mutex and reports false races; it does see pthread mutexes.
-  mutable std::mutex handles_mu_;
+  mutable Mutex handles_mu_;
   std::map<std::string, std::unique_ptr<BackendMetrics>, std::less<>> backends_
       ABSL_GUARDED_BY(handles_mu_);
   std::map<std::string, std::unique_ptr<DeviceMetrics>, std::less<>> devices_
       ABSL_GUARDED_BY(handles_mu_);
 
   // Held while callbacks run, so that ~ScrapeHook waits for a run in progress.
-  mutable std::mutex hooks_mu_;
+  mutable Mutex hooks_mu_;
   std::map<uint64_t, std::function<void()>> hooks_ ABSL_GUARDED_BY(hooks_mu_);
   uint64_t next_hook_id_ ABSL_GUARDED_BY(hooks_mu_) = 0;
 

@@ -173,7 +173,7 @@ SessionManager::SessionManager(const SessionOptions& options, std::unique_ptr<Kv
       pool_(std::move(pool)) {}
 
 SessionManager::~SessionManager() {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // Leases outlive nothing: the server finishes its jobs before the manager goes.
   for (auto& [id, s] : sessions_) {
     if (!s->busy) {
@@ -185,12 +185,12 @@ SessionManager::~SessionManager() {
 }
 
 std::string SessionManager::owner() const {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return owner_;
 }
 
 void SessionManager::SetOwner(std::string owner) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   owner_ = std::move(owner);
 }
 
@@ -318,7 +318,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   s->pinned = spec.pinned;
   s->ttl = spec.idle_ttl > absl::ZeroDuration() ? std::min(spec.idle_ttl, options_.idle_ttl)
                                                 : options_.idle_ttl;
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLocked();
   if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
     return absl::ResourceExhaustedError(
@@ -340,7 +340,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
 
 absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pinned,
                                                   absl::Duration idle_ttl) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLocked();
   auto parent = FindLocked(id);
   if (!parent.ok()) return parent.status();
@@ -381,7 +381,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pi
 }
 
 absl::Status SessionManager::Close(const std::string& id) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLocked();
   auto s = FindLocked(id);
   if (!s.ok()) return s.status();
@@ -390,7 +390,7 @@ absl::Status SessionManager::Close(const std::string& id) {
 }
 
 absl::StatusOr<SessionState> SessionManager::Get(const std::string& id) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLocked();
   auto s = FindLocked(id);
   if (!s.ok()) return s.status();
@@ -400,7 +400,7 @@ absl::StatusOr<SessionState> SessionManager::Get(const std::string& id) {
 }
 
 std::vector<SessionState> SessionManager::List(const std::string& after, int limit, bool* more) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLocked();
   std::vector<SessionState> out;
   auto it = after.empty() ? sessions_.begin() : sessions_.upper_bound(after);
@@ -412,7 +412,7 @@ std::vector<SessionState> SessionManager::List(const std::string& after, int lim
 }
 
 PoolUsage SessionManager::Usage() {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   ExpireLocked();
   PoolUsage u;
   u.pages_total = pool_->pages_total();
@@ -442,7 +442,7 @@ PoolUsage SessionManager::Usage() {
 absl::Status SessionManager::BeginExtend(const std::string& id,
                                          std::optional<int64_t> expected_length, int64_t new_tokens,
                                          ExtendItem* item) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto found = FindLocked(id);
   if (!found.ok()) return found.status();
   Session& s = **found;
@@ -534,7 +534,7 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
 }
 
 void SessionManager::EndLease(Lease& lease, bool keep) {
-  batching::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Session& s = *lease.session_;
   const bool commit = keep && lease.computed_ && !s.removed;
   if (commit) {
@@ -565,7 +565,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
   const absl::Time start = absl::Now();
   int64_t page_tokens;
   {
-    batching::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     page_tokens = pool_->page_tokens();
     ExpireLocked();  // expired sessions free their pages before anything is evicted
     for (ExtendItem* item : items) {

@@ -43,11 +43,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 #include "kernels/multi_head.h"
 #include "server/batching/clock.h"
-#include "server/batching/sync.h"
 #include "server/sessions/kv_pool.h"
 
 namespace attnserve::metrics {
@@ -255,7 +255,7 @@ class SessionManager {
   batching::Clock* clock_;
   const std::string instance_;
 
-  mutable batching::Mutex mu_;
+  mutable Mutex mu_;
   std::string owner_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
   uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;

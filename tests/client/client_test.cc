@@ -10,6 +10,7 @@
 #include <set>
 #include <vector>
 
+#include "base/mutex.h"
 #include "client/float_codec.h"
 #include "client/stream.h"
 #include "gmock/gmock.h"
@@ -141,16 +142,16 @@ TEST_F(LiveClientTest, StreamAnswersEveryIdOnceIncludingErrors) {
 }
 
 TEST_F(LiveClientTest, StreamCallbackGetsEveryResponse) {
-  std::mutex mu;
+  Mutex mu;
   std::vector<uint64_t> ids;
   auto stream = client_->OpenStream([&](v1::AttentionStreamResponse r) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(&mu);
     ids.push_back(r.request_id());
   });
   for (uint64_t id = 0; id < 300; ++id) ASSERT_TRUE(stream->Send(id, SmallAttend(1)));
   stream->CloseSend();
   ASSERT_TRUE(stream->Finish().ok());
-  std::lock_guard<std::mutex> lock(mu);
+  MutexLock lock(&mu);
   EXPECT_EQ(ids.size(), 300u);
 }
 

@@ -18,6 +18,7 @@ trap cleanup EXIT
 cmake --install "$build" --prefix "$work/prefix" --component client > "$work/install.log"
 test -f "$work/prefix/include/attnserve/client/client.h"
 test -f "$work/prefix/include/attnserve/v1/attention.grpc.pb.h"
+test -f "$work/prefix/include/attnserve/base/mutex.h"
 ls "$work"/prefix/lib*/cmake/attnserve/attnserveConfig.cmake > /dev/null
 
 # A sanitizer build installs instrumented libraries: the outside project must link the runtime.
@@ -25,7 +26,14 @@ sanitize=()
 if [[ -n "${ATTNSERVE_SANITIZE:-}" ]]; then
   sanitize=(-DCMAKE_EXE_LINKER_FLAGS="-fsanitize=$ATTNSERVE_SANITIZE")
 fi
+# The same compiler as this build (the clang leg compiles the installed headers with clang), with
+# every warning an error: a user's -Werror must not trip on our headers.
+compiler=()
+flags="-Wall -Wextra -Werror"
+if [[ -n "${ATTNSERVE_CXX:-}" ]]; then compiler=(-DCMAKE_CXX_COMPILER="$ATTNSERVE_CXX"); fi
+if [[ "${ATTNSERVE_CXX:-}" == *clang* ]]; then flags+=" -Wthread-safety"; fi
 cmake -S "$here/outside" -B "$work/build" -DCMAKE_PREFIX_PATH="$work/prefix" "${sanitize[@]}" \
+  "${compiler[@]}" -DCMAKE_CXX_FLAGS="$flags" \
   -DCMAKE_BUILD_TYPE=Release > "$work/configure.log" || { cat "$work/configure.log"; exit 1; }
 cmake --build "$work/build" -j2 > "$work/build.log" 2>&1 || { cat "$work/build.log"; exit 1; }
 

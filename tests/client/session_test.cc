@@ -6,10 +6,10 @@
 #include "client/session.h"
 
 #include <map>
-#include <mutex>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "base/mutex.h"
 #include "client/stream.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server.h"
@@ -31,7 +31,7 @@ class FakeSessions final : public v1::AttentionService::Service {
 
   grpc::Status CreateSession(grpc::ServerContext*, const v1::CreateSessionRequest* request,
                              v1::CreateSessionResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["CreateSession"];
     const std::string id = absl::StrCat(override_.empty() ? owner_ : override_, "/inst/", ++next_);
     lengths_[id] = 0;
@@ -41,7 +41,7 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
   grpc::Status ExtendSession(grpc::ServerContext*, const v1::ExtendSessionRequest* request,
                              v1::ExtendSessionResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["ExtendSession"];
     grpc::Status status = ExtendLocked(*request, response);
     if (status.ok() && lose_first_response) {
@@ -52,7 +52,7 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
   grpc::Status ExtendSessions(grpc::ServerContext*, const v1::ExtendSessionsRequest* request,
                               v1::ExtendSessionsResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["ExtendSessions"];
     for (const auto& step : request->steps()) {
       v1::ExtendSessionResult* r = response->add_results();
@@ -65,7 +65,7 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
   grpc::Status ForkSession(grpc::ServerContext*, const v1::ForkSessionRequest* request,
                            v1::ForkSessionResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["ForkSession"];
     auto it = lengths_.find(request->session_id());
     if (it == lengths_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no session");
@@ -78,7 +78,7 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
   grpc::Status CloseSession(grpc::ServerContext*, const v1::CloseSessionRequest* request,
                             v1::CloseSessionResponse*) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["CloseSession"];
     if (lengths_.erase(request->session_id()) == 0) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND, "no session");
@@ -87,7 +87,7 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
   grpc::Status GetSession(grpc::ServerContext*, const v1::GetSessionRequest* request,
                           v1::GetSessionResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["GetSession"];
     auto it = lengths_.find(request->session_id());
     if (it == lengths_.end()) {
@@ -100,7 +100,7 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
   grpc::Status ListSessions(grpc::ServerContext*, const v1::ListSessionsRequest*,
                             v1::ListSessionsResponse* response) override {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_["ListSessions"];
     for (const auto& [id, length] : lengths_) {
       v1::SessionInfo* info = response->add_sessions();
@@ -117,7 +117,7 @@ class FakeSessions final : public v1::AttentionService::Service {
     while (stream->Read(&request)) {
       v1::AttentionStreamResponse response;
       response.set_request_id(request.request_id());
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       ++calls_["stream"];
       grpc::Status s = ExtendLocked(request.extend_session(), response.mutable_extend_session());
       response.set_code(s.error_code());
@@ -128,16 +128,16 @@ class FakeSessions final : public v1::AttentionService::Service {
   }
 
   int calls(const std::string& rpc) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return calls_[rpc];
   }
   size_t open_sessions() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return lengths_.size();
   }
   // The expected_length of every extend, in arrival order (-1: unset).
   std::vector<int64_t> expected_lengths() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return expected_;
   }
 
@@ -162,12 +162,12 @@ class FakeSessions final : public v1::AttentionService::Service {
     return grpc::Status::OK;
   }
 
-  std::mutex mu_;
-  std::string owner_, override_;
-  int next_ = 0;
-  std::map<std::string, int64_t> lengths_;
-  std::map<std::string, int> calls_;
-  std::vector<int64_t> expected_;
+  Mutex mu_;
+  std::string owner_ ABSL_GUARDED_BY(mu_), override_ ABSL_GUARDED_BY(mu_);
+  int next_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, int64_t> lengths_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> expected_ ABSL_GUARDED_BY(mu_);
 };
 
 struct FakeReplica {

@@ -2,16 +2,18 @@
 #include "tests/cuda_emu/emu.h"
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/mutex.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
@@ -41,7 +43,7 @@ using attnserve::kernels::cuda::smem_raw;
 constexpr size_t kSmemCapacity = sizeof(smem_raw);
 // A barrier that waits longer than this is a deadlock (a barrier not reached by every thread):
 // generous, so that a loaded machine or a sanitizer never trips it on a correct kernel.
-constexpr auto kDeadlockTimeout = std::chrono::seconds(600);
+constexpr absl::Duration kDeadlockTimeout = absl::Seconds(600);
 
 CpAsyncMode g_mode = CpAsyncMode::kLandAtIssue;
 std::function<bool(const uint3&)> g_block_filter;
@@ -49,33 +51,39 @@ std::function<bool(const uint3&)> g_block_filter;
 // A barrier over a changing set of live threads: a generation count under one mutex; a thread
 // that exits stops counting (CUDA: exited threads no longer take part in __syncthreads).
 struct Barrier {
-  std::mutex mu;
-  std::condition_variable cv;
-  int live = 0;
-  int arrived = 0;
-  uint64_t generation = 0;
+  attnserve::Mutex mu;
+  attnserve::CondVar cv;
+  int live ABSL_GUARDED_BY(mu) = 0;
+  int arrived ABSL_GUARDED_BY(mu) = 0;
+  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
 
-  void ReleaseLocked() {
+  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     arrived = 0;
     ++generation;
-    cv.notify_all();
+    cv.NotifyAll();
+  }
+  void SetLive(int n) {
+    attnserve::MutexLock lock(&mu);
+    live = n;
   }
   // Returns the number of threads that took part.
   int Arrive(const char* what) {
-    std::unique_lock<std::mutex> lock(mu);
+    attnserve::MutexLock lock(&mu);
     const uint64_t gen = generation;
     const int participants = live;
     if (++arrived == live) {
       ReleaseLocked();
       return participants;
     }
-    if (!cv.wait_for(lock, kDeadlockTimeout, [&] { return generation != gen; })) {
-      Fail(std::string(what) + ": deadlock (not every live thread reached the barrier)");
+    const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+    while (generation == gen) {
+      if (cv.WaitWithDeadline(&mu, deadline) && generation == gen)
+        Fail(std::string(what) + ": deadlock (not every live thread reached the barrier)");
     }
     return participants;
   }
   void Exit() {
-    std::lock_guard<std::mutex> lock(mu);
+    attnserve::MutexLock lock(&mu);
     --live;
     if (arrived > 0 && arrived == live) ReleaseLocked();
   }
@@ -224,10 +232,10 @@ void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
         if (g_block_filter && !g_block_filter(uint3{bx, by, bz})) continue;
         BlockState state;
         state.smem_bytes = smem_bytes;
-        state.block_barrier.live = threads;
+        state.block_barrier.SetLive(threads);
         for (int w = 0; w < num_warps; ++w) {
           state.warps.push_back(std::make_unique<Warp>());
-          state.warps.back()->barrier.live = 32;
+          state.warps.back()->barrier.SetLive(32);
         }
         EMU_UNPOISON(smem_raw, kSmemCapacity);
         std::memset(smem_raw, 0xff, smem_bytes);

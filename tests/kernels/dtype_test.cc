@@ -53,7 +53,18 @@ TEST(DTypeTest, BFloat16RoundsToNearestEvenAndKeepsNaN) {
   EXPECT_TRUE(std::isnan(BFloat16ToFloat(FloatToBFloat16(std::nanf("")))));
   for (uint32_t b = 0; b <= 0xffff; ++b) {
     const float f = BFloat16ToFloat(static_cast<uint16_t>(b));
-    if (!std::isnan(f)) EXPECT_EQ(FloatToBFloat16(f), b);
+    if (!std::isnan(f)) {
+      EXPECT_EQ(FloatToBFloat16(f), b);
+    }
+  }
+}
+
+// Found by fuzz_safetensors: an empty tensor's buffers may be null, and memcpy(nullptr, _, 0) is
+// undefined behaviour (UBSan's nonnull-attribute check, in the sanitizer and clang legs).
+TEST(DTypeTest, EmptyConversionsTouchNoPointer) {
+  for (DType t : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kBool}) {
+    ToFloat32(t, nullptr, 0, nullptr);
+    FromFloat32(t, nullptr, 0, nullptr);
   }
 }
 

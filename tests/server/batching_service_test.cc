@@ -13,7 +13,7 @@
 #include "gtest/gtest.h"
 #include "server/server_host.h"
 #include "tests/testing/exposition.h"
-#include "tests/testing/gated_backend.h"
+#include "tests/testing/gated_server.h"
 #include "tests/testing/requests.h"
 
 namespace attnserve {
@@ -26,60 +26,8 @@ using testing::MakeAttendCase;
 using testing::MaxAbsError;
 using testing::MetricSample;
 
-class BatchingServiceTest : public ::testing::Test {
- public:
-  // Starts a server computing on `backend` (the gated reference backend by default).
-  void Start(server::ServerOptions options, std::unique_ptr<kernels::Backend> backend = nullptr) {
-    options.listen_address = "127.0.0.1:0";
-    if (backend == nullptr) {
-      auto gated = std::make_unique<testing::GatedBackend>();
-      gate_ = gated.get();
-      backend = std::move(gated);
-    }
-    metrics_ = metrics::Metrics::Create({}).value();
-    auto host = server::ServerHost::Start(options, std::move(backend), metrics_.get());
-    ASSERT_TRUE(host.ok()) << host.status();
-    host_ = *std::move(host);
-    target_ = "127.0.0.1:" + std::to_string(host_->port());
-    client_ = Client::Create(target_).value();
-  }
-  void TearDown() override {
-    if (gate_ != nullptr) gate_->Open();
-    host_.reset();
-  }
-
-  // Closes the gate and parks a request of its own signature in the backend, so the one batch
-  // thread is busy and everything sent afterwards stays queued. Returns the blocker's thread.
-  std::thread Block() {
-    gate_->Close();
-    const int calls_before = static_cast<int>(gate_->batch_sizes().size());
-    std::thread blocker([this] {
-      AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 1, 1, 2, 2, 4, 4}, false, false, 99);
-      EXPECT_TRUE(client_->Attend(c.request).ok());
-    });
-    gate_->AwaitCalls(calls_before + 1);
-    return blocker;
-  }
-  double Metric(const std::string& family, const std::vector<std::string>& labels) {
-    return MetricSample(metrics_->ExpositionText(), family, labels);
-  }
-  // Polls until the metric reaches `value` (the server updates it on another thread).
-  bool AwaitMetric(const std::string& family, const std::vector<std::string>& labels,
-                   double value) {
-    // Only a guard against a hang: a loaded machine may take long (5 minutes at most).
-    for (int i = 0; i < 60000; ++i) {
-      if (Metric(family, labels) == value) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  }
-
-  testing::GatedBackend* gate_ = nullptr;
-  std::unique_ptr<metrics::Metrics> metrics_;
-  std::unique_ptr<server::ServerHost> host_;
-  std::string target_;
-  std::unique_ptr<Client> client_;
-};
+// Start(), Block(), Metric() and AwaitMetric() are tests/testing/gated_server.h's.
+class BatchingServiceTest : public testing::GatedServerTest {};
 
 TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenceResults) {
   server::ServerOptions options;
@@ -259,8 +207,10 @@ TEST_F(BatchingServiceTest, ShutdownFinishesTheRunningBatchAndAnswersTheQueueUna
   }
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 3));
   std::thread shutdown([&] { host_->Shutdown(absl::Milliseconds(200)); });
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));  // past the grace period
-  gate_->Open();                                                // the running batch completes
+  // The grace period ends with the running batch still held at the gate: the queue is answered
+  // UNAVAILABLE (an event to wait for, not a time: a busy machine may start the thread late).
+  ASSERT_TRUE(AwaitMetric("attnserve_requests_dropped_total", {"reason=\"shutdown\""}, 3));
+  gate_->Open();  // the running batch completes
   shutdown.join();
   blocker.join();  // EXPECTs the blocker's OK
   for (auto& t : queued) t.join();

@@ -22,7 +22,7 @@
 #include "server/call.h"
 #include "server/server_host.h"
 #include "tests/testing/exposition.h"
-#include "tests/testing/gated_backend.h"
+#include "tests/testing/gated_server.h"
 #include "tests/testing/requests.h"
 
 namespace attnserve {
@@ -72,39 +72,12 @@ v1::AttentionStreamRequest StreamItem(uint64_t id, uint32_t seed) {
   return request;
 }
 
-class CallLifecycleTest : public ::testing::Test {
+// Block(), Metric() and AwaitMetric() are tests/testing/gated_server.h's.
+class CallLifecycleTest : public testing::GatedServerTest {
  public:
   void Start(server::ServerOptions options = {}) {
-    options.listen_address = "127.0.0.1:0";
-    auto gated = std::make_unique<testing::GatedBackend>();
-    gate_ = gated.get();
-    metrics_ = metrics::Metrics::Create({}).value();
-    auto host = server::ServerHost::Start(options, std::move(gated), metrics_.get());
-    ASSERT_TRUE(host.ok()) << host.status();
-    host_ = *std::move(host);
-    target_ = "127.0.0.1:" + std::to_string(host_->port());
-    client_ = Client::Create(target_).value();
+    GatedServerTest::Start(std::move(options));
     stub_ = v1::AttentionService::NewStub(client_->channel().shared_from_this());
-  }
-  void TearDown() override {
-    if (gate_ != nullptr) gate_->Open();
-    host_.reset();
-  }
-
-  // Closes the gate and parks a request in the backend: the one batch thread is busy and
-  // everything sent afterwards stays queued.
-  std::thread Block() {
-    gate_->Close();
-    const int calls_before = static_cast<int>(gate_->batch_sizes().size());
-    std::thread blocker([this] {
-      AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 1, 1, 2, 2, 4, 4}, false, false, 99);
-      EXPECT_TRUE(client_->Attend(c.request).ok());
-    });
-    gate_->AwaitCalls(calls_before + 1);
-    return blocker;
-  }
-  double Metric(const std::string& family, const std::vector<std::string>& labels) {
-    return MetricSample(metrics_->ExpositionText(), family, labels);
   }
   double Requests(const std::string& rpc, const std::string& code) {
     return Metric("attnserve_requests_total", {"rpc=\"" + rpc + "\"", "code=\"" + code + "\""});
@@ -112,22 +85,7 @@ class CallLifecycleTest : public ::testing::Test {
   double Dropped(const std::string& reason) {
     return Metric("attnserve_requests_dropped_total", {"reason=\"" + reason + "\""});
   }
-  // Polls until the metric reaches `value` (the server updates it on another thread); gives up
-  // after 20 s, far beyond any scheduling delay.
-  bool AwaitMetric(const std::string& family, const std::vector<std::string>& labels,
-                   double value) {
-    for (int i = 0; i < 4000; ++i) {
-      if (Metric(family, labels) == value) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return false;
-  }
 
-  testing::GatedBackend* gate_ = nullptr;
-  std::unique_ptr<metrics::Metrics> metrics_;
-  std::unique_ptr<server::ServerHost> host_;
-  std::string target_;
-  std::unique_ptr<Client> client_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
 

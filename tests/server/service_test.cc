@@ -4,6 +4,8 @@
 #include <sstream>
 #include <vector>
 
+#include "base/mutex.h"
+#include "base/strings.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -18,6 +20,7 @@
 namespace attnserve {
 namespace {
 
+using ::testing::EndsWith;
 using ::testing::HasSubstr;
 
 using testing::AttendCase;
@@ -52,19 +55,19 @@ class ServiceTest : public ::testing::Test {
     grpc::ByteBuffer request, response;  // empty HealthCheckRequest: service ""
     grpc::Slice empty("");
     request = grpc::ByteBuffer(&empty, 1);
-    std::mutex mu;
-    std::condition_variable cv;
+    Mutex mu;
+    CondVar cv;
     bool done = false;
     grpc::Status status;
     stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
                    &response, [&](grpc::Status s) {
-                     std::lock_guard<std::mutex> lock(mu);
+                     MutexLock lock(&mu);
                      status = s;
                      done = true;
-                     cv.notify_one();
+                     cv.NotifyOne();
                    });
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
+    MutexLock lock(&mu);
+    while (!done) cv.Wait(&mu);
     if (!status.ok()) return -1;
     std::vector<grpc::Slice> slices;
     EXPECT_TRUE(response.Dump(&slices).ok());
@@ -395,6 +398,62 @@ TEST_F(ServiceTest, MalformedLoadModuleRequestsGetClearErrors) {
   auto garbage = client_->LoadModule(load);
   EXPECT_EQ(garbage.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(garbage.status().message(), HasSubstr("safetensors"));
+}
+
+// Bad values far larger than any error message should be (issue 13): a client with gRPC's
+// default 8 KiB metadata limit (client_ sets none) must see the real error, bounded, with the
+// value elided in the middle.
+TEST_F(ServiceTest, ErrorsAboutHugeValuesAreBoundedAndReachTheClient) {
+  auto expect_bounded = [](const absl::Status& status, absl::StatusCode code,
+                           const std::string& expected) {
+    EXPECT_EQ(status.code(), code) << status;
+    EXPECT_THAT(status.message(), HasSubstr(expected));
+    EXPECT_LE(status.message().size(), kMaxErrorMessageBytes);
+  };
+  const std::string huge_name(10'000, 'n');
+
+  v1::UnloadModuleRequest unload;
+  unload.set_name(huge_name);
+  expect_bounded(client_->UnloadModule(unload).status(), absl::StatusCode::kInvalidArgument,
+                 "name must be 1 to 128 characters long; was 10000 characters");
+
+  v1::LoadModuleRequest load;
+  load.set_name(huge_name);
+  expect_bounded(client_->LoadModule(load).status(), absl::StatusCode::kInvalidArgument,
+                 "name must be 1 to 128 characters long; was 10000 characters");
+
+  v1::MultiHeadAttentionRequest mha;
+  mha.set_module(huge_name);
+  expect_bounded(client_->MultiHeadAttention(mha).status(), absl::StatusCode::kInvalidArgument,
+                 "module must be 1 to 128 characters long; was 10000 characters");
+
+  // A query with 3,000 dimensions: the shape is quoted with its middle elided.
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, 1, 1, 1, 2, 2, 4, 4, false, false);
+  c.request.mutable_query()->clear_shape();
+  for (int i = 0; i < 3000; ++i) c.request.mutable_query()->add_shape(1);
+  const absl::Status rank = client_->Attend(c.request).status();
+  expect_bounded(rank, absl::StatusCode::kInvalidArgument,
+                 "query.shape must have 4 dimensions; was [1, 1, 1");
+  EXPECT_THAT(rank.message(), HasSubstr(" bytes elided]..."));
+  EXPECT_THAT(std::string(rank.message()), EndsWith(", 1, 1]"));
+
+  // A 10 KB metadata value in a module file.
+  const std::string header =
+      R"({"__metadata__":{"num_heads":")" + std::string(10'000, '7') + R"(x"}})";
+  std::string file(8, '\0');
+  for (int i = 0; i < 8; ++i) file[i] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+  load.set_name("huge-metadata");
+  load.set_safetensors(file + header);
+  const absl::Status metadata = client_->LoadModule(load).status();
+  expect_bounded(metadata, absl::StatusCode::kInvalidArgument,
+                 "safetensors metadata 'num_heads' must be a positive integer; was '7777");
+  EXPECT_THAT(metadata.message(), HasSubstr(" bytes elided]...7777"));
+  EXPECT_THAT(std::string(metadata.message()), EndsWith("7777x'"));
+
+  // The server is still there and answers normally.
+  EXPECT_TRUE(
+      client_->Attend(MakeAttendCase(v1::DTYPE_FLOAT32, 1, 1, 1, 2, 2, 4, 4, false, false).request)
+          .ok());
 }
 
 TEST_F(ServiceTest, LimitsAnswerResourceExhausted) {

@@ -4,14 +4,13 @@
 // restarted; pool full; bad ids; ABORTED); no page leaks; batch invariance, bitwise. A gated
 // backend and a fake clock make every ordering deterministic; no test depends on a timing window.
 #include <cmath>
-#include <condition_variable>
-#include <mutex>
 #include <random>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -108,45 +107,46 @@ class GatedPagedBackend final : public kernels::Backend {
     return inner_.MultiHead(b);
   }
   absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    ++calls_;
-    seqs_.push_back(p.num_seqs);
-    rows_.push_back(p.total_q);
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
-    lock.unlock();
+    {
+      MutexLock lock(&mu_);
+      ++calls_;
+      seqs_.push_back(p.num_seqs);
+      rows_.push_back(p.total_q);
+      cv_.NotifyAll();
+      while (!open_) cv_.Wait(&mu_);
+    }
     return inner_.PagedAttention(p);
   }
   void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     open_ = false;
   }
   void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     open_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   void AwaitCalls(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return calls_ >= n; });
+    MutexLock lock(&mu_);
+    while (calls_ < n) cv_.Wait(&mu_);
   }
   std::vector<int> seqs() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return seqs_;
   }
   std::vector<int> rows() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return rows_;
   }
 
  private:
   kernels::ReferenceBackend inner_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-  int calls_ = 0;
-  std::vector<int> seqs_;
-  std::vector<int> rows_;
+  Mutex mu_;
+  CondVar cv_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> seqs_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> rows_ ABSL_GUARDED_BY(mu_);
 };
 
 class SessionTest : public ::testing::Test {

@@ -5,11 +5,11 @@
 #ifndef ATTNSERVE_TESTS_TESTING_GATED_BACKEND_H_
 #define ATTNSERVE_TESTS_TESTING_GATED_BACKEND_H_
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "base/mutex.h"
 #include "kernels/reference.h"
 
 namespace attnserve::testing {
@@ -22,21 +22,21 @@ class GatedBackend final : public kernels::Backend {
       : inner_(std::move(inner)) {}
 
   void Open() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     open_ = true;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
   void Close() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     open_ = false;
   }
   // Blocks until `n` calls have entered the backend (and are waiting at a closed gate or past it).
   void AwaitCalls(int n) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return calls_ >= n; });
+    MutexLock lock(&mu_);
+    while (calls_ < n) cv_.Wait(&mu_);
   }
   std::vector<int> batch_sizes() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return batch_sizes_;
   }
 
@@ -53,19 +53,19 @@ class GatedBackend final : public kernels::Backend {
 
  private:
   void Enter(int size) {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++calls_;
     batch_sizes_.push_back(size);
-    cv_.notify_all();
-    cv_.wait(lock, [&] { return open_; });
+    cv_.NotifyAll();
+    while (!open_) cv_.Wait(&mu_);
   }
 
   const std::unique_ptr<kernels::Backend> inner_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool open_ = true;
-  int calls_ = 0;
-  std::vector<int> batch_sizes_;
+  mutable Mutex mu_;
+  CondVar cv_;
+  bool open_ ABSL_GUARDED_BY(mu_) = true;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<int> batch_sizes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve::testing

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
@@ -186,6 +187,86 @@ std::vector<AttentionSpec> SweepSpecs() {
   return specs;
 }
 
+// The multi-head sweep of both precision paths: six module/shape/mask cases, each in every dtype
+// of `dtypes` (seeds counting up from `first_seed`), with and without weights, against float64
+// with the bound err(backend) <= 2·err(naive) + eps, `naive` being the plain implementation in
+// the path's own precision.
+using NaiveMultiHeadFn = void (*)(const MultiHeadParams&, std::vector<float>*, std::vector<float>*);
+void CheckMultiHeadSweep(CpuBackend& backend, uint32_t first_seed,
+                         std::initializer_list<DType> dtypes, NaiveMultiHeadFn naive) {
+  struct Case {
+    int d_model, heads, batch, q_len, kv_len;
+    bool self, same_kv, causal;
+    MaskKind mask;
+  };
+  const Case cases[] = {
+      {64, 4, 2, 70, 70, true, true, false, MaskKind::kNone},
+      {96, 4, 3, 33, 33, true, true, true, MaskKind::kNone},
+      {96, 1, 1, 300, 300, true, true, true, MaskKind::kNone},
+      {128, 2, 2, 20, 150, false, true, false, MaskKind::kKeyPadding},
+      {64, 8, 2, 129, 40, false, false, false, MaskKind::kBlockedRows},
+      {48, 2, 1, 70, 300, false, false, true, MaskKind::kNone},
+  };
+  uint32_t seed = first_seed;
+  for (const Case& t : cases) {
+    for (DType dtype : dtypes) {
+      SCOPED_TRACE(::testing::Message()
+                   << "d_model=" << t.d_model << " h=" << t.heads << " B=" << t.batch
+                   << " Lq=" << t.q_len << " Lk=" << t.kv_len << " dtype=" << DTypeName(dtype));
+      const MultiHeadWeights w = RandomWeights(t.d_model, t.heads, seed++);
+      const std::vector<float> query =
+          RandomVector(int64_t{t.batch} * t.q_len * t.d_model, seed++, dtype);
+      const std::vector<float> key =
+          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
+      const std::vector<float> value =
+          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
+      std::vector<uint16_t> query16, key16, value16;
+      const void* q_data = InputData(dtype, query, &query16);
+      const void* k_data = InputData(dtype, key, &key16);
+      const void* v_data = InputData(dtype, value, &value16);
+      std::vector<uint8_t> mask;
+      MultiHeadParams p;
+      p.module = &w;
+      p.batch = t.batch;
+      p.q_len = t.q_len;
+      p.kv_len = t.kv_len;
+      p.input_dtype = dtype;
+      p.query = q_data;
+      p.key = t.self ? q_data : k_data;
+      p.value = t.self ? q_data : (t.same_kv ? k_data : v_data);
+      p.self_attention = t.self;
+      p.causal = t.causal;
+      p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
+      if (t.mask == MaskKind::kKeyPadding) {
+        mask.resize(int64_t{t.batch} * t.kv_len);
+        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 7 % 5) != 0;
+        p.mask = MaskView{mask.data(), t.kv_len, 0, 0, 1};
+      } else if (t.mask == MaskKind::kBlockedRows) {
+        mask.resize(int64_t{t.batch} * t.q_len * t.kv_len);
+        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 13 % 7) > 2;
+        for (int j = 0; j < t.kv_len; ++j) mask[j] = 0;  // row 0 of batch entry 0
+        p.mask = MaskView{mask.data(), int64_t{t.q_len} * t.kv_len, 0, t.kv_len, 1};
+      }
+      const Reference64 ref = ReferenceMultiHead64(p);
+      std::vector<float> naive_out, naive_weights;
+      naive(p, &naive_out, &naive_weights);
+      for (bool with_weights : {false, true}) {
+        std::vector<float> out(int64_t{t.batch} * t.q_len * t.d_model, NAN);
+        std::vector<float> weights(int64_t{t.batch} * t.heads * t.q_len * t.kv_len, NAN);
+        p.out = out.data();
+        p.weights = with_weights ? weights.data() : nullptr;
+        ASSERT_TRUE(backend.MultiHead({p}).ok());
+        ASSERT_TRUE(AllFinite(out));
+        ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
+        if (with_weights) {
+          ExpectWithinBound(MaxAbsError(weights, ref.weights),
+                            MaxAbsError(naive_weights, ref.weights), "weights");
+        }
+      }
+    }
+  }
+}
+
 class CpuBackendIsaTest : public ::testing::TestWithParam<Isa> {
  protected:
   void SetUp() override {
@@ -279,77 +360,8 @@ TEST_P(CpuBackendIsaTest, FullyBlockedRowsAverageAllValues) {
 }
 
 TEST_P(CpuBackendIsaTest, MultiHeadMatchesReferenceWithinFlashBound) {
-  struct Case {
-    int d_model, heads, batch, q_len, kv_len;
-    bool self, same_kv, causal;
-    MaskKind mask;
-  };
-  const Case cases[] = {
-      {64, 4, 2, 70, 70, true, true, false, MaskKind::kNone},
-      {96, 4, 3, 33, 33, true, true, true, MaskKind::kNone},
-      {96, 1, 1, 300, 300, true, true, true, MaskKind::kNone},
-      {128, 2, 2, 20, 150, false, true, false, MaskKind::kKeyPadding},
-      {64, 8, 2, 129, 40, false, false, false, MaskKind::kBlockedRows},
-      {48, 2, 1, 70, 300, false, false, true, MaskKind::kNone},
-  };
-  uint32_t seed = 100;
-  for (const Case& t : cases) {
-    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "d_model=" << t.d_model << " h=" << t.heads << " B=" << t.batch
-                   << " Lq=" << t.q_len << " Lk=" << t.kv_len << " dtype=" << DTypeName(dtype));
-      const MultiHeadWeights w = RandomWeights(t.d_model, t.heads, seed++);
-      const std::vector<float> query =
-          RandomVector(int64_t{t.batch} * t.q_len * t.d_model, seed++, dtype);
-      const std::vector<float> key =
-          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
-      const std::vector<float> value =
-          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
-      std::vector<uint16_t> query16, key16, value16;
-      const void* q_data = InputData(dtype, query, &query16);
-      const void* k_data = InputData(dtype, key, &key16);
-      const void* v_data = InputData(dtype, value, &value16);
-      std::vector<uint8_t> mask;
-      MultiHeadParams p;
-      p.module = &w;
-      p.batch = t.batch;
-      p.q_len = t.q_len;
-      p.kv_len = t.kv_len;
-      p.input_dtype = dtype;
-      p.query = q_data;
-      p.key = t.self ? q_data : k_data;
-      p.value = t.self ? q_data : (t.same_kv ? k_data : v_data);
-      p.self_attention = t.self;
-      p.causal = t.causal;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
-      if (t.mask == MaskKind::kKeyPadding) {
-        mask.resize(int64_t{t.batch} * t.kv_len);
-        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 7 % 5) != 0;
-        p.mask = MaskView{mask.data(), t.kv_len, 0, 0, 1};
-      } else if (t.mask == MaskKind::kBlockedRows) {
-        mask.resize(int64_t{t.batch} * t.q_len * t.kv_len);
-        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 13 % 7) > 2;
-        for (int j = 0; j < t.kv_len; ++j) mask[j] = 0;  // row 0 of batch entry 0
-        p.mask = MaskView{mask.data(), int64_t{t.q_len} * t.kv_len, 0, t.kv_len, 1};
-      }
-      const Reference64 ref = ReferenceMultiHead64(p);
-      std::vector<float> naive_out, naive_weights;
-      NaiveMultiHead32(p, &naive_out, &naive_weights);
-      for (bool with_weights : {false, true}) {
-        std::vector<float> out(int64_t{t.batch} * t.q_len * t.d_model, NAN);
-        std::vector<float> weights(int64_t{t.batch} * t.heads * t.q_len * t.kv_len, NAN);
-        p.out = out.data();
-        p.weights = with_weights ? weights.data() : nullptr;
-        ASSERT_TRUE(backend_->MultiHead({p}).ok());
-        ASSERT_TRUE(AllFinite(out));
-        ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
-        if (with_weights) {
-          ExpectWithinBound(MaxAbsError(weights, ref.weights),
-                            MaxAbsError(naive_weights, ref.weights), "weights");
-        }
-      }
-    }
-  }
+  CheckMultiHeadSweep(*backend_, 100, {DType::kFloat32, DType::kFloat16, DType::kBFloat16},
+                      NaiveMultiHead32);
 }
 
 // A seed vector (see tests/data/seed-vectors/README.md) loaded as a MultiHeadParams.
@@ -644,77 +656,8 @@ TEST_P(CpuBackendBf16Test, AttendWithWeightsMatchesReference) {
 }
 
 TEST_P(CpuBackendBf16Test, MultiHeadMatchesReferenceWithinBf16Bound) {
-  struct Case {
-    int d_model, heads, batch, q_len, kv_len;
-    bool self, same_kv, causal;
-    MaskKind mask;
-  };
-  const Case cases[] = {
-      {64, 4, 2, 70, 70, true, true, false, MaskKind::kNone},
-      {96, 4, 3, 33, 33, true, true, true, MaskKind::kNone},
-      {96, 1, 1, 300, 300, true, true, true, MaskKind::kNone},
-      {128, 2, 2, 20, 150, false, true, false, MaskKind::kKeyPadding},
-      {64, 8, 2, 129, 40, false, false, false, MaskKind::kBlockedRows},
-      {48, 2, 1, 70, 300, false, false, true, MaskKind::kNone},
-  };
-  uint32_t seed = 300;
-  for (const Case& t : cases) {
-    for (DType dtype : {DType::kBFloat16, DType::kFloat32, DType::kFloat16}) {
-      SCOPED_TRACE(::testing::Message()
-                   << "d_model=" << t.d_model << " h=" << t.heads << " B=" << t.batch
-                   << " Lq=" << t.q_len << " Lk=" << t.kv_len << " dtype=" << DTypeName(dtype));
-      const MultiHeadWeights w = RandomWeights(t.d_model, t.heads, seed++);
-      const std::vector<float> query =
-          RandomVector(int64_t{t.batch} * t.q_len * t.d_model, seed++, dtype);
-      const std::vector<float> key =
-          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
-      const std::vector<float> value =
-          RandomVector(int64_t{t.batch} * t.kv_len * t.d_model, seed++, dtype);
-      std::vector<uint16_t> query16, key16, value16;
-      const void* q_data = InputData(dtype, query, &query16);
-      const void* k_data = InputData(dtype, key, &key16);
-      const void* v_data = InputData(dtype, value, &value16);
-      std::vector<uint8_t> mask;
-      MultiHeadParams p;
-      p.module = &w;
-      p.batch = t.batch;
-      p.q_len = t.q_len;
-      p.kv_len = t.kv_len;
-      p.input_dtype = dtype;
-      p.query = q_data;
-      p.key = t.self ? q_data : k_data;
-      p.value = t.self ? q_data : (t.same_kv ? k_data : v_data);
-      p.self_attention = t.self;
-      p.causal = t.causal;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
-      if (t.mask == MaskKind::kKeyPadding) {
-        mask.resize(int64_t{t.batch} * t.kv_len);
-        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 7 % 5) != 0;
-        p.mask = MaskView{mask.data(), t.kv_len, 0, 0, 1};
-      } else if (t.mask == MaskKind::kBlockedRows) {
-        mask.resize(int64_t{t.batch} * t.q_len * t.kv_len);
-        for (size_t n = 0; n < mask.size(); ++n) mask[n] = (n * 13 % 7) > 2;
-        for (int j = 0; j < t.kv_len; ++j) mask[j] = 0;  // row 0 of batch entry 0
-        p.mask = MaskView{mask.data(), int64_t{t.q_len} * t.kv_len, 0, t.kv_len, 1};
-      }
-      const Reference64 ref = ReferenceMultiHead64(p);
-      std::vector<float> naive_out, naive_weights;
-      NaiveMultiHeadBf16(p, &naive_out, &naive_weights);
-      for (bool with_weights : {false, true}) {
-        std::vector<float> out(int64_t{t.batch} * t.q_len * t.d_model, NAN);
-        std::vector<float> weights(int64_t{t.batch} * t.heads * t.q_len * t.kv_len, NAN);
-        p.out = out.data();
-        p.weights = with_weights ? weights.data() : nullptr;
-        ASSERT_TRUE(backend_->MultiHead({p}).ok());
-        ASSERT_TRUE(AllFinite(out));
-        ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
-        if (with_weights) {
-          ExpectWithinBound(MaxAbsError(weights, ref.weights),
-                            MaxAbsError(naive_weights, ref.weights), "weights");
-        }
-      }
-    }
-  }
+  CheckMultiHeadSweep(*backend_, 300, {DType::kBFloat16, DType::kFloat32, DType::kFloat16},
+                      NaiveMultiHeadBf16);
 }
 
 // The PyTorch seed vectors (float32 inputs) on the 16-bit path. Tolerance: every operand is

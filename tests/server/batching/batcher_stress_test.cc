@@ -99,6 +99,10 @@ class BatcherStressTest : public ::testing::Test {
   void Produce(int producer) {
     std::mt19937 rng(producer);
     for (int i = 0; i < kTasksPerProducer; ++i) {
+      if (i == kTasksPerProducer - 1 && hold_last_task_) {
+        producers_holding_++;
+        release_last_task_.WaitForNotification();
+      }
       const int id = producer * kTasksPerProducer + i;
       const int64_t tokens = 1 + rng() % 20;
       const int64_t bytes = 1 + rng() % 100;
@@ -156,6 +160,11 @@ class BatcherStressTest : public ::testing::Test {
   Outcomes out_;
   std::atomic<int> producers_done_{0};
   std::atomic<bool> shutting_down_{false};
+  // When set, each producer holds its last task until release_last_task_ (so that some task is
+  // surely scheduled after Shutdown, however the threads are scheduled).
+  bool hold_last_task_ = false;
+  std::atomic<int> producers_holding_{0};
+  testing::Notification release_last_task_;
   std::unique_ptr<StressBatcher> batcher_;
 };
 
@@ -171,14 +180,18 @@ TEST_F(BatcherStressTest, EveryTaskIsAnsweredExactlyOnce) {
 }
 
 TEST_F(BatcherStressTest, ShutdownWhileProducersRun) {
+  hold_last_task_ = true;
   Start();
   std::vector<std::thread> producers;
   for (int p = 0; p < kProducers; ++p) producers.emplace_back([this, p] { Produce(p); });
-  while (batcher_->stats().scheduled < 1000 && producers_done_ < kProducers) {
+  // Shut down mid-run (after 1000 tasks) or, on a machine too busy to get here sooner, when
+  // every producer waits at its last task; either way each producer schedules after Shutdown.
+  while (batcher_->stats().scheduled < 1000 && producers_holding_ < kProducers) {
     std::this_thread::sleep_for(std::chrono::microseconds(50));
   }
   shutting_down_ = true;
   batcher_->Shutdown(absl::Milliseconds(1));
+  release_last_task_.Notify();
   for (auto& t : producers) t.join();
   EXPECT_GT(batcher_->stats().refused_shutdown, 0);
   CheckAccounting();

@@ -14,8 +14,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "base/mutex.h"
 #include "server/batching/batcher.h"
-#include "server/batching/sync.h"
 
 namespace attnserve::batching::testing {
 
@@ -162,7 +162,7 @@ class Recorder {
   CondVar recorded_;
 };
 
-// absl::Notification on the batcher's TSan-visible primitives (see server/batching/sync.h).
+// absl::Notification on TSan-visible primitives (see base/mutex.h).
 class Notification {
  public:
   void Notify() {

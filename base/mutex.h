@@ -1,15 +1,38 @@
-// A mutex and a condition variable for the batcher: std::mutex and std::condition_variable
-// under Abseil's thread-safety annotations.
+// The one mutex type of attnserve: a mutex, its scoped lock and a condition variable, under
+// Abseil's thread-safety annotations, so that clang's -Wthread-safety checks every guarded
+// member (scripts/test-clang.sh builds with it and -Werror).
+//
+// Typical use:
+//
+//   class Counter {  // thread-safe
+//    public:
+//     void Add(int n) {
+//       MutexLock lock(&mu_);
+//       total_ += n;
+//       changed_.NotifyAll();
+//     }
+//     void AwaitAtLeast(int n) {
+//       MutexLock lock(&mu_);
+//       while (total_ < n) changed_.Wait(&mu_);
+//     }
+//    private:
+//     Mutex mu_;
+//     int total_ ABSL_GUARDED_BY(mu_) = 0;
+//     CondVar changed_;
+//   };
+//
+// Conditions are re-checked in a loop (a lambda predicate would be invisible to the analysis,
+// which does not know that the lambda runs with the lock held).
 //
 // Why not absl::Mutex: Debian's Abseil is built without ThreadSanitizer, so TSan cannot see
-// absl::Mutex's synchronisation (its lock and unlock run in uninstrumented code) and reports
-// every access it guards as a race. std::mutex goes through pthreads, which TSan intercepts,
-// so the batcher and its tests stay checkable under -DATTNSERVE_SANITIZE=thread. The wrappers
-// exist only to carry the annotations (libstdc++'s std::mutex has none).
+// absl::Mutex synchronise (its lock and unlock run in uninstrumented code) and reports every
+// access it guards as a race. std::mutex goes through pthreads, which TSan intercepts. The
+// wrappers exist to carry the annotations (libstdc++'s std::mutex has none, and clang rejects
+// ABSL_GUARDED_BY naming a type that is not a capability).
 //
 // Thread-safety: thread-safe (they are the synchronisation).
-#ifndef ATTNSERVE_SERVER_BATCHING_SYNC_H_
-#define ATTNSERVE_SERVER_BATCHING_SYNC_H_
+#ifndef ATTNSERVE_BASE_MUTEX_H_
+#define ATTNSERVE_BASE_MUTEX_H_
 
 #include <algorithm>
 #include <chrono>
@@ -20,10 +43,14 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace attnserve::batching {
+namespace attnserve {
 
 class ABSL_LOCKABLE Mutex {
  public:
+  Mutex() = default;
+  Mutex(const Mutex&) = delete;
+  Mutex& operator=(const Mutex&) = delete;
+
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
   // Tells the static analysis that the caller holds the lock (not checked at run time).
@@ -34,6 +61,7 @@ class ABSL_LOCKABLE Mutex {
   std::mutex mu_;
 };
 
+// Holds `mu` from construction to the end of the scope.
 class ABSL_SCOPED_LOCKABLE MutexLock {
  public:
   explicit MutexLock(Mutex* mu) ABSL_EXCLUSIVE_LOCK_FUNCTION(mu) : mu_(mu) { mu_->Lock(); }
@@ -47,6 +75,10 @@ class ABSL_SCOPED_LOCKABLE MutexLock {
 
 class CondVar {
  public:
+  CondVar() = default;
+  CondVar(const CondVar&) = delete;
+  CondVar& operator=(const CondVar&) = delete;
+
   // Releases `mu`, waits for a notification (or a spurious wake-up), and takes `mu` again.
   void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
@@ -71,6 +103,11 @@ class CondVar {
     return timed_out;
   }
 
+  // Like WaitWithDeadline(absl::Now() + timeout).
+  bool WaitWithTimeout(Mutex* mu, absl::Duration timeout) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    return WaitWithDeadline(mu, absl::Now() + timeout);
+  }
+
   void NotifyOne() { cv_.notify_one(); }
   void NotifyAll() { cv_.notify_all(); }
 
@@ -78,6 +115,6 @@ class CondVar {
   std::condition_variable cv_;
 };
 
-}  // namespace attnserve::batching
+}  // namespace attnserve
 
-#endif  // ATTNSERVE_SERVER_BATCHING_SYNC_H_
+#endif  // ATTNSERVE_BASE_MUTEX_H_
