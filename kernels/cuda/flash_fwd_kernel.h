@@ -79,8 +79,9 @@ __device__ __forceinline__ void LoadTileAsync(Element* smem, const Element* gmem
 // Copies the mask bytes of query rows [m0, m0 + kBlockM) x keys [n0, n0 + kBlockN) into shared
 // memory (plain loads: the mask has arbitrary broadcast strides); out-of-range entries read 0.
 // Reading the tile back from shared memory keeps the masked kernel within the register budget
-// (global byte loads inside the unrolled score loop were hoisted and spilled).
-template <int kBlockM, int kBlockN, int kNThreads>
+// (global byte loads inside the unrolled score loop were hoisted and spilled). Rows are
+// kMaskStride bytes apart (kernel_traits.h says why).
+template <int kBlockM, int kBlockN, int kMaskStride, int kNThreads>
 __device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mask,
                                              int64_t row_stride, int64_t col_stride, int m0, int n0,
                                              int q_len, int kv_len, int tid) {
@@ -90,7 +91,8 @@ __device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mas
     const int c = idx % kBlockN;
     const int i = m0 + r;
     const int j = n0 + c;
-    s_mask[idx] = (i < q_len && j < kv_len) ? mask[i * row_stride + j * col_stride] : 0;
+    s_mask[r * kMaskStride + c] =
+        (i < q_len && j < kv_len) ? mask[i * row_stride + j * col_stride] : 0;
   }
 }
 
@@ -111,7 +113,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Element* s_q = reinterpret_cast<Element*>(smem_raw);
   Element* s_k = s_q + Traits::kSmemQElems;
   Element* s_v = s_k + Traits::kSmemKElems;
-  uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);  // [kBlockM, kBlockN]
+  // [kBlockM, kBlockN], rows kMaskStride bytes apart.
+  uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);
 
   // One 1-D grid (flash_grid.h): m block fastest, then head, then sequence.
   const FlashBlockCoord coord = FlashBlockOf(blockIdx.x, num_m_blocks, p.num_heads);
@@ -150,8 +153,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const uint8_t* mask_ptr =
       p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride : nullptr;
   if (mask_ptr != nullptr && n_blocks > 0) {
-    detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
-                                                      p.mask_col_stride, m0, 0, q_len, kv_len, tid);
+    detail::LoadMaskTile<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
+        s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, 0, q_len, kv_len, tid);
   }
   detail::CpAsyncWaitAll();
   __syncthreads();
@@ -229,7 +232,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
           const int col = t * 8 + (lane % 4) * 2 + (e & 1);
           bool allowed = n0 + col < limit[r];
           if (mask_ptr != nullptr) {
-            allowed = allowed && s_mask[(warp * 16 + lane / 4 + 8 * r) * kBlockN + col] != 0;
+            allowed =
+                allowed && s_mask[(warp * 16 + lane / 4 + 8 * r) * Traits::kMaskStride + col] != 0;
           }
           if (!allowed) s = kNegInf;
         }
@@ -267,9 +271,9 @@ __global__ void __launch_bounds__(Traits::kNThreads)
           p.head_dim, tid);
       // The mask tile of the next block: this iteration's was read above, before the barrier.
       if (mask_ptr != nullptr) {
-        detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
-                                                          p.mask_col_stride, m0, n0 + kBlockN,
-                                                          q_len, kv_len, tid);
+        detail::LoadMaskTile<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
+            s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, n0 + kBlockN, q_len, kv_len,
+            tid);
       }
     }
     detail::CpAsyncCommit();

@@ -55,7 +55,13 @@ struct FlashFwdTraits {
   static constexpr int kSmemQElems = kBlockM * kHeadDim;
   static constexpr int kSmemKElems = kBlockN * kHeadDim;
   static constexpr int kSmemVElems = kBlockN * kHeadDim;
-  static constexpr int kSmemMaskBytes = kBlockM * kBlockN;  // the mask tile, one byte a score
+  // The mask tile, one byte a score. Its rows are kBlockN + 8 bytes apart: a warp reads the
+  // tile at rows lane / 4 (8 rows) and 2 consecutive words of each, which at a row stride of
+  // kBlockN (a multiple of 64 bytes) fell in the same banks (4-way at kBlockN 64, 8-way at 128);
+  // 2 words more per row put the 8 rows' word pairs in 16 different banks for every kBlockN
+  // here (16 to 128).
+  static constexpr int kMaskStride = kBlockN + 8;
+  static constexpr int kSmemMaskBytes = kBlockM * kMaskStride;
   static constexpr int kSmemBytes =
       (kSmemQElems + kSmemKElems + kSmemVElems) * static_cast<int>(sizeof(Element)) +
       kSmemMaskBytes;
