@@ -43,10 +43,10 @@ case "$name" in
     file=flash_fwd_kernel.h
     from="(kFixedChunk || c * 8 < valid_cols)"
     to="(kFixedChunk || true)" ;;
-  epilogue_writes_padding)  # output columns past v_head_dim stored
+  v_mean_padded_stride)  # a blocked row's v_mean read at the padded width's stride
     file=flash_fwd_kernel.h
-    from="if (t * 8 >= p.v_head_dim) break;"
-    to="" ;;
+    from="(int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim"
+    to="(int64_t{seq} * p.num_kv_heads + kv_head) * kHeadDim" ;;
   stale_mask_tile)  # the next key block's mask tile never loaded
     file=flash_fwd_kernel.h
     from="      if (mask_ptr != nullptr) {${nl}        detail::LoadMaskTile"
