@@ -2,7 +2,7 @@
 # The test suite under sanitizers; CI runs it after scripts/test.sh.
 #   AddressSanitizer + UndefinedBehaviorSanitizer: every test (CPU build, preset "asan")
 #   ThreadSanitizer: the batcher and server tests, and the CUDA kernels on the host emulation
-#   (tests/cuda_emu; hdim64 and generic in fp16, preset "tsan")
+#   (tests/cuda_emu; hdim32, hdim64 and generic in fp16, preset "tsan")
 # Any report fails the run (halt_on_error).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,8 @@ cmake --build --preset tsan --target batcher_test server_test flash_emu_test \
 # gRPC's uninstrumented core, where reports are third-party noise).
 ctest --preset tsan -L "batcher|server" -LE python
 # The emulated CUDA kernels: races between the emulated threads of a block (a missing barrier or
-# cp.async wait). hdim64 and generic in fp16: hdim128 is the same template body as hdim64, and
-# bf16 runs the same schedules with other numbers (about 3 minutes on 2 cores); the paged
-# attention kernel in FLOAT16 (its other cache types: same schedule, other element types).
-ctest --preset tsan -L cuda_emu -E "bfloat16|hdim128|BFLOAT16|FLOAT32"
+# cp.async wait). hdim32, hdim64 and generic in fp16: the other head dims are the same template
+# body with the same barriers (hdim32 runs the zero-padded copies), and bf16 runs the same
+# schedules with other numbers (about 3 minutes on 2 cores); the paged attention kernel in
+# FLOAT16 (its other cache types: same schedule, other element types).
+ctest --preset tsan -L cuda_emu -E "bfloat16|hdim(128|160|192|256)|BFLOAT16|FLOAT32"

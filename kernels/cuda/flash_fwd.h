@@ -19,18 +19,25 @@
 namespace attnserve::kernels::cuda {
 
 // The kernel FlashForward picks for p.
-enum class FlashPath { kHdim64, kHdim128, kGeneric, kUnsupported };
-// kHdim64 / kHdim128 (tensor cores) when head_dim == v_head_dim is 64 or 128 and q, k, v are
-// 16-byte aligned with strides that are multiples of 8 elements (o: 8-byte aligned, even
-// strides); kGeneric when v_head_dim <= 256; else kUnsupported (use NaiveAttentionForward).
+enum class FlashPath { kTensorCore, kGeneric, kUnsupported };
+// kTensorCore (flash_fwd_kernel.h) when head_dim and v_head_dim are multiples of 8 in [8, 256]
+// and q, k, v are 16-byte aligned with strides that are multiples of 8 elements (o: 8-byte
+// aligned, even strides): both are zero-padded to TensorCoreHeadDim(p); kGeneric (no tensor
+// cores) for the other layouts and head dims with v_head_dim <= 256; else kUnsupported (use
+// NaiveAttentionForward).
 FlashPath SelectFlashPath(const FlashFwdParams& p);
 const char* FlashPathName(FlashPath path);
+// The instantiation kTensorCore runs: the smallest of kTensorCoreHeadDims (32, 64, ..., 256)
+// that holds max(head_dim, v_head_dim); 0 when head_dim or v_head_dim is not a multiple of 8 in
+// [8, 256]. Ignores the layout (SelectFlashPath checks it).
+int TensorCoreHeadDim(const FlashFwdParams& p);
 
 // The fused forward (flash_fwd_kernel.h or the generic kernel). REQUIRES a path other than
 // kUnsupported.
 GpuStatus FlashForward(const FlashFwdParams& p, ComputeType type, cudaStream_t stream);
 
-// Instantiations, one .cu file each (flash_fwd_hdim*.cu, flash_fwd_generic_*.cu).
+// Instantiations, one .cu file each (flash_fwd_hdim*.cu, flash_fwd_generic_*.cu); kHeadDim is
+// one of kTensorCoreHeadDims.
 template <int kHeadDim, ComputeType kType>
 GpuStatus RunFlashFwdHdim(const FlashFwdParams& p, cudaStream_t stream);
 template <ComputeType kType>

@@ -1,6 +1,8 @@
-// Kernel selection: head_dim (64, 128, generic) x operand type. Causal, masks, key lengths and
-// GQA branch at run time inside the kernels.
+// Kernel selection: padded head dim (32, 64, ..., 256 on tensor cores; else generic) x operand
+// type. Causal, masks, key lengths and GQA branch at run time inside the kernels.
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "kernels/cuda/flash_decode_shape.h"
 #include "kernels/cuda/flash_fwd.h"
@@ -14,16 +16,22 @@ bool Aligned(const void* ptr, uintptr_t bytes) {
 
 }  // namespace
 
+int TensorCoreHeadDim(const FlashFwdParams& p) {
+  if (p.head_dim < 8 || p.head_dim % 8 != 0 || p.v_head_dim < 8 || p.v_head_dim % 8 != 0) return 0;
+  const int width = std::max(p.head_dim, p.v_head_dim);
+  for (const int dim : kTensorCoreHeadDims) {
+    if (width <= dim) return dim;
+  }
+  return 0;
+}
+
 FlashPath SelectFlashPath(const FlashFwdParams& p) {
   const bool tensor_core_layout =
       Aligned(p.q, 16) && Aligned(p.k, 16) && Aligned(p.v, 16) && Aligned(p.o, 8) &&
       p.q_row_stride % 8 == 0 && p.q_head_stride % 8 == 0 && p.k_row_stride % 8 == 0 &&
       p.k_head_stride % 8 == 0 && p.v_row_stride % 8 == 0 && p.v_head_stride % 8 == 0 &&
       p.o_row_stride % 2 == 0 && p.o_head_stride % 2 == 0;
-  if (tensor_core_layout && p.head_dim == p.v_head_dim) {
-    if (p.head_dim == 64) return FlashPath::kHdim64;
-    if (p.head_dim == 128) return FlashPath::kHdim128;
-  }
+  if (tensor_core_layout && TensorCoreHeadDim(p) != 0) return FlashPath::kTensorCore;
   if (p.v_head_dim <= kGenericMaxVHeadDim && p.head_dim >= 1) return FlashPath::kGeneric;
   return FlashPath::kUnsupported;
 }
@@ -44,10 +52,8 @@ size_t FlashDecodeWorkspaceBytes(const FlashFwdParams& p, int max_seqlen_k) {
 
 const char* FlashPathName(FlashPath path) {
   switch (path) {
-    case FlashPath::kHdim64:
-      return "hdim64";
-    case FlashPath::kHdim128:
-      return "hdim128";
+    case FlashPath::kTensorCore:
+      return "tensor-core";
     case FlashPath::kGeneric:
       return "generic";
     case FlashPath::kUnsupported:
@@ -56,15 +62,35 @@ const char* FlashPathName(FlashPath path) {
   return "?";
 }
 
+// A switch on the padded head dim, then the type (two levels, STYLE.md 9).
+template <ComputeType kType>
+GpuStatus RunTensorCore(const FlashFwdParams& p, cudaStream_t stream) {
+  switch (TensorCoreHeadDim(p)) {
+    case 32:
+      return RunFlashFwdHdim<32, kType>(p, stream);
+    case 64:
+      return RunFlashFwdHdim<64, kType>(p, stream);
+    case 96:
+      return RunFlashFwdHdim<96, kType>(p, stream);
+    case 128:
+      return RunFlashFwdHdim<128, kType>(p, stream);
+    case 160:
+      return RunFlashFwdHdim<160, kType>(p, stream);
+    case 192:
+      return RunFlashFwdHdim<192, kType>(p, stream);
+    case 256:
+      return RunFlashFwdHdim<256, kType>(p, stream);
+  }
+  return {"flash forward: no tensor-core instantiation for head_dim " + std::to_string(p.head_dim) +
+          ", v_head_dim " + std::to_string(p.v_head_dim)};
+}
+
 GpuStatus FlashForward(const FlashFwdParams& p, ComputeType type, cudaStream_t stream) {
   const bool fp16 = type == ComputeType::kFloat16;
   switch (SelectFlashPath(p)) {
-    case FlashPath::kHdim64:
-      return fp16 ? RunFlashFwdHdim<64, ComputeType::kFloat16>(p, stream)
-                  : RunFlashFwdHdim<64, ComputeType::kBFloat16>(p, stream);
-    case FlashPath::kHdim128:
-      return fp16 ? RunFlashFwdHdim<128, ComputeType::kFloat16>(p, stream)
-                  : RunFlashFwdHdim<128, ComputeType::kBFloat16>(p, stream);
+    case FlashPath::kTensorCore:
+      return fp16 ? RunTensorCore<ComputeType::kFloat16>(p, stream)
+                  : RunTensorCore<ComputeType::kBFloat16>(p, stream);
     case FlashPath::kGeneric:
       return fp16 ? RunFlashFwdGeneric<ComputeType::kFloat16>(p, stream)
                   : RunFlashFwdGeneric<ComputeType::kBFloat16>(p, stream);

@@ -6,7 +6,7 @@ namespace attnserve::kernels::cuda {
 template <>
 GpuStatus RunFlashFwdHdim<128, ComputeType::kBFloat16>(const FlashFwdParams& p,
                                                        cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim128<ComputeType::kBFloat16>>(p, stream);
+  return RunFlashFwd<FlashFwdTraitsHdim<128, ComputeType::kBFloat16>>(p, stream);
 }
 
 }  // namespace attnserve::kernels::cuda

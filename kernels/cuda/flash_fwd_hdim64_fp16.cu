@@ -5,7 +5,7 @@ namespace attnserve::kernels::cuda {
 
 template <>
 GpuStatus RunFlashFwdHdim<64, ComputeType::kFloat16>(const FlashFwdParams& p, cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim64<ComputeType::kFloat16>>(p, stream);
+  return RunFlashFwd<FlashFwdTraitsHdim<64, ComputeType::kFloat16>>(p, stream);
 }
 
 }  // namespace attnserve::kernels::cuda

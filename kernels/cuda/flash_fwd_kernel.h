@@ -1,8 +1,10 @@
 // The fused attention forward kernel body (FlashAttention-2 style), specialised by
 // FlashFwdTraits. Launch code: flash_fwd_launch_template.h; instantiations: flash_fwd_hdim*.cu.
 //
-// One thread block computes kBlockM query rows of one (sequence, head): Q is loaded once and
-// kept in registers as mma A-fragments; for each block of kBlockN keys, S = Q K^T (fp32),
+// One thread block computes kBlockM query rows of one (sequence, head): Q is loaded once into
+// shared memory (and, up to head dim 160, kept in registers as mma A-fragments); head_dim and
+// v_head_dim are zero-padded to the traits' kHeadDim while loading (kernel_traits.h). For each
+// block of kBlockN keys, S = Q K^T (fp32),
 // scale + mask in registers, online softmax (online_softmax.h), then O += P V with P rounded to
 // the operand type. Key blocks past the last allowed key of the block's last row (causal, key
 // length) are never loaded. Rows with no allowed key get the mean of all values (v_mean).
@@ -19,24 +21,56 @@ namespace attnserve::kernels::cuda {
 namespace detail {
 
 // Offset of element (row, col) in a swizzled [rows, kHeadDim] shared-memory tile; col % 8 == 0.
+// kernel_traits.h (kSwizzleChunks) says why two patterns.
 template <int kHeadDim>
 __device__ __forceinline__ int SwizzledOffset(int row, int col) {
-  return row * kHeadDim + ((((col >> 3) ^ (row & 7))) << 3);
+  if constexpr (kHeadDim % 64 == 0) {
+    return row * kHeadDim + ((((col >> 3) ^ (row & 7))) << 3);
+  } else {
+    return row * kHeadDim + ((((col >> 3) ^ ((row >> 1) & 3))) << 3);
+  }
 }
 
+// SwizzledOffset for the ldmatrix addresses of the unrolled loops: a thread's row r has a fixed
+// r % 8 and it reads one 8-column half of each 16-column block kk16, so the XOR touches only
+// the chunk's place within its swizzle group and takes kGroup / 2 distinct values per thread,
+// computed once here. Written with SwizzledOffset in the loops, nvcc kept one address register
+// per (block, tile) and the kernels spilled (tests/gpu/check_no_spills.sh).
+template <int kHeadDim>
+struct LdMatrixCols {
+  static constexpr int kGroup = kHeadDim % 64 == 0 ? 8 : 4;  // chunks per swizzle group
+  int col[kGroup / 2];
+  // row8: the thread's row % 8; half: its 8-column half (0 or 1) of each 16-column block.
+  __device__ __forceinline__ LdMatrixCols(int row8, int half) {
+    const int x = kGroup == 8 ? (row8 & 7) : ((row8 >> 1) & 3);
+#pragma unroll
+    for (int j = 0; j < kGroup / 2; ++j) col[j] = ((2 * j + half) ^ x) << 3;
+  }
+  // == SwizzledOffset<kHeadDim>(row, kk16 * 16 + half * 8) for row % 8 == row8.
+  __device__ __forceinline__ int Offset(int row, int kk16) const {
+    return row * kHeadDim + (kk16 / (kGroup / 2)) * (kGroup * 8) + col[kk16 % (kGroup / 2)];
+  }
+};
+
 // Issues the cp.async copies of rows [0, kRows) of a [rows, kHeadDim] global tile into shared
-// memory; rows >= valid_rows are zero-filled. Consecutive threads copy consecutive 16-byte
-// chunks of a row (coalesced).
+// memory; rows >= valid_rows and columns >= valid_cols (the padding up to kHeadDim; a multiple
+// of 8) are zero-filled, never read. Consecutive threads copy consecutive 16-byte chunks of a
+// row (coalesced).
 template <int kRows, int kHeadDim, int kNThreads, typename Element>
 __device__ __forceinline__ void LoadTileAsync(Element* smem, const Element* gmem,
-                                              int64_t row_stride, int valid_rows, int tid) {
+                                              int64_t row_stride, int valid_rows, int valid_cols,
+                                              int tid) {
   constexpr int kChunks = kHeadDim / 8;
+  // A thread copies the same chunk of every row it copies when kChunks divides kNThreads: one
+  // test of the column for the whole tile (a per-copy test tipped hdim 128 into spilling).
+  constexpr bool kFixedChunk = kNThreads % kChunks == 0;
+  if (kFixedChunk && (tid % kChunks) * 8 >= valid_cols) valid_rows = 0;
 #pragma unroll
   for (int it = 0; it < kRows * kChunks / kNThreads; ++it) {
     const int idx = it * kNThreads + tid;
     const int r = idx / kChunks;
     const int c = idx % kChunks;
-    const bool valid = r < valid_rows;
+    const bool valid = r < valid_rows && (kFixedChunk || c * 8 < valid_cols);
     const Element* src = valid ? gmem + r * row_stride + c * 8 : gmem;
     CpAsync16(SmemAddr(smem + SwizzledOffset<kHeadDim>(r, c * 8)), src, valid);
   }
@@ -45,8 +79,9 @@ __device__ __forceinline__ void LoadTileAsync(Element* smem, const Element* gmem
 // Copies the mask bytes of query rows [m0, m0 + kBlockM) x keys [n0, n0 + kBlockN) into shared
 // memory (plain loads: the mask has arbitrary broadcast strides); out-of-range entries read 0.
 // Reading the tile back from shared memory keeps the masked kernel within the register budget
-// (global byte loads inside the unrolled score loop were hoisted and spilled).
-template <int kBlockM, int kBlockN, int kNThreads>
+// (global byte loads inside the unrolled score loop were hoisted and spilled). Rows are
+// kMaskStride bytes apart (kernel_traits.h says why).
+template <int kBlockM, int kBlockN, int kMaskStride, int kNThreads>
 __device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mask,
                                              int64_t row_stride, int64_t col_stride, int m0, int n0,
                                              int q_len, int kv_len, int tid) {
@@ -56,7 +91,8 @@ __device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mas
     const int c = idx % kBlockN;
     const int i = m0 + r;
     const int j = n0 + c;
-    s_mask[idx] = (i < q_len && j < kv_len) ? mask[i * row_stride + j * col_stride] : 0;
+    s_mask[r * kMaskStride + c] =
+        (i < q_len && j < kv_len) ? mask[i * row_stride + j * col_stride] : 0;
   }
 }
 
@@ -77,7 +113,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Element* s_q = reinterpret_cast<Element*>(smem_raw);
   Element* s_k = s_q + Traits::kSmemQElems;
   Element* s_v = s_k + Traits::kSmemKElems;
-  uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);  // [kBlockM, kBlockN]
+  // [kBlockM, kBlockN], rows kMaskStride bytes apart.
+  uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);
 
   // One 1-D grid (flash_grid.h): m block fastest, then head, then sequence.
   const FlashBlockCoord coord = FlashBlockOf(blockIdx.x, num_m_blocks, p.num_heads);
@@ -106,28 +143,35 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int warp = tid / 32;
   const int lane = tid % 32;
 
-  detail::LoadTileAsync<kBlockM, kHeadDim, kNThreads>(s_q, q_ptr, p.q_row_stride, q_len - m0, tid);
+  detail::LoadTileAsync<kBlockM, kHeadDim, kNThreads>(s_q, q_ptr, p.q_row_stride, q_len - m0,
+                                                      p.head_dim, tid);
   if (n_blocks > 0) {
-    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_k, k_ptr, p.k_row_stride, kv_len, tid);
+    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_k, k_ptr, p.k_row_stride, kv_len,
+                                                        p.head_dim, tid);
   }
   detail::CpAsyncCommit();
   const uint8_t* mask_ptr =
       p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride : nullptr;
   if (mask_ptr != nullptr && n_blocks > 0) {
-    detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
-                                                      p.mask_col_stride, m0, 0, q_len, kv_len, tid);
+    detail::LoadMaskTile<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
+        s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, 0, q_len, kv_len, tid);
   }
   detail::CpAsyncWaitAll();
   __syncthreads();
 
-  // Q as A-fragments: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15).
-  uint32_t q_frag[Traits::kQSteps][4];
-#pragma unroll
-  for (int kk = 0; kk < Traits::kQSteps; ++kk) {
+  // Q as A-fragments: matrices (rows 0-7, cols 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15);
+  // loaded once here when they stay in registers, else at each k16 step of Q.K^T.
+  // Q and V are read by ldmatrix with the 8-column half lane / 16, K with (lane / 8) % 2.
+  const detail::LdMatrixCols<kHeadDim> qv_cols(lane % 8, lane >> 4);
+  const detail::LdMatrixCols<kHeadDim> k_cols(lane % 8, (lane >> 3) & 1);
+  auto load_q_frag = [&](uint32_t(&frag)[4], int kk) {
     const int row = warp * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
-    const int col = kk * 16 + (lane >> 4) * 8;
-    detail::LdMatrixX4(q_frag[kk],
-                       detail::SmemAddr(s_q + detail::SwizzledOffset<kHeadDim>(row, col)));
+    detail::LdMatrixX4(frag, detail::SmemAddr(s_q + qv_cols.Offset(row, kk)));
+  };
+  uint32_t q_frag[Traits::kQInRegs ? Traits::kQSteps : 1][4];
+  if constexpr (Traits::kQInRegs) {
+#pragma unroll
+    for (int kk = 0; kk < Traits::kQSteps; ++kk) load_q_frag(q_frag[kk], kk);
   }
 
   float acc_o[Traits::kOTiles][4];
@@ -148,8 +192,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     // K[nb] has landed and every thread is done reading V[nb - 1]: V[nb] may overwrite it.
     detail::CpAsyncWaitAll();
     __syncthreads();
-    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_v, v_ptr + n0 * p.v_row_stride,
-                                                        p.v_row_stride, kv_len - n0, tid);
+    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(
+        s_v, v_ptr + n0 * p.v_row_stride, p.v_row_stride, kv_len - n0, p.v_head_dim, tid);
     detail::CpAsyncCommit();
 
     // S = Q K^T. K is [keys, dims] row-major: non-transposed ldmatrix gives B-fragments.
@@ -161,14 +205,15 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     }
 #pragma unroll
     for (int kk = 0; kk < Traits::kQSteps; ++kk) {
+      const int qk = Traits::kQInRegs ? kk : 0;
+      if constexpr (!Traits::kQInRegs) load_q_frag(q_frag[0], kk);
 #pragma unroll
       for (int nn = 0; nn < kBlockN / 16; ++nn) {
         uint32_t b[4];
         const int row = nn * 16 + (lane % 8) + (lane >> 4) * 8;
-        const int col = kk * 16 + ((lane >> 3) & 1) * 8;
-        detail::LdMatrixX4(b, detail::SmemAddr(s_k + detail::SwizzledOffset<kHeadDim>(row, col)));
-        detail::Mma16816<kType>(acc_s[2 * nn], q_frag[kk], b[0], b[1]);
-        detail::Mma16816<kType>(acc_s[2 * nn + 1], q_frag[kk], b[2], b[3]);
+        detail::LdMatrixX4(b, detail::SmemAddr(s_k + k_cols.Offset(row, kk)));
+        detail::Mma16816<kType>(acc_s[2 * nn], q_frag[qk], b[0], b[1]);
+        detail::Mma16816<kType>(acc_s[2 * nn + 1], q_frag[qk], b[2], b[3]);
       }
     }
 
@@ -187,7 +232,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
           const int col = t * 8 + (lane % 4) * 2 + (e & 1);
           bool allowed = n0 + col < limit[r];
           if (mask_ptr != nullptr) {
-            allowed = allowed && s_mask[(warp * 16 + lane / 4 + 8 * r) * kBlockN + col] != 0;
+            allowed =
+                allowed && s_mask[(warp * 16 + lane / 4 + 8 * r) * Traits::kMaskStride + col] != 0;
           }
           if (!allowed) s = kNegInf;
         }
@@ -221,12 +267,13 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     __syncthreads();
     if (nb + 1 < n_blocks) {
       detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(
-          s_k, k_ptr + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride, kv_len - n0 - kBlockN, tid);
+          s_k, k_ptr + (n0 + kBlockN) * p.k_row_stride, p.k_row_stride, kv_len - n0 - kBlockN,
+          p.head_dim, tid);
       // The mask tile of the next block: this iteration's was read above, before the barrier.
       if (mask_ptr != nullptr) {
-        detail::LoadMaskTile<kBlockM, kBlockN, kNThreads>(s_mask, mask_ptr, p.mask_row_stride,
-                                                          p.mask_col_stride, m0, n0 + kBlockN,
-                                                          q_len, kv_len, tid);
+        detail::LoadMaskTile<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
+            s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, n0 + kBlockN, q_len, kv_len,
+            tid);
       }
     }
     detail::CpAsyncCommit();
@@ -243,9 +290,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       for (int dd = 0; dd < kHeadDim / 16; ++dd) {
         uint32_t b[4];
         const int row = kk * 16 + (lane % 8) + ((lane >> 3) & 1) * 8;
-        const int col = dd * 16 + (lane >> 4) * 8;
-        detail::LdMatrixX4Trans(b,
-                                detail::SmemAddr(s_v + detail::SwizzledOffset<kHeadDim>(row, col)));
+        detail::LdMatrixX4Trans(b, detail::SmemAddr(s_v + qv_cols.Offset(row, dd)));
         detail::Mma16816<kType>(acc_o[2 * dd], a, b[0], b[1]);
         detail::Mma16816<kType>(acc_o[2 * dd + 1], a, b[2], b[3]);
       }
@@ -261,12 +306,13 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     const float inv = OnlineSoftmaxInvSum(total);
     const bool blocked = OnlineSoftmaxFullyBlocked(total);
     const float* mean = p.v_mean != nullptr
-                            ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * kHeadDim
+                            ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim
                             : nullptr;
     float* o_row = p.o + (q_begin + row) * p.o_row_stride + head * p.o_head_stride;
 #pragma unroll
     for (int t = 0; t < Traits::kOTiles; ++t) {
       const int col = t * 8 + (lane % 4) * 2;
+      if (t * 8 >= p.v_head_dim) break;  // the zero padding up to kHeadDim (a multiple of 8)
       float2 val;
       if (!blocked) {
         val = make_float2(acc_o[t][2 * r] * inv, acc_o[t][2 * r + 1] * inv);

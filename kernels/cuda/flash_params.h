@@ -29,6 +29,12 @@ inline const char* ComputeTypeName(ComputeType t) {
 // columns per lane in registers); above it the backend takes the cuBLAS path.
 inline constexpr int kGenericMaxVHeadDim = 256;
 
+// The padded head dims with a tensor-core instantiation of flash_fwd_kernel.h (one .cu file per
+// dim and type, flash_fwd_hdim*.cu): a call runs on the smallest that holds both head_dim and
+// v_head_dim, zero-padded (flash_fwd.h: TensorCoreHeadDim). FlashAttention's set less 224: no
+// block shape of hdim 224 compiled without spilling (kernel_traits.h), so 200-224 run on 256.
+inline constexpr int kTensorCoreHeadDims[] = {32, 64, 96, 128, 160, 192, 256};
+
 struct FlashFwdParams {
   // Inputs in ComputeType: q [total_q, num_heads, head_dim], k [total_k, num_kv_heads, head_dim],
   // v [total_k, num_kv_heads, v_head_dim] (strided as above).

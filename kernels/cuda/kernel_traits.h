@@ -30,6 +30,11 @@ struct ElementOf<ComputeType::kBFloat16> {
   using type = __nv_bfloat16;
 };
 
+// kHeadDim is the padded width of q, k, v and o in shared memory and registers: the runtime
+// head_dim and v_head_dim are multiples of 8 at most kHeadDim, and the columns past them are
+// zero-filled when loading (zero columns of q and k leave q.k unchanged; zero columns of v make
+// output columns that are never stored). One width for both: a separate v width would square the
+// number of instantiations for the rare D != Dv.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, ComputeType kType_>
 struct FlashFwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
@@ -40,13 +45,23 @@ struct FlashFwdTraits {
   static constexpr ComputeType kType = kType_;
   using Element = typename ElementOf<kType>::type;
 
-  // 16-byte chunks (8 elements) per shared-memory row; chunks are XOR-swizzled with (row % 8)
-  // so that the 8 row addresses of one ldmatrix phase hit 8 different bank groups.
+  // 16-byte chunks (8 elements) per shared-memory row. Chunks are XOR-swizzled so that the 8
+  // row addresses of one ldmatrix phase hit 8 different bank groups: within groups of 8 chunks
+  // by (row % 8) when rows are a multiple of 128 bytes; else (rows of 64 + 128 k bytes: head
+  // dims 32, 96, 160, 224) within groups of 4 chunks by (row / 2) % 4, odd rows starting half a
+  // bank line later (flash_fwd_kernel.h: SwizzledOffset).
   static constexpr int kChunksPerRow = kHeadDim / 8;
+  static constexpr int kSwizzleChunks = kHeadDim % 64 == 0 ? 8 : 4;
   static constexpr int kSmemQElems = kBlockM * kHeadDim;
   static constexpr int kSmemKElems = kBlockN * kHeadDim;
   static constexpr int kSmemVElems = kBlockN * kHeadDim;
-  static constexpr int kSmemMaskBytes = kBlockM * kBlockN;  // the mask tile, one byte a score
+  // The mask tile, one byte a score. Its rows are kBlockN + 8 bytes apart: a warp reads the
+  // tile at rows lane / 4 (8 rows) and 2 consecutive words of each, which at a row stride of
+  // kBlockN (a multiple of 64 bytes) fell in the same banks (4-way at kBlockN 64, 8-way at 128);
+  // 2 words more per row put the 8 rows' word pairs in 16 different banks for every kBlockN
+  // here (16 to 128).
+  static constexpr int kMaskStride = kBlockN + 8;
+  static constexpr int kSmemMaskBytes = kBlockM * kMaskStride;
   static constexpr int kSmemBytes =
       (kSmemQElems + kSmemKElems + kSmemVElems) * static_cast<int>(sizeof(Element)) +
       kSmemMaskBytes;
@@ -55,10 +70,15 @@ struct FlashFwdTraits {
   static constexpr int kSTiles = kBlockN / 8;    // score tiles per warp row
   static constexpr int kOTiles = kHeadDim / 8;   // output tiles per warp row
   static constexpr int kQSteps = kHeadDim / 16;  // k16 steps of Q.K^T
+  // Q's A-fragments (kQSteps x 4 registers) stay in registers for the whole key loop up to head
+  // dim 128; above, they are re-read from shared memory (Q is never overwritten there) at each
+  // k16 step, which keeps O (kOTiles x 4) + S (kSTiles x 4) within 255 registers without
+  // spilling (tests/gpu/check_no_spills.sh).
+  static constexpr bool kQInRegs = kHeadDim <= 128;
 
   static_assert(kBlockM == 16 * kNWarps, "one m16 row tile per warp");
-  static_assert(kHeadDim % 16 == 0 && kHeadDim >= 64 && kHeadDim <= 256,
-                "head_dim must be a multiple of 16 in [64, 256] (>= 8 chunks for the swizzle)");
+  static_assert(kHeadDim % 32 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
+                "head_dim must be a multiple of 32 in [32, 256] (k16 steps, 4-chunk swizzle)");
   static_assert(kBlockN % 16 == 0, "key tile must be a multiple of 16 (k16 steps of P.V)");
   static_assert((kBlockM * kChunksPerRow) % kNThreads == 0, "Q tile must split evenly");
   static_assert((kBlockN * kChunksPerRow) % kNThreads == 0, "K/V tiles must split evenly");
@@ -66,14 +86,20 @@ struct FlashFwdTraits {
   static_assert(sizeof(Element) == 2, "16-bit tensor-core operands");
 };
 
-// The specialised instances (one .cu file each, see flash_fwd_hdim*.cu).
-// hdim 64: kBlockN 128 halves the number of key-loop iterations (and barriers) for the small
-// tiles; registers: 64 (S) + 32 (O) + 16 (Q) floats per thread; 48 KiB of shared memory.
-template <ComputeType kType>
-using FlashFwdTraitsHdim64 = FlashFwdTraits<64, 64, 128, 4, kType>;
-// hdim 128: 64 (O) + 32 (S) + 32 (Q) registers of tiles per thread; 52 KiB of shared memory.
-template <ComputeType kType>
-using FlashFwdTraitsHdim128 = FlashFwdTraits<128, 64, 64, 4, kType>;
+// The instantiations (kTensorCoreHeadDims, flash_params.h), one .cu file per dim and type
+// (flash_fwd_hdim*.cu). The block shapes: 4 warps, 64 query rows; kBlockN as large as compiles
+// without spilling at 255 registers (ptxas -v, sm_80 and sm_90, tests/gpu/check_no_spills.sh):
+// 128 up to hdim 64 (fewer key-loop iterations and barriers for small tiles), 64 for 96 and
+// 128, 32 for 160, 16 for 192 and 256 (32 spilled 16-60 bytes; 224 spilled at 32 and cannot
+// split 16-key tiles over 128 threads, so it has no instantiation). Registers of tiles per
+// thread: hdim 64: 64 (S) + 32 (O) + 16 (Q); hdim 128: 32 + 64 + 32; hdim 256: 8 + 128, Q from
+// shared memory. Shared memory: 20 KiB (hdim 32) to 52 KiB (hdim 128). Not yet measured on a
+// GPU: the small kBlockN of 192/256 costs a barrier per 16 keys.
+template <int kHeadDim, ComputeType kType>
+using FlashFwdTraitsHdim =
+    FlashFwdTraits<kHeadDim, 64,
+                   kHeadDim <= 64 ? 128 : (kHeadDim <= 128 ? 64 : (kHeadDim <= 160 ? 32 : 16)), 4,
+                   kType>;
 
 }  // namespace attnserve::kernels::cuda
 

@@ -37,19 +37,27 @@ namespace {
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-enum class Kernel { kHdim64, kHdim128, kGeneric, kDecode };
-const char* KernelName(Kernel k) {
-  switch (k) {
-    case Kernel::kHdim64:
-      return "hdim64";
-    case Kernel::kHdim128:
-      return "hdim128";
-    case Kernel::kGeneric:
-      return "generic";
-    case Kernel::kDecode:
-      return "decode";
-  }
-  return "?";
+// The tensor-core kernel's instantiations (kTensorCoreHeadDims), the generic and the decode
+// kernel.
+enum class Kernel {
+  kHdim32,
+  kHdim64,
+  kHdim96,
+  kHdim128,
+  kHdim160,
+  kHdim192,
+  kHdim256,
+  kGeneric,
+  kDecode
+};
+// The padded head dim of a tensor-core kernel; 0 for the others.
+int TensorCoreDim(Kernel k) {
+  return k < Kernel::kGeneric ? kTensorCoreHeadDims[static_cast<int>(k)] : 0;
+}
+std::string KernelName(Kernel k) {
+  if (k == Kernel::kGeneric) return "generic";
+  if (k == Kernel::kDecode) return "decode";
+  return "hdim" + std::to_string(TensorCoreDim(k));
 }
 
 enum class MaskLayout {
@@ -173,19 +181,40 @@ void LaunchDecode(const FlashFwdParams& p) {
   FAIL() << "group size not supported by the decode path";
 }
 
+template <int kHeadDim>
+void LaunchTensorCoreDim(ComputeType type, const FlashFwdParams& p) {
+  // The same check as the dispatch's TensorCoreHeadDim (flash_fwd_dispatch.cc): both head dims
+  // multiples of 8 that fit the padded width.
+  ASSERT_TRUE(p.head_dim % 8 == 0 && p.v_head_dim % 8 == 0 && p.head_dim <= kHeadDim &&
+              p.v_head_dim <= kHeadDim);
+  if (type == ComputeType::kFloat16) {
+    LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kFloat16>>(p);
+  } else {
+    LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kBFloat16>>(p);
+  }
+}
+
 void LaunchKernel(Kernel kernel, ComputeType type, const FlashFwdParams& p) {
   const bool f16 = type == ComputeType::kFloat16;
   switch (kernel) {
     case Kernel::kDecode:
       return f16 ? LaunchDecode<__half>(p) : LaunchDecode<__nv_bfloat16>(p);
-    case Kernel::kHdim64:
-      return f16 ? LaunchTensorCore<FlashFwdTraitsHdim64<ComputeType::kFloat16>>(p)
-                 : LaunchTensorCore<FlashFwdTraitsHdim64<ComputeType::kBFloat16>>(p);
-    case Kernel::kHdim128:
-      return f16 ? LaunchTensorCore<FlashFwdTraitsHdim128<ComputeType::kFloat16>>(p)
-                 : LaunchTensorCore<FlashFwdTraitsHdim128<ComputeType::kBFloat16>>(p);
     case Kernel::kGeneric:
       return f16 ? LaunchGeneric<__half>(p) : LaunchGeneric<__nv_bfloat16>(p);
+    case Kernel::kHdim32:
+      return LaunchTensorCoreDim<32>(type, p);
+    case Kernel::kHdim64:
+      return LaunchTensorCoreDim<64>(type, p);
+    case Kernel::kHdim96:
+      return LaunchTensorCoreDim<96>(type, p);
+    case Kernel::kHdim128:
+      return LaunchTensorCoreDim<128>(type, p);
+    case Kernel::kHdim160:
+      return LaunchTensorCoreDim<160>(type, p);
+    case Kernel::kHdim192:
+      return LaunchTensorCoreDim<192>(type, p);
+    case Kernel::kHdim256:
+      return LaunchTensorCoreDim<256>(type, p);
   }
 }
 
@@ -377,27 +406,47 @@ struct Param {
 };
 
 std::string ParamName(const testing::TestParamInfo<Param>& info) {
-  return std::string(KernelName(info.param.kernel)) + "_" + ComputeTypeName(info.param.type) +
+  return KernelName(info.param.kernel) + "_" + ComputeTypeName(info.param.type) +
          (info.param.mode == emu::CpAsyncMode::kLandAtIssue ? "_LandAtIssue" : "_LandAtWait");
 }
 
 class FlashEmuTest : public testing::TestWithParam<Param> {
  protected:
   void SetUp() override { emu::SetCpAsyncMode(GetParam().mode); }
-  // The head dims of the kernel under test; the generic kernel takes D != Dv.
+  // The head dims of the kernel under test: the padded width itself (hdim 64, 128), or
+  // D, Dv below it and different (the zero padding of q and k, of v, or of both); the generic
+  // kernel takes D != Dv, not multiples of 8.
   Case Base(const std::string& name) const {
     Case c;
     c.name = name;
     switch (GetParam().kernel) {
-      case Kernel::kHdim64:
-        c.head_dim = c.v_head_dim = 64;
+      case Kernel::kHdim32:
+        c.head_dim = 24;
+        c.v_head_dim = 32;
         break;
-      case Kernel::kHdim128:
-        c.head_dim = c.v_head_dim = 128;
+      case Kernel::kHdim96:
+        c.head_dim = 96;
+        c.v_head_dim = 72;
+        break;
+      case Kernel::kHdim160:
+        c.head_dim = 152;
+        c.v_head_dim = 136;
+        break;
+      case Kernel::kHdim192:
+        c.head_dim = 176;
+        c.v_head_dim = 192;
+        break;
+      case Kernel::kHdim256:
+        c.head_dim = 256;
+        c.v_head_dim = 208;
         break;
       case Kernel::kGeneric:
         c.head_dim = 40;
         c.v_head_dim = 72;
+        break;
+      case Kernel::kHdim64:
+      case Kernel::kHdim128:
+        c.head_dim = c.v_head_dim = TensorCoreDim(GetParam().kernel);
         break;
       case Kernel::kDecode:  // FlashDecodeEmuTest covers it; AllParams() never names it
         ADD_FAILURE() << "FlashEmuTest is not instantiated for the decode kernel";
@@ -685,11 +734,24 @@ INSTANTIATE_TEST_SUITE_P(Types, FlashDecodeEmuTest,
 
 std::vector<Param> AllParams() {
   std::vector<Param> all;
-  for (Kernel k : {Kernel::kHdim64, Kernel::kHdim128, Kernel::kGeneric}) {
+  // hdim 64 and 128 (and the generic kernel) in both types and both cp.async modes; the other
+  // instantiations share their template body, so one type and one mode each, alternating,
+  // keeps the added time modest (an emulated hdim 256 case is ~3x an hdim 32 one).
+  for (Kernel k : {Kernel::kHdim64, Kernel::kHdim128}) {
     for (ComputeType t : {ComputeType::kFloat16, ComputeType::kBFloat16}) {
       for (auto m : {emu::CpAsyncMode::kLandAtIssue, emu::CpAsyncMode::kLandAtWait}) {
         all.push_back({k, t, m});
       }
+    }
+  }
+  all.push_back({Kernel::kHdim32, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtWait});
+  all.push_back({Kernel::kHdim96, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtIssue});
+  all.push_back({Kernel::kHdim160, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtIssue});
+  all.push_back({Kernel::kHdim192, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtWait});
+  all.push_back({Kernel::kHdim256, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtWait});
+  for (ComputeType t : {ComputeType::kFloat16, ComputeType::kBFloat16}) {
+    for (auto m : {emu::CpAsyncMode::kLandAtIssue, emu::CpAsyncMode::kLandAtWait}) {
+      all.push_back({Kernel::kGeneric, t, m});
     }
   }
   return all;

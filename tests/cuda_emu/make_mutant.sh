@@ -17,8 +17,8 @@ case "$name" in
     to="    detail::CpAsyncWaitAll();${nl}    if (nb + 1 < n_blocks) {" ;;
   no_cp_async_wait)  # K[nb] read without waiting for its copy
     file=flash_fwd_kernel.h
-    from="    detail::CpAsyncWaitAll();${nl}    __syncthreads();${nl}    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_v"
-    to="    __syncthreads();${nl}    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_v" ;;
+    from="    detail::CpAsyncWaitAll();${nl}    __syncthreads();${nl}    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(${nl}        s_v"
+    to="    __syncthreads();${nl}    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(${nl}        s_v" ;;
   causal_off_by_one)
     file=online_softmax.h
     from="int causal_limit = i + kv_len - q_len + 1;"
@@ -33,8 +33,20 @@ case "$name" in
     to="detail::LdMatrixX4(b," ;;
   swapped_fragments)
     file=flash_fwd_kernel.h
-    from="detail::Mma16816<kType>(acc_s[2 * nn], q_frag[kk], b[0], b[1]);"
-    to="detail::Mma16816<kType>(acc_s[2 * nn], q_frag[kk], b[1], b[0]);" ;;
+    from="detail::Mma16816<kType>(acc_s[2 * nn], q_frag[qk], b[0], b[1]);"
+    to="detail::Mma16816<kType>(acc_s[2 * nn], q_frag[qk], b[1], b[0]);" ;;
+  padding_read_fixed_chunk)  # columns past head_dim copied (thread with a fixed chunk, hdim 32)
+    file=flash_fwd_kernel.h
+    from="if (kFixedChunk && (tid % kChunks) * 8 >= valid_cols) valid_rows = 0;"
+    to="" ;;
+  padding_read_per_chunk)  # columns past head_dim copied (chunk varying per copy, hdim 160)
+    file=flash_fwd_kernel.h
+    from="(kFixedChunk || c * 8 < valid_cols)"
+    to="(kFixedChunk || true)" ;;
+  v_mean_padded_stride)  # a blocked row's v_mean read at the padded width's stride
+    file=flash_fwd_kernel.h
+    from="(int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim"
+    to="(int64_t{seq} * p.num_kv_heads + kv_head) * kHeadDim" ;;
   stale_mask_tile)  # the next key block's mask tile never loaded
     file=flash_fwd_kernel.h
     from="      if (mask_ptr != nullptr) {${nl}        detail::LoadMaskTile"

@@ -11,8 +11,13 @@ TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
 SOURCES=(
+  flash_fwd_hdim32_fp16.cu flash_fwd_hdim32_bf16.cu
   flash_fwd_hdim64_fp16.cu flash_fwd_hdim64_bf16.cu
+  flash_fwd_hdim96_fp16.cu flash_fwd_hdim96_bf16.cu
   flash_fwd_hdim128_fp16.cu flash_fwd_hdim128_bf16.cu
+  flash_fwd_hdim160_fp16.cu flash_fwd_hdim160_bf16.cu
+  flash_fwd_hdim192_fp16.cu flash_fwd_hdim192_bf16.cu
+  flash_fwd_hdim256_fp16.cu flash_fwd_hdim256_bf16.cu
   flash_fwd_generic_fp16.cu flash_fwd_generic_bf16.cu
   naive_attention.cu elementwise.cu flash_decode.cu paged_attention.cu
 )

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cuda/flash_fwd.h"
 #include "kernels/dtype.h"
 #include "kernels/reference.h"
 
@@ -128,9 +129,29 @@ TEST_P(CudaBackendTest, SpecialisedHeadDims) {
   }
 }
 
+// Every tensor-core instantiation, at its width and zero-padded (D and Dv below it, D != Dv).
+TEST_P(CudaBackendTest, PaddedTensorCoreHeadDims) {
+  std::mt19937 rng(4);
+  for (auto [d, dv] : {std::pair{32, 32},
+                       {24, 32},
+                       {80, 80},
+                       {96, 72},
+                       {152, 136},
+                       {160, 160},
+                       {176, 192},
+                       {192, 192},
+                       {200, 224},
+                       {256, 256},
+                       {64, 32},
+                       {8, 256}}) {
+    Problem pr = MakeProblem(rng, 1, 2, 2, 70, 90, d, dv);
+    CheckAgainstReference(pr, "tensor-core head dims");
+  }
+}
+
 TEST_P(CudaBackendTest, GenericHeadDims) {
   std::mt19937 rng(2);
-  for (auto [d, dv] : {std::pair{32, 32}, {80, 80}, {64, 32}, {256, 256}, {40, 300}}) {
+  for (auto [d, dv] : {std::pair{36, 36}, {100, 100}, {64, 30}, {40, 300}}) {
     Problem pr = MakeProblem(rng, 1, 2, 2, 70, 90, d, dv);
     CheckAgainstReference(pr, "generic / naive head dims");
   }
@@ -478,6 +499,54 @@ TEST(PlanAttentionGroupsTest, NeverPacksIncompatibleItems) {
   using Groups = std::vector<std::pair<size_t, size_t>>;
   // Heads differ between 1 and 2; q_len == 1 (decode steps) is packed only with q_len == 1.
   EXPECT_EQ(PlanAttentionGroups(items, int64_t{1} << 30), (Groups{{0, 2}, {2, 3}, {3, 5}, {5, 6}}));
+}
+
+// The dispatch (flash_fwd_dispatch.cc) needs no device: it reads shapes, strides and the
+// pointers' alignment.
+FlashFwdParams DispatchParams(int d, int dv) {
+  alignas(16) static char buffer[16];
+  FlashFwdParams p;
+  p.q = p.k = p.v = buffer;
+  p.o = reinterpret_cast<float*>(buffer);
+  p.num_heads = p.num_kv_heads = 4;
+  p.head_dim = d;
+  p.v_head_dim = dv;
+  p.q_row_stride = p.k_row_stride = 4 * d;
+  p.q_head_stride = p.k_head_stride = d;
+  p.v_row_stride = p.o_row_stride = 4 * dv;
+  p.v_head_stride = p.o_head_stride = dv;
+  return p;
+}
+
+TEST(FlashDispatchTest, TensorCoresForMultiplesOfEightUpTo256) {
+  const struct {
+    int d, dv, width;
+  } cases[] = {{8, 8, 32},      {24, 32, 32},    {32, 32, 32},   {40, 40, 64},
+               {64, 64, 64},    {64, 32, 64},    {80, 80, 96},   {96, 72, 96},
+               {104, 104, 128}, {128, 128, 128}, {136, 64, 160}, {176, 192, 192},
+               {200, 200, 256}, {224, 224, 256}, {8, 256, 256},  {256, 256, 256}};
+  for (const auto& c : cases) {
+    const FlashFwdParams p = DispatchParams(c.d, c.dv);
+    EXPECT_EQ(SelectFlashPath(p), FlashPath::kTensorCore) << c.d << " " << c.dv;
+    EXPECT_EQ(TensorCoreHeadDim(p), c.width) << c.d << " " << c.dv;
+  }
+}
+
+TEST(FlashDispatchTest, GenericOrNaiveOtherwise) {
+  // Not a multiple of 8, above 256, or an unaligned layout: the generic kernel while
+  // v_head_dim <= 256, else the cuBLAS path.
+  for (auto [d, dv] : {std::pair{36, 36}, {100, 100}, {64, 30}, {264, 64}, {4, 4}}) {
+    const FlashFwdParams p = DispatchParams(d, dv);
+    EXPECT_EQ(SelectFlashPath(p), FlashPath::kGeneric) << d << " " << dv;
+    EXPECT_EQ(TensorCoreHeadDim(p), 0) << d << " " << dv;
+  }
+  EXPECT_EQ(SelectFlashPath(DispatchParams(64, 264)), FlashPath::kUnsupported);
+  FlashFwdParams odd_stride = DispatchParams(64, 64);
+  odd_stride.q_head_stride = 68;
+  EXPECT_EQ(SelectFlashPath(odd_stride), FlashPath::kGeneric);
+  FlashFwdParams unaligned = DispatchParams(64, 64);
+  unaligned.k = static_cast<const char*>(unaligned.k) + 8;
+  EXPECT_EQ(SelectFlashPath(unaligned), FlashPath::kGeneric);
 }
 
 TEST(CudaBackendCreateTest, UnavailableWithoutDevice) {

@@ -35,7 +35,7 @@ namespace {
 
 constexpr int kTokens = 4096;
 constexpr int kHeads = 16;
-constexpr int kMaxDim = 128;
+constexpr int kMaxDim = 256;
 constexpr int kFlashIters = 3;  // timed calls per shape (after one warm-up)
 constexpr int kNaiveIters = 3;
 
@@ -260,13 +260,16 @@ std::vector<Shape> Sweep() {
     for (ComputeType t : {f16, b16}) s.push_back({false, t, d, true, 4096, kFlashIters});
   }
   for (int len : {1024, 2048}) s.push_back({false, f16, 128, false, len, kFlashIters});
-  s.push_back({false, f16, 96, false, 1024, kFlashIters});  // the generic kernel
+  // The other tensor-core instantiations (hdim 96, 256, 32, 160, 192), then the generic kernel
+  // (d 100: not a multiple of 8).
+  for (int d : {96, 256, 32, 160, 192}) s.push_back({false, f16, d, false, 1024, kFlashIters});
+  s.push_back({false, f16, 100, false, 1024, kFlashIters});
   return s;
 }
 
-// Every kernel path once on a small problem, for compute-sanitizer: hdim64/128 fp16/bf16 and
-// generic, plain, causal with Lq > Lk, key lengths (0 included), a mask with broadcast strides,
-// GQA, and the naive path.
+// Every kernel path once on a small problem, for compute-sanitizer: the tensor-core kernel at
+// hdim 32, 64, 96, 128, 256 (fp16/bf16) and the generic kernel (d 100), plain, causal with Lq > Lk,
+// key lengths (0 included), a mask with broadcast strides, GQA, and the naive path.
 void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t blas) {
   const std::vector<int> cu_q = {0, 100, 101, 160}, cu_k = {0, 70, 200, 330};
   const std::vector<int> lengths = {70, 0, 65};
@@ -287,7 +290,7 @@ void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t bl
   CheckCuda(cudaMemset(v_mean, 0, 3 * 8 * kMaxDim * sizeof(float)), "smoke");
   for (ComputeType type : {ComputeType::kFloat16, ComputeType::kBFloat16}) {
     const Operands& ops = type == ComputeType::kFloat16 ? f16 : b16;
-    for (int d : {64, 128, 96}) {
+    for (int d : {64, 128, 96, 32, 256, 100}) {
       for (int variant = 0; variant < 3; ++variant) {
         FlashFwdParams p;
         p.q = ops.q;
@@ -316,8 +319,8 @@ void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t bl
         p.v_mean = v_mean;
         Check(FlashForward(p, type, nullptr));
         CheckCuda(cudaDeviceSynchronize(), "smoke flash");
-        std::printf("smoke: %s %s variant %d ok\n", ComputeTypeName(type),
-                    FlashPathName(SelectFlashPath(p)), variant);
+        std::printf("smoke: %s %s d%d variant %d ok\n", ComputeTypeName(type),
+                    FlashPathName(SelectFlashPath(p)), d, variant);
         if (variant == 1) {
           void* ws = nullptr;
           CheckCuda(cudaMalloc(&ws, NaiveAttentionWorkspaceBytes(p, cu_q.data(), cu_k.data())),

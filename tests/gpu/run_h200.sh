@@ -16,23 +16,26 @@
 #   worst case: 1 + 1 + 50 + 115 + 55 + 25 + 25 + 20 = 292 s, under 300 s.
 #
 # Why the sweep fits (flash_bench.cu): inputs are generated once, on the device (q, k, v of
-# 4096 tokens x 16 heads x 128 per dtype: 6 fills of 8.4M numbers, milliseconds; the previous
+# 4096 tokens x 16 heads x 256 per dtype: 6 fills of 16.8M numbers, milliseconds; the previous
 # sweep drew ~100M host random numbers per Google Benchmark call, 0.46 s per 33.5M here, about
 # 330 s in all). Each shape: 1 warm-up + 3 timed calls (fixed). FLOPs per call
-# 4 * 4096 * 16 * L * d (halved for causal): L4096 d128 1.37e14, d64 6.9e13; L1024 d128 1.7e13;
-# L2048 d128 3.4e13; the generic kernel's d96 L1024 1.3e13. Over the 16 shapes, times 4 calls:
-#   tensor-core flash  2.7e15 FLOPs   at a floor of  50 TFLOP/s: 54 s   (at 200: 13 s)
-#   cuBLAS naive       8.2e14         at a floor of  20 TFLOP/s: 41 s
-#   generic kernel     5.2e13         at a floor of   2 TFLOP/s: 26 s
-# 121 s at the floors: flash_bench starts no new shape after 100 s (--budget_s) and orders the
-# shapes by value (the fp16/bf16 d128 L4096 figures first, the generic kernel last), so the
-# timeout of 115 s is never reached by a running shape (the largest call is 1.37e14 FLOPs,
-# under 3 s at the floor). SDPA repeats the flash shapes with 1 warm-up + 3 timed calls: 2.8e15
-# FLOPs, 28 s at a floor of 100 TFLOP/s, plus about 15 s of torch start-up. After the sweep
-# (budget or not) a decode step, the fused kernel against the decode path (16 sequences x 4096
-# keys, GQA 8, d128: 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
-# compute-sanitizer runs flash_bench --smoke: 18 fused, 6 naive and 6 decode launches on at
-# most 330 keys; 25 s each leaves a 100x slowdown room. Step 2 includes the paged attention of
+# 4 * 4096 * 16 * L * d (halved for causal): L4096 d128 1.37e11, d64 6.9e10; L1024 d128 3.4e10;
+# L2048 d128 6.9e10; the other tensor-core dims at L1024 (96, 256, 32, 160, 192) 2.0e11
+# together; the generic kernel's d100 L1024 2.7e10. (Earlier versions of this note wrote these
+# 1000x too large; the limits below were kept.) Over the 21 shapes, times 4 calls:
+#   tensor-core flash  3.7e12 FLOPs   at a floor of  50 TFLOP/s: 0.1 s
+#   cuBLAS naive       8.2e11         at a floor of  20 TFLOP/s: 0.04 s
+#   generic kernel     1.1e11         at a floor of   2 TFLOP/s: 0.05 s
+# so the sweep's time is start-up, input generation and launch overhead (seconds);
+# flash_bench still starts no new shape after 100 s (--budget_s) and orders the shapes by value
+# (the fp16/bf16 d128 L4096 figures first, the generic kernel last), and the timeout is 115 s.
+# SDPA repeats the flash shapes with 1 warm-up + 3 timed calls (about 4e12 FLOPs, under a
+# second at 100 TFLOP/s) plus about 15 s of torch start-up. After the sweep (budget or not) a
+# decode step, the fused kernel against the decode path (16 sequences x 4096 keys, GQA 8, d128:
+# 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
+# compute-sanitizer runs flash_bench --smoke: 36 fused (hdim 32, 64, 96, 128, 256 and the
+# generic d100, fp16 and bf16, 3 variants), 12 naive and 6 decode launches on at most 330 keys;
+# 25 s each leaves a 40x slowdown room over the earlier 18 + 6 + 6. Step 2 includes the paged attention of
 # the decode sessions (CudaPagedAttentionTest: 6 small calls of at most 1300 keys, 8 heads,
 # d128, against the float64 reference, and bitwise batch invariance); step 6 repeats its FLOAT16
 # half under memcheck (2 backend calls; most of the 20 s is the CUDA and cuBLAS start-up).
