@@ -1,7 +1,10 @@
 // The paged attention kernel for AVX-512 (F, DQ, BW, VL; FMA; F16C for FLOAT16 caches, through
 // VCVTPH2PS). Compiled with per-file flags (kernels/cpu/CMakeLists.txt); reached only through
 // kAvx512PagedAttentionKernel after the run-time check in cpu_features.h.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own intrinsics (see avx512.cc)
+// GCC 12's own intrinsics (see attention_avx512.cc); clang has no such warning group.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 

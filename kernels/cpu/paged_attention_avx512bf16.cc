@@ -2,7 +2,10 @@
 // that the scores of BFLOAT16 caches are VDPBF16PS dot products. Compiled with per-file flags;
 // reached only through kAvx512Bf16PagedAttentionKernel when the backend's 16-bit path is on
 // (cpu_backend.h: BFLOAT16 requests take it when the CPU has one).
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"  // GCC 12's own intrinsics (see avx512.cc)
+// GCC 12's own intrinsics (see attention_avx512.cc); clang has no such warning group.
+#if !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 #include <immintrin.h>
 
