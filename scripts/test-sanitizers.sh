@@ -21,8 +21,8 @@ ctest --preset asan -LE deploy -E "FlashEmuTest.*bfloat16|PagedAttentionEmuTest.
 
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 cmake --preset tsan
-cmake --build --preset tsan --target batcher_test server_test flash_emu_test \
-  paged_attention_emu_test
+cmake --build --preset tsan --target batcher_test server_test session_test attnserve \
+  flash_emu_test paged_attention_emu_test
 # The C++ batcher and server tests (the Python process tests drive a TSan server through
 # gRPC's uninstrumented core, where reports are third-party noise).
 ctest --preset tsan -L "batcher|server" -LE python
@@ -31,4 +31,4 @@ ctest --preset tsan -L "batcher|server" -LE python
 # body with the same barriers (hdim32 runs the zero-padded copies), and bf16 runs the same
 # schedules with other numbers (about 3 minutes on 2 cores); the paged attention kernel in
 # FLOAT16 (its other cache types: same schedule, other element types).
-ctest --preset tsan -L cuda_emu -E "bfloat16|hdim(128|160|192|256)|BFLOAT16|FLOAT32"
+ctest --preset tsan -L cuda_emu -E "bfloat16|hdim(96|128|160|192|256)|BFLOAT16|FLOAT32"
