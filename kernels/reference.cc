@@ -272,6 +272,7 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
         const int kvh = h / group;
         scores.assign(keys, 0.0);
         double max_score = -INFINITY;
+        bool any_nan = false;  // std::max skips NaN: a NaN score must not look like -Inf
         for (int j = 0; j < keys; ++j) {
           const int64_t k0 = p.k_offset(pages[j / p.page_size], kvh, j % p.page_size);
           double dot = 0;
@@ -281,10 +282,9 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
           }
           scores[j] = static_cast<double>(p.scale) * dot;
           max_score = std::max(max_score, scores[j]);
+          any_nan |= std::isnan(scores[j]);
         }
         double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
-        bool any_nan = false;
-        for (int j = 0; j < keys; ++j) any_nan |= std::isnan(scores[j]);
         if (max_score == -INFINITY && !any_nan) {
           // Every allowed score is -Inf: the row is treated as fully blocked and attends
           // uniformly to every key of the sequence, as a dense causal Attend's row does (the NaN
