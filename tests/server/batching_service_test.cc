@@ -6,7 +6,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
@@ -26,7 +25,8 @@ using testing::MakeAttendCase;
 using testing::MaxAbsError;
 using testing::MetricSample;
 
-// Start(), Block(), Metric() and AwaitMetric() are tests/testing/gated_server.h's.
+// Start(), Block(), Metric(), Dropped(), Await() and AwaitMetric() are
+// tests/testing/gated_server.h's.
 class BatchingServiceTest : public testing::GatedServerTest {};
 
 TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenceResults) {
@@ -133,19 +133,9 @@ TEST_F(BatchingServiceTest, ADeadlineThatPassesInTheQueueIsAnsweredWithoutComput
   // ("unmeetable"), or, when the client's cancel arrives before the server's own deadline by
   // more than call.h's skew allows, as "cancelled": which one depends on scheduling; that it is
   // counted once, and never computed, does not.
-  auto dropped_count = [&] {
-    double n = 0;
-    for (const char* reason : {"deadline", "unmeetable", "cancelled"}) {
-      n += Metric("attnserve_requests_dropped_total", {absl::StrCat("reason=\"", reason, "\"")});
-    }
-    return n;
-  };
-  bool dropped = false;
-  for (int i = 0; i < 60000 && !dropped; ++i) {  // up to 5 minutes: a hang guard, not a window
-    dropped = dropped_count() == 1;
-    if (!dropped) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  EXPECT_TRUE(dropped) << "the expired request was not counted as dropped";
+  EXPECT_TRUE(Await([&] {
+    return Dropped("deadline") + Dropped("unmeetable") + Dropped("cancelled") == 1;
+  })) << "the expired request was not counted as dropped";
   gate_->Open();
   blocker.join();
   EXPECT_EQ(gate_->batch_sizes().size(), calls) << "the expired request reached the backend";

@@ -72,7 +72,7 @@ v1::AttentionStreamRequest StreamItem(uint64_t id, uint32_t seed) {
   return request;
 }
 
-// Block(), Metric() and AwaitMetric() are tests/testing/gated_server.h's.
+// Block(), Metric(), Dropped() and AwaitMetric() are tests/testing/gated_server.h's.
 class CallLifecycleTest : public testing::GatedServerTest {
  public:
   void Start(server::ServerOptions options = {}) {
@@ -81,9 +81,6 @@ class CallLifecycleTest : public testing::GatedServerTest {
   }
   double Requests(const std::string& rpc, const std::string& code) {
     return Metric("attnserve_requests_total", {"rpc=\"" + rpc + "\"", "code=\"" + code + "\""});
-  }
-  double Dropped(const std::string& reason) {
-    return Metric("attnserve_requests_dropped_total", {"reason=\"" + reason + "\""});
   }
 
   std::unique_ptr<v1::AttentionService::Stub> stub_;

@@ -50,6 +50,11 @@ class GatedBackend final : public kernels::Backend {
     Enter(static_cast<int>(batch.size()));
     return inner_->MultiHead(batch);
   }
+  // A batch of session steps: its size is the number of sequences.
+  absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
+    Enter(p.num_seqs);
+    return inner_->PagedAttention(p);
+  }
 
  private:
   void Enter(int size) {

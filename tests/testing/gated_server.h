@@ -61,16 +61,25 @@ class GatedServerTest : public ::testing::Test {
   double Metric(const std::string& family, const std::vector<std::string>& labels) {
     return MetricSample(metrics_->ExpositionText(), family, labels);
   }
-  // Polls until the metric reaches `value` (the server updates it on another thread). The bound
+  // attnserve_requests_dropped_total for one drop reason.
+  double Dropped(const std::string& reason) {
+    return Metric("attnserve_requests_dropped_total", {"reason=\"" + reason + "\""});
+  }
+  // Polls until `done()` holds (the server updates its metrics on another thread). The bound
   // only guards against a hang: a loaded machine may take long (5 minutes at most).
-  bool AwaitMetric(const std::string& family, const std::vector<std::string>& labels,
-                   double value) {
+  template <typename Done>
+  bool Await(Done done) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
     while (std::chrono::steady_clock::now() < deadline) {
-      if (Metric(family, labels) == value) return true;
+      if (done()) return true;
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     }
-    return Metric(family, labels) == value;
+    return done();
+  }
+  // Polls until the metric reaches `value`.
+  bool AwaitMetric(const std::string& family, const std::vector<std::string>& labels,
+                   double value) {
+    return Await([&] { return Metric(family, labels) == value; });
   }
 
  protected:
