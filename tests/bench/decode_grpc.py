@@ -76,63 +76,21 @@ def caller_data(seed, a):
     return q.astype(dt), k.astype(dt), v.astype(dt)
 
 
-def run_sessions(client, data, a):
-    outputs = [[None] * a.steps for _ in data]
-    latencies = []
-    lock = threading.Lock()
-    sessions = []
-    for q, k, v in data:  # create and prefill before the clock starts
-        s = client.create_session(layout=attnserve.layout(a.heads, a.head_dim, a.kv_heads),
-                                  cache_dtype=a.dtype)
-        for c in range(0, a.context, a.prefill_chunk):
-            e = min(a.context, c + a.prefill_chunk)
-            s.extend(q[c:e], k[c:e], v[c:e], dtype=a.dtype)
-        sessions.append(s)
-    barrier = threading.Barrier(len(data) + 1)
-
-    def caller(i):
-        q, k, v = data[i]
-        mine = []
-        barrier.wait()
-        for t in range(a.steps):
-            j = a.context + t
-            t0 = time.perf_counter()
-            r = sessions[i].extend(q[j:j + 1], k[j:j + 1], v[j:j + 1], dtype=a.dtype)
-            mine.append(time.perf_counter() - t0)
-            outputs[i][t] = np.asarray(r.output, np.float32).reshape(a.heads, a.head_dim)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=caller, args=(i,)) for i in range(len(data))]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    start = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - start
-    for s in sessions:
-        s.close()
-    return wall, latencies, outputs
-
-
-def run_stateless(client, data, a):
+def run_callers(data, a, step):
+    """One thread per sequence, all started together, each calling step(i, j) for positions
+    j = context .. context + steps - 1 and timing each call. Returns the wall time, every
+    step's latency and each step's output as [heads, head_dim] float32."""
     outputs = [[None] * a.steps for _ in data]
     latencies = []
     lock = threading.Lock()
     barrier = threading.Barrier(len(data) + 1)
 
     def caller(i):
-        q, k, v = data[i]
         mine = []
         barrier.wait()
         for t in range(a.steps):
-            j = a.context + t
             t0 = time.perf_counter()
-            # [1, H, L, D] views of the token-major cache: what a stateless caller sends.
-            r = client.attend(q[j:j + 1].transpose(1, 0, 2)[None],
-                              k[:j + 1].transpose(1, 0, 2)[None],
-                              v[:j + 1].transpose(1, 0, 2)[None], causal=True, dtype=a.dtype)
+            r = step(i, a.context + t)
             mine.append(time.perf_counter() - t0)
             outputs[i][t] = np.asarray(r.output, np.float32).reshape(a.heads, a.head_dim)
         with lock:
@@ -146,6 +104,37 @@ def run_stateless(client, data, a):
     for t in threads:
         t.join()
     return time.perf_counter() - start, latencies, outputs
+
+
+def run_sessions(client, data, a):
+    sessions = []
+    for q, k, v in data:  # create and prefill before the clock starts
+        s = client.create_session(layout=attnserve.layout(a.heads, a.head_dim, a.kv_heads),
+                                  cache_dtype=a.dtype)
+        for c in range(0, a.context, a.prefill_chunk):
+            e = min(a.context, c + a.prefill_chunk)
+            s.extend(q[c:e], k[c:e], v[c:e], dtype=a.dtype)
+        sessions.append(s)
+
+    def step(i, j):
+        q, k, v = data[i]
+        return sessions[i].extend(q[j:j + 1], k[j:j + 1], v[j:j + 1], dtype=a.dtype)
+
+    result = run_callers(data, a, step)
+    for s in sessions:
+        s.close()
+    return result
+
+
+def run_stateless(client, data, a):
+    def step(i, j):
+        q, k, v = data[i]
+        # [1, H, L, D] views of the token-major cache: what a stateless caller sends.
+        return client.attend(q[j:j + 1].transpose(1, 0, 2)[None],
+                             k[:j + 1].transpose(1, 0, 2)[None],
+                             v[:j + 1].transpose(1, 0, 2)[None], causal=True, dtype=a.dtype)
+
+    return run_callers(data, a, step)
 
 
 def summary(name, wall, latencies, a):
