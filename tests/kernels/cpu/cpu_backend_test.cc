@@ -187,6 +187,33 @@ std::vector<AttentionSpec> SweepSpecs() {
   return specs;
 }
 
+// The Attend sweep of both precision paths: SweepSpecs(), each in its own dtype or, when
+// `dtypes` is not empty, in each of `dtypes`, against float64 with the bound
+// err(backend) <= 2·err(naive) + eps, `naive` being the plain implementation in the path's own
+// precision.
+using NaiveAttentionFn = void (*)(const AttentionParams&, std::vector<float>*, std::vector<float>*);
+void CheckAttendSweep(CpuBackend& backend, std::initializer_list<DType> dtypes,
+                      NaiveAttentionFn naive) {
+  for (AttentionSpec spec : SweepSpecs()) {
+    const std::vector<DType> types =
+        dtypes.size() == 0 ? std::vector<DType>{spec.dtype} : std::vector<DType>(dtypes);
+    for (DType t : types) {
+      spec.dtype = t;
+      SCOPED_TRACE(spec.DebugString());
+      AttentionCase c(spec);
+      c.PoisonOutputs();
+      const AttentionParams p = c.params();
+      const Reference64 ref = ReferenceAttention64(p);
+      std::vector<float> naive_out, naive_weights;
+      naive(p, &naive_out, &naive_weights);
+      ASSERT_TRUE(backend.Attend({p}).ok());
+      const std::vector<float> out = c.DenseOut();
+      ASSERT_TRUE(AllFinite(out));
+      ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
+    }
+  }
+}
+
 // The multi-head sweep of both precision paths: six module/shape/mask cases, each in every dtype
 // of `dtypes` (seeds counting up from `first_seed`), with and without weights, against float64
 // with the bound err(backend) <= 2·err(naive) + eps, `naive` being the plain implementation in
@@ -278,19 +305,7 @@ class CpuBackendIsaTest : public ::testing::TestWithParam<Isa> {
 };
 
 TEST_P(CpuBackendIsaTest, AttendMatchesReferenceWithinFlashBound) {
-  for (const AttentionSpec& spec : SweepSpecs()) {
-    SCOPED_TRACE(spec.DebugString());
-    AttentionCase c(spec);
-    c.PoisonOutputs();
-    const AttentionParams p = c.params();
-    const Reference64 ref = ReferenceAttention64(p);
-    std::vector<float> naive_out, naive_weights;
-    NaiveAttention32(p, &naive_out, &naive_weights);
-    ASSERT_TRUE(backend_->Attend({p}).ok());
-    const std::vector<float> out = c.DenseOut();
-    ASSERT_TRUE(AllFinite(out));
-    ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
-  }
+  CheckAttendSweep(*backend_, {}, NaiveAttention32);
 }
 
 TEST_P(CpuBackendIsaTest, AttendWithWeightsMatchesReferenceWithinFlashBound) {
@@ -619,22 +634,8 @@ class CpuBackendBf16Test : public ::testing::TestWithParam<Bf16Isa> {
 };
 
 TEST_P(CpuBackendBf16Test, AttendMatchesReferenceWithinBf16Bound) {
-  for (AttentionSpec spec : SweepSpecs()) {
-    for (DType t : {DType::kBFloat16, DType::kFloat32, DType::kFloat16}) {
-      spec.dtype = t;
-      SCOPED_TRACE(spec.DebugString());
-      AttentionCase c(spec);
-      c.PoisonOutputs();
-      const AttentionParams p = c.params();
-      const Reference64 ref = ReferenceAttention64(p);
-      std::vector<float> naive_out, naive_weights;
-      NaiveAttentionBf16(p, &naive_out, &naive_weights);
-      ASSERT_TRUE(backend_->Attend({p}).ok());
-      const std::vector<float> out = c.DenseOut();
-      ASSERT_TRUE(AllFinite(out));
-      ExpectWithinBound(MaxAbsError(out, ref.out), MaxAbsError(naive_out, ref.out), "out");
-    }
-  }
+  CheckAttendSweep(*backend_, {DType::kBFloat16, DType::kFloat32, DType::kFloat16},
+                   NaiveAttentionBf16);
 }
 
 // Requests asking for the weights take the float32 kernel: still within the bound.
