@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "base/status_codes.h"
 
 namespace attnserve::bench {
 
@@ -96,24 +97,8 @@ TimeSeries Bucketize(const std::vector<Sample>& samples, int64_t start_ns, int64
 }
 
 std::string CodeName(int code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  if (code >= 0 && code <= 16) return kNames[code];
+  const std::string_view name = StatusCodeName(code);
+  if (!name.empty()) return std::string(name);
   return absl::StrCat("CODE_", code);
 }
 

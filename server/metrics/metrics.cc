@@ -25,25 +25,6 @@ constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
     "GetServerInfo", "AttentionStream",    "CreateSession", "ExtendSession", "ExtendSessions",
     "ForkSession",   "CloseSession",       "GetSession",    "ListSessions",
 };
-constexpr std::array<std::string_view, kNumCodes> kCodeNames = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
 constexpr int kUnknownCode = 2;
 constexpr std::array<std::string_view, kNumDropReasons> kDropReasonNames = {
     "queue_full", "queue_bytes", "deadline",   "cancelled",
@@ -74,7 +55,8 @@ prometheus::Family<T>& Build(prometheus::Registry& registry, const std::string& 
 std::string_view RpcName(Rpc rpc) { return kRpcNames[static_cast<int>(rpc)]; }
 
 std::string_view CodeName(int code) {
-  return code >= 0 && code < kNumCodes ? kCodeNames[code] : kCodeNames[kUnknownCode];
+  const std::string_view name = StatusCodeName(code);
+  return name.empty() ? StatusCodeName(kUnknownCode) : name;
 }
 
 std::string_view DropReasonName(DropReason reason) {
@@ -233,7 +215,7 @@ prometheus::Counter& Metrics::RequestCounter(Rpc rpc, int code) {
   if (counter == nullptr) {
     // Racing threads get the same child: Family::Add returns the existing one for equal labels.
     counter = &requests_total_->Add(
-        {{"rpc", std::string(RpcName(rpc))}, {"code", std::string(kCodeNames[code])}});
+        {{"rpc", std::string(RpcName(rpc))}, {"code", std::string(StatusCodeName(code))}});
     slot.store(counter, std::memory_order_release);
   }
   return *counter;

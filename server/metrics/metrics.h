@@ -74,6 +74,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/mutex.h"
+#include "base/status_codes.h"
 
 namespace prometheus {
 class Counter;
@@ -118,7 +119,7 @@ std::string_view RpcName(Rpc rpc);
 // Canonical name of a gRPC / absl status code ("OK", "INVALID_ARGUMENT"); codes outside 0..16
 // read as "UNKNOWN", as gRPC itself treats them. grpc::StatusCode and absl::StatusCode share
 // these numbers, so callers pass static_cast<int>(status.error_code()).
-inline constexpr int kNumCodes = 17;
+inline constexpr int kNumCodes = kNumStatusCodes;
 std::string_view CodeName(int code);
 
 // Why a request was not computed. Label `reason` of attnserve_requests_dropped_total.
