@@ -20,6 +20,7 @@
 #include "server/server_host.h"
 #include "server/sessions/session_manager.h"
 #include "tests/testing/exposition.h"
+#include "tests/testing/gated_backend.h"
 #include "tests/testing/seed_vectors.h"
 
 namespace attnserve {
@@ -95,65 +96,11 @@ std::vector<float> HeadMajor(const std::vector<float>& a, int64_t t, int h, int 
   return out;
 }
 
-// A backend whose PagedAttention waits at a gate the test opens (Attend and MultiHead pass).
-class GatedPagedBackend final : public kernels::Backend {
- public:
-  std::string name() const override { return inner_.name(); }
-  std::vector<kernels::DeviceInfo> devices() const override { return inner_.devices(); }
-  absl::Status Attend(absl::Span<const kernels::AttentionParams> b) override {
-    return inner_.Attend(b);
-  }
-  absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> b) override {
-    return inner_.MultiHead(b);
-  }
-  absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
-    {
-      MutexLock lock(&mu_);
-      ++calls_;
-      seqs_.push_back(p.num_seqs);
-      rows_.push_back(p.total_q);
-      cv_.NotifyAll();
-      while (!open_) cv_.Wait(&mu_);
-    }
-    return inner_.PagedAttention(p);
-  }
-  void Close() {
-    MutexLock lock(&mu_);
-    open_ = false;
-  }
-  void Open() {
-    MutexLock lock(&mu_);
-    open_ = true;
-    cv_.NotifyAll();
-  }
-  void AwaitCalls(int n) {
-    MutexLock lock(&mu_);
-    while (calls_ < n) cv_.Wait(&mu_);
-  }
-  std::vector<int> seqs() {
-    MutexLock lock(&mu_);
-    return seqs_;
-  }
-  std::vector<int> rows() {
-    MutexLock lock(&mu_);
-    return rows_;
-  }
-
- private:
-  kernels::ReferenceBackend inner_;
-  Mutex mu_;
-  CondVar cv_;
-  bool open_ ABSL_GUARDED_BY(mu_) = true;
-  int calls_ ABSL_GUARDED_BY(mu_) = 0;
-  std::vector<int> seqs_ ABSL_GUARDED_BY(mu_);
-  std::vector<int> rows_ ABSL_GUARDED_BY(mu_);
-};
-
 class SessionTest : public ::testing::Test {
  public:
   void Start(server::ServerOptions options = {}) {
     options.listen_address = "127.0.0.1:0";
-    auto backend = std::make_unique<GatedPagedBackend>();
+    auto backend = std::make_unique<testing::GatedBackend>();
     gate_ = backend.get();
     metrics_ = metrics::Metrics::Create({}).value();
     auto host = server::ServerHost::Start(options, std::move(backend), metrics_.get());
@@ -259,7 +206,7 @@ class SessionTest : public ::testing::Test {
     return testing::MetricSample(metrics_->ExpositionText(), family, labels);
   }
 
-  GatedPagedBackend* gate_ = nullptr;
+  testing::GatedBackend* gate_ = nullptr;
   std::unique_ptr<metrics::Metrics> metrics_;
   std::unique_ptr<server::ServerHost> host_;
   std::unique_ptr<v1::AttentionService::Stub> stub_;
@@ -663,11 +610,12 @@ TEST_F(SessionTest, ASecondExtendWhileOneIsInFlightIsAbortedAndExpectedLengthIsC
   const Sequence s(1, 1, 4, 4, 4, 13);
   const std::string id = CreateRaw(1, 1, 4, 4);
   gate_->Close();
+  const int calls = static_cast<int>(gate_->batch_sizes().size());  // the server's warm-up too
   std::thread first([&] {
     v1::ExtendSessionResponse response;
     EXPECT_TRUE(Extend(s.Extend(id, 0, 2), &response).ok());
   });
-  gate_->AwaitCalls(1);
+  gate_->AwaitCalls(calls + 1);
   v1::ExtendSessionResponse response;
   grpc::Status st = Extend(s.Extend(id, 2, 3), &response);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED);
@@ -709,7 +657,7 @@ TEST_F(SessionTest, AStepsBitsDoNotDependOnItsBatchCompanions) {
   *many.add_steps() = s.Extend(batched, 9, 10);
   *many.add_steps() = s.Extend(batched, 9, 10);  // a session twice: that item is refused
   gate_->Close();
-  const int calls = static_cast<int>(gate_->seqs().size());
+  const int calls = static_cast<int>(gate_->batch_sizes().size());
   v1::ExtendSessionsResponse response;
   std::thread caller([&] {
     grpc::ClientContext context;
@@ -718,7 +666,7 @@ TEST_F(SessionTest, AStepsBitsDoNotDependOnItsBatchCompanions) {
   gate_->AwaitCalls(calls + 1);
   gate_->Open();
   caller.join();
-  EXPECT_EQ(gate_->seqs().back(), 4);  // one PagedAttention call for the four sessions
+  EXPECT_EQ(gate_->batch_sizes().back(), 4);  // one PagedAttention call for the four sessions
   ASSERT_EQ(response.results_size(), 5);
   for (int i = 0; i < 4; ++i) EXPECT_EQ(response.results(i).code(), 0) << i;
   EXPECT_EQ(response.results(4).code(), grpc::StatusCode::INVALID_ARGUMENT);

@@ -30,37 +30,50 @@ class GatedBackend final : public kernels::Backend {
     MutexLock lock(&mu_);
     open_ = false;
   }
-  // Blocks until `n` calls have entered the backend (and are waiting at a closed gate or past it).
+  // Blocks until `n` calls have entered the backend (and are waiting at a closed gate or past it),
+  // counting from the backend's creation: ServerHost::Start's warm-up Attend is one of them, so
+  // wait for batch_sizes().size() + k, taken before the calls are made.
   void AwaitCalls(int n) {
     MutexLock lock(&mu_);
     while (calls_ < n) cv_.Wait(&mu_);
   }
+  // Per call, in arrival order: its batch size (PagedAttention: the number of sequences) and its
+  // query rows (batch x Lq summed over the batch; PagedAttention: total_q).
   std::vector<int> batch_sizes() const {
     MutexLock lock(&mu_);
     return batch_sizes_;
+  }
+  std::vector<int> rows() const {
+    MutexLock lock(&mu_);
+    return rows_;
   }
 
   std::string name() const override { return inner_->name(); }
   std::vector<kernels::DeviceInfo> devices() const override { return inner_->devices(); }
   absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
-    Enter(static_cast<int>(batch.size()));
+    int rows = 0;
+    for (const kernels::AttentionParams& p : batch) rows += p.batch * p.q_len;
+    Enter(static_cast<int>(batch.size()), rows);
     return inner_->Attend(batch);
   }
   absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> batch) override {
-    Enter(static_cast<int>(batch.size()));
+    int rows = 0;
+    for (const kernels::MultiHeadParams& p : batch) rows += p.batch * p.q_len;
+    Enter(static_cast<int>(batch.size()), rows);
     return inner_->MultiHead(batch);
   }
   // A batch of session steps: its size is the number of sequences.
   absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
-    Enter(p.num_seqs);
+    Enter(p.num_seqs, p.total_q);
     return inner_->PagedAttention(p);
   }
 
  private:
-  void Enter(int size) {
+  void Enter(int size, int rows) {
     MutexLock lock(&mu_);
     ++calls_;
     batch_sizes_.push_back(size);
+    rows_.push_back(rows);
     cv_.NotifyAll();
     while (!open_) cv_.Wait(&mu_);
   }
@@ -71,6 +84,7 @@ class GatedBackend final : public kernels::Backend {
   bool open_ ABSL_GUARDED_BY(mu_) = true;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int> batch_sizes_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> rows_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve::testing
