@@ -97,7 +97,11 @@ cp "$here/codec_test.js" "$work/app/"
 
 tmp=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2> /dev/null; wait "$p" 2> /dev/null; done; rm -rf "$tmp"' EXIT
+stop_servers() {
+  for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; wait "$p" 2> /dev/null || true; done
+  rm -rf "$tmp"
+}
+trap stop_servers EXIT
 # start_server NAME [FLAGS...]: attnserve on a free loopback port, its port in $tmp/NAME.port once
 # it is SERVING.
 start_server() {

@@ -24,7 +24,9 @@ const normal = rng(7);
 
 // Tokens from..to of a session's data as the { q, k, v } of one extend.
 function tokens(data, from, to) {
-  const rows = (t, h) => ({ shape: [to - from, h, D], data: t.data.slice(from * h * D, to * h * D) });
+  const rows = (t, h) => ({
+    shape: [to - from, h, D], data: t.data.slice(from * h * D, to * h * D),
+  });
   return { q: rows(data.q, HQ), k: rows(data.k, HKV), v: rows(data.v, HKV) };
 }
 
@@ -65,7 +67,8 @@ async function main() {
       seen.notFound++;
     }
   }
-  assert.ok(seen.answered && seen.notFound, `stateless calls not balanced: ${JSON.stringify(seen)}`);
+  assert.ok(seen.answered && seen.notFound,
+    `stateless calls not balanced: ${JSON.stringify(seen)}`);
 
   // Four sessions, created on A and B in turn; a fifth on the replica asked for.
   const layout = { numHeads: HQ, numKvHeads: HKV, headDim: D };
@@ -91,7 +94,9 @@ async function main() {
     assert.equal(listed.nextPageToken, '');
     const first = await client.listSessions({ replica, pageSize: 1 });
     assert.deepEqual(first.sessions.map((s) => s.sessionId), [mine[0]]);
-    const second = await client.listSessions({ replica, pageSize: 1, pageToken: first.nextPageToken });
+    const second = await client.listSessions({
+      replica, pageSize: 1, pageToken: first.nextPageToken,
+    });
     assert.deepEqual(second.sessions.map((s) => s.sessionId), [mine[1]]);
     const foreign = sessions.find((s) => attnserve.sessionOwner(s.id) === other);
     await assert.rejects(direct[replica].getSession(foreign.id), (err) => {

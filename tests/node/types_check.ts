@@ -60,7 +60,8 @@ async function replicas(): Promise<void> {
   });
   const used: number = page.usage.pagesUsed;
   const stream = client.streamForSession(s.sessionId, { timeoutMs: 1000 });
-  stream.write(1, attnserve.extendRequest(s.sessionId, { q: x, k: x, v: x }, { expectedLength: 1 }));
+  stream.write(1, attnserve.extendRequest(s.sessionId, { q: x, k: x, v: x },
+                                          { expectedLength: 1 }));
   stream.write(2, attnserve.extendSessionsRequest(steps));
   stream.end();
   for await (const answer of stream) {
