@@ -6,9 +6,9 @@
 // prefill and steps (extendSession, extendSessions over both replicas in an order that
 // interleaves them, the stream tied to a session's replica) equal float64 causal attention of
 // the session's own tokens; results come back in the steps' order with a failed step in its
-// place; an owner the client does not know is refused naming the id and the addresses; and a
-// session created on C (whose ids name another owner) is closed again and refused with an error
-// naming --session_owner.
+// place; an expired session is recognised as lost; an owner the client does not know is refused
+// naming the id and the addresses; and a session created on C (whose ids name another owner) is
+// closed again and refused with an error naming --session_owner.
 //   node routing_test.js A_ADDRESS B_ADDRESS C_ADDRESS  (beside reference.js, where
 //                                                       `require('attnserve')` is installed)
 'use strict';
@@ -166,6 +166,15 @@ async function main() {
       worst = Math.max(worst, check(`stream extendSessions ${j}`, r, onB[j], 5, 6));
     });
   }
+
+  // A session idle past its TTL is lost, and sessionLostReason says why (an ABORTED is not).
+  const brief = await client.createSession({ layout, idleTtlUs: 1000 });
+  await new Promise((resolve) => setTimeout(resolve, 50));  // far beyond the TTL, whatever the load
+  await assert.rejects(client.getSession(brief.sessionId), (err) => {
+    assert.equal(attnserve.sessionLostReason(err), 'expired', String(err));
+    return true;
+  });
+  assert.equal(attnserve.sessionLostReason(stale[1]), '');
 
   // A fork stays with its parent's replica.
   const child = await client.forkSession(sessions[0].id);
