@@ -100,17 +100,26 @@ export interface MultiHeadAttentionRequest {
   options: object;
 }
 
-/** One answer of the stream: code 0 with a result, or a gRPC status code and message. */
+/**
+ * One answer of the stream: code 0 with the result of the request's kind, or a gRPC status code
+ * and message (every result null).
+ */
 export interface StreamAnswer {
   requestId: number;
   code: number;
   message: string;
+  /** For an AttendRequest or MultiHeadAttentionRequest. */
   result: Result | null;
+  /** For an ExtendSessionRequest (extendRequest). */
+  sessionResult: SessionResult | null;
+  /** For an ExtendSessionsRequest: one item per step, in the steps' order. */
+  sessionResults: Array<SessionResult | StepError> | null;
 }
 
 export class AttentionStream implements AsyncIterable<StreamAnswer> {
   /** Sends `request` under `requestId` (echoed by its answer). */
-  write(requestId: number, request: AttendRequest | MultiHeadAttentionRequest): boolean;
+  write(requestId: number, request: AttendRequest | MultiHeadAttentionRequest |
+        ExtendSessionRequest | ExtendSessionsRequest): boolean;
   /** No more requests; the answers still arrive. */
   end(): void;
   cancel(): void;
@@ -151,6 +160,8 @@ export interface CreateSessionOptions {
   pinned?: boolean;
   /** 0: the server's idle TTL. */
   idleTtlUs?: number;
+  /** With several replicas: the one to create it on (default: the next in turn). */
+  replica?: string;
   timeoutMs?: number;
 }
 
@@ -180,17 +191,72 @@ export interface SessionResult {
   timing: Timing;
 }
 
+/** One step of extendSessions: a session, its new tokens and extendSession's options. */
+export interface SessionStep {
+  sessionId: string;
+  tokens: SessionTokens;
+  expectedLength?: number;
+  returnLse?: boolean;
+  dtype?: Dtype;
+}
+
+/** A failed step of extendSessions: grpc-js's error fields, as ExtendSession would reject. */
+export class StepError extends Error {
+  constructor(code: number, details: string);
+  /** A grpc.status value. */
+  code: number;
+  /** The server's message. */
+  details: string;
+}
+
+/** Built by extendRequest / extendSessionsRequest; sent by AttentionStream.write. */
+export interface ExtendSessionRequest {
+  sessionId: string; input?: TensorMessage; query?: TensorMessage; key?: TensorMessage;
+  value?: TensorMessage; expectedLength?: number; returnLse: boolean;
+}
+export interface ExtendSessionsRequest {
+  steps: ExtendSessionRequest[];
+}
+
+/** The proto's SessionPoolUsage: one replica's pool at the time of asking. */
+export interface SessionPoolUsage {
+  pagesTotal: number;
+  pagesUsed: number;
+  tokens: number;
+  sessions: number;
+  pinnedSessions: number;
+  pinnedPages: number;
+}
+
+export interface ListSessionsResult {
+  /** Sorted by id. */
+  sessions: SessionInfo[];
+  /** Pass as pageToken for the next page; empty on the last page. */
+  nextPageToken: string;
+  usage: SessionPoolUsage;
+}
+
 export interface ClientOptions {
   /** Default: insecure. */
   credentials?: grpc.ChannelCredentials;
   /** Per call deadline; default 60000. */
   timeoutMs?: number;
   channelOptions?: grpc.ChannelOptions;
+  /** Default: round_robin when the target lists addresses (a list, "ipv4:", "ipv6:", "dns:"). */
+  loadBalancing?: 'round_robin' | 'pick_first';
 }
 
 export class Client {
-  /** target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2". */
-  constructor(target: string, options?: ClientOptions);
+  /**
+   * target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2"; or a list of replicas
+   * "host:port" (IPv4 or [IPv6] literals): stateless calls are balanced over them, and every
+   * call naming a session goes to the replica its owner names.
+   */
+  constructor(target: string | string[], options?: ClientOptions);
+  /** The replicas' addresses; [] for a client of one target. */
+  readonly replicas: string[];
+  /** The channel's target ("ipv4:a,b" for a list of replicas). */
+  readonly target: string;
   /** q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> output [B, Hq, Lq, Dv]. */
   attend(q: TensorInput | TensorMessage, k: TensorInput | TensorMessage,
          v: TensorInput | TensorMessage, options?: AttentionOptions): Promise<Result>;
@@ -204,11 +270,20 @@ export class Client {
   unloadModule(name: string, options?: { timeoutMs?: number }): Promise<void>;
   listModules(options?: { timeoutMs?: number }): Promise<ModuleInfo[]>;
   serverInfo(options?: { timeoutMs?: number }): Promise<ServerInfo>;
-  /** Creates a decode session; resolves to its SessionInfo. */
+  /**
+   * Creates a decode session (with several replicas on options.replica or the next in turn);
+   * resolves to its SessionInfo.
+   */
   createSession(options: CreateSessionOptions): Promise<SessionInfo>;
   /** Appends tokens (a prefill or one decode step); their attention over the whole cache. */
   extendSession(sessionId: string, tokens: SessionTokens,
                 options?: ExtendSessionOptions): Promise<SessionResult>;
+  /** One step per session, one call per replica; one item per step, in the steps' order. */
+  extendSessions(steps: SessionStep[],
+                 options?: { timeoutMs?: number }): Promise<Array<SessionResult | StepError>>;
+  /** One replica's sessions (default: the next in turn) and its pool's usage. */
+  listSessions(options?: { replica?: string; pageSize?: number; pageToken?: string;
+                           timeoutMs?: number }): Promise<ListSessionsResult>;
   forkSession(sessionId: string,
               options?: { pinned?: boolean; idleTtlUs?: number; timeoutMs?: number }
   ): Promise<SessionInfo>;
@@ -216,6 +291,8 @@ export class Client {
   closeSession(sessionId: string, options?: { timeoutMs?: number }): Promise<void>;
   /** Opens an AttentionStream; timeoutMs bounds the whole stream (default: none). */
   stream(options?: { timeoutMs?: number }): AttentionStream;
+  /** stream() on the replica holding `sessionId` (its extends must name that replica's). */
+  streamForSession(sessionId: string, options?: { timeoutMs?: number }): AttentionStream;
   close(): void;
 }
 
@@ -224,6 +301,15 @@ export function attendRequest(q: TensorInput | TensorMessage, k: TensorInput | T
                               options?: AttentionOptions): AttendRequest;
 export function multiHeadRequest(module: string, query: TensorInput | TensorMessage,
                                  options?: MultiHeadOptions): MultiHeadAttentionRequest;
+/** An ExtendSessionRequest for the stream (extendSession's arguments). */
+export function extendRequest(sessionId: string, tokens: SessionTokens,
+                              options?: ExtendSessionOptions): ExtendSessionRequest;
+/** An ExtendSessionsRequest for the stream. */
+export function extendSessionsRequest(steps: SessionStep[]): ExtendSessionsRequest;
+/** The owner (replica address) of "<owner>/<instance>/<number>"; RangeError otherwise. */
+export function sessionOwner(sessionId: string): string;
+/** "evicted", "expired" or "restarted" for a lost session's error; "" otherwise. */
+export function sessionLostReason(error: unknown): string;
 export function toTensor(t: TensorInput | TensorMessage, dtype?: Dtype): TensorMessage;
 export function fromTensor(t: TensorMessage): TensorOutput;
 /** The loaded attnserve.v1 package (service constructor, for anything not wrapped here). */

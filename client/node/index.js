@@ -11,6 +11,10 @@
 // 'float16' or 'bfloat16' to send them rounded to that type) and come out as
 // { shape, dtype, data: Float32Array } (float16 and bfloat16 widened exactly). Field names are
 // the proto's in lowerCamelCase (keyLengths, returnWeights, requestId, computeUs).
+//
+// Several replicas: new Client(['10.0.0.1:50051', '10.0.0.2:50051']) balances stateless calls
+// over them (round_robin) and sends every call naming a decode session to the replica its id
+// "<owner>/<instance>/<number>" names (see Client).
 'use strict';
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
@@ -190,20 +194,137 @@ function toResult(response) {
 }
 
 /**
+ * The owner of a session id "<owner>/<instance>/<number>" (the owner may hold '/'): the address
+ * of the replica that holds the session. Throws a RangeError for any other string.
+ * @param {string} sessionId
+ */
+function sessionOwner(sessionId) {
+  const parts = typeof sessionId === 'string' ? sessionId.split('/') : [];
+  const owner = parts.slice(0, -2).join('/');
+  if (parts.length < 3 || !owner || !parts[parts.length - 2] || !parts[parts.length - 1]) {
+    throw new RangeError(
+      `sessionId must be "<owner>/<instance>/<number>"; was ${JSON.stringify(sessionId)}`);
+  }
+  return owner;
+}
+
+/**
+ * An ExtendSessionRequest message for session `sessionId`: tokens.q, tokens.k, tokens.v
+ * ([L, Hq, D], [L, Hkv, D], [L, Hkv, Dv], token-major) for raw sessions, or tokens.input
+ * ([L, d_model]) for module sessions. options: expectedLength, returnLse, dtype (k and v are
+ * sent in q's). For the stream, or built by extendSession and extendSessions.
+ */
+function extendRequest(sessionId, tokens, options = {}) {
+  const request = { sessionId, returnLse: !!options.returnLse };
+  if (tokens.input) {
+    if (tokens.q || tokens.k || tokens.v) {
+      throw new TypeError('give input (module sessions) or q, k, v (raw sessions), not both');
+    }
+    request.input = toTensor(tokens.input, options.dtype);
+  } else {
+    if (!tokens.q || !tokens.k || !tokens.v) {
+      throw new TypeError('raw sessions need q, k and v; module sessions input');
+    }
+    request.query = toTensor(tokens.q, options.dtype);
+    const dtype = request.query.dtype.slice('DTYPE_'.length).toLowerCase();
+    request.key = toTensor(tokens.k, dtype);
+    request.value = toTensor(tokens.v, dtype);
+  }
+  if (options.expectedLength !== undefined && options.expectedLength !== null) {
+    request.expectedLength = options.expectedLength;
+  }
+  return request;
+}
+
+/**
+ * An ExtendSessionsRequest message (for the stream): one step per session, each
+ * { sessionId, tokens, expectedLength?, returnLse?, dtype? } as extendRequest's arguments.
+ */
+function extendSessionsRequest(steps) {
+  return { steps: steps.map((s) => extendRequest(s.sessionId, s.tokens, s)) };
+}
+
+/** { output, lse, length, timing } from an ExtendSessionResponse message. */
+function sessionResult(r) {
+  return {
+    output: fromTensor(r.output), lse: r.lse ? fromTensor(r.lse) : null,
+    length: Number(r.length), timing: r.timing,
+  };
+}
+
+/**
+ * A failed item of extendSessions (or of a stream's extendSessions answer): `code` (a
+ * grpc.status value) and `details`, as ExtendSession would have rejected, grpc-js's error's
+ * fields.
+ */
+class StepError extends Error {
+  constructor(code, details) {
+    super(`${code} ${grpc.status[code] || 'UNKNOWN'}: ${details}`);
+    this.name = 'StepError';
+    this.code = code;
+    this.details = details;
+  }
+}
+
+/** SessionResult or StepError for each ExtendSessionResult message. */
+function stepResults(results) {
+  return results.map((r) => (r.code === 0 ? sessionResult(r.response)
+    : new StepError(r.code, r.message)));
+}
+
+/**
+ * "evicted", "expired" or "restarted" when `error` (grpc-js's error or a StepError) says the
+ * session was lost; "" otherwise. A lost session is gone: create a new one and prefill again.
+ */
+function sessionLostReason(error) {
+  const details = (error && error.details) || '';
+  if (!error || error.code !== grpc.status.FAILED_PRECONDITION ||
+      !details.startsWith('session lost (')) {
+    return '';
+  }
+  return details.slice('session lost ('.length).split(')', 1)[0];
+}
+
+/**
+ * The "ipv4:a,b" / "ipv6:[a],[b]" target for a list of replicas "host:port" (IP literals:
+ * grpc-js resolves those targets itself, no DNS). One address is its own target.
+ */
+function multiAddressTarget(addresses) {
+  if (!Array.isArray(addresses) || addresses.length === 0) {
+    throw new RangeError('target: the list of replica addresses must not be empty');
+  }
+  if (addresses.length === 1) return addresses[0];
+  const v4 = /^\d{1,3}(\.\d{1,3}){3}:\d+$/;
+  const v6 = /^\[[0-9A-Fa-f:.]+\]:\d+$/;
+  if (addresses.every((a) => v4.test(a))) return `ipv4:${addresses.join(',')}`;
+  if (addresses.every((a) => v6.test(a))) return `ipv6:${addresses.join(',')}`;
+  throw new RangeError('target: replica addresses must all be IPv4 or all [IPv6] literals with ' +
+    `ports (use a dns:/// target for host names); were ${addresses.join(',')}`);
+}
+
+/**
  * An AttentionStream call: write(requestId, request) any number of times, end(), and read the
  * answers with `for await (const answer of stream)` in completion order. Each answer is
- * { requestId, code, message, result }: code 0 and a result, or a gRPC status code and its
- * message (the stream goes on after a failed request).
+ * { requestId, code, message, result, sessionResult, sessionResults }: code 0 and the result
+ * of the request's kind (result for attend and multi-head requests, sessionResult for an
+ * extendRequest, sessionResults, one SessionResult or StepError per step, for an
+ * extendSessionsRequest; the others null), or a gRPC status code and its message (the stream
+ * goes on after a failed request).
  */
 class AttentionStream {
   constructor(call) {
     this.call = call;
   }
 
-  /** Sends `request` (from attendRequest or multiHeadRequest) under `requestId`. */
+  /**
+   * Sends `request` (from attendRequest, multiHeadRequest, extendRequest or
+   * extendSessionsRequest) under `requestId`.
+   */
   write(requestId, request) {
     const message = { requestId };
     if ('module' in request) message.multiHeadAttention = request;
+    else if ('sessionId' in request) message.extendSession = request;
+    else if ('steps' in request) message.extendSessions = request;
     else message.attend = request;
     return this.call.write(message);
   }
@@ -220,42 +341,107 @@ class AttentionStream {
 
   async* [Symbol.asyncIterator]() {
     for await (const r of this.call) {
+      const ok = r.code === 0;
       const answer = r.response === 'attend' ? r.attend
         : r.response === 'multiHeadAttention' ? r.multiHeadAttention : null;
       yield {
         requestId: Number(r.requestId), code: r.code, message: r.message,
-        result: r.code === 0 && answer ? toResult(answer) : null,
+        result: ok && answer ? toResult(answer) : null,
+        sessionResult: ok && r.response === 'extendSession' ? sessionResult(r.extendSession)
+          : null,
+        sessionResults: ok && r.response === 'extendSessions'
+          ? stepResults(r.extendSessions.results) : null,
       };
     }
   }
 }
 
 /**
- * A client of one attnserve target ("host:port", "dns:///name:port",
- * "ipv4:a:p1,b:p2"). Every method returns a promise; failures reject with grpc-js's error
- * (err.code: a grpc.status value, err.details: the server's message naming field and value).
+ * A client of one attnserve target ("host:port", "dns:///name:port", "ipv4:a:p1,b:p2"), or of
+ * a list of replicas ["10.0.0.1:50051", "10.0.0.2:50051"] (IPv4 or [IPv6] literals): stateless
+ * calls are balanced over them (round_robin, one channel), and decode sessions are routed to
+ * the replica their id names. Every method returns a promise; failures reject with grpc-js's
+ * error (err.code: a grpc.status value, err.details: the server's message naming field and
+ * value). With several replicas, a call naming a session whose owner is none of them rejects
+ * with a RangeError before anything is sent.
  */
 class Client {
   /**
-   * @param {string} target
-   * @param {{credentials?: object, timeoutMs?: number, channelOptions?: object}} [options]
+   * @param {string|string[]} target
+   * @param {{credentials?: object, timeoutMs?: number, channelOptions?: object,
+   *   loadBalancing?: string}} [options]
    *   credentials: grpc.credentials (default insecure); timeoutMs: per call (default 60000);
-   *   channelOptions: grpc-js channel options.
+   *   channelOptions: grpc-js channel options; loadBalancing: 'round_robin' or 'pick_first'
+   *   (default: round_robin when the target lists addresses: a list, "ipv4:", "ipv6:", "dns:").
    */
   constructor(target, options = {}) {
     const Service = v1().AttentionService;
+    /** The replicas' addresses, in the order given; [] for a client of one target. */
+    this.replicas = [];
+    if (typeof target !== 'string') {
+      const addresses = Array.from(target || []);
+      target = multiAddressTarget(addresses);
+      if (addresses.length > 1) this.replicas = addresses;
+    }
+    /** The channel's target ("ipv4:a,b" for a list of replicas). */
+    this.target = target;
     this.timeoutMs = options.timeoutMs ?? 60000;
-    this.stub = new Service(target, options.credentials || grpc.credentials.createInsecure(), {
+    const balancing = options.loadBalancing ??
+      (/^(ipv4|ipv6|dns):/.test(target) ? 'round_robin' : null);
+    const channelOptions = {
       'grpc.max_receive_message_length': -1, 'grpc.max_send_message_length': -1,
+      ...(balancing ? {
+        'grpc.service_config': JSON.stringify({ loadBalancingConfig: [{ [balancing]: {} }] }),
+      } : {}),
       ...options.channelOptions,
+    };
+    const credentials = options.credentials || grpc.credentials.createInsecure();
+    this.stub = new Service(target, credentials, channelOptions);
+    // One stub (and channel) per replica, for the calls naming a session.
+    this.replicaStubs = this.replicas.map((a) => new Service(a, credentials, channelOptions));
+    this.nextReplica = 0;
+  }
+
+  unary(method, request, timeoutMs, stub = this.stub) {
+    const deadline = new Date(Date.now() + (timeoutMs ?? this.timeoutMs));
+    return new Promise((resolve, reject) => {
+      stub[method](request, { deadline }, (err, r) => (err ? reject(err) : resolve(r)));
     });
   }
 
-  unary(method, request, timeoutMs) {
-    const deadline = new Date(Date.now() + (timeoutMs ?? this.timeoutMs));
-    return new Promise((resolve, reject) => {
-      this.stub[method](request, { deadline }, (err, r) => (err ? reject(err) : resolve(r)));
-    });
+  /** The stub of the replica holding `sessionId` (the only stub for a client of one target). */
+  sessionStub(sessionId) {
+    if (this.replicas.length === 0) return this.stub;
+    const owner = sessionOwner(sessionId);
+    const i = this.replicas.indexOf(owner);
+    if (i < 0) {
+      throw new RangeError(`sessionId ${JSON.stringify(sessionId)} names owner ${owner}, which ` +
+        `is none of this client's addresses (${this.replicas.join(', ')}); start each replica ` +
+        'with --session_owner set to the address clients reach it by');
+    }
+    return this.replicaStubs[i];
+  }
+
+  /** [stub, address] of `replica`, or of the next replica in turn ("" for one target). */
+  replicaStub(replica) {
+    if (this.replicas.length === 0) {
+      if (replica) {
+        throw new RangeError(`replica ${JSON.stringify(replica)}: this client has one target`);
+      }
+      return [this.stub, ''];
+    }
+    let i;
+    if (replica === undefined || replica === null) {
+      i = this.nextReplica;
+      this.nextReplica = (i + 1) % this.replicas.length;
+    } else {
+      i = this.replicas.indexOf(replica);
+      if (i < 0) {
+        throw new RangeError(`replica ${JSON.stringify(replica)} is none of this client's ` +
+          `addresses (${this.replicas.join(', ')})`);
+      }
+    }
+    return [this.replicaStubs[i], this.replicas[i]];
   }
 
   /** Attention on projected tensors; resolves to { output, weights, timing }. */
@@ -270,7 +456,10 @@ class Client {
       multiHeadRequest(module, query, options), options.timeoutMs));
   }
 
-  /** Registers safetensors bytes (a Buffer) under `name`; resolves to the ModuleInfo. */
+  /**
+   * Registers safetensors bytes (a Buffer) under `name`; resolves to the ModuleInfo. With
+   * several replicas it reaches one of them: call it on a client of each replica.
+   */
   async loadModule(name, safetensors, options = {}) {
     const r = await this.unary('LoadModule', {
       name, safetensors, numHeads: options.numHeads || 0, replace: !!options.replace,
@@ -298,6 +487,9 @@ class Client {
    * [L, d_model]) or options.layout ({numHeads, numKvHeads, headDim, vHeadDim}: extends send
    * projected q [L, Hq, D], k and v [L, Hkv, D], token-major); options.cacheDtype (float32,
    * float16, bfloat16), scale, pinned, idleTtlUs. Resolves to the SessionInfo (sessionId, ...).
+   * With several replicas it goes to options.replica, else to the next replica in turn; a
+   * replica that issues an id naming another owner gets the session closed again, and the
+   * call rejects with an Error saying to set that replica's --session_owner.
    */
   async createSession(options = {}) {
     const request = {
@@ -307,7 +499,15 @@ class Client {
     if (options.module) request.module = options.module;
     else request.layout = options.layout;
     if (options.scale !== undefined) request.scale = options.scale;
-    return (await this.unary('CreateSession', request, options.timeoutMs)).session;
+    const [stub, address] = this.replicaStub(options.replica);
+    const info = (await this.unary('CreateSession', request, options.timeoutMs, stub)).session;
+    if (address && sessionOwner(info.sessionId) !== address) {
+      await this.unary('CloseSession', { sessionId: info.sessionId }, options.timeoutMs, stub);
+      throw new Error(`the replica at ${address} issued sessionId ` +
+        `${JSON.stringify(info.sessionId)}, whose owner is not that address; start each ` +
+        'replica with --session_owner set to the address clients reach it by');
+    }
+    return info;
   }
 
   /**
@@ -317,54 +517,115 @@ class Client {
    * retries), returnLse, dtype, timeoutMs.
    */
   async extendSession(sessionId, tensors, options = {}) {
-    const request = { sessionId, returnLse: !!options.returnLse };
-    if (tensors.input) {
-      request.input = toTensor(tensors.input, options.dtype);
-    } else {
-      request.query = toTensor(tensors.q, options.dtype);
-      const dtype = request.query.dtype.slice('DTYPE_'.length).toLowerCase();
-      request.key = toTensor(tensors.k, dtype);
-      request.value = toTensor(tensors.v, dtype);
+    const stub = this.sessionStub(sessionId);
+    const request = extendRequest(sessionId, tensors, options);
+    return sessionResult(await this.unary('ExtendSession', request, options.timeoutMs, stub));
+  }
+
+  /**
+   * One step of each of many sessions (N sessions x 1 token, computed as one batch): steps are
+   * { sessionId, tokens, expectedLength?, returnLse?, dtype? } (as extendSession's arguments),
+   * each session at most once. One ExtendSessions call per replica, all at once; resolves to
+   * one item per step, in the steps' order: a SessionResult, or a StepError (code, details) as
+   * ExtendSession would have rejected. A replica's failed call makes a StepError of each of its
+   * steps; with one replica, the call's error rejects instead.
+   */
+  async extendSessions(steps, options = {}) {
+    if (!Array.isArray(steps) || steps.length === 0) {
+      throw new RangeError('steps must be a non-empty array');
     }
-    if (options.expectedLength !== undefined) request.expectedLength = options.expectedLength;
-    const r = await this.unary('ExtendSession', request, options.timeoutMs);
-    return {
-      output: fromTensor(r.output), lse: r.lse ? fromTensor(r.lse) : null,
-      length: Number(r.length), timing: r.timing,
-    };
+    const groups = new Map();  // stub -> { indices, steps }
+    const seen = new Set();
+    steps.forEach((step, i) => {
+      if (seen.has(step.sessionId)) {
+        throw new RangeError(`steps[${i}] names session ${step.sessionId} a second time`);
+      }
+      seen.add(step.sessionId);
+      const stub = this.sessionStub(step.sessionId);
+      if (!groups.has(stub)) groups.set(stub, { indices: [], request: { steps: [] } });
+      const group = groups.get(stub);
+      group.indices.push(i);
+      group.request.steps.push(extendRequest(step.sessionId, step.tokens, step));
+    });
+    const calls = [...groups].map(([stub, group]) =>
+      this.unary('ExtendSessions', group.request, options.timeoutMs, stub));
+    const answers = await Promise.allSettled(calls);
+    const out = new Array(steps.length);
+    [...groups.values()].forEach((group, g) => {
+      const answer = answers[g];
+      if (answer.status === 'rejected') {
+        if (groups.size === 1 || answer.reason.code === undefined) throw answer.reason;
+        for (const i of group.indices) {
+          out[i] = new StepError(answer.reason.code, answer.reason.details || '');
+        }
+        return;
+      }
+      const results = stepResults(answer.value.results);
+      group.indices.forEach((i, j) => { out[i] = results[j]; });
+    });
+    return out;
   }
 
   /** A new session sharing `sessionId`'s tokens copy-on-write; resolves to its SessionInfo. */
   async forkSession(sessionId, options = {}) {
+    const stub = this.sessionStub(sessionId);
     return (await this.unary('ForkSession', {
       sessionId, pinned: !!options.pinned, idleTtlUs: options.idleTtlUs || 0,
-    }, options.timeoutMs)).session;
+    }, options.timeoutMs, stub)).session;
   }
 
   /** The session's SessionInfo (length, pages, bytes, idle time, ...). */
   async getSession(sessionId, options = {}) {
-    return (await this.unary('GetSession', { sessionId }, options.timeoutMs)).session;
+    const stub = this.sessionStub(sessionId);
+    return (await this.unary('GetSession', { sessionId }, options.timeoutMs, stub)).session;
   }
 
   /** Ends the session and frees its pages. */
   async closeSession(sessionId, options = {}) {
-    await this.unary('CloseSession', { sessionId }, options.timeoutMs);
+    const stub = this.sessionStub(sessionId);
+    await this.unary('CloseSession', { sessionId }, options.timeoutMs, stub);
+  }
+
+  /**
+   * One replica's sessions (options.replica, default the next in turn) sorted by id, a page at
+   * a time (pageSize, 0: 100; pageToken: a previous answer's nextPageToken), and its pool's
+   * usage: resolves to { sessions, nextPageToken, usage }.
+   */
+  async listSessions(options = {}) {
+    const [stub] = this.replicaStub(options.replica);
+    const r = await this.unary('ListSessions', {
+      pageSize: options.pageSize || 0, pageToken: options.pageToken || '',
+    }, options.timeoutMs, stub);
+    return { sessions: r.sessions, nextPageToken: r.nextPageToken, usage: r.usage };
   }
 
   /** Opens an AttentionStream; options.timeoutMs bounds the whole stream (default: none). */
   stream(options = {}) {
-    const callOptions = options.timeoutMs ? { deadline: new Date(Date.now() + options.timeoutMs) }
-      : {};
-    return new AttentionStream(this.stub.AttentionStream(callOptions));
+    return new AttentionStream(this.stub.AttentionStream(streamCallOptions(options)));
   }
 
-  /** Closes the channel. */
+  /**
+   * stream() on the replica holding `sessionId`: a stream reaches one replica, so its session
+   * extends must all name sessions of that replica (others are answered NOT_FOUND).
+   */
+  streamForSession(sessionId, options = {}) {
+    const stub = this.sessionStub(sessionId);
+    return new AttentionStream(stub.AttentionStream(streamCallOptions(options)));
+  }
+
+  /** Closes the channels. */
   close() {
     this.stub.close();
+    for (const stub of this.replicaStubs) stub.close();
   }
 }
 
+function streamCallOptions(options) {
+  return options.timeoutMs ? { deadline: new Date(Date.now() + options.timeoutMs) } : {};
+}
+
 module.exports = {
-  Client, AttentionStream, attendRequest, multiHeadRequest, toTensor, fromTensor, v1,
-  PROTO_FILE, grpc,
+  Client, AttentionStream, StepError, attendRequest, multiHeadRequest, extendRequest,
+  extendSessionsRequest, sessionOwner, sessionLostReason, toTensor, fromTensor, v1, PROTO_FILE,
+  grpc,
 };

@@ -1,9 +1,10 @@
 // The attnserve Node.js package (client/node), packed with npm pack and installed into an empty
 // folder, against a live attnserve: Attend (float32, grouped-query, causal; float16 and
-// bfloat16) against a float64 reference written here, MultiHeadAttention through "demo",
+// bfloat16) against a float64 reference (reference.js), MultiHeadAttention through "demo",
 // GetServerInfo, the stream with a failing request, an error's code and message, and a raw
 // decode session (prefill and steps against causal float64 attention, ABORTED, fork, close).
-//   node attend_test.js HOST:PORT VERSION     (run where `require('attnserve')` is installed)
+//   node attend_test.js HOST:PORT VERSION     (run where `require('attnserve')` is installed,
+//                                              beside reference.js)
 'use strict';
 const assert = require('node:assert/strict');
 const attnserve = require('attnserve');
@@ -11,58 +12,7 @@ const attnserve = require('attnserve');
 const [target, version] = process.argv.slice(2);
 const client = new attnserve.Client(target, { timeoutMs: 60000 });
 
-// A small deterministic generator (mulberry32) and standard normals (Box-Muller).
-function rng(seed) {
-  let a = seed >>> 0;
-  const uniform = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  return () => Math.sqrt(-2 * Math.log(uniform() + 1e-12)) * Math.cos(2 * Math.PI * uniform());
-}
-
-function tensor(shape, normal) {
-  const n = shape.reduce((a, b) => a * b, 1);
-  return { shape, data: Float32Array.from({ length: n }, normal) };
-}
-
-function maxError(got, want) {
-  let err = 0;
-  for (let i = 0; i < want.length; i++) err = Math.max(err, Math.abs(got[i] - want[i]));
-  return err;
-}
-
-// softmax(q·kᵀ/√d + blocked)·v in float64, grouped-query: q head h reads kv head h / (Hq/Hkv).
-function attention64(q, k, v, [B, Hq, Lq, D], Hkv, Lk, causal) {
-  const out = new Float64Array(B * Hq * Lq * D);
-  const scale = 1 / Math.sqrt(D);
-  for (let b = 0; b < B; b++) for (let h = 0; h < Hq; h++) {
-    const g = Math.floor(h / (Hq / Hkv));
-    for (let i = 0; i < Lq; i++) {
-      const s = new Float64Array(Lk);
-      let max = -Infinity;
-      for (let j = 0; j < Lk; j++) {
-        let dot = 0;
-        for (let d = 0; d < D; d++) {
-          dot += q[((b * Hq + h) * Lq + i) * D + d] * k[((b * Hkv + g) * Lk + j) * D + d];
-        }
-        s[j] = causal && j > i + Lk - Lq ? -1e9 : dot * scale;
-        max = Math.max(max, s[j]);
-      }
-      let sum = 0;
-      for (let j = 0; j < Lk; j++) sum += (s[j] = Math.exp(s[j] - max));
-      for (let d = 0; d < D; d++) {
-        let acc = 0;
-        for (let j = 0; j < Lk; j++) acc += (s[j] / sum) * v[((b * Hkv + g) * Lk + j) * D + d];
-        out[((b * Hq + h) * Lq + i) * D + d] = acc;
-      }
-    }
-  }
-  return out;
-}
+const { rng, tensor, maxError, attention64 } = require('./reference');
 
 async function main() {
   // The package is the installed one, with its own copy of the proto.

@@ -3,7 +3,8 @@
 # empty folder (its npm-shrinkwrap.json pins @grpc/grpc-js, @grpc/proto-loader and everything
 # under them), and attend_test.js run there against a live attnserve; types_check.ts compiled
 # against the installed index.d.ts with the package's pinned TypeScript, and codec_test.js
-# checks its float16/bfloat16 conversions against NumPy's. Checks first that the
+# checks its float16/bfloat16 conversions against NumPy's; routing_test.js then gives a client
+# two more servers and checks decode sessions are routed to their owners. Checks first that the
 # package's copy of the proto is the repository's, its version is the server's, and its lock
 # file names no registry (no "resolved" URLs: npm fetches from whatever registry it is set to).
 #   node_test.sh SERVER_BINARY WORK_DIR VERSION
@@ -95,10 +96,39 @@ cp "$here/codec_test.js" "$work/app/"
 (cd "$work/app" && node codec_test.js "$work/codec")
 
 tmp=$(mktemp -d)
-"$server" --listen=127.0.0.1:0 --port_file="$tmp/port" --metrics_address= > "$tmp/log" 2>&1 &
-pid=$!
-trap 'kill $pid 2> /dev/null; wait $pid 2> /dev/null; rm -rf "$tmp"' EXIT
-for _ in $(seq 1200); do [[ -s $tmp/port ]] && break; sleep 0.05; done
-[[ -s $tmp/port ]] || { echo "attnserve did not start"; cat "$tmp/log"; exit 1; }
+pids=()
+stop_servers() {
+  for p in "${pids[@]}"; do kill "$p" 2> /dev/null || true; wait "$p" 2> /dev/null || true; done
+  rm -rf "$tmp"
+}
+trap stop_servers EXIT
+# start_server NAME [FLAGS...]: attnserve on a free loopback port, its port in $tmp/NAME.port once
+# it is SERVING.
+start_server() {
+  local name=$1
+  shift
+  "$server" --listen=127.0.0.1:0 --port_file="$tmp/$name.port" --metrics_address= "$@" \
+    > "$tmp/$name.log" 2>&1 &
+  pids+=($!)
+}
+# wait_for NAME: its port, once written (a generous wait: the machine may be loaded).
+wait_for() {
+  for _ in $(seq 1200); do [[ -s $tmp/$1.port ]] && break; sleep 0.05; done
+  [[ -s $tmp/$1.port ]] || { echo "attnserve $1 did not start" >&2; cat "$tmp/$1.log" >&2; exit 1; }
+  cat "$tmp/$1.port"
+}
+# One server for attend_test.js; two more (A and B, each naming itself in session ids by the
+# address it listens on) for routing_test.js, and a third (C) whose --session_owner names an
+# address no client uses.
+start_server one
+start_server a
+start_server b
+start_server c --session_owner=10.254.0.2:9
+cp "$here/reference.js" "$here/routing_test.js" "$work/app/"
+port_one=$(wait_for one)
+port_a=$(wait_for a)
+port_b=$(wait_for b)
+port_c=$(wait_for c)
 cd "$work/app"
-node attend_test.js "127.0.0.1:$(cat "$tmp/port")" "$version"
+node attend_test.js "127.0.0.1:$port_one" "$version"
+node routing_test.js "127.0.0.1:$port_a" "127.0.0.1:$port_b" "127.0.0.1:$port_c"

@@ -30,4 +30,48 @@ async function main(): Promise<void> {
   console.log(shape, us, a.output.dtype, v, mods.length, attnserve.grpc.status.NOT_FOUND, n);
   client.close();
 }
+
+// Several replicas: sessions routed by owner, a batch of steps, a replica's listing.
+async function replicas(): Promise<void> {
+  const client = new attnserve.Client(['10.0.0.1:50051', '10.0.0.2:50051'],
+    { loadBalancing: 'round_robin' });
+  const replicas: string[] = client.replicas;
+  const x: attnserve.TensorInput = { shape: [1, 2, 8], data: new Float32Array(16) };
+  const s = await client.createSession({ layout: { numHeads: 2, numKvHeads: 2, headDim: 8 },
+                                          replica: replicas[1] });
+  const owner: string = attnserve.sessionOwner(s.sessionId);
+  const steps: attnserve.SessionStep[] = [
+    { sessionId: s.sessionId, tokens: { q: x, k: x, v: x }, expectedLength: 0, returnLse: true },
+  ];
+  const items: Array<attnserve.SessionResult | attnserve.StepError> =
+    await client.extendSessions(steps, { timeoutMs: 1000 });
+  for (const item of items) {
+    if (item instanceof attnserve.StepError) {
+      const code: number = item.code;
+      const details: string = item.details;
+      console.log(code, details, attnserve.sessionLostReason(item));
+    } else {
+      const lse: attnserve.TensorOutput | null = item.lse;
+      console.log(item.length, lse);
+    }
+  }
+  const page: attnserve.ListSessionsResult = await client.listSessions({
+    replica: owner, pageSize: 10, pageToken: '',
+  });
+  const used: number = page.usage.pagesUsed;
+  const stream = client.streamForSession(s.sessionId, { timeoutMs: 1000 });
+  stream.write(1, attnserve.extendRequest(s.sessionId, { q: x, k: x, v: x },
+                                          { expectedLength: 1 }));
+  stream.write(2, attnserve.extendSessionsRequest(steps));
+  stream.end();
+  for await (const answer of stream) {
+    const one: attnserve.SessionResult | null = answer.sessionResult;
+    const many: Array<attnserve.SessionResult | attnserve.StepError> | null =
+      answer.sessionResults;
+    console.log(one, many);
+  }
+  console.log(page.sessions.length, page.nextPageToken, used);
+  client.close();
+}
 main();
+replicas();
