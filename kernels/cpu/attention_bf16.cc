@@ -399,6 +399,39 @@ void Begin(Task& t, int pad_rows) {
   std::memset(t.s.o, 0, sizeof(float) * kQ * t.dvp);
 }
 
+// SoftmaxRow's common case, a whole tile of allowed keys with scale > 0, with the row's scores
+// held in registers between the max and the exp and P converted two vectors at a time. The same
+// arithmetic in the same order as the general path (the bits agree).
+float SoftmaxFullTile(const Task& t, int r, const float* sr, uint16_t* pr) {
+  constexpr int kVecs = kN / 16;
+  __m512 sv[kVecs];
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+#pragma GCC unroll 8
+  for (int v = 0; v < kVecs; ++v) {
+    sv[v] = _mm512_loadu_ps(sr + 16 * v);
+    vmax = _mm512_max_ps(vmax, sv[v]);
+  }
+  const float tile_max = _mm512_reduce_max_ps(vmax) * t.p.scale;
+  const float m_old = t.s.m[r];
+  const float m_new = m_old > tile_max ? m_old : tile_max;
+  const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+  const float alpha = _mm512_cvtss_f32(Exp2NonPositive(_mm512_set1_ps((m_old - m_ref) * kLog2e)));
+  const __m512 ref = _mm512_set1_ps(m_ref * kLog2e);
+  const __m512 mul = _mm512_set1_ps(t.p.scale * kLog2e);
+  __m512 vsum = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; v += 2) {
+    const __m512 e0 = Exp2NonPositive(_mm512_fmsub_ps(sv[v], mul, ref));
+    const __m512 e1 = Exp2NonPositive(_mm512_fmsub_ps(sv[v + 1], mul, ref));
+    vsum = _mm512_add_ps(_mm512_add_ps(vsum, e0), e1);
+    _mm512_storeu_si512(pr + 16 * v, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
+  }
+  float* lr = t.s.l + r * 16;
+  _mm512_storeu_ps(lr, _mm512_fmadd_ps(_mm512_loadu_ps(lr), _mm512_set1_ps(alpha), vsum));
+  t.s.m[r] = m_new;
+  return alpha;
+}
+
 // The online softmax step of row r over the key tile at j0 (`keys` keys, k_pad = Round32(keys)),
 // in float32: sr holds the row's raw scores S[r][0, kN) (overwritten), pr receives P[r][0, k_pad)
 // as bfloat16 (zero past keys); updates m[r] and l[r] and returns the rescale factor alpha of
@@ -416,6 +449,7 @@ float SoftmaxRow(const Task& t, int r, int j0, int keys, int k_pad, float* sr, u
   // raw scores gives the max of the scaled ones, and exp takes s·scale - m in one fused step.
   // Otherwise blocked scores are first replaced by -inf, scaled, in place.
   const bool plain = mrow == nullptr && allowed_end >= keys && p.scale > 0.0f;
+  if (plain && keys == kN) return SoftmaxFullTile(t, r, sr, pr);
   __m512 vmax = neg_inf;
   for (int x = 0; x < keys; x += 16) {
     const int count = MinInt(16, keys - x);
