@@ -14,13 +14,15 @@
 //   K tile t: [Dp/2][kKeyTile][2]   so that S = Q·Kᵀ has K as its right operand
 //   V tile t: [kKeyTile/2][Dvp][2]  so that O = P·V has V as its right operand
 // (Dp, Dvp: D, Dv rounded up to 32, zero padded; keys past Lk are zero). A task then packs its
-// kQueryBlock query rows [M][Dp], and per key tile computes S [M][kKeyTile] (float32), the
-// softmax row by row into P [M][kKeyTile] (bfloat16), O_tile = P·V [M][Dvp], and
-// O = O·alpha + O_tile. Packing is exact re-arrangement (plus the one rounding of float32 and
-// float16 inputs to bfloat16), so results do not depend on where the packing ran.
+// kQueryBlock query rows [M][Dp], and per key tile computes S = Q·Kᵀ (float32), the softmax row
+// by row into P (bfloat16), and O = O·alpha + P·V. Packing is exact re-arrangement (plus the one
+// rounding of float32 and float16 inputs to bfloat16), so results do not depend on where the
+// packing ran.
 //
-// The two instantiations differ only in the tile product (TileGemm): AMX tiles (TDPBF16PS on
-// 16x32 by 32x16 tiles, 2x2 blocking) or AVX512_BF16 (VDPBF16PS, 4 rows x 4 vectors). Their
+// The two paths differ in the products and their order (RunAmx, RunAvx512Bf16): AMX computes S
+// for all M rows ([M][kKeyTile]) by TDPBF16PS on 16x32 by 32x16 tiles (2x2 blocking), then the
+// softmax of every row, then P·V for all rows; AVX512_BF16 (VDPBF16PS, 4 rows x 4 vectors of 16
+// columns) takes the three steps four rows at a time, so that S and P stay in L1. Their
 // summation orders differ, so their bits differ; each is deterministic.
 #if !defined(__clang__)  // clang has no such warning (and warns about the unknown group)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
