@@ -27,7 +27,8 @@
 #if !defined(__clang__)  // clang has no such warning (and warns about the unknown group)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
-// GCC 12's _mm512_reduce_* and _mm512_undefined_* leave a vector uninitialised on purpose.
+// GCC 12's _mm512_undefined_ps (the pass-through operand of _mm512_max_ps, _mm512_roundscale_ps
+// and others) is uninitialised on purpose; it warns once those calls are inlined here.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <immintrin.h>
@@ -315,9 +316,9 @@ constexpr float kLog2e = 1.44269504088896341f;
 
 struct Scratch {
   uint16_t* qa;  // [kQ][Dp]
-  float* s;      // [kQ][kN]
-  uint16_t* pa;  // [kQ][kN]
-  float* ot;     // [kQ][Dvp]: P·V of the current tile
+  float* s;      // [kQ][kN] (the AVX512_BF16 path uses 4 rows)
+  uint16_t* pa;  // [kQ][kN] (likewise)
+  float* ot;     // [kQ][Dvp]: P·V of the current tile (AMX path only)
   float* o;      // [kQ][Dvp]: running output
   float* m;      // [kQ]
   float* l;      // [kQ][16]: running sums, per row a vector of 16 partial sums
