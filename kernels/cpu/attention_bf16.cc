@@ -14,17 +14,22 @@
 //   K tile t: [Dp/2][kKeyTile][2]   so that S = Q·Kᵀ has K as its right operand
 //   V tile t: [kKeyTile/2][Dvp][2]  so that O = P·V has V as its right operand
 // (Dp, Dvp: D, Dv rounded up to 32, zero padded; keys past Lk are zero). A task then packs its
-// kQueryBlock query rows [M][Dp], and per key tile computes S [M][kKeyTile] (float32), the
-// softmax row by row into P [M][kKeyTile] (bfloat16), O_tile = P·V [M][Dvp], and
-// O = O·alpha + O_tile. Packing is exact re-arrangement (plus the one rounding of float32 and
-// float16 inputs to bfloat16), so results do not depend on where the packing ran.
+// kQueryBlock query rows [M][Dp], and per key tile computes S = Q·Kᵀ (float32), the softmax row
+// by row into P (bfloat16), and O = O·alpha + P·V. Packing is exact re-arrangement (plus the one
+// rounding of float32 and float16 inputs to bfloat16), so results do not depend on where the
+// packing ran.
 //
-// The two instantiations differ only in the tile product (TileGemm): AMX tiles (TDPBF16PS on
-// 16x32 by 32x16 tiles, 2x2 blocking) or AVX512_BF16 (VDPBF16PS, 4 rows x 4 vectors). Their
+// The two paths differ in the products and their order (RunAmx, RunAvx512Bf16): AMX computes S
+// for all M rows ([M][kKeyTile]) by TDPBF16PS on 16x32 by 32x16 tiles (2x2 blocking), then the
+// softmax of every row, then P·V for all rows; AVX512_BF16 (VDPBF16PS, 4 rows x 4 vectors of 16
+// columns) takes the three steps four rows at a time, so that S and P stay in L1. Their
 // summation orders differ, so their bits differ; each is deterministic.
 #if !defined(__clang__)  // clang has no such warning (and warns about the unknown group)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
+// GCC 12's _mm512_undefined_ps (the pass-through operand of _mm512_max_ps, _mm512_roundscale_ps
+// and others) is uninitialised on purpose; it warns once those calls are inlined here.
+#pragma GCC diagnostic ignored "-Wuninitialized"
 
 #include <immintrin.h>
 
@@ -236,14 +241,25 @@ void GemmAmx(const uint16_t* a, int lda, const uint16_t* b, float* c, int ldc, i
   }
 }
 
-template <int kVecs>
-inline void DpBlock(const uint16_t* a, int lda, const uint16_t* b, int n, float* c, int ldc,
-                    int k) {
+// C rows [4][16·kVecs] (ldc floats) = A rows [4][k] (lda elements) · B columns [16·kVecs] of a
+// pair-layout B whose pair rows are n elements long: VDPBF16PS on 4 x kVecs accumulators, the
+// A pair broadcast. With kRescale, the accumulators start from C[r] · alpha[r] instead of zero
+// (the online softmax's O = O·alpha + P·V in one pass over O).
+template <int kVecs, bool kRescale>
+inline void DpBlock(const uint16_t* a, int lda, const uint16_t* b, int n, float* c, int ldc, int k,
+                    const float* alpha) {
   __m512 acc[4][kVecs];
 #pragma GCC unroll 4
   for (int r = 0; r < 4; ++r) {
 #pragma GCC unroll 4
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = _mm512_setzero_ps();
+    for (int v = 0; v < kVecs; ++v) {
+      if constexpr (kRescale) {
+        acc[r][v] =
+            _mm512_mul_ps(_mm512_loadu_ps(c + int64_t{r} * ldc + 16 * v), _mm512_set1_ps(alpha[r]));
+      } else {
+        acc[r][v] = _mm512_setzero_ps();
+      }
+    }
   }
   for (int xx = 0; xx < k / 2; ++xx) {
     __m512bh bv[kVecs];
@@ -267,17 +283,13 @@ inline void DpBlock(const uint16_t* a, int lda, const uint16_t* b, int n, float*
   }
 }
 
-void GemmAvx512Bf16(const uint16_t* a, int lda, const uint16_t* b, float* c, int ldc, int m, int n,
-                    int k) {
-  for (int i = 0; i < m; i += 4) {
-    int j = 0;
-    for (; j + 64 <= n; j += 64) {
-      DpBlock<4>(a + int64_t{i} * lda, lda, b + j * 2, n, c + int64_t{i} * ldc + j, ldc, k);
-    }
-    if (j < n) {  // n is a multiple of 32
-      DpBlock<2>(a + int64_t{i} * lda, lda, b + j * 2, n, c + int64_t{i} * ldc + j, ldc, k);
-    }
-  }
+// Four rows of A·B (n a multiple of 32), optionally rescaling C first (DpBlock).
+template <bool kRescale>
+void Gemm4Rows(const uint16_t* a, int lda, const uint16_t* b, float* c, int n, int k,
+               const float* alpha) {
+  int j = 0;
+  for (; j + 64 <= n; j += 64) DpBlock<4, kRescale>(a, lda, b + j * 2, n, c + j, n, k, alpha);
+  if (j < n) DpBlock<2, kRescale>(a, lda, b + j * 2, n, c + j, n, k, alpha);
 }
 
 // 2^t for t <= 0 (scores minus their running max, in units of log2 e) or NaN: t = n + f with n
@@ -304,9 +316,9 @@ constexpr float kLog2e = 1.44269504088896341f;
 
 struct Scratch {
   uint16_t* qa;  // [kQ][Dp]
-  float* s;      // [kQ][kN]
-  uint16_t* pa;  // [kQ][kN]
-  float* ot;     // [kQ][Dvp]: P·V of the current tile
+  float* s;      // [kQ][kN] (the AVX512_BF16 path uses 4 rows)
+  uint16_t* pa;  // [kQ][kN] (likewise)
+  float* ot;     // [kQ][Dvp]: P·V of the current tile (AMX path only)
   float* o;      // [kQ][Dvp]: running output
   float* m;      // [kQ]
   float* l;      // [kQ][16]: running sums, per row a vector of 16 partial sums
@@ -355,117 +367,212 @@ __mmask16 MaskBits(const MaskView& mk, const uint8_t* row, int j0, int count) {
   return static_cast<__mmask16>(bits);
 }
 
-template <bool kAmx>
-void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
-  const PackedShape sh = ShapeOf(p);
-  const Scratch s = Carve(scratch, p.head_dim, p.v_head_dim);
-  const int rows = MinInt(kQ, p.q_len - i0);
-  const int m_rows = Round32(rows);
-  const int dp = sh.dp, dvp = sh.dvp;
-  const int kvh = h / (p.num_heads / p.num_kv_heads);
-  if constexpr (kAmx) ConfigureTiles();
+// The state of one task: its rows, their key limits, the packed operands and the scratch.
+struct Task {
+  const AttentionParams& p;
+  int b, h, i0;
+  int rows;  // query rows of this task (<= kQ)
+  int max_limit;
+  int dp, dvp;         // head dims rounded up to 32
+  const uint16_t* kp;  // packed K tiles
+  const uint16_t* vp;  // packed V tiles
+  Scratch s;
+  int limit[kQ];  // keys [limit, kv_len) are blocked for the row (causal, key_lengths)
+};
 
-  // Queries, rounded to bfloat16 ([m_rows][Dp], padded rows zero), and the row limits.
-  const Rows q = InputRows(p, p.q, b, h);
-  int min_limit = p.kv_len, max_limit = 0;
-  int limit[kQ];
-  float alpha[kQ];  // rescale factor of the current tile, per row
-  for (int r = 0; r < m_rows; ++r) {
-    if (r < rows) {
-      ToBf16Row(p.input_dtype, q.row(i0 + r), p.head_dim, dp, s.qa + int64_t{r} * dp);
-      limit[r] = KeyLimit(p, b, i0 + r);
-      min_limit = MinInt(min_limit, limit[r]);
-      max_limit = MaxInt(max_limit, limit[r]);
+// Rounds the task's queries to bfloat16 into s.qa ([pad_rows][Dp], rows past `rows` zero), sets
+// the row limits and the softmax state (m = -inf, l = 0, O = 0).
+void Begin(Task& t, int pad_rows) {
+  const AttentionParams& p = t.p;
+  const Rows q = InputRows(p, p.q, t.b, t.h);
+  t.max_limit = 0;
+  for (int r = 0; r < pad_rows; ++r) {
+    if (r < t.rows) {
+      ToBf16Row(p.input_dtype, q.row(t.i0 + r), p.head_dim, t.dp, t.s.qa + int64_t{r} * t.dp);
+      t.limit[r] = KeyLimit(p, t.b, t.i0 + r);
+      t.max_limit = MaxInt(t.max_limit, t.limit[r]);
     } else {
-      std::memset(s.qa + int64_t{r} * dp, 0, sizeof(uint16_t) * dp);
-      std::memset(s.pa + int64_t{r} * kN, 0, sizeof(uint16_t) * kN);
+      std::memset(t.s.qa + int64_t{r} * t.dp, 0, sizeof(uint16_t) * t.dp);
     }
   }
   for (int r = 0; r < kQ; ++r) {
-    s.m[r] = kNegInf;
-    _mm512_storeu_ps(s.l + r * 16, _mm512_setzero_ps());
+    t.s.m[r] = kNegInf;
+    _mm512_storeu_ps(t.s.l + r * 16, _mm512_setzero_ps());
   }
-  std::memset(s.o, 0, sizeof(float) * kQ * dvp);
-  const uint16_t* kp = static_cast<const uint16_t*>(packed);
-  const uint16_t* vp = kp + sh.tiles * sh.k_tile_elems();
+  std::memset(t.s.o, 0, sizeof(float) * kQ * t.dvp);
+}
+
+// SoftmaxRow's common case, a whole tile of allowed keys with scale > 0, with the row's scores
+// held in registers between the max and the exp and P converted two vectors at a time. The same
+// arithmetic in the same order as the general path (the bits agree).
+float SoftmaxFullTile(const Task& t, int r, const float* sr, uint16_t* pr) {
+  constexpr int kVecs = kN / 16;
+  __m512 sv[kVecs];
+  __m512 vmax = _mm512_set1_ps(kNegInf);
+#pragma GCC unroll 8
+  for (int v = 0; v < kVecs; ++v) {
+    sv[v] = _mm512_loadu_ps(sr + 16 * v);
+    vmax = _mm512_max_ps(vmax, sv[v]);
+  }
+  const float tile_max = _mm512_reduce_max_ps(vmax) * t.p.scale;
+  const float m_old = t.s.m[r];
+  const float m_new = m_old > tile_max ? m_old : tile_max;
+  const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+  const float alpha = _mm512_cvtss_f32(Exp2NonPositive(_mm512_set1_ps((m_old - m_ref) * kLog2e)));
+  const __m512 ref = _mm512_set1_ps(m_ref * kLog2e);
+  const __m512 mul = _mm512_set1_ps(t.p.scale * kLog2e);
+  __m512 vsum = _mm512_setzero_ps();
+#pragma GCC unroll 4
+  for (int v = 0; v < kVecs; v += 2) {
+    const __m512 e0 = Exp2NonPositive(_mm512_fmsub_ps(sv[v], mul, ref));
+    const __m512 e1 = Exp2NonPositive(_mm512_fmsub_ps(sv[v + 1], mul, ref));
+    vsum = _mm512_add_ps(_mm512_add_ps(vsum, e0), e1);
+    _mm512_storeu_si512(pr + 16 * v, reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(e1, e0)));
+  }
+  float* lr = t.s.l + r * 16;
+  _mm512_storeu_ps(lr, _mm512_fmadd_ps(_mm512_loadu_ps(lr), _mm512_set1_ps(alpha), vsum));
+  t.s.m[r] = m_new;
+  return alpha;
+}
+
+// The online softmax step of row r over the key tile at j0 (`keys` keys, k_pad = Round32(keys)),
+// in float32: sr holds the row's raw scores S[r][0, kN) (overwritten), pr receives P[r][0, k_pad)
+// as bfloat16 (zero past keys); updates m[r] and l[r] and returns the rescale factor alpha of
+// the row's previous O and l.
+float SoftmaxRow(const Task& t, int r, int j0, int keys, int k_pad, float* sr, uint16_t* pr) {
+  const AttentionParams& p = t.p;
+  const MaskView& mk = p.mask;
   const __m512 scale = _mm512_set1_ps(p.scale);
   const __m512 neg_inf = _mm512_set1_ps(kNegInf);
-  const MaskView& mk = p.mask;
+  const int allowed_end = MinInt(keys, t.limit[r] - j0);  // keys at or past it are blocked
+  const uint8_t* mrow = mk.data != nullptr ? mk.data + t.b * mk.batch_stride +
+                                                 t.h * mk.head_stride + (t.i0 + r) * mk.row_stride
+                                           : nullptr;
+  // Every key of the tile allowed (no mask, below the row's limit) and scale > 0: the max of the
+  // raw scores gives the max of the scaled ones, and exp takes s·scale - m in one fused step.
+  // Otherwise blocked scores are first replaced by -inf, scaled, in place.
+  const bool plain = mrow == nullptr && allowed_end >= keys && p.scale > 0.0f;
+  if (plain && keys == kN) return SoftmaxFullTile(t, r, sr, pr);
+  __m512 vmax = neg_inf;
+  for (int x = 0; x < keys; x += 16) {
+    const int count = MinInt(16, keys - x);
+    const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1);
+    if (plain) {
+      vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, lanes, sr + x));
+      continue;
+    }
+    __mmask16 ok = allowed_end <= x ? 0
+                                    : (allowed_end >= x + 16
+                                           ? lanes
+                                           : static_cast<__mmask16>((1u << (allowed_end - x)) - 1));
+    if (mrow != nullptr && ok != 0) ok &= MaskBits(mk, mrow, j0 + x, count);
+    const __m512 v = _mm512_mask_mul_ps(neg_inf, ok, _mm512_loadu_ps(sr + x), scale);
+    _mm512_storeu_ps(sr + x, v);
+    vmax = _mm512_max_ps(vmax, v);
+  }
+  const float tile_max = plain ? _mm512_reduce_max_ps(vmax) * p.scale : _mm512_reduce_max_ps(vmax);
+  const float m_old = t.s.m[r];
+  const float m_new = m_old > tile_max ? m_old : tile_max;
+  const float m_ref = m_new == kNegInf ? 0.0f : m_new;
+  const float alpha = _mm512_cvtss_f32(Exp2NonPositive(_mm512_set1_ps((m_old - m_ref) * kLog2e)));
+  // exp(s·scale - m) = 2^(s·(scale·log2 e) - m·log2 e), one fused step per vector.
+  const __m512 ref = _mm512_set1_ps(m_ref * kLog2e);
+  const __m512 mul = _mm512_set1_ps(plain ? p.scale * kLog2e : kLog2e);
+  __m512 vsum = _mm512_setzero_ps();
+  for (int x = 0; x < k_pad; x += 16) {
+    __m512 e = _mm512_setzero_ps();
+    if (x < keys) {
+      const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, keys - x)) - 1);
+      const __m512 sc = _mm512_loadu_ps(sr + x);
+      e = _mm512_maskz_mov_ps(lanes, Exp2NonPositive(_mm512_fmsub_ps(sc, mul, ref)));
+    }
+    vsum = _mm512_add_ps(vsum, e);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + x),
+                        reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
+  }
+  // The running sum stays a vector of partial sums (one horizontal sum per row, at the end).
+  float* lr = t.s.l + r * 16;
+  _mm512_storeu_ps(lr, _mm512_fmadd_ps(_mm512_loadu_ps(lr), _mm512_set1_ps(alpha), vsum));
+  t.s.m[r] = m_new;
+  return alpha;
+}
 
-  for (int j0 = 0; j0 < max_limit; j0 += kN) {
-    const int t = j0 / kN;
+// out = O / l; a row that met no allowed key gets the mean of all values (float32).
+void Finish(const Task& t) {
+  const AttentionParams& p = t.p;
+  const int kvh = t.h / (p.num_heads / p.num_kv_heads);
+  const Rows v = InputRows(p, p.v, t.b, kvh);
+  bool have_mean = false;
+  for (int r = 0; r < t.rows; ++r) {
+    float* out = p.out.data + t.b * p.out.batch_stride + t.h * p.out.head_stride +
+                 (t.i0 + r) * p.out.row_stride;
+    const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(t.s.l + r * 16));
+    if (l == 0.0f) {  // fully blocked; not m == -inf, which a NaN score can leave
+      if (!have_mean) {
+        for (int c = 0; c < p.v_head_dim; ++c) t.s.mean[c] = 0.0f;
+        for (int j = 0; j < p.kv_len; ++j) {
+          ToFloatRow(p.input_dtype, v.row(j), p.v_head_dim, t.s.row);
+          for (int c = 0; c < p.v_head_dim; ++c) t.s.mean[c] += t.s.row[c];
+        }
+        const float inv = 1.0f / static_cast<float>(p.kv_len);
+        for (int c = 0; c < p.v_head_dim; ++c) t.s.mean[c] *= inv;
+        have_mean = true;
+      }
+      for (int c = 0; c < p.v_head_dim; ++c) out[c] = t.s.mean[c];
+    } else {
+      const __m512 inv_l = _mm512_set1_ps(1.0f / l);
+      const float* orow = t.s.o + int64_t{r} * t.dvp;
+      for (int c = 0; c < p.v_head_dim; c += 16) {
+        const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, p.v_head_dim - c)) - 1);
+        _mm512_mask_storeu_ps(out + c, lanes, _mm512_mul_ps(_mm512_loadu_ps(orow + c), inv_l));
+      }
+    }
+  }
+}
+
+Task MakeTask(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
+  const PackedShape sh = ShapeOf(p);
+  const uint16_t* kp = static_cast<const uint16_t*>(packed);
+  return Task{p,
+              b,
+              h,
+              i0,
+              MinInt(kQ, p.q_len - i0),
+              0,
+              sh.dp,
+              sh.dvp,
+              kp,
+              kp + sh.tiles * sh.k_tile_elems(),
+              Carve(scratch, p.head_dim, p.v_head_dim),
+              {}};
+}
+
+// AMX: per key tile, S for all the task's rows (padded to 32) in one tile product, the softmax
+// row by row, P·V for all rows, then O = O·alpha + P·V.
+void RunAmx(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
+  Task t = MakeTask(p, b, h, i0, packed, scratch);
+  const PackedShape sh = ShapeOf(p);
+  const Scratch& s = t.s;
+  const int m_rows = Round32(t.rows);
+  const int dvp = t.dvp;
+  ConfigureTiles();
+  Begin(t, m_rows);
+  for (int r = t.rows; r < m_rows; ++r)
+    std::memset(s.pa + int64_t{r} * kN, 0, sizeof(uint16_t) * kN);
+  float alpha[kQ];  // rescale factor of the current tile, per row
+  for (int j0 = 0; j0 < t.max_limit; j0 += kN) {
+    const int tile = j0 / kN;
     const int keys = MinInt(kN, p.kv_len - j0);
     const int k_pad = Round32(keys);
     // 1. S = Q·Kᵀ over the tile ([m_rows][k_pad], float32).
-    if constexpr (kAmx) {
-      GemmAmx(s.qa, dp, kp + t * sh.k_tile_elems(), s.s, kN, m_rows, kN, dp);
-    } else {
-      GemmAvx512Bf16(s.qa, dp, kp + t * sh.k_tile_elems(), s.s, kN, m_rows, kN, dp);
-    }
+    GemmAmx(s.qa, t.dp, t.kp + tile * sh.k_tile_elems(), s.s, kN, m_rows, kN, t.dp);
     // 2. Online softmax, row by row, in float32; P rounded to bfloat16.
-    for (int r = 0; r < rows; ++r) {
-      float* sr = s.s + int64_t{r} * kN;
-      const int allowed_end = MinInt(keys, limit[r] - j0);  // keys at or past it are blocked
-      const uint8_t* mrow = mk.data != nullptr ? mk.data + b * mk.batch_stride +
-                                                     h * mk.head_stride + (i0 + r) * mk.row_stride
-                                               : nullptr;
-      // Every key of the tile allowed (no mask, below the row's limit) and scale > 0: the max
-      // of the raw scores gives the max of the scaled ones, and exp takes s·scale - m in one
-      // fused step. Otherwise blocked scores are first replaced by -inf, scaled, in place.
-      const bool plain = mrow == nullptr && allowed_end >= keys && p.scale > 0.0f;
-      __m512 vmax = neg_inf;
-      for (int x = 0; x < keys; x += 16) {
-        const int count = MinInt(16, keys - x);
-        const __mmask16 lanes = static_cast<__mmask16>((1u << count) - 1);
-        if (plain) {
-          vmax = _mm512_max_ps(vmax, _mm512_mask_loadu_ps(neg_inf, lanes, sr + x));
-          continue;
-        }
-        __mmask16 ok =
-            allowed_end <= x
-                ? 0
-                : (allowed_end >= x + 16 ? lanes
-                                         : static_cast<__mmask16>((1u << (allowed_end - x)) - 1));
-        if (mrow != nullptr && ok != 0) ok &= MaskBits(mk, mrow, j0 + x, count);
-        const __m512 v = _mm512_mask_mul_ps(neg_inf, ok, _mm512_loadu_ps(sr + x), scale);
-        _mm512_storeu_ps(sr + x, v);
-        vmax = _mm512_max_ps(vmax, v);
-      }
-      const float tile_max =
-          plain ? _mm512_reduce_max_ps(vmax) * p.scale : _mm512_reduce_max_ps(vmax);
-      const float m_old = s.m[r];
-      const float m_new = m_old > tile_max ? m_old : tile_max;
-      const float m_ref = m_new == kNegInf ? 0.0f : m_new;
-      alpha[r] = _mm512_cvtss_f32(Exp2NonPositive(_mm512_set1_ps((m_old - m_ref) * kLog2e)));
-      // exp(s·scale - m) = 2^(s·(scale·log2 e) - m·log2 e), one fused step per vector.
-      const __m512 ref = _mm512_set1_ps(m_ref * kLog2e);
-      const __m512 mul = _mm512_set1_ps(plain ? p.scale * kLog2e : kLog2e);
-      __m512 vsum = _mm512_setzero_ps();
-      uint16_t* pr = s.pa + int64_t{r} * kN;
-      for (int x = 0; x < k_pad; x += 16) {
-        __m512 e = _mm512_setzero_ps();
-        if (x < keys) {
-          const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, keys - x)) - 1);
-          const __m512 sc = _mm512_loadu_ps(sr + x);
-          e = _mm512_maskz_mov_ps(lanes, Exp2NonPositive(_mm512_fmsub_ps(sc, mul, ref)));
-        }
-        vsum = _mm512_add_ps(vsum, e);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(pr + x),
-                            reinterpret_cast<__m256i>(_mm512_cvtneps_pbh(e)));
-      }
-      // The running sum stays a vector of partial sums (one horizontal sum per row, at the end).
-      float* lr = s.l + r * 16;
-      _mm512_storeu_ps(lr, _mm512_fmadd_ps(_mm512_loadu_ps(lr), _mm512_set1_ps(alpha[r]), vsum));
-      s.m[r] = m_new;
+    for (int r = 0; r < t.rows; ++r) {
+      alpha[r] = SoftmaxRow(t, r, j0, keys, k_pad, s.s + int64_t{r} * kN, s.pa + int64_t{r} * kN);
     }
     // 3. O_tile = P·V_tile ([m_rows][Dvp]), then O = O · alpha + O_tile.
-    const uint16_t* vt = vp + t * sh.v_tile_elems();
-    if constexpr (kAmx) {
-      GemmAmx(s.pa, kN, vt, s.ot, dvp, m_rows, dvp, k_pad);
-    } else {
-      GemmAvx512Bf16(s.pa, kN, vt, s.ot, dvp, m_rows, dvp, k_pad);
-    }
-    for (int r = 0; r < rows; ++r) {
+    GemmAmx(s.pa, kN, t.vp + tile * sh.v_tile_elems(), s.ot, dvp, m_rows, dvp, k_pad);
+    for (int r = 0; r < t.rows; ++r) {
       float* orow = s.o + int64_t{r} * dvp;
       const float* trow = s.ot + int64_t{r} * dvp;
       const __m512 va = _mm512_set1_ps(alpha[r]);
@@ -475,47 +582,46 @@ void Run(const AttentionParams& p, int b, int h, int i0, const void* packed, voi
       }
     }
   }
-  if constexpr (kAmx) _tile_release();
+  _tile_release();
+  Finish(t);
+}
 
-  // 4. out = O / l; a row that met no allowed key gets the mean of all values (float32).
-  const Rows v = InputRows(p, p.v, b, kvh);
-  bool have_mean = false;
-  for (int r = 0; r < rows; ++r) {
-    float* out =
-        p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
-    const float l = _mm512_reduce_add_ps(_mm512_loadu_ps(s.l + r * 16));
-    if (l == 0.0f) {  // fully blocked; not m == -inf, which a NaN score can leave
-      if (!have_mean) {
-        for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] = 0.0f;
-        for (int j = 0; j < p.kv_len; ++j) {
-          ToFloatRow(p.input_dtype, v.row(j), p.v_head_dim, s.row);
-          for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] += s.row[c];
+// AVX512_BF16: per key tile, four query rows at a time go through all three steps (S = Q·Kᵀ
+// for the 4 rows, their softmax, O = O·alpha + P·V) before the next four, so that S and P stay
+// in L1 (4 x 128 floats and bfloat16s) instead of making a round trip through L2 for all 64 rows
+// as in the AMX order; the rescale of O is folded into the P·V accumulators' start.
+void RunAvx512Bf16(const AttentionParams& p, int b, int h, int i0, const void* packed,
+                   void* scratch) {
+  Task t = MakeTask(p, b, h, i0, packed, scratch);
+  const PackedShape sh = ShapeOf(p);
+  const Scratch& s = t.s;
+  const int pad_rows = (t.rows + 3) / 4 * 4;
+  Begin(t, pad_rows);
+  float alpha[4];
+  for (int j0 = 0; j0 < t.max_limit; j0 += kN) {
+    const int tile = j0 / kN;
+    const int keys = MinInt(kN, p.kv_len - j0);
+    const int k_pad = Round32(keys);
+    const uint16_t* kt = t.kp + tile * sh.k_tile_elems();
+    const uint16_t* vt = t.vp + tile * sh.v_tile_elems();
+    for (int r0 = 0; r0 < t.rows; r0 += 4) {
+      Gemm4Rows<false>(s.qa + int64_t{r0} * t.dp, t.dp, kt, s.s, kN, t.dp, nullptr);
+      for (int r = 0; r < 4; ++r) {
+        uint16_t* pr = s.pa + int64_t{r} * kN;
+        if (r0 + r < t.rows) {
+          alpha[r] = SoftmaxRow(t, r0 + r, j0, keys, k_pad, s.s + int64_t{r} * kN, pr);
+        } else {  // padding rows: P = 0, O stays 0
+          alpha[r] = 0.0f;
+          std::memset(pr, 0, sizeof(uint16_t) * k_pad);
         }
-        const float inv = 1.0f / static_cast<float>(p.kv_len);
-        for (int c = 0; c < p.v_head_dim; ++c) s.mean[c] *= inv;
-        have_mean = true;
       }
-      for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.mean[c];
-    } else {
-      const __m512 inv_l = _mm512_set1_ps(1.0f / l);
-      const float* orow = s.o + int64_t{r} * dvp;
-      for (int c = 0; c < p.v_head_dim; c += 16) {
-        const __mmask16 lanes = static_cast<__mmask16>((1u << MinInt(16, p.v_head_dim - c)) - 1);
-        _mm512_mask_storeu_ps(out + c, lanes, _mm512_mul_ps(_mm512_loadu_ps(orow + c), inv_l));
-      }
+      Gemm4Rows<true>(s.pa, kN, vt, s.o + int64_t{r0} * t.dvp, t.dvp, k_pad, alpha);
     }
   }
+  Finish(t);
 }
 
 void ToBf16(DType type, const void* src, int n, uint16_t* dst) { ToBf16Row(type, src, n, n, dst); }
-
-void RunAmx(const AttentionParams& p, int b, int h, int i0, const void* packed, void* scratch) {
-  Run<true>(p, b, h, i0, packed, scratch);
-}
-void RunAvx512Bf16(const AttentionParams& p, int b, int h, int i0, const void* packed,
-                   void* scratch) {
-  Run<false>(p, b, h, i0, packed, scratch);
-}
 
 }  // namespace
 }  // namespace attnserve::kernels::cpu::bf16
