@@ -108,8 +108,10 @@ __device__ __forceinline__ void LoadMaskTileAsync(uint8_t* s_mask, const uint8_t
     const int i = m0 + r;
     const uintptr_t first = reinterpret_cast<uintptr_t>(mask) +
                             static_cast<uintptr_t>(i * row_stride + n0 * col_stride);
-    const int len = i < q_len ? row_bytes : 0;
-    const int src_bytes = min(max(static_cast<int>(first & 3) + len - 4 * w, 0), 4);
+    // The bytes to copy from the row's first word on; none for a row past q_len (its address
+    // may lie past the mask).
+    const int bytes = i < q_len && row_bytes > 0 ? static_cast<int>(first & 3) + row_bytes : 0;
+    const int src_bytes = min(max(bytes - 4 * w, 0), 4);
     const uintptr_t word = (first & ~uintptr_t{3}) + 4 * static_cast<uintptr_t>(w);
     CpAsync4(SmemAddr(s_mask + r * kMaskStride + 4 * w), reinterpret_cast<const void*>(word),
              src_bytes);
