@@ -1,13 +1,16 @@
 // The launch code of the fused forward (flash_fwd_launch_template.h, the flash_fwd_*.cu
-// instantiations, flash_fwd_dispatch.cc's FlashForward) run on the host emulation through the
+// instantiations, flash_fwd_dispatch.cc's FlashForward) and of the decode path
+// (flash_decode.cu's FlashDecode) run on the host emulation through the
 // CUDA runtime shim (shim/cuda_runtime_api.h): host_cu.sh rewrites the .cu files' launches into
 // emulator calls, so these are the real files' grid, block, shared-memory and attribute code.
 // Checked against the float64 reference; the kernels' own cases are flash_emu_test's.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -21,12 +24,15 @@ namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 
-// One sequence of q_len x kv_len, num_heads heads, fp16, optionally causal and with a
-// per-head random mask placed `mask_shift` bytes into its buffer (0: 16-byte aligned).
+// One sequence of q_len x kv_len, num_heads query heads on num_kv_heads, fp16, optionally
+// causal and with a per-head random mask placed `mask_shift` bytes into its buffer (0: 16-byte
+// aligned); through FlashForward, or FlashDecode when `decode`.
 struct Shape {
   int q_len = 37;
   int kv_len = 81;
   int num_heads = 2;
+  int num_kv_heads = 2;
+  bool decode = false;
   int head_dim = 64;
   int v_head_dim = 64;
   bool causal = false;
@@ -49,7 +55,7 @@ uint16_t Half(float f, float* rounded) {
 Result Forward(const Shape& s) {
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  const int H = s.num_heads, D = s.head_dim, Dv = s.v_head_dim;
+  const int H = s.num_heads, Hkv = s.num_kv_heads, D = s.head_dim, Dv = s.v_head_dim;
   auto fill = [&](size_t n, std::unique_ptr<uint16_t[]>& bits, std::vector<float>& values) {
     bits.reset(new uint16_t[n]);
     values.resize(n);
@@ -58,19 +64,19 @@ Result Forward(const Shape& s) {
   std::unique_ptr<uint16_t[]> q, k, v;
   std::vector<float> qf, kf, vf;
   fill(size_t(s.q_len) * H * D, q, qf);
-  fill(size_t(s.kv_len) * H * D, k, kf);
-  fill(size_t(s.kv_len) * H * Dv, v, vf);
+  fill(size_t(s.kv_len) * Hkv * D, k, kf);
+  fill(size_t(s.kv_len) * Hkv * Dv, v, vf);
   const size_t mask_n = size_t(H) * s.q_len * s.kv_len;
   std::unique_ptr<uint8_t[]> mask_buffer(new uint8_t[mask_n + s.mask_shift]);
   uint8_t* mask = mask_buffer.get() + s.mask_shift;
   std::bernoulli_distribution allow(0.7);
   for (size_t i = 0; i < mask_n; ++i) mask[i] = allow(rng) ? 1 : 0;
   // v_mean for rows with no allowed key, as the backend computes it.
-  std::unique_ptr<float[]> v_mean(new float[size_t(H) * Dv]);
-  for (int h = 0; h < H; ++h) {
+  std::unique_ptr<float[]> v_mean(new float[size_t(Hkv) * Dv]);
+  for (int h = 0; h < Hkv; ++h) {
     for (int d = 0; d < Dv; ++d) {
       double sum = 0;
-      for (int t = 0; t < s.kv_len; ++t) sum += vf[(size_t(t) * H + h) * Dv + d];
+      for (int t = 0; t < s.kv_len; ++t) sum += vf[(size_t(t) * Hkv + h) * Dv + d];
       v_mean[size_t(h) * Dv + d] = static_cast<float>(sum / s.kv_len);
     }
   }
@@ -81,16 +87,19 @@ Result Forward(const Shape& s) {
   p.q = q.get();
   p.k = k.get();
   p.v = v.get();
-  p.q_row_stride = p.k_row_stride = int64_t{H} * D;
+  p.q_row_stride = int64_t{H} * D;
+  p.k_row_stride = int64_t{Hkv} * D;
   p.q_head_stride = p.k_head_stride = D;
-  p.v_row_stride = p.o_row_stride = int64_t{H} * Dv;
+  p.v_row_stride = int64_t{Hkv} * Dv;
+  p.o_row_stride = int64_t{H} * Dv;
   p.v_head_stride = p.o_head_stride = Dv;
   p.o = o.get();
   p.cu_seqlens_q = cu_q;
   p.cu_seqlens_k = cu_k;
   p.num_seqs = 1;
   p.max_seqlen_q = s.q_len;
-  p.num_heads = p.num_kv_heads = H;
+  p.num_heads = H;
+  p.num_kv_heads = Hkv;
   p.head_dim = D;
   p.v_head_dim = Dv;
   p.scale = 1.0f / std::sqrt(static_cast<float>(D));
@@ -106,19 +115,29 @@ Result Forward(const Shape& s) {
 
   Result run;
   run.path = SelectFlashPath(p);
-  run.status = FlashForward(p, ComputeType::kFloat16, /*stream=*/nullptr);
+  if (s.decode) {
+    // Exactly the size the launch code asks for, NaN-filled: a slot past it is an overrun
+    // (ASan), one read before it is written shows as NaN.
+    const size_t floats = FlashDecodeWorkspaceBytes(p, s.kv_len) / sizeof(float);
+    std::unique_ptr<float[]> workspace(new float[floats]);
+    std::fill(workspace.get(), workspace.get() + floats, std::nanf(""));
+    run.status = FlashDecode(p, ComputeType::kFloat16, s.kv_len, workspace.get(), nullptr);
+  } else {
+    run.status = FlashForward(p, ComputeType::kFloat16, /*stream=*/nullptr);
+  }
   if (!run.status.ok()) return run;
 
   AttentionParams a;
   a.batch = 1;
-  a.num_heads = a.num_kv_heads = H;
+  a.num_heads = H;
+  a.num_kv_heads = Hkv;
   a.q_len = s.q_len;
   a.kv_len = s.kv_len;
   a.head_dim = D;
   a.v_head_dim = Dv;
   a.q = {qf.data(), 0, D, int64_t{H} * D};
-  a.k = {kf.data(), 0, D, int64_t{H} * D};
-  a.v = {vf.data(), 0, Dv, int64_t{H} * Dv};
+  a.k = {kf.data(), 0, D, int64_t{Hkv} * D};
+  a.v = {vf.data(), 0, Dv, int64_t{Hkv} * Dv};
   if (s.mask) a.mask = {mask, 0, p.mask_head_stride, p.mask_row_stride, 1};
   a.causal = s.causal;
   a.scale = p.scale;
@@ -185,6 +204,24 @@ TEST(FlashLaunchEmuTest, GenericForOtherHeadDimsAndUnalignedMasks) {
   ASSERT_TRUE(r.status.ok()) << r.status.error;
   EXPECT_EQ(r.path, FlashPath::kGeneric);
   EXPECT_LE(r.max_error, kGenericTolerance);
+}
+
+TEST(FlashLaunchEmuTest, DecodeSplitsAndGroups) {
+  // flash_decode.cu: 700 keys in several fixed-size splits, GQA 4/1 and 8/2 with a mask, and
+  // the combine kernel; P stays in float32 (the generic tolerance).
+  for (const auto& [h, hkv] : {std::pair{4, 1}, std::pair{8, 2}}) {
+    Shape s;
+    s.decode = true;
+    s.q_len = 1;
+    s.kv_len = 700;
+    s.num_heads = h;
+    s.num_kv_heads = hkv;
+    s.v_head_dim = 72;
+    s.mask = true;
+    const Result r = Forward(s);
+    ASSERT_TRUE(r.status.ok()) << r.status.error;
+    EXPECT_LE(r.max_error, kGenericTolerance) << h << "/" << hkv;
+  }
 }
 
 TEST(FlashLaunchEmuTest, UnsupportedHeadDimIsAnError) {
