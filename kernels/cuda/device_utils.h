@@ -26,6 +26,14 @@ __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool 
                "r"(src_bytes)
                : "memory");
 }
+// Copies 4 bytes global -> shared (through L1: .cg takes only 16); the first src_bytes (0 to 4)
+// come from gmem, the rest are zero-filled, and no byte past gmem + src_bytes is read. Both
+// addresses must be 4-byte aligned. For tiles whose rows start at any byte (the mask).
+__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, int src_bytes) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem), "l"(gmem),
+               "r"(src_bytes)
+               : "memory");
+}
 __device__ __forceinline__ void CpAsyncCommit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }

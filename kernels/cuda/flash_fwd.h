@@ -22,7 +22,8 @@ namespace attnserve::kernels::cuda {
 enum class FlashPath { kTensorCore, kGeneric, kUnsupported };
 // kTensorCore (flash_fwd_kernel.h) when head_dim and v_head_dim are multiples of 8 in [8, 256]
 // and q, k, v are 16-byte aligned with strides that are multiples of 8 elements (o: 8-byte
-// aligned, even strides): both are zero-padded to TensorCoreHeadDim(p); kGeneric (no tensor
+// aligned, even strides; a mask 4-byte aligned with a column stride of 0 or 1, as
+// kernels/mask.h broadcasts): both are zero-padded to TensorCoreHeadDim(p); kGeneric (no tensor
 // cores) for the other layouts and head dims with v_head_dim <= 256; else kUnsupported (use
 // NaiveAttentionForward).
 FlashPath SelectFlashPath(const FlashFwdParams& p);

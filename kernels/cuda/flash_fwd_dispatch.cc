@@ -30,7 +30,9 @@ FlashPath SelectFlashPath(const FlashFwdParams& p) {
       Aligned(p.q, 16) && Aligned(p.k, 16) && Aligned(p.v, 16) && Aligned(p.o, 8) &&
       p.q_row_stride % 8 == 0 && p.q_head_stride % 8 == 0 && p.k_row_stride % 8 == 0 &&
       p.k_head_stride % 8 == 0 && p.v_row_stride % 8 == 0 && p.v_head_stride % 8 == 0 &&
-      p.o_row_stride % 2 == 0 && p.o_head_stride % 2 == 0;
+      p.o_row_stride % 2 == 0 && p.o_head_stride % 2 == 0 &&
+      (p.mask == nullptr ||
+       (Aligned(p.mask, 4) && (p.mask_col_stride == 0 || p.mask_col_stride == 1)));
   if (tensor_core_layout && TensorCoreHeadDim(p) != 0) return FlashPath::kTensorCore;
   if (p.v_head_dim <= kGenericMaxVHeadDim && p.head_dim >= 1) return FlashPath::kGeneric;
   return FlashPath::kUnsupported;

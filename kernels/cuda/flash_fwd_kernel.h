@@ -76,23 +76,45 @@ __device__ __forceinline__ void LoadTileAsync(Element* smem, const Element* gmem
   }
 }
 
-// Copies the mask bytes of query rows [m0, m0 + kBlockM) x keys [n0, n0 + kBlockN) into shared
-// memory (plain loads: the mask has arbitrary broadcast strides); out-of-range entries read 0.
-// Reading the tile back from shared memory keeps the masked kernel within the register budget
-// (global byte loads inside the unrolled score loop were hoisted and spilled). Rows are
-// kMaskStride bytes apart (kernel_traits.h says why).
+// The byte (0-3) within its 4-byte word at which query row i's mask row starts: where its
+// scores start in the mask tile row (LoadMaskTileAsync). The same for every key block (they
+// start at multiples of 16 keys, column stride 0 or 1).
+__device__ __forceinline__ int MaskRowOffset(const uint8_t* mask, int64_t row_stride, int i) {
+  return static_cast<int>(
+      (reinterpret_cast<uintptr_t>(mask) + static_cast<uintptr_t>(i * row_stride)) & 3);
+}
+
+// Issues the cp.async copies of the mask bytes of query rows [m0, m0 + kBlockM) x keys
+// [n0, n0 + kBlockN) into shared memory, in the pipeline's current group with the K tile: they
+// land while the block computes, where plain loads waited for global memory in line. (A tile
+// at all: global byte loads inside the unrolled score loop were hoisted and spilled.)
+// cp.async copies whole aligned words while a mask row may start at any byte: row r's bytes
+// [first, first + len) go in the words that hold them, from the one at or below first, to tile
+// row r (kMaskStride bytes apart, kernel_traits.h), so its scores start at byte
+// MaskRowOffset. The bytes of rows >= q_len and keys >= kv_len are zero-filled, and nothing
+// past a row's last key is read; the bytes below first in its word are the mask's own (the
+// previous row's, or this row's previous keys). REQUIRES col_stride 0 or 1 (a row of keys, or
+// one byte broadcast over them) and mask 4-byte aligned (SelectFlashPath checks both).
 template <int kBlockM, int kBlockN, int kMaskStride, int kNThreads>
-__device__ __forceinline__ void LoadMaskTile(uint8_t* s_mask, const uint8_t* mask,
-                                             int64_t row_stride, int64_t col_stride, int m0, int n0,
-                                             int q_len, int kv_len, int tid) {
+__device__ __forceinline__ void LoadMaskTileAsync(uint8_t* s_mask, const uint8_t* mask,
+                                                  int64_t row_stride, int64_t col_stride, int m0,
+                                                  int n0, int q_len, int kv_len, int tid) {
+  constexpr int kWords = kBlockN / 4 + 1;
+  const int row_bytes = col_stride == 0 ? 1 : min(kBlockN, kv_len - n0);
 #pragma unroll 4
-  for (int idx = tid; idx < kBlockM * kBlockN; idx += kNThreads) {
-    const int r = idx / kBlockN;
-    const int c = idx % kBlockN;
+  for (int idx = tid; idx < kBlockM * kWords; idx += kNThreads) {
+    const int r = idx / kWords;
+    const int w = idx % kWords;
     const int i = m0 + r;
-    const int j = n0 + c;
-    s_mask[r * kMaskStride + c] =
-        (i < q_len && j < kv_len) ? mask[i * row_stride + j * col_stride] : 0;
+    const uintptr_t first = reinterpret_cast<uintptr_t>(mask) +
+                            static_cast<uintptr_t>(i * row_stride + n0 * col_stride);
+    // The bytes to copy from the row's first word on; none for a row past q_len (its address
+    // may lie past the mask).
+    const int bytes = i < q_len && row_bytes > 0 ? static_cast<int>(first & 3) + row_bytes : 0;
+    const int src_bytes = min(max(bytes - 4 * w, 0), 4);
+    const uintptr_t word = (first & ~uintptr_t{3}) + 4 * static_cast<uintptr_t>(w);
+    CpAsync4(SmemAddr(s_mask + r * kMaskStride + 4 * w), reinterpret_cast<const void*>(word),
+             src_bytes);
   }
 }
 
@@ -113,7 +135,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   Element* s_q = reinterpret_cast<Element*>(smem_raw);
   Element* s_k = s_q + Traits::kSmemQElems;
   Element* s_v = s_k + Traits::kSmemKElems;
-  // [kBlockM, kBlockN], rows kMaskStride bytes apart.
+  // [kBlockM, kBlockN] at a byte offset per row (LoadMaskTileAsync), rows kMaskStride bytes apart.
   uint8_t* s_mask = reinterpret_cast<uint8_t*>(s_v + Traits::kSmemVElems);
 
   // One 1-D grid (flash_grid.h): m block fastest, then head, then sequence.
@@ -145,17 +167,17 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
   detail::LoadTileAsync<kBlockM, kHeadDim, kNThreads>(s_q, q_ptr, p.q_row_stride, q_len - m0,
                                                       p.head_dim, tid);
+  const uint8_t* mask_ptr =
+      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride : nullptr;
   if (n_blocks > 0) {
     detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_k, k_ptr, p.k_row_stride, kv_len,
                                                         p.head_dim, tid);
+    if (mask_ptr != nullptr) {
+      detail::LoadMaskTileAsync<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
+          s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, 0, q_len, kv_len, tid);
+    }
   }
   detail::CpAsyncCommit();
-  const uint8_t* mask_ptr =
-      p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride : nullptr;
-  if (mask_ptr != nullptr && n_blocks > 0) {
-    detail::LoadMaskTile<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
-        s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, 0, q_len, kv_len, tid);
-  }
   detail::CpAsyncWaitAll();
   __syncthreads();
 
@@ -186,6 +208,17 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int limit[2] = {KeyLimit(row_in_seq[0], q_len, kv_len, key_length, p.causal),
                         KeyLimit(row_in_seq[1], q_len, kv_len, key_length, p.causal)};
   OnlineSoftmaxRow softmax[2] = {OnlineSoftmaxInit(), OnlineSoftmaxInit()};
+  // Where the two rows' scores start in the mask tile, and the step per key (0: the mask is
+  // broadcast over the keys).
+  int mask_at[2] = {0, 0};
+  const int mask_col_step = p.mask_col_stride != 0 ? 1 : 0;
+  if (mask_ptr != nullptr) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      mask_at[r] = (warp * 16 + lane / 4 + 8 * r) * Traits::kMaskStride +
+                   detail::MaskRowOffset(mask_ptr, p.mask_row_stride, row_in_seq[r]);
+    }
+  }
 
   for (int nb = 0; nb < n_blocks; ++nb) {
     const int n0 = nb * kBlockN;
@@ -232,8 +265,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
           const int col = t * 8 + (lane % 4) * 2 + (e & 1);
           bool allowed = n0 + col < limit[r];
           if (mask_ptr != nullptr) {
-            allowed =
-                allowed && s_mask[(warp * 16 + lane / 4 + 8 * r) * Traits::kMaskStride + col] != 0;
+            allowed = allowed && s_mask[mask_at[r] + col * mask_col_step] != 0;
           }
           if (!allowed) s = kNegInf;
         }
@@ -271,7 +303,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
           p.head_dim, tid);
       // The mask tile of the next block: this iteration's was read above, before the barrier.
       if (mask_ptr != nullptr) {
-        detail::LoadMaskTile<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
+        detail::LoadMaskTileAsync<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
             s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, n0 + kBlockN, q_len, kv_len,
             tid);
       }

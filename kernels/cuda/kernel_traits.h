@@ -55,12 +55,16 @@ struct FlashFwdTraits {
   static constexpr int kSmemQElems = kBlockM * kHeadDim;
   static constexpr int kSmemKElems = kBlockN * kHeadDim;
   static constexpr int kSmemVElems = kBlockN * kHeadDim;
-  // The mask tile, one byte a score. Its rows are kBlockN + 8 bytes apart: a warp reads the
-  // tile at rows lane / 4 (8 rows) and 2 consecutive words of each, which at a row stride of
-  // kBlockN (a multiple of 64 bytes) fell in the same banks (4-way at kBlockN 64, 8-way at 128);
-  // 2 words more per row put the 8 rows' word pairs in 16 different banks for every kBlockN
-  // here (16 to 128).
-  static constexpr int kMaskStride = kBlockN + 8;
+  // The mask tile, one byte a score, copied in 4-byte words (cp.async takes 4 bytes at least):
+  // a mask row starts at any byte offset o (0-3) within its first word, so a tile row holds
+  // kBlockN + o bytes of kBlockN / 4 + 1 words, its scores at bytes [o, o + kBlockN)
+  // (flash_fwd_kernel.h: LoadMaskTileAsync). A warp reads the tile at rows lane / 4 (8 rows), up
+  // to 3 consecutive words of each (4 lanes x 2 bytes from byte o + 8t); rows kMaskWords words
+  // apart with kMaskWords % 8 == 4 start the 8 rows at 8 different multiples of 4 words modulo
+  // the 32 banks, so their word triples never share a bank (no conflict for any offsets). The
+  // smallest such row at least kBlockN / 4 + 1 words long.
+  static constexpr int kMaskWords = (kBlockN / 4 + 4) / 8 * 8 + 4;
+  static constexpr int kMaskStride = 4 * kMaskWords;  // bytes
   static constexpr int kSmemMaskBytes = kBlockM * kMaskStride;
   static constexpr int kSmemBytes =
       (kSmemQElems + kSmemKElems + kSmemVElems) * static_cast<int>(sizeof(Element)) +
@@ -82,6 +86,7 @@ struct FlashFwdTraits {
   static_assert(kBlockN % 16 == 0, "key tile must be a multiple of 16 (k16 steps of P.V)");
   static_assert((kBlockM * kChunksPerRow) % kNThreads == 0, "Q tile must split evenly");
   static_assert((kBlockN * kChunksPerRow) % kNThreads == 0, "K/V tiles must split evenly");
+  static_assert(kMaskWords % 8 == 4 && kMaskWords >= kBlockN / 4 + 1, "mask tile row stride");
   static_assert(kSmemBytes <= 227 * 1024, "shared memory above the sm_90 per-block limit");
   static_assert(sizeof(Element) == 2, "16-bit tensor-core operands");
 };

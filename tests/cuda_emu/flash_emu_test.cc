@@ -65,6 +65,7 @@ enum class MaskLayout {
   kPerHead,        // [S, H, Lq, Lk], random, some rows fully blocked
   kBroadcastHead,  // [S, 1, Lq, Lk] broadcast over heads
   kKeyPadding,     // [S, 1, 1, Lk] broadcast over heads and rows
+  kBroadcastKeys,  // [S, H, Lq, 1] broadcast over keys (column stride 0): whole rows blocked
   kBlockedTiles,   // whole key tiles blocked for every row, and a fully blocked row
   kAllBlocked,     // nothing allowed: every row attends uniformly
 };
@@ -250,17 +251,20 @@ Outcome RunCase(const Case& c, Kernel kernel, ComputeType type, uint32_t seed) {
   std::unique_ptr<uint8_t[]> mask;
   int64_t mb = 0, mh = 0, mr = 0, mc = 1;
   if (c.mask != MaskLayout::kNone) {
-    const int mask_heads = c.mask == MaskLayout::kPerHead ? H : 1;
+    const bool per_head = c.mask == MaskLayout::kPerHead || c.mask == MaskLayout::kBroadcastKeys;
+    const int mask_heads = per_head ? H : 1;
     const int mask_rows = c.mask == MaskLayout::kKeyPadding ? 1 : max_q;
-    mr = c.mask == MaskLayout::kKeyPadding ? 0 : max_k;
-    mh = c.mask == MaskLayout::kPerHead ? int64_t{mask_rows} * max_k : 0;
-    mb = int64_t{mask_heads} * mask_rows * max_k;
+    const int mask_cols = c.mask == MaskLayout::kBroadcastKeys ? 1 : max_k;
+    mc = mask_cols == 1 ? 0 : 1;
+    mr = mask_rows == 1 ? 0 : mask_cols;
+    mh = mask_heads == 1 ? 0 : int64_t{mask_rows} * mask_cols;
+    mb = int64_t{mask_heads} * mask_rows * mask_cols;
     const size_t n = size_t(S) * mb;
     mask.reset(new uint8_t[n]);
     std::bernoulli_distribution allow(0.7);
     for (size_t e = 0; e < n; ++e) {
-      const int64_t j = int64_t(e) % max_k;
-      const int64_t i = mask_rows == 1 ? 0 : (int64_t(e) / max_k) % mask_rows;
+      const int64_t j = int64_t(e) % mask_cols;
+      const int64_t i = mask_rows == 1 ? 0 : (int64_t(e) / mask_cols) % mask_rows;
       switch (c.mask) {
         case MaskLayout::kBlockedTiles:
           // Keys [0, 160) blocked for every row (whole 64- and 128-key tiles), and row 3.
@@ -496,11 +500,14 @@ TEST_P(FlashEmuTest, KeyLengths) {
 }
 
 TEST_P(FlashEmuTest, MaskLayouts) {
-  for (MaskLayout m : {MaskLayout::kPerHead, MaskLayout::kBroadcastHead, MaskLayout::kKeyPadding,
-                       MaskLayout::kBlockedTiles, MaskLayout::kAllBlocked}) {
+  for (MaskLayout m :
+       {MaskLayout::kPerHead, MaskLayout::kBroadcastHead, MaskLayout::kKeyPadding,
+        MaskLayout::kBroadcastKeys, MaskLayout::kBlockedTiles, MaskLayout::kAllBlocked}) {
     Case c = Base("mask" + std::to_string(static_cast<int>(m)));
-    c.seqs = m == MaskLayout::kBlockedTiles ? std::vector<Seq>{{20, 300}}
-                                            : std::vector<Seq>{{20, 80}, {9, 33}};
+    // 81 keys: mask rows (and the second sequence's mask) start at every byte offset within a
+    // word, which the tensor-core kernel's word copies of the mask tile must undo.
+    c.seqs = m == MaskLayout::kBlockedTiles ? std::vector<Seq>{{20, 301}}
+                                            : std::vector<Seq>{{20, 81}, {9, 33}};
     c.mask = m;
     c.causal = m == MaskLayout::kPerHead;
     Check(c);

@@ -51,6 +51,17 @@ case "$name" in
     file=flash_fwd_kernel.h
     from="      if (mask_ptr != nullptr) {${nl}        detail::LoadMaskTile"
     to="      if (false) {${nl}        detail::LoadMaskTile" ;;
+  mask_copy_not_waited)  # the next mask tile's copies issued after the group's commit: the wait
+    # before the scores read it does not cover them (wait_group 0 leaves uncommitted copies)
+    file=flash_fwd_kernel.h
+    call="detail::LoadMaskTileAsync<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(${nl}"
+    args="s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, n0 + kBlockN, q_len, kv_len,${nl}"
+    from="      if (mask_ptr != nullptr) {${nl}        ${call}            ${args}            tid);${nl}      }${nl}    }${nl}    detail::CpAsyncCommit();${nl}"
+    to="    }${nl}    detail::CpAsyncCommit();${nl}    if (mask_ptr != nullptr && nb + 1 < n_blocks) {${nl}      ${call}${args}tid);${nl}    }${nl}" ;;
+  mask_row_offset_ignored)  # mask rows read from the tile row's first byte, not their offset
+    file=flash_fwd_kernel.h
+    from="  return static_cast<int>(${nl}      (reinterpret_cast<uintptr_t>(mask) + static_cast<uintptr_t>(i * row_stride)) & 3);"
+    to="  return 0;" ;;
   generic_no_rescale)  # the online-softmax rescale of the accumulators dropped
     file=flash_fwd_generic_kernel.h
     from="for (int t = 0; t < kOutPerLane; ++t) acc[t] *= factor;"

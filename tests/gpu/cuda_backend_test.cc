@@ -549,6 +549,23 @@ TEST(FlashDispatchTest, GenericOrNaiveOtherwise) {
   EXPECT_EQ(SelectFlashPath(unaligned), FlashPath::kGeneric);
 }
 
+TEST(FlashDispatchTest, MaskLayoutsTheTensorCoreKernelCopies) {
+  // Its cp.async word copies of the mask tile take a 4-byte aligned mask whose rows are keys
+  // (column stride 1) or one byte broadcast over them (0): what kernels/mask.h produces.
+  alignas(4) static const uint8_t mask[8] = {};
+  FlashFwdParams p = DispatchParams(64, 64);
+  p.mask = mask;
+  for (const int64_t col_stride : {0, 1}) {
+    p.mask_col_stride = col_stride;
+    EXPECT_EQ(SelectFlashPath(p), FlashPath::kTensorCore) << col_stride;
+  }
+  p.mask_col_stride = 2;
+  EXPECT_EQ(SelectFlashPath(p), FlashPath::kGeneric);
+  p.mask_col_stride = 1;
+  p.mask = mask + 1;
+  EXPECT_EQ(SelectFlashPath(p), FlashPath::kGeneric);
+}
+
 TEST(CudaBackendCreateTest, UnavailableWithoutDevice) {
   if (CudaDeviceCount() > 0) GTEST_SKIP() << "a device is present";
   auto b = CreateCudaBackend(CudaBackendOptions{});

@@ -1,6 +1,7 @@
 // Shim of kernels/cuda/device_utils.h for the host emulation (tests/cuda_emu/README.md): the
 // same functions, the inline PTX replaced by emulations written from the PTX ISA:
-//   cp.async.cg.shared.global 16 (src-size 0 zero-fills), commit_group, wait_group 0;
+//   cp.async.cg.shared.global 16 (src-size 0 zero-fills), cp.async.ca.shared.global 4 (src-size
+//   0 to 4, the rest zero-filled), commit_group, wait_group 0;
 //   ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16;
 //   mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32
 // ("Matrix Fragments for mma.m16n8k16 with floating point type" and "Warp-level matrix load
@@ -31,6 +32,17 @@ __device__ __forceinline__ void CpAsync16(uint32_t smem, const void* gmem, bool 
   if (reinterpret_cast<uintptr_t>(gmem) % 16 != 0) emu::Fail("cp.async: unaligned source");
   static const unsigned char kZeros[16] = {};
   emu::CpAsync(dst, valid ? gmem : kZeros, 16);
+}
+// cp.async.ca.shared.global [smem], [gmem], 4, src_bytes: the first src_bytes (0 to 4) from
+// gmem, the rest zero-filled; nothing past gmem + src_bytes is read (ASan checks). Both
+// addresses must be 4-byte aligned.
+__device__ __forceinline__ void CpAsync4(uint32_t smem, const void* gmem, int src_bytes) {
+  unsigned char* dst = emu::SharedAt(smem, 4, 4, "cp.async destination");
+  if (reinterpret_cast<uintptr_t>(gmem) % 4 != 0) emu::Fail("cp.async: unaligned source");
+  if (src_bytes < 0 || src_bytes > 4) emu::Fail("cp.async: src-size outside [0, 4]");
+  static const unsigned char kZeros[4] = {};
+  emu::CpAsync(dst, src_bytes > 0 ? gmem : kZeros, src_bytes);
+  emu::CpAsync(dst + src_bytes, kZeros, 4 - src_bytes);
 }
 __device__ __forceinline__ void CpAsyncCommit() { emu::CpAsyncCommit(); }
 __device__ __forceinline__ void CpAsyncWaitAll() { emu::CpAsyncWait(0); }

@@ -1,0 +1,58 @@
+// Shim of the CUDA runtime API for the host emulation (tests/cuda_emu/README.md): the types and
+// calls the launch code of kernels/cuda/ uses, implemented on the host (emu_runtime.cc). A
+// "device" pointer is a host pointer, and a launch on a stream runs every block to completion
+// before it returns, so stream order holds trivially (and a missing stream synchronisation
+// cannot show here). A launch is checked as CUDA checks it: the grid and block limits, and
+// dynamic shared memory above 48 KiB only after cudaFuncSetAttribute raised the kernel's limit;
+// a failed check sets the error cudaGetLastError returns and runs nothing.
+#ifndef ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_RUNTIME_API_H_
+#define ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_RUNTIME_API_H_
+
+#include <cstddef>
+
+#include "tests/cuda_emu/emu.h"
+
+enum cudaError {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorInvalidConfiguration = 9,
+};
+typedef enum cudaError cudaError_t;
+typedef struct CUstream_st* cudaStream_t;
+
+enum cudaFuncAttribute {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
+
+// The last launch error of the calling thread, reset to cudaSuccess by the call.
+cudaError_t cudaGetLastError();
+const char* cudaGetErrorName(cudaError_t error);
+const char* cudaGetErrorString(cudaError_t error);
+
+namespace emu {
+
+// cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel` (any other attribute is an error).
+cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value);
+// Checks a launch of `kernel` as CUDA would; on failure records the error for
+// cudaGetLastError and returns false.
+bool LaunchAllowed(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
+
+// kernel<<<grid, block, smem_bytes, stream>>>(args...), which host_cu.sh rewrites .cu files
+// into: every block runs on the emulator before it returns. Arguments are passed by value, as
+// CUDA copies them.
+template <typename... Params, typename... Args>
+void LaunchKernel(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
+                  void (*kernel)(Params...), const Args&... args) {
+  if (!LaunchAllowed(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes)) return;
+  Launch(grid, block, smem_bytes, [&] { kernel(args...); });
+}
+
+}  // namespace emu
+
+template <typename... Params>
+cudaError_t cudaFuncSetAttribute(void (*kernel)(Params...), cudaFuncAttribute attribute,
+                                 int value) {
+  return emu::FuncSetAttribute(reinterpret_cast<const void*>(kernel), attribute, value);
+}
+
+#endif  // ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_RUNTIME_API_H_
