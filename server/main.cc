@@ -33,8 +33,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "base/file.h"
 #include "base/flags_usage.h"
-#include "kernels/safetensors.h"
 #include "server/server_host.h"
 #include "server/version.h"
 
@@ -225,7 +225,7 @@ int Run() {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    auto token = attnserve::kernels::ReadFileToString(path);
+    auto token = attnserve::ReadFileToString(path);
     if (!token.ok()) {
       std::fprintf(stderr, "attnserve: --auth_token_file: %s\n", token.status().ToString().c_str());
       return 2;
