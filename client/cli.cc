@@ -36,10 +36,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/file.h"
 #include "base/flags_usage.h"
 #include "client/client.h"
 #include "client/session.h"
-#include "kernels/safetensors.h"
+#include "model/safetensors.h"
 
 ABSL_FLAG(std::string, target, "localhost:50051", "server address (gRPC target)");
 ABSL_FLAG(std::string, shape, "", "attend: B,Hq,Lq,D; mha: B,L");
@@ -208,9 +209,9 @@ double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
 }
 
 int Seed(attnserve::Client& client, absl::Duration timeout) {
-  namespace k = attnserve::kernels;
+  namespace k = attnserve::model;
   const std::string path = absl::GetFlag(FLAGS_file);
-  auto bytes = k::ReadFileToString(path);
+  auto bytes = attnserve::ReadFileToString(path);
   if (!bytes.ok()) return Fail(bytes.status());
   auto file = k::ParseSafetensors(*bytes);
   if (!file.ok()) return Fail(file.status());
@@ -295,7 +296,7 @@ double Percentile(std::vector<double> v, double p) {
 }
 
 int RunSession(attnserve::Client& client, absl::Duration timeout) {
-  namespace k = attnserve::kernels;
+  namespace k = attnserve::model;
   auto dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return Fail(dtype.status());
   attnserve::SessionOptions options;
@@ -348,7 +349,7 @@ int RunSession(attnserve::Client& client, absl::Duration timeout) {
   };
   v1::ExtendSessionRequest prefill;
   if (const std::string path = absl::GetFlag(FLAGS_file); !path.empty()) {
-    auto bytes = k::ReadFileToString(path);
+    auto bytes = attnserve::ReadFileToString(path);
     if (!bytes.ok()) return Fail(bytes.status());
     auto file = k::ParseSafetensors(*bytes);
     if (!file.ok()) return Fail(file.status());
@@ -402,7 +403,7 @@ int RunSession(attnserve::Client& client, absl::Duration timeout) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  auto bytes = attnserve::kernels::ReadFileToString(path);
+  auto bytes = attnserve::ReadFileToString(path);
   if (!bytes.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", bytes.status().message()));
   }

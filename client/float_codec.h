@@ -1,23 +1,21 @@
-// The client's own float16/bfloat16 packing, so that the installed client library needs only
-// the proto (not the server's kernels library). Bit-for-bit the same conversions as
-// kernels/dtype.h (tests/client/float_codec_test.cc checks every half and bfloat16 value).
+// The client's float16/bfloat16 packing of tensors. The element codec is base/float16.h, the one
+// the kernels use too (installed with the client), so the installed client library needs only
+// the proto and base/, not the server's kernels library.
 #ifndef ATTNSERVE_CLIENT_FLOAT_CODEC_H_
 #define ATTNSERVE_CLIENT_FLOAT_CODEC_H_
 
 #include <cstddef>
 #include <cstdint>
 
+#include "base/float16.h"
+
 namespace attnserve::codec {
 
-// IEEE 754 binary16 <-> binary32. Widening is exact for every value; narrowing rounds to
-// nearest even, overflows to infinity and keeps NaN a quiet NaN.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-
-// bfloat16 (the top half of a binary32) <-> binary32; narrowing rounds to nearest even and keeps
-// NaN a quiet NaN.
-float BFloat16ToFloat(uint16_t b);
-uint16_t FloatToBFloat16(float f);
+// The element codec, as base/float16.h spells it (codec::HalfToFloat and so on).
+using ::attnserve::BFloat16ToFloat;
+using ::attnserve::FloatToBFloat16;
+using ::attnserve::FloatToHalf;
+using ::attnserve::HalfToFloat;
 
 // Element formats of attnserve.v1.Dtype that carry floats.
 enum class FloatFormat { kFloat32, kFloat16, kBFloat16 };

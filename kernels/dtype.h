@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/string_view.h"
+#include "base/float16.h"
 
 namespace attnserve::kernels {
 
@@ -30,26 +31,12 @@ constexpr size_t DTypeSize(DType t) {
 
 absl::string_view DTypeName(DType t);
 
-// IEEE 754 binary16 <-> binary32. Exact for every half value (subnormals, infinities and NaN
-// included); float -> half rounds to nearest even.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-
-// bfloat16 is the top half of a float32: widening is exact; narrowing rounds to nearest even
-// and keeps NaN a (quiet) NaN.
-inline float BFloat16ToFloat(uint16_t b) {
-  const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline uint16_t FloatToBFloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
+// The scalar float16/bfloat16 codec lives in base/float16.h (shared with the safetensors reader
+// and the client); kernels code calls it as kernels::HalfToFloat etc. as well.
+using ::attnserve::BFloat16ToFloat;
+using ::attnserve::FloatToBFloat16;
+using ::attnserve::FloatToHalf;
+using ::attnserve::HalfToFloat;
 
 // Converts n packed little-endian elements of `type` (FLOAT32, FLOAT16 or BFLOAT16) at `src` to
 // float32, and back. `src`/`dst` need no alignment.

@@ -56,6 +56,7 @@ struct MultiHeadWeights {
 };
 
 // Checks shapes (d_model >= 1, num_heads >= 1, d_model % num_heads == 0) and vector sizes.
+// (Weights come from files through model/module_weights.h; the kernels only compute with them.)
 absl::Status ValidateWeights(const MultiHeadWeights& w);
 
 // One multi-head request. Buffers belong to the caller and outlive the call.
@@ -83,14 +84,6 @@ struct MultiHeadParams {
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
 };
-
-// Builds module weights from a safetensors file holding the reference module's state_dict()
-// names: W_q.weight, W_q.bias, W_k.weight, W_k.bias, W_v.weight, W_v.bias, W_o.weight, W_o.bias
-// (weights [d_model, d_model], biases [d_model]; F32, F16 or BF16). `num_heads` > 0 is used as
-// given; 0 takes it from the metadata key "num_heads". Other tensors in the file are ignored.
-// Errors are INVALID_ARGUMENT naming the tensor or key.
-struct SafetensorsFile;
-absl::StatusOr<MultiHeadWeights> WeightsFromSafetensors(const SafetensorsFile& file, int num_heads);
 
 // Where a backend put the projected Q, K and V of a multi-head request: row-major [B·L, ·]
 // buffers of element type `dtype`, head t of a row at columns [t·d_k, (t+1)·d_k), with row

@@ -16,7 +16,7 @@ PACKAGES=(
   prometheus
   # attnserve-bench's HTML report, loaded headless by tests/client/bench_html_test.py
   chromium
-  # kernels: JSON for safetensors headers, BLAS for projections
+  # model: JSON for safetensors headers; kernels: BLAS for projections
   nlohmann-json3-dev libopenblas-dev
   # kernels: bfloat16 matmul (AMX / AVX512_BF16 kernels chosen by oneDNN at run time)
   libdnnl-dev

@@ -2,8 +2,9 @@
 # The clang leg of CI (after scripts/test.sh and scripts/test-sanitizers.sh), kept lean:
 #   - every library and binary of ours built by clang with -Wthread-safety -Werror (base/mutex.h's
 #     annotations checked), under AddressSanitizer + UndefinedBehaviorSanitizer;
-#   - the unit tests (base, kernels, batcher, metrics), each binary's --help, and the installed
-#     client header compiled by clang in the find_package test;
+#   - the unit tests (base, kernels, model, batcher, metrics), each binary's --help, attnserve-cli
+#     holding no kernels code, and the installed client header compiled by clang in the
+#     find_package test;
 #   - each libFuzzer target of tests/fuzz for a bounded time from its checked-in corpus
 #     (FUZZ_SECONDS each, 25 by default; tests/fuzz/README.md).
 #   scripts/test-clang.sh      # build-clang/ (preset "clang")
@@ -18,16 +19,17 @@ cmake --preset clang
 fuzzers=(fuzz_attend_request fuzz_multi_head_request fuzz_stream_item fuzz_safetensors
          fuzz_module_load fuzz_mask)
 cmake --build --preset clang --target attnserve attnserve-cli attnserve-bench attnserve_testing \
-  base_test kernels_test batcher_test metrics_test "${fuzzers[@]}"
+  base_test kernels_test model_test batcher_test metrics_test "${fuzzers[@]}"
 # The unit tests (the binaries themselves: the clang leg builds no other test binary, so ctest's
 # labels, which name those too, would report them as not built).
-for t in tests/base/base_test tests/kernels/kernels_test tests/server/batching/batcher_test \
+for t in tests/base/base_test tests/kernels/kernels_test tests/model/model_test \
+         tests/server/batching/batcher_test \
          tests/server/metrics/metrics_test; do
   build-clang/$t --gtest_brief=1
 done
 # Each binary's --help, the fuzz corpora, and the installed headers compiled by clang.
 ctest --preset clang -L fuzz
-ctest --preset clang -R "_help$|^client_install_find_package$"
+ctest --preset clang -R "_help$|^client_install_find_package$|^attnserve_cli_links_no_kernels$"
 
 # A bounded run of each fuzz target, starting from its corpus (read only: new inputs go to a
 # scratch directory). Any crash, leak or sanitizer report fails the run.

@@ -33,8 +33,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "base/file.h"
 #include "base/flags_usage.h"
-#include "kernels/safetensors.h"
 #include "server/server_host.h"
 #include "server/version.h"
 
@@ -85,9 +85,10 @@ ABSL_FLAG(int, batch_threads, kDefaults.batching.batcher.num_batch_threads,
           "threads computing batches (the backend parallelises inside one)");
 ABSL_FLAG(int64_t, max_stream_in_flight, kDefaults.limits.max_stream_in_flight,
           "most requests of one stream in flight");
-ABSL_FLAG(std::string, tls_cert_file, "", "PEM server certificate chain: serve TLS");
-ABSL_FLAG(std::string, tls_key_file, "", "PEM private key of --tls_cert_file");
-ABSL_FLAG(std::string, tls_client_ca_file, "",
+ABSL_FLAG(std::string, tls_cert_file, kDefaults.tls.cert_file,
+          "PEM server certificate chain: serve TLS");
+ABSL_FLAG(std::string, tls_key_file, kDefaults.tls.key_file, "PEM private key of --tls_cert_file");
+ABSL_FLAG(std::string, tls_client_ca_file, kDefaults.tls.client_ca_file,
           "PEM CA: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token every call must carry ('authorization: Bearer <token>')");
@@ -105,7 +106,9 @@ ABSL_FLAG(int64_t, session_pool_bytes, kDefaults.sessions.pool_bytes,
           "bytes of the decode sessions' paged KV pool (K and V of every session)");
 ABSL_FLAG(int, session_page_tokens, kDefaults.sessions.page_tokens,
           "tokens per page of the session KV pool (1..4096)");
-ABSL_FLAG(std::string, session_when_full, "evict",
+ABSL_FLAG(std::string, session_when_full,
+          kDefaults.sessions.when_full == attnserve::server::sessions::WhenFull::kRefuse ? "refuse"
+                                                                                         : "evict",
           "when an extend needs pages the pool lacks: 'evict' (idle unpinned sessions, least "
           "recently used first) or 'refuse' (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int64_t, session_idle_ttl_ms, absl::ToInt64Milliseconds(kDefaults.sessions.idle_ttl),
@@ -115,7 +118,7 @@ ABSL_FLAG(double, session_max_pinned_fraction, kDefaults.sessions.max_pinned_fra
 ABSL_FLAG(int64_t, session_prefill_chunk_tokens, kDefaults.sessions.prefill_chunk_tokens,
           "new tokens of a prefill computed per batch; the rest goes back to the queue, behind "
           "the decode steps that arrived meanwhile");
-ABSL_FLAG(std::string, session_owner, "",
+ABSL_FLAG(std::string, session_owner, kDefaults.sessions.owner,
           "the replica's address in session ids (empty: the listening host:port, the hostname "
           "for a wildcard address); clients route a session's calls by it");
 ABSL_FLAG(int64_t, max_sessions, kDefaults.sessions.max_sessions,
@@ -211,7 +214,9 @@ int Run() {
   options.sessions.page_tokens = absl::GetFlag(FLAGS_session_page_tokens);
   if (const std::string when = absl::GetFlag(FLAGS_session_when_full); when == "refuse") {
     options.sessions.when_full = attnserve::server::sessions::WhenFull::kRefuse;
-  } else if (when != "evict") {
+  } else if (when == "evict") {
+    options.sessions.when_full = attnserve::server::sessions::WhenFull::kEvictLru;
+  } else {
     std::fprintf(stderr, "attnserve: --session_when_full must be 'evict' or 'refuse'; was '%s'\n",
                  when.c_str());
     return 2;
@@ -225,7 +230,7 @@ int Run() {
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
-    auto token = attnserve::kernels::ReadFileToString(path);
+    auto token = attnserve::ReadFileToString(path);
     if (!token.ok()) {
       std::fprintf(stderr, "attnserve: --auth_token_file: %s\n", token.status().ToString().c_str());
       return 2;

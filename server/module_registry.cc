@@ -4,7 +4,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/safetensors.h"
+#include "model/module_weights.h"
+#include "model/safetensors.h"
 
 namespace attnserve::server {
 
@@ -76,7 +77,7 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleFromSafetensors(absl::string
                                                                     absl::string_view buffer,
                                                                     int num_heads,
                                                                     int64_t max_bytes) {
-  auto file = kernels::ParseSafetensors(buffer);
+  auto file = model::ParseSafetensors(buffer);
   if (!file.ok()) return file.status();
   // Check the size before converting: W_q.weight fixes d_model.
   if (auto wq = file->Find("W_q.weight"); wq.ok() && (*wq)->shape.size() == 2) {
@@ -88,7 +89,7 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleFromSafetensors(absl::string
           " bytes of weights; the server's limit (--max_module_bytes) is ", max_bytes));
     }
   }
-  auto weights = kernels::WeightsFromSafetensors(*file, num_heads);
+  auto weights = model::WeightsFromSafetensors(*file, num_heads);
   if (!weights.ok()) return weights.status();
   auto module = std::make_shared<Module>();
   module->name = std::string(name);

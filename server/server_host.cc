@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "grpc/grpc.h"
 #include "grpc/support/time.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -19,7 +20,6 @@
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "kernels/reference.h"
-#include "kernels/safetensors.h"
 #include "server/backend_factory.h"
 #include "server/version.h"
 
@@ -148,14 +148,14 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
         "--tls_cert_file and --tls_key_file must be given together (and --tls_client_ca_file "
         "needs both)");
   }
-  auto cert = kernels::ReadFileToString(tls.cert_file);
+  auto cert = ReadFileToString(tls.cert_file);
   if (!cert.ok()) return cert.status();
-  auto key = kernels::ReadFileToString(tls.key_file);
+  auto key = ReadFileToString(tls.key_file);
   if (!key.ok()) return key.status();
   grpc::SslServerCredentialsOptions ssl;
   ssl.pem_key_cert_pairs.push_back({*key, *cert});
   if (!tls.client_ca_file.empty()) {
-    auto ca = kernels::ReadFileToString(tls.client_ca_file);
+    auto ca = ReadFileToString(tls.client_ca_file);
     if (!ca.ok()) return ca.status();
     ssl.pem_root_certs = *ca;
     ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
@@ -183,7 +183,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     if (auto s = host->modules_.Add(DemoModule(), false); !s.ok()) return s;
   }
   for (const ModuleSpec& spec : options.modules) {
-    auto bytes = kernels::ReadFileToString(spec.path);
+    auto bytes = ReadFileToString(spec.path);
     if (!bytes.ok()) return bytes.status();
     auto module = ModuleFromSafetensors(spec.name, absl::StrCat("file:", spec.path), *bytes,
                                         spec.num_heads, options.limits.max_module_bytes);

@@ -1,6 +1,6 @@
 // attnserve::Client beyond the unary calls service_test.cc covers: async calls, the stream,
 // retries and round_robin through the service config (against fake servers that count calls),
-// the target helpers, and the client's own fp16/bf16 packing against the kernels'.
+// the target helpers, and tensors packed and unpacked in fp16/bf16.
 #include "client/client.h"
 
 #include <atomic>
@@ -11,13 +11,11 @@
 #include <vector>
 
 #include "base/mutex.h"
-#include "client/float_codec.h"
 #include "client/stream.h"
 #include "gmock/gmock.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "server/server_host.h"
 
 namespace attnserve {
@@ -298,40 +296,7 @@ TEST(TargetTest, BadOptionsAreRejected) {
   EXPECT_FALSE(Client::Create("").ok());
 }
 
-// --- The client's own float packing equals the kernels' bit for bit ---
-
-TEST(FloatCodecTest, EveryHalfAndBFloat16RoundTripsLikeTheKernels) {
-  for (uint32_t h = 0; h <= 0xffff; ++h) {
-    const float a = codec::HalfToFloat(static_cast<uint16_t>(h));
-    const float b = kernels::HalfToFloat(static_cast<uint16_t>(h));
-    ASSERT_EQ(std::memcmp(&a, &b, 4), 0) << h;
-    const float c = codec::BFloat16ToFloat(static_cast<uint16_t>(h));
-    const float d = kernels::BFloat16ToFloat(static_cast<uint16_t>(h));
-    ASSERT_EQ(std::memcmp(&c, &d, 4), 0) << h;
-  }
-}
-
-TEST(FloatCodecTest, NarrowingMatchesTheKernelsOnManyFloats) {
-  std::mt19937 rng(7);
-  for (int i = 0; i < 2'000'000; ++i) {
-    const uint32_t bits = rng();
-    float f;
-    std::memcpy(&f, &bits, 4);
-    ASSERT_EQ(codec::FloatToHalf(f), kernels::FloatToHalf(f)) << bits;
-    ASSERT_EQ(codec::FloatToBFloat16(f), kernels::FloatToBFloat16(f)) << bits;
-  }
-  // Around the half range edges and subnormals, every float in a band.
-  for (uint32_t bits = 0x33000000u - 64; bits < 0x38800000u + 4096; bits += 7) {
-    float f;
-    std::memcpy(&f, &bits, 4);
-    ASSERT_EQ(codec::FloatToHalf(f), kernels::FloatToHalf(f)) << bits;
-  }
-  for (uint32_t bits = 0x477fe000u; bits < 0x47800100u; ++bits) {
-    float f;
-    std::memcpy(&f, &bits, 4);
-    ASSERT_EQ(codec::FloatToHalf(f), kernels::FloatToHalf(f)) << bits;
-  }
-}
+// --- Tensors packed and unpacked by the client (the element codec is base/float16.h) ---
 
 TEST(FloatCodecTest, MakeTensorAndBackAreExactForRepresentableValues) {
   const std::vector<float> v = {0.f, -0.f, 1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f};

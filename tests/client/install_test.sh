@@ -19,6 +19,7 @@ cmake --install "$build" --prefix "$work/prefix" --component client > "$work/ins
 test -f "$work/prefix/include/attnserve/client/client.h"
 test -f "$work/prefix/include/attnserve/v1/attention.grpc.pb.h"
 test -f "$work/prefix/include/attnserve/base/mutex.h"
+test -f "$work/prefix/include/attnserve/base/float16.h"
 ls "$work"/prefix/lib*/cmake/attnserve/attnserveConfig.cmake > /dev/null
 
 # A sanitizer build installs instrumented libraries: the outside project must link the runtime.

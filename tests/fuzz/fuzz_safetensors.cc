@@ -5,11 +5,11 @@
 #include <cstdint>
 
 #include "absl/strings/string_view.h"
-#include "kernels/safetensors.h"
+#include "model/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view buffer(reinterpret_cast<const char*>(data), size);
-  auto file = attnserve::kernels::ParseSafetensors(buffer);
+  auto file = attnserve::model::ParseSafetensors(buffer);
   if (!file.ok()) return 0;
   for (const auto& [name, tensor] : file->tensors) {
     if (tensor.data.data() < buffer.data() ||

@@ -4,10 +4,10 @@
 #include <fstream>
 #include <sstream>
 
+#include "base/file.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/safetensors.h"
 #include "server/server_host.h"
 
 namespace attnserve {
@@ -42,9 +42,7 @@ mkcert stranger otherca "extendedKeyUsage=clientAuth"
   ~Certificates() { fs::remove_all(dir_); }
   bool ok() const { return ok_; }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  std::string pem(const std::string& name) const {
-    return kernels::ReadFileToString(path(name)).value();
-  }
+  std::string pem(const std::string& name) const { return ReadFileToString(path(name)).value(); }
 
  private:
   fs::path dir_;

@@ -3,8 +3,10 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "base/file.h"
 #include "kernels/mask.h"
-#include "kernels/safetensors.h"
+#include "model/module_weights.h"
+#include "model/safetensors.h"
 
 namespace attnserve::testing {
 
@@ -17,12 +19,12 @@ std::vector<std::string> SeedCaseNames() {
 absl::StatusOr<SeedCase> LoadSeedCase(const std::string& name) {
   SeedCase c;
   c.name = name;
-  auto bytes = kernels::ReadFileToString(absl::StrCat(SeedVectorsDir(), "/", name, ".safetensors"));
+  auto bytes = ReadFileToString(absl::StrCat(SeedVectorsDir(), "/", name, ".safetensors"));
   if (!bytes.ok()) return bytes.status();
   c.bytes = *std::move(bytes);
-  auto file = kernels::ParseSafetensors(c.bytes);
+  auto file = model::ParseSafetensors(c.bytes);
   if (!file.ok()) return file.status();
-  auto weights = kernels::WeightsFromSafetensors(*file, 0);
+  auto weights = model::WeightsFromSafetensors(*file, 0);
   if (!weights.ok()) return weights.status();
   c.weights = *std::move(weights);
 

@@ -1,10 +1,12 @@
 // Calls a live attnserve through the installed client: GetServerInfo, a float16 Attend checked
-// against a float64 computation here, and the stream. Exit 0 on success.
+// against a float64 computation here, the stream, and the installed fp16 codec (float_codec.h,
+// base/float16.h). Exit 0 on success.
 #include <cmath>
 #include <cstdio>
 #include <vector>
 
 #include "client/client.h"
+#include "client/float_codec.h"
 #include "client/stream.h"
 
 int main(int argc, char** argv) {
@@ -53,5 +55,9 @@ int main(int argc, char** argv) {
   const absl::Status status = stream->Finish();
   std::printf("outside: server %s, max |error| %.3g, stream answers %d (%s)\n",
               info->version().c_str(), max_err, answers, status.ToString().c_str());
-  return max_err < 1e-2 && answers == 3 && status.ok() ? 0 : 1;
+  // 0.1 in float16 is 0x2e66 = 1638 / 16384.
+  const bool codec_ok = attnserve::codec::FloatToHalf(0.1f) == 0x2e66 &&
+                        attnserve::codec::HalfToFloat(0x2e66) == 1638.0f / 16384.0f;
+  if (!codec_ok) std::fprintf(stderr, "the installed float16 codec is wrong\n");
+  return codec_ok && max_err < 1e-2 && answers == 3 && status.ok() ? 0 : 1;
 }

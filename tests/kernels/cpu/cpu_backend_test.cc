@@ -8,11 +8,13 @@
 #include <thread>
 #include <vector>
 
+#include "base/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/reference.h"
-#include "kernels/safetensors.h"
+#include "model/module_weights.h"
+#include "model/safetensors.h"
 #include "tests/kernels/cpu/attention_test_util.h"
 
 namespace attnserve::kernels::cpu {
@@ -30,6 +32,10 @@ using ::attnserve::kernels::testing::NaiveMultiHead32;
 using ::attnserve::kernels::testing::NaiveMultiHeadBf16;
 using ::attnserve::kernels::testing::RandomVector;
 using ::attnserve::kernels::testing::RandomWeights;
+using ::attnserve::model::ParseSafetensors;
+using ::attnserve::model::SafetensorsFile;
+using ::attnserve::model::SafetensorsTensor;
+using ::attnserve::model::WeightsFromSafetensors;
 
 // The float32 kernels (bf16_isa kNone: every dtype computes in float32), or a 16-bit path.
 std::unique_ptr<CpuBackend> MakeBackend(Isa isa, int threads = 2, Bf16Isa bf16_isa = Bf16Isa::kNone,

@@ -1,13 +1,12 @@
-#include "kernels/safetensors.h"
+#include "model/safetensors.h"
 
 #include <cstring>
 #include <string>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/multi_head.h"
 
-namespace attnserve::kernels {
+namespace attnserve::model {
 namespace {
 
 using ::testing::HasSubstr;
@@ -132,59 +131,5 @@ TEST(SafetensorsTest, TensorsInAnyOrderTilingTheBufferAreAccepted) {
   EXPECT_TRUE(ParseSafetensors(File("{}", "")).ok());
 }
 
-// A module file with d_model 2, stacking each tensor after the previous one.
-std::string ModuleFile(int d, const std::string& metadata, const std::string& skip = "") {
-  std::string header = "{";
-  std::string data;
-  for (const char* p : {"W_q", "W_k", "W_v", "W_o"}) {
-    for (const char* kind : {"weight", "bias"}) {
-      const std::string name = std::string(p) + "." + kind;
-      if (name == skip) continue;
-      const bool weight = std::string(kind) == "weight";
-      const size_t n = weight ? d * d : d;
-      const size_t begin = data.size();
-      data += std::string(n * 4, '\0');
-      header += "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":" +
-                (weight ? "[" + std::to_string(d) + "," + std::to_string(d) + "]"
-                        : "[" + std::to_string(d) + "]") +
-                ",\"data_offsets\":[" + std::to_string(begin) + "," + std::to_string(data.size()) +
-                "]},";
-    }
-  }
-  header += "\"__metadata__\":{" + metadata + "}}";
-  return File(header, data);
-}
-
-TEST(WeightsFromSafetensorsTest, ReadsNumHeadsFromArgumentOrMetadata) {
-  const std::string f = ModuleFile(4, R"("num_heads":"2")");
-  auto parsed = ParseSafetensors(f);
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  auto w = WeightsFromSafetensors(*parsed, 0);
-  ASSERT_TRUE(w.ok()) << w.status();
-  EXPECT_EQ(w->d_model, 4);
-  EXPECT_EQ(w->num_heads, 2);
-  EXPECT_EQ(WeightsFromSafetensors(*parsed, 4).value().num_heads, 4);
-}
-
-TEST(WeightsFromSafetensorsTest, RejectsMissingTensorsAndBadHeads) {
-  // The parsed files hold views into their buffers, which must outlive them.
-  const std::string missing_bytes = ModuleFile(4, R"("num_heads":"2")", "W_v.bias");
-  auto missing = ParseSafetensors(missing_bytes);
-  ASSERT_TRUE(missing.ok());
-  EXPECT_THAT(WeightsFromSafetensors(*missing, 0).status().message(), HasSubstr("W_v.bias"));
-
-  const std::string three_heads = ModuleFile(4, R"("num_heads":"3")");
-  auto f = ParseSafetensors(three_heads);
-  ASSERT_TRUE(f.ok());
-  auto bad = WeightsFromSafetensors(*f, 0);
-  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(bad.status().message(), HasSubstr("divisible"));
-
-  const std::string no_heads = ModuleFile(4, "");
-  auto none = ParseSafetensors(no_heads);
-  ASSERT_TRUE(none.ok());
-  EXPECT_THAT(WeightsFromSafetensors(*none, 0).status().message(), HasSubstr("num_heads"));
-}
-
 }  // namespace
-}  // namespace attnserve::kernels
+}  // namespace attnserve::model

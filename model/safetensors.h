@@ -10,8 +10,11 @@
 // buffer exactly (no overlap, no hole, no trailing bytes); no JSON object may repeat a key; the
 // header is at most 100 MB and nests at most 3 levels (header, entry, shape/offsets array).
 // Names and values quoted in errors are elided past 96 bytes (base/strings.h).
-#ifndef ATTNSERVE_KERNELS_SAFETENSORS_H_
-#define ATTNSERVE_KERNELS_SAFETENSORS_H_
+//
+// Depends on base/ alone (no kernels): attnserve-cli links it to read seed-vector files.
+// Thread-safety: ParseSafetensors is a pure function; a parsed file is immutable.
+#ifndef ATTNSERVE_MODEL_SAFETENSORS_H_
+#define ATTNSERVE_MODEL_SAFETENSORS_H_
 
 #include <cstdint>
 #include <map>
@@ -21,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-namespace attnserve::kernels {
+namespace attnserve::model {
 
 struct SafetensorsTensor {
   std::string dtype;           // as in the file: "F32", "F16", "BF16", "BOOL", "I64", ...
@@ -44,9 +47,6 @@ struct SafetensorsFile {
 // Parses `buffer`. The result holds views into `buffer`, which must outlive it.
 absl::StatusOr<SafetensorsFile> ParseSafetensors(absl::string_view buffer);
 
-// Reads a whole file into memory (for start-up module loading and tests).
-absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+}  // namespace attnserve::model
 
-}  // namespace attnserve::kernels
-
-#endif  // ATTNSERVE_KERNELS_SAFETENSORS_H_
+#endif  // ATTNSERVE_MODEL_SAFETENSORS_H_

@@ -1,0 +1,31 @@
+// Reading a whole file into memory: module weights at start-up, TLS keys and tokens, seed
+// vectors in tests and the cli.
+//
+// Thread-safety: a pure function of the file system.
+#ifndef ATTNSERVE_BASE_FILE_H_
+#define ATTNSERVE_BASE_FILE_H_
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+
+namespace attnserve {
+
+// The bytes of the file at `path`: NOT_FOUND when it cannot be opened, DATA_LOSS when a read
+// fails part way. Both name the path.
+inline absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open '", path, "'"));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in.good() && !in.eof()) return absl::DataLossError(absl::StrCat("cannot read '", path, "'"));
+  return std::move(ss).str();
+}
+
+}  // namespace attnserve
+
+#endif  // ATTNSERVE_BASE_FILE_H_
