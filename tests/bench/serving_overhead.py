@@ -18,6 +18,7 @@ the backend benchmark): the machine these figures come from is shared with other
 take cores from the processes measured (wall clock) but not CPU time per call.
 
   per call us      server CPU per call (and the load client's, second figure)
+  server CPU        the same ratios from the servers' CPU alone (the client's left out)
   cpu ratio        (a) the echo server's (server + client) CPU per call over attnserve's: the
                    throughput ratio the two would have with the cores to themselves;
                    (b) served GFLOP per CPU-second of server + client over the backend's GFLOP
@@ -185,34 +186,38 @@ def print_round(r, row):
     for name, x in (("echo", e), ("attnserve", a)):
         print(f"  tiny  {name:<10} {x['rps']:9.0f} req/s   server {x['server_us']:6.1f} us/call"
               f"   client {x['client_us']:6.1f} us/call")
-    ratio, cpu = tiny_ratios(row)
+    ratio, cpu, _ = tiny_ratios(row)
     print(f"  tiny  attnserve / echo: {ratio:.2f}x wall clock, {cpu:.2f}x CPU "
           f"(server CPU alone {e['server_us'] / a['server_us']:.2f}x)")
     flop_per_req = big["gflops"] / big["rps"]
     big_cpu = flop_per_req / ((big["server_us"] + big["client_us"]) * 1e-6)
+    srv_cpu = flop_per_req / (big["server_us"] * 1e-6)
     print(f"  large attnserve  {big['rps']:9.1f} req/s  {big['gflops']:6.1f} GFLOP/s "
           f"(mean batch {big['batch']:.2f}), {big_cpu:6.1f} GFLOP per CPU-s "
           f"(server {big['server_us']:.0f} + client {big['client_us']:.0f} us/call)")
     for n, b in sorted(row["backend"].items()):
         print(f"  large backend N={n}: {b['gflops']:6.1f} GFLOP/s, {b['gflop_per_cpu_s']:6.1f} "
               f"GFLOP per CPU-s; attnserve / backend {big['gflops'] / b['gflops']:.2f}x wall "
-              f"clock, {big_cpu / b['gflop_per_cpu_s']:.2f}x CPU")
+              f"clock, {big_cpu / b['gflop_per_cpu_s']:.2f}x CPU (server CPU alone "
+              f"{srv_cpu / b['gflop_per_cpu_s']:.2f}x)")
     print(flush=True)
 
 
 def tiny_ratios(row):
     e, a = row["tiny_echo"], row["tiny_attnserve"]
     return (a["rps"] / e["rps"],
-            (e["server_us"] + e["client_us"]) / (a["server_us"] + a["client_us"]))
+            (e["server_us"] + e["client_us"]) / (a["server_us"] + a["client_us"]),
+            e["server_us"] / a["server_us"])
 
 
 def large_ratios(row):
     """attnserve over the backend at its best N (strict), wall clock and CPU."""
     big = row["large"]
     big_cpu = big["gflops"] / big["rps"] / ((big["server_us"] + big["client_us"]) * 1e-6)
+    srv_cpu = big["gflops"] / big["rps"] / (big["server_us"] * 1e-6)
     best = max(row["backend"].values(), key=lambda b: b["gflops"])
     best_cpu = max(b["gflop_per_cpu_s"] for b in row["backend"].values())
-    return big["gflops"] / best["gflops"], big_cpu / best_cpu
+    return big["gflops"] / best["gflops"], big_cpu / best_cpu, srv_cpu / best_cpu
 
 
 def print_summary(rows):
@@ -224,9 +229,11 @@ def print_summary(rows):
     print("summary (target in brackets)")
     print(f"  tiny attnserve / echo [>= 0.85x]      wall clock {spread([x[0] for x in t])}")
     print(f"                                        CPU        {spread([x[1] for x in t])}")
+    print(f"                                        server CPU {spread([x[2] for x in t])}")
     print(f"  mha 512 L=128 attnserve / backend at its best N [>= 0.9x]")
     print(f"                                        wall clock {spread([x[0] for x in m])}")
     print(f"                                        CPU        {spread([x[1] for x in m])}")
+    print(f"                                        server CPU {spread([x[2] for x in m])}")
 
 
 if __name__ == "__main__":
