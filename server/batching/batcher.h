@@ -161,6 +161,7 @@ class Batcher {
     int64_t queued_requests = 0, queued_bytes = 0, queued_tokens = 0;
     absl::Duration needed;
     std::optional<QueuedTask<Task>> shed;
+    bool slot_free = true;
     {
       MutexLock lock(&mu_);
       if (draining_) {
@@ -199,6 +200,7 @@ class Batcher {
         queued.task = std::move(*task);
         policy_.Add(key, std::move(queued));
         ++stats_.scheduled;
+        slot_free = computing_ < num_threads_;
       } else {
         if (admission == Admission::kQueueFull) {
           ++stats_.refused_queue_full;
@@ -221,7 +223,9 @@ class Batcher {
       // One idle batch thread recomputes when the head batch is due. Notified after the lock is
       // released, so that the woken thread does not block at once on a mutex still held here;
       // no wake-up is lost, since a thread checks the queues under the lock before it waits.
-      work_cv_.NotifyOne();
+      // With every slot computing there is no idle thread to wake (a woken one would wait again
+      // for a slot): whoever frees one looks at the queues then.
+      if (slot_free) work_cv_.NotifyOne();
       return absl::OkStatus();
     }
     // The message is built after the lock is released: it allocates, and overload is exactly
