@@ -11,7 +11,12 @@ absl::StatusOr<std::unique_ptr<BatchingDispatcher>> BatchingDispatcher::Create(
     batcher_options.max_batch_requests = 1;
     batcher_options.max_queue_delay = absl::ZeroDuration();
   }
+  if (!(options.inline_max_flops >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("inline_max_flops must be >= 0; was ", options.inline_max_flops));
+  }
   std::unique_ptr<BatchingDispatcher> d(new BatchingDispatcher(batcher_options, metrics));
+  d->inline_max_flops_ = options.inline_max_flops;
   auto batcher = Batcher::Create(
       batcher_options,
       [executor](const std::string&, Batcher::Batch batch) { executor->Run(std::move(batch)); },
@@ -55,7 +60,10 @@ void BatchingDispatcher::Submit(std::unique_ptr<Job> job) {
   // The signature copy is needed: Schedule moves the job out on success.
   const std::string key = job->signature;
   batching::DropReason why;
-  if (absl::Status s = batcher_->Schedule(key, &job, &why); !s.ok()) {
+  const bool cheap = job->kind != JobKind::kSessionExtend && job->flops <= inline_max_flops_;
+  if (absl::Status s =
+          cheap ? batcher_->RunNowOrSchedule(key, &job, &why) : batcher_->Schedule(key, &job, &why);
+      !s.ok()) {
     job->Finish(std::move(s), ToMetrics(why));
   }
 }

@@ -83,6 +83,9 @@ ABSL_FLAG(int64_t, max_queued_bytes, kDefaults.batching.batcher.max_queued_bytes
           "bytes of queued requests before UNAVAILABLE");
 ABSL_FLAG(int, batch_threads, kDefaults.batching.batcher.num_batch_threads,
           "threads computing batches (the backend parallelises inside one)");
+ABSL_FLAG(double, inline_max_flops, kDefaults.batching.inline_max_flops,
+          "requests of at most this many FLOPs are computed on the thread that received them "
+          "when a batch thread would take them at once anyway (0 = never)");
 ABSL_FLAG(int64_t, max_stream_in_flight, kDefaults.limits.max_stream_in_flight,
           "most requests of one stream in flight");
 ABSL_FLAG(std::string, tls_cert_file, kDefaults.tls.cert_file,
@@ -206,6 +209,7 @@ int Run() {
   options.batching.batcher.max_queued_requests = absl::GetFlag(FLAGS_max_queued_requests);
   options.batching.batcher.max_queued_bytes = absl::GetFlag(FLAGS_max_queued_bytes);
   options.batching.batcher.num_batch_threads = absl::GetFlag(FLAGS_batch_threads);
+  options.batching.inline_max_flops = absl::GetFlag(FLAGS_inline_max_flops);
   options.max_connection_age = absl::Milliseconds(absl::GetFlag(FLAGS_max_connection_age_ms));
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);

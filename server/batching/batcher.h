@@ -57,6 +57,13 @@
 //   that is not backlogged that is before their deadline anyway. (A gRPC server learns of an
 //   expired deadline as a cancellation, so it can use the same path for both.)
 //
+// RunNowOrSchedule(key, &task): where a task would be computed at once anyway (nothing queued,
+//   a batch thread free, max_queue_delay zero), the calling thread computes it, as a batch of its
+//   own: the caller pays the computation instead of two thread hops (to a batch thread and back),
+//   which cost more than a tiny request's arithmetic (tests/bench/SERVING.md). It counts as one
+//   of the num_batch_threads batches computed at once while it runs. Otherwise it is Schedule().
+//   Blocks for the computation: for callers whose tasks are cheap.
+//
 // Shutdown(grace): Schedule() refuses new tasks from then on (UNAVAILABLE); batch threads send
 //   everything queued at once, without waiting for max_queue_delay, until the queues are empty
 //   or `grace` (on the batcher's clock) has passed; what is still queued then goes to reject
@@ -154,6 +161,7 @@ class Batcher {
     int64_t queued_requests = 0, queued_bytes = 0, queued_tokens = 0;
     absl::Duration needed;
     std::optional<QueuedTask<Task>> shed;
+    bool slot_free = true;
     {
       MutexLock lock(&mu_);
       if (draining_) {
@@ -192,6 +200,7 @@ class Batcher {
         queued.task = std::move(*task);
         policy_.Add(key, std::move(queued));
         ++stats_.scheduled;
+        slot_free = computing_ < num_threads_;
       } else {
         if (admission == Admission::kQueueFull) {
           ++stats_.refused_queue_full;
@@ -214,7 +223,9 @@ class Batcher {
       // One idle batch thread recomputes when the head batch is due. Notified after the lock is
       // released, so that the woken thread does not block at once on a mutex still held here;
       // no wake-up is lost, since a thread checks the queues under the lock before it waits.
-      work_cv_.NotifyOne();
+      // With every slot computing there is no idle thread to wake (a woken one would wait again
+      // for a slot): whoever frees one looks at the queues then.
+      if (slot_free) work_cv_.NotifyOne();
       return absl::OkStatus();
     }
     // The message is built after the lock is released: it allocates, and overload is exactly
@@ -241,6 +252,57 @@ class Batcher {
             "the request needs ", queued.bytes,
             " bytes of queue memory, more than max_queued_bytes (", max_queued_bytes_, ") allows"));
     }
+  }
+
+  // See the contract above. Returns OK when the task was taken (computed here, or queued), else
+  // what Schedule() returns. `*why` as for Schedule().
+  absl::Status RunNowOrSchedule(const Key& key, std::unique_ptr<Task>* task,
+                                DropReason* why = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
+    if (task == nullptr || *task == nullptr || !run_now_allowed_) return Schedule(key, task, why);
+    const Task& t = **task;
+    const int64_t tokens = static_cast<int64_t>(t.num_tokens());
+    const int64_t bytes = static_cast<int64_t>(t.num_bytes());
+    // Every refusal is Schedule()'s, with its reasons and counters.
+    if (tokens < 0 || bytes < 0 || bytes > max_queued_bytes_ || t.IsCancelled()) {
+      return Schedule(key, task, why);
+    }
+    bool run_here;
+    {
+      MutexLock lock(&mu_);
+      const absl::Time now = clock_->Now();
+      // Where Schedule() would queue the task behind others, refuse it, or have a batch thread
+      // wait for company, it does.
+      run_here = !draining_ && policy_.empty() && computing_ < num_threads_ && now < t.deadline() &&
+                 (t.deadline() == absl::InfiniteFuture() ||
+                  now + cost_model_->Estimate(tokens) / num_threads_ <= t.deadline());
+      if (run_here) {
+        ++computing_;
+        ++stats_.scheduled;
+        ++stats_.batches;
+        ++stats_.processed;
+        ++stats_.ran_on_caller;
+      }
+    }
+    if (!run_here) return Schedule(key, task, why);
+    if (why != nullptr) *why = DropReason::kInvalid;
+    Batch batch;
+    batch.push_back(std::move(*task));
+    const absl::Time start = clock_->Now();
+    process_batch_(key, std::move(batch));
+    const absl::Duration elapsed = clock_->Now() - start;
+    bool queued;
+    bool idle_draining;
+    {
+      MutexLock lock(&mu_);
+      if (tokens > 0) cost_model_->Record(tokens, elapsed);
+      --computing_;
+      queued = !policy_.empty();
+      idle_draining = draining_ && computing_ == 0;
+    }
+    // A batch thread may be waiting for this slot; Shutdown() may wait for the last one.
+    if (queued) work_cv_.NotifyOne();
+    if (idle_draining) drained_cv_.NotifyAll();
+    return absl::OkStatus();
   }
 
   // Rejects every queued task that is cancelled, on this thread (see the contract). Holds the
@@ -296,6 +358,9 @@ class Batcher {
     }
     for (std::thread& thread : threads_) thread.join();
     threads_.clear();
+    // Batches computed by callers (RunNowOrSchedule) end before the batcher may go.
+    MutexLock lock(&mu_);
+    while (computing_ > 0) drained_cv_.Wait(&mu_);
   }
 
   // See the contract above. Never blocks.
@@ -330,6 +395,7 @@ class Batcher {
         max_queued_requests_(options.max_queued_requests),
         max_queued_bytes_(options.max_queued_bytes),
         num_threads_(options.num_batch_threads),
+        run_now_allowed_(options.max_queue_delay == absl::ZeroDuration()),
         policy_(BatchLimits{options.max_batch_requests, options.max_batch_tokens,
                             options.max_queue_delay},
                 options.max_queued_requests, options.max_queued_bytes) {}
@@ -358,6 +424,12 @@ class Batcher {
     std::vector<DroppedTask<Task>> dropped;
     mu_.Lock();
     while (!stopping_) {
+      if (computing_ >= num_threads_) {
+        // Every slot is taken, one by a caller computing its own task (RunNowOrSchedule),
+        // which notifies when it is done.
+        work_cv_.Wait(&mu_);
+        continue;
+      }
       const absl::Time now = clock_->Now();
       const std::optional<Key> key =
           policy_.PopReadyBatch(now, *cost_model_, draining_, &tasks, &dropped);
@@ -370,9 +442,11 @@ class Batcher {
       for (const DroppedTask<Task>& d : dropped) {
         (d.reason == DropReason::kExpired ? stats_.expired : stats_.cancelled)++;
       }
-      if (!tasks.empty()) {
+      const bool computes = !tasks.empty();
+      if (computes) {
         ++stats_.batches;
         stats_.processed += static_cast<int64_t>(tasks.size());
+        ++computing_;
       }
       const bool drained = policy_.empty();
       const bool more_due = policy_.NextDispatchTime(*cost_model_, draining_) <= now;
@@ -408,6 +482,7 @@ class Batcher {
         elapsed = clock_->Now() - start;
       }
       mu_.Lock();
+      if (computes) --computing_;
       if (tokens > 0) cost_model_->Record(tokens, elapsed);
     }
     mu_.Unlock();
@@ -422,6 +497,7 @@ class Batcher {
   const int64_t max_queued_requests_;
   const int64_t max_queued_bytes_;
   const int num_threads_;
+  const bool run_now_allowed_;  // max_queue_delay is zero: RunNowOrSchedule may compute
 
   // Taken first when both are held: Shutdown() holds it throughout, mu_ inside.
   Mutex shutdown_mu_ ABSL_ACQUIRED_BEFORE(mu_);
@@ -437,6 +513,9 @@ class Batcher {
   bool grace_ended_ ABSL_GUARDED_BY(mu_) = false;
   // The grace period is over: batch threads exit after their current batch.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Batches being computed, by batch threads and by callers (RunNowOrSchedule); at most
+  // num_batch_threads.
+  int computing_ ABSL_GUARDED_BY(mu_) = 0;
   // Batch threads wait on work_cv_ (work queued, cancellations, shutdown); Shutdown() waits on
   // drained_cv_ (the queues became empty). Both are used with mu_.
   CondVar work_cv_;

@@ -88,12 +88,13 @@ struct BatcherStats {
   int64_t refused_unmeetable = 0;  // DEADLINE_EXCEEDED: the queue ahead outlasts the deadline.
 
   // What became of scheduled tasks.
-  int64_t batches = 0;    // process_batch calls.
-  int64_t processed = 0;  // Tasks handed to process_batch.
-  int64_t expired = 0;    // reject(DEADLINE_EXCEEDED): deadline passed while queued.
-  int64_t cancelled = 0;  // reject(CANCELLED): cancelled while queued.
-  int64_t shut_down = 0;  // reject(UNAVAILABLE): still queued when the grace period ended.
-  int64_t shed = 0;       // reject(UNAVAILABLE): shed from a full queue for a lighter owner.
+  int64_t batches = 0;        // process_batch calls.
+  int64_t processed = 0;      // Tasks handed to process_batch.
+  int64_t ran_on_caller = 0;  // Of those, computed by RunNowOrSchedule's caller (batches of 1).
+  int64_t expired = 0;        // reject(DEADLINE_EXCEEDED): deadline passed while queued.
+  int64_t cancelled = 0;      // reject(CANCELLED): cancelled while queued.
+  int64_t shut_down = 0;      // reject(UNAVAILABLE): still queued when the grace period ended.
+  int64_t shed = 0;           // reject(UNAVAILABLE): shed from a full queue for a lighter owner.
 
   // Gauges.
   int64_t queued_requests = 0;

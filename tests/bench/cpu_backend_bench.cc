@@ -185,6 +185,48 @@ void MultiHeadBench(benchmark::State& state, DType dtype) {
   state.counters["threads"] = backend.num_threads();
 }
 void BM_MultiHead(benchmark::State& state) { MultiHeadBench(state, DType::kFloat32); }
+
+// Args: N, L, d_model, h: a batch of N requests of one sequence each (B = 1), float32
+// self-attention, as the server's Executor hands a batch of N MultiHeadAttention requests to the
+// backend (one MultiHeadParams per request, each with its own input and output buffers). The
+// backend's own speed that tests/bench/serving_overhead.sh compares the served rpc with.
+void BM_MultiHeadRequests(benchmark::State& state) {
+  const int n = state.range(0), len = state.range(1), dm = state.range(2);
+  const int heads = state.range(3);
+  const MultiHeadWeights w = Weights(dm, heads);
+  std::vector<Inputs> x;
+  std::vector<std::vector<float>> out;
+  std::vector<MultiHeadParams> batch(n);
+  for (int i = 0; i < n; ++i) {
+    x.push_back(MakeInputs(int64_t{len} * dm, 5 + i));
+    out.emplace_back(x.back().f32.size());
+  }
+  double flops = 0;
+  for (int i = 0; i < n; ++i) {
+    MultiHeadParams& p = batch[i];
+    p.module = &w;
+    p.batch = 1;
+    p.q_len = p.kv_len = len;
+    p.input_dtype = DType::kFloat32;
+    p.query = p.key = p.value = x[i].f32.data();
+    p.self_attention = true;
+    p.out = out[i].data();
+    p.scale = 1.0f / std::sqrt(static_cast<float>(w.head_dim()));
+    flops += MultiHeadFlops(p);
+  }
+  CpuBackend& backend = Backend();
+  (void)backend.MultiHead(batch);
+  for (auto _ : state) {
+    (void)backend.MultiHead(batch);
+    benchmark::DoNotOptimize(out.front().data());
+  }
+  state.SetLabel(PathLabel(backend, DType::kFloat32));
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["requests/s"] =
+      benchmark::Counter(n, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["threads"] = backend.num_threads();
+}
 void BM_MultiHeadBf16(benchmark::State& state) { MultiHeadBench(state, DType::kBFloat16); }
 
 AttentionParams AttentionOf(int batch, int len, int heads, int dk, DType dtype, const Inputs& q,
@@ -341,6 +383,14 @@ BENCHMARK(BM_MultiHead)
     ->ATTNSERVE_SHAPES->Args({1, 16384, 64, 1})
     ->Args({1, 128, 512, 8})  // serving_comparison.sh's large request, alone
     ->Args({8, 128, 512, 8})  // and as a batch of 8
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+BENCHMARK(BM_MultiHeadRequests)
+    ->Args({1, 128, 512, 8})
+    ->Args({2, 128, 512, 8})
+    ->Args({4, 128, 512, 8})
+    ->Args({8, 128, 512, 8})
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime();

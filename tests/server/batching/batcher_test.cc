@@ -496,5 +496,100 @@ TEST_F(BatcherTest, StatsAccountForEveryTask) {
   EXPECT_EQ(s.queued_bytes, 0);
 }
 
+// RunNowOrSchedule: a task that would be computed at once anyway is computed on the caller's
+// thread, as a batch of its own, before the call returns.
+TEST_F(BatcherTest, RunNowComputesOnTheCallersThreadWhenNothingWaits) {
+  options_.max_queue_delay = absl::ZeroDuration();
+  Start();
+  std::thread::id ran_on;
+  recorder_.on_batch = [&](const std::string&, const std::vector<int>&) {
+    ran_on = std::this_thread::get_id();
+  };
+  auto task = Task(1);
+  ASSERT_TRUE(batcher_->RunNowOrSchedule("k", &task).ok());
+  scheduled_ids_.push_back(1);
+  EXPECT_EQ(task, nullptr);
+  ASSERT_EQ(recorder_.batches().size(), 1u);  // already computed: no waiting
+  EXPECT_THAT(recorder_.batches()[0].ids, ElementsAre(1));
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+  const BatcherStats s = batcher_->stats();
+  EXPECT_EQ(s.scheduled, 1);
+  EXPECT_EQ(s.batches, 1);
+  EXPECT_EQ(s.processed, 1);
+  EXPECT_EQ(s.ran_on_caller, 1);
+}
+
+// While a caller computes, it holds the one batch slot: what arrives meanwhile queues (the
+// batch thread does not start a second batch next to it) and leaves as one batch after it.
+TEST_F(BatcherTest, ACallerComputingHoldsTheBatchSlot) {
+  options_.max_queue_delay = absl::ZeroDuration();
+  Start();
+  HoldBatchWith(1);
+  std::thread caller([&] {
+    auto task = Task(1);
+    EXPECT_TRUE(batcher_->RunNowOrSchedule("k", &task).ok());
+  });
+  scheduled_ids_.push_back(1);
+  busy_.WaitForNotification();
+  for (int id : {2, 3}) {
+    auto task = Task(id);
+    ASSERT_TRUE(batcher_->RunNowOrSchedule("k", &task).ok());  // queued, returns at once
+    EXPECT_EQ(task, nullptr);
+    scheduled_ids_.push_back(id);
+  }
+  EXPECT_EQ(batcher_->stats().queued_requests, 2);
+  release_.Notify();
+  caller.join();
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  const auto batches = recorder_.batches();
+  EXPECT_THAT(batches[0].ids, ElementsAre(1));
+  EXPECT_THAT(batches[1].ids, ElementsAre(2, 3));
+  EXPECT_EQ(batcher_->stats().ran_on_caller, 1);
+}
+
+// With a queue delay, a lone task waits for company as Schedule() makes it; refusals are
+// Schedule()'s.
+TEST_F(BatcherTest, RunNowIsScheduleWhenTasksWaitForCompanyOrAreRefused) {
+  Start();  // max_queue_delay 10 ms
+  auto task = Task(1);
+  ASSERT_TRUE(batcher_->RunNowOrSchedule("k", &task).ok());
+  scheduled_ids_.push_back(1);
+  ASSERT_TRUE(clock_.BlockUntilWaiting(t0_ + absl::Milliseconds(10)));
+  EXPECT_TRUE(recorder_.batches().empty());
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(recorder_.WaitForBatches(1));
+  auto expired = Task(2, 1, 1, clock_.Now());
+  DropReason why = DropReason::kInvalid;
+  EXPECT_EQ(batcher_->RunNowOrSchedule("k", &expired, &why).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(why, DropReason::kExpired);
+  EXPECT_NE(expired, nullptr);
+  EXPECT_EQ(batcher_->stats().ran_on_caller, 0);
+}
+
+// Shutdown() returns only after a caller's batch has ended.
+TEST_F(BatcherTest, ShutdownWaitsForACallersBatch) {
+  options_.max_queue_delay = absl::ZeroDuration();
+  Start();
+  HoldBatchWith(1);
+  std::thread caller([&] {
+    auto task = Task(1);
+    EXPECT_TRUE(batcher_->RunNowOrSchedule("k", &task).ok());
+  });
+  scheduled_ids_.push_back(1);
+  busy_.WaitForNotification();
+  std::atomic<bool> shut_down{false};
+  std::thread stopper([&] {
+    batcher_->Shutdown(absl::ZeroDuration());
+    shut_down = true;
+  });
+  EXPECT_FALSE(shut_down.load()) << "Shutdown returned while a caller was computing";
+  release_.Notify();
+  caller.join();
+  stopper.join();
+  EXPECT_TRUE(shut_down.load());
+  EXPECT_EQ(batcher_->stats().processed, 1);
+}
+
 }  // namespace
 }  // namespace attnserve::batching
