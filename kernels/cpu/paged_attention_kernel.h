@@ -42,10 +42,14 @@ struct PagedTask {
   int kv_head;
   int row0;
   int rows;
-  // The split to compute when partial != nullptr (keys [split·kPagedSplitKeys, +kPagedSplitKeys)).
+  // When partial != nullptr: the splits to compute, [split, split + splits) (split x covers keys
+  // [x·kPagedSplitKeys, +kPagedSplitKeys)). A task of several consecutive splits streams its
+  // pages without a break (the next split's keys are prefetched while the current one's values
+  // are summed); each split's state is the same whoever computes it.
   int split;
-  // nullptr: fold every split and write out; else partial_floats(p, rows) floats for the split's
-  // state.
+  int splits;
+  // nullptr: fold every split and write out; else `splits` states of partial_floats(p, rows)
+  // floats each, one after another, for splits split, split + 1, ...
   float* partial;
 };
 
