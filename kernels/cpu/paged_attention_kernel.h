@@ -22,9 +22,10 @@
 // Two ways to run the splits, same bits:
 //   in one task   Run with `partial` == nullptr folds the splits in order itself and writes out
 //                 (and lse): prefill chunks, cut into blocks of rows, and short sequences;
-//   in parallel   Run with `partial` != nullptr computes one split's state into `partial`, and
-//                 Combine folds a sequence's partials in split order and writes out (decode,
-//                 where the keys are the only parallelism a sequence has).
+//   in parallel   Run with `partial` != nullptr computes the states of a few consecutive splits
+//                 into `partial`, one after another, and Combine folds a sequence's partials in
+//                 split order and writes out (decode, where the keys are the only parallelism a
+//                 sequence has).
 #ifndef ATTNSERVE_KERNELS_CPU_PAGED_ATTENTION_KERNEL_H_
 #define ATTNSERVE_KERNELS_CPU_PAGED_ATTENTION_KERNEL_H_
 
