@@ -2,10 +2,11 @@
 // (paged_attention_kernel.h has the arithmetic).
 //
 // Scheduling, per sequence, from its own q_len and kv_len only:
-//   q_len <= kSplitRowsMax and more than one split: decode. One task per (kv head, split of
-//     kPagedSplitKeys keys) writes that split's state for all q_len rows x group heads, then one
-//     task per kv head folds the splits in order. A decode step has no other parallelism: at
-//     64 sequences x 8 kv heads x 4096 keys that is 8192 tasks of 256 keys.
+//   q_len <= kSplitRowsMax and more than one split: decode. Each split of kPagedSplitKeys keys
+//     of each kv head gets its own state for all q_len rows x group heads, computed by tasks of
+//     a few consecutive splits; then one task per kv head folds the splits in order. A decode
+//     step has no other parallelism: at 64 sequences x 8 kv heads x 4096 keys that is 8192
+//     splits, in 512 tasks of 16 splits on 2 threads.
 //   otherwise: one task per (kv head, block of kRowBlock rows) folding its splits itself; each
 //     K/V page is read once per block of rows, every head of the GQA group at once.
 // Both give the same bits (paged_attention_kernel.h), so the choice is about speed only.
@@ -26,6 +27,9 @@ constexpr int kRowBlock = 16;
 // Sequences with at most this many new rows (decode steps, short speculative chunks) split their
 // keys over tasks.
 constexpr int kSplitRowsMax = kRowBlock;
+
+// At most this many splits per decode task: 16 x 256 keys = one (sequence, kv head) of 4096.
+constexpr int64_t kMaxSplitsPerTask = 16;
 
 // A fold of every split of (seq, kv head).
 struct CombineTask {
@@ -58,6 +62,17 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
   }
   float* const partials = kept.get();
 
+  // Consecutive splits of one (sequence, kv head) per decode task, so that a thread streams a
+  // long run of pages with its prefetches running ahead across split boundaries (with one
+  // split per task, every 256 keys started cold: a stall on memory latency for the first page
+  // of K, another for V). As many as keep 16 tasks per thread for the dynamic scheduling to
+  // even out, at most kMaxSplitsPerTask; results do not depend on it.
+  int64_t total_splits = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    if (split_parallel(s)) total_splits += int64_t{p.num_kv_heads} * splits_of(s);
+  }
+  const int splits_per_task = static_cast<int>(std::clamp<int64_t>(
+      total_splits / (16 * int64_t{pool_.num_threads()}), 1, kMaxSplitsPerTask));
   std::vector<PagedTask> tasks;
   std::vector<CombineTask> combines;
   float* next = partials;
@@ -67,9 +82,10 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
       const int64_t stride = k.partial_floats(p, q_len);
       for (int h = 0; h < p.num_kv_heads; ++h) {
         combines.push_back(CombineTask{s, h, next});
-        for (int split = 0; split < splits_of(s); ++split) {
-          tasks.push_back(PagedTask{s, h, 0, q_len, split, next});
-          next += stride;
+        for (int split = 0; split < splits_of(s); split += splits_per_task) {
+          const int n = std::min(splits_per_task, splits_of(s) - split);
+          tasks.push_back(PagedTask{s, h, 0, q_len, split, n, next});
+          next += n * stride;
         }
       }
       continue;
@@ -80,7 +96,7 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
     for (int b = blocks - 1; b >= 0; --b) {
       const int row0 = b * kRowBlock;
       for (int h = 0; h < p.num_kv_heads; ++h) {
-        tasks.push_back(PagedTask{s, h, row0, std::min(kRowBlock, q_len - row0), 0, nullptr});
+        tasks.push_back(PagedTask{s, h, row0, std::min(kRowBlock, q_len - row0), 0, 0, nullptr});
       }
     }
   }

@@ -146,12 +146,13 @@ Seq SeqOf(const PagedAttentionParams& p, int s) {
              p.kv_lens[s] - p.q_lens[s]};
 }
 
-// Software prefetch of the rows of one kv head of K or V, in key order, a fixed distance ahead
-// of use. A sequence's pages are scattered through the pool, and the hardware prefetchers stop
-// at 4 KiB boundaries, so without this every page run starts with a stall on memory latency
-// (measured before it: 2.2 GB/s of K/V per core against STREAM's 8.5). 16 KiB ahead, into L2
-// (PREFETCHT2): prefetches into L1 stalled on the core's L1 miss buffers (a third of the samples
-// sat on PREFETCHT0), and 8, 16 or 32 KiB ahead measured alike within the machine's noise.
+// Software prefetch of the rows of one kv head of K or V, in key order, ahead of use. A
+// sequence's pages are scattered through the pool, and the hardware prefetchers stop at 4 KiB
+// boundaries, so without this every page run starts with a stall on memory latency (measured
+// before it: 2.2 GB/s of K/V per core against STREAM's 8.5). Into L2 (PREFETCHT2): prefetches
+// into L1 stalled on the core's L1 miss buffers (a third of the samples sat on PREFETCHT0).
+// The schedule (ComputeSplit): K kAheadBytes ahead of the scores and a whole split ahead of
+// them by the time the next split starts; V during the scores of its split.
 struct Prefetcher {
   static constexpr int64_t kAheadBytes = 16384;
   const char* base;
@@ -317,9 +318,13 @@ void PvBlock(const float* s, int64_t s_off, const void* v, int dv, int keys, int
 
 // ---------------------------------------------------------------------------------------------
 // One split of one task: the split-local state of every row-head into `out`.
+// k_pf and v_pf span the task's keys (this split's and the later splits' of the task): the
+// scores prefetch this split's values, the sum over values prefetches the next split's keys, so
+// a task of many splits streams K and V without a break.
 template <DType T>
 void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq, int kv_head,
-                  int row0, int rows, int split, const Scratch& sc, const State& out) {
+                  int row0, int rows, int split, const Scratch& sc, const State& out,
+                  Prefetcher& k_pf, Prefetcher& v_pf) {
   const int k0 = split * kSplit;
   const int block_limit = sq.first_pos + row0 + rows;  // keys allowed to the block's last row
   const int k1 = MinInt(MinInt(k0 + kSplit, sq.kv_len), block_limit);
@@ -328,15 +333,13 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
   const char* v_base = static_cast<const char*>(p.v_pages);
   const int ps = p.page_size;
 
-  Prefetcher k_pf{k_base, sh.k_page_stride, sq.pages, ps, kv_head, p.head_dim, sh.esize, k0, k1};
-  Prefetcher v_pf{v_base, sh.v_page_stride, sq.pages, ps, kv_head, p.v_head_dim, sh.esize, k0, k1};
-
   // 1. Raw scores, page run by page run (a run's keys are contiguous in the page).
   for (int j = k0; j < k1;) {
     const int32_t page = sq.pages[j / ps];
     const int slot = j % ps;
     const int run = MinInt(k1 - j, ps - slot);
     k_pf.Upto(j + run + k_pf.AheadKeys());
+    v_pf.Upto(j + run);
     const void* k =
         k_base + (page * sh.k_page_stride + (int64_t{kv_head} * ps + slot) * p.head_dim) * sh.esize;
     for (int i = 0; i < sh.n; i += PVec::kScoreRows) {
@@ -354,7 +357,6 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
     }
     j += run;
   }
-  v_pf.Upto(k0 + v_pf.AheadKeys());  // the softmax below hides the latency of the first values
 
   // 2. Per row-head: scale; keys past the row's causal limit (and the padding up to a whole
   //    vector) become -inf; split max m; p = exp(s - m) in place; l = sum of p.
@@ -412,7 +414,7 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
         const int32_t page = sq.pages[j / ps];
         const int slot = j % ps;
         const int run = MinInt(k1 - j, ps - slot);
-        if (c0 == 0 && i0 == 0) v_pf.Upto(j + run + v_pf.AheadKeys());
+        if (c0 == 0 && i0 == 0) k_pf.Upto(k1 + (j + run - k0) + k_pf.AheadKeys());
         const void* v =
             v_base + (page * sh.v_page_stride + (int64_t{kv_head} * ps + slot) * dv) * sh.esize;
         const float* s = sc.s + int64_t{i0} * kSplit;
@@ -551,15 +553,28 @@ void RunTyped(const PagedAttentionParams& p, const PagedTask& task, float* scrat
     }
   }
 
+  const char* k_base = static_cast<const char*>(p.k_pages);
+  const char* v_base = static_cast<const char*>(p.v_pages);
+  const int block_limit = sq.first_pos + task.row0 + task.rows;
+  const int first = task.partial != nullptr ? task.split : 0;
+  const int last = task.partial != nullptr ? task.split + task.splits  // one past
+                                           : (block_limit + kSplit - 1) / kSplit;
+  const int k_end = MinInt(MinInt(last * kSplit, sq.kv_len), block_limit);
+  Prefetcher k_pf{k_base,     sh.k_page_stride, sq.pages,       p.page_size, task.kv_head,
+                  p.head_dim, sh.esize,         first * kSplit, k_end};
+  Prefetcher v_pf{v_base,       sh.v_page_stride, sq.pages,       p.page_size, task.kv_head,
+                  p.v_head_dim, sh.esize,         first * kSplit, k_end};
+
   if (task.partial != nullptr) {
-    ComputeSplit<T>(p, sh, sq, task.kv_head, task.row0, task.rows, task.split, sc,
-                    StateAt(task.partial, sh));
+    for (int split = first; split < last; ++split) {
+      ComputeSplit<T>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc,
+                      StateAt(task.partial + (split - first) * StateFloats(sh), sh), k_pf, v_pf);
+    }
     return;
   }
   ResetState(sh, sc.run);
-  const int block_limit = sq.first_pos + task.row0 + task.rows;
-  for (int split = 0; split * kSplit < block_limit; ++split) {
-    ComputeSplit<T>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc, sc.split);
+  for (int split = 0; split < last; ++split) {
+    ComputeSplit<T>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc, sc.split, k_pf, v_pf);
     for (int i = 0; i < sh.n; ++i) {
       if (Reaches(sq, task.row0 + i / sh.group, split)) FoldRow(sh, sc.run, sc.split, i);
     }

@@ -22,9 +22,10 @@
 // Two ways to run the splits, same bits:
 //   in one task   Run with `partial` == nullptr folds the splits in order itself and writes out
 //                 (and lse): prefill chunks, cut into blocks of rows, and short sequences;
-//   in parallel   Run with `partial` != nullptr computes one split's state into `partial`, and
-//                 Combine folds a sequence's partials in split order and writes out (decode,
-//                 where the keys are the only parallelism a sequence has).
+//   in parallel   Run with `partial` != nullptr computes the states of a few consecutive splits
+//                 into `partial`, one after another, and Combine folds a sequence's partials in
+//                 split order and writes out (decode, where the keys are the only parallelism a
+//                 sequence has).
 #ifndef ATTNSERVE_KERNELS_CPU_PAGED_ATTENTION_KERNEL_H_
 #define ATTNSERVE_KERNELS_CPU_PAGED_ATTENTION_KERNEL_H_
 
@@ -42,10 +43,14 @@ struct PagedTask {
   int kv_head;
   int row0;
   int rows;
-  // The split to compute when partial != nullptr (keys [split·kPagedSplitKeys, +kPagedSplitKeys)).
+  // When partial != nullptr: the splits to compute, [split, split + splits) (split x covers keys
+  // [x·kPagedSplitKeys, +kPagedSplitKeys)). A task of several consecutive splits streams its
+  // pages without a break (the next split's keys are prefetched while the current one's values
+  // are summed); each split's state is the same whoever computes it.
   int split;
-  // nullptr: fold every split and write out; else partial_floats(p, rows) floats for the split's
-  // state.
+  int splits;
+  // nullptr: fold every split and write out; else `splits` states of partial_floats(p, rows)
+  // floats each, one after another, for splits split, split + 1, ...
   float* partial;
 };
 

@@ -6,9 +6,10 @@
 // heads, head dims, cache dtype) live in an arena of their own: two address ranges (K and V)
 // reserved with mmap at the arena's first use, each big enough for the whole budget, so page
 // indices are stable and one PagedAttentionParams can address every page of the layout from
-// two base pointers. Memory is touched only as pages are used; a freed page is handed back to
-// the system (madvise) when its size is a multiple of the system page, so resident memory
-// follows the accounting.
+// two base pointers. The ranges are 2 MiB-aligned and advised for transparent huge pages (the
+// decode kernel's reads are scattered over the arena: fewer TLB misses). Memory is touched only
+// as pages are used; a freed page is handed back to the system (madvise) when its size is a
+// multiple of the system page, so resident memory follows the accounting.
 //
 // Accounting is exact: bytes_used() is the sum over arenas of pages held times the layout's
 // page bytes (K and V), and an allocation that would take it over pool_bytes fails.

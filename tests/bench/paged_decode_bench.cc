@@ -6,14 +6,22 @@
 //    arrays of --stream_mib MiB each (far above the last-level cache), split evenly over
 //    --threads threads, each thread touching its own part first. Bytes counted as STREAM does:
 //    3 arrays (triad) or 2 (copy) x the array size per pass, write-allocate traffic not counted.
+//    The arrays are in huge pages when --pages names huge (they can only speed the triad up).
 // 2. The decode kernel (CpuBackend::PagedAttention, the backend's best ISA): --seqs sequences x
 //    --context keys, one new query row each (q_len 1), Hq query heads over Hkv kv heads, D =
 //    Dv, pages of --page_size tokens scattered through the pool. Bytes = every K and V element
-//    of every sequence, read once per step. The figure: those bytes / the step's wall time, and
-//    that as a fraction of the best triad and copy bandwidth.
-// Each figure is the median and the best of --reps timed runs after one warm-up.
+//    of every sequence, read once per step. The K/V pool is allocated once per kind of memory
+//    page in --pages (small: 4 KiB; huge: 2 MiB-aligned with MADV_HUGEPAGE, as the session
+//    pool does), same contents and page table.
+// The machine is shared, so the runs interleave: a round is one step of each kind, then one
+// triad; --reps rounds after a warm-up one. Per kind: the median and the best step; the ratio to
+// the triad as the median of the rounds' ratios (each of two runs seconds apart), as best / best,
+// and per CPU-second (each side's GB/s divided by the share of the cores it got).
 //
-// Output: one line per figure, "name key=value ...", for decode_bench.sh to collect.
+// Output: one line per figure, "name key=value ...", for decode_bench.sh to collect; the first
+// line names the machine and its load average, the last the load average again.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -22,12 +30,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <functional>
 #include <memory>
 #include <new>
 #include <numeric>
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -48,6 +58,7 @@ struct Flags {
   int head_dim = 128;
   int page_size = 16;
   std::string dtypes = "float16,bfloat16,float32";
+  std::string pages = "small,huge";  // K/V and STREAM arrays in 4 KiB pages, 2 MiB pages or both
   bool scatter = true;  // pages in a random order (false: each sequence's pages in order)
 };
 
@@ -61,29 +72,40 @@ double CpuSeconds() {
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
-struct Stats {
-  double median, best;  // wall seconds
-  double cpu_share;     // CPU seconds of the process / (wall seconds x threads), over all reps
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+// One timed side of a pair: wall seconds of each rep and the share of the cores the process got
+// over all of them (CPU seconds / (wall seconds x threads); well below 1 when other processes
+// held the cores).
+struct Side {
+  std::vector<double> seconds;
+  double cpu = 0, wall = 0;
+
+  double Share(int threads) const { return cpu / (wall * threads); }
+  double Best() const { return *std::min_element(seconds.begin(), seconds.end()); }
 };
 
-// Runs fn reps times after a warm-up; returns the median and best wall time in seconds and the
-// share of `threads` CPUs the process got meanwhile (the machine is shared: a share well below 1
-// means other processes held the cores).
-template <typename Fn>
-Stats Time(int reps, int threads, Fn fn) {
+void TimeOnce(const std::function<void()>& fn, Side* side) {
+  const double c0 = CpuSeconds(), t0 = Seconds();
   fn();
-  std::vector<double> t;
-  const double cpu0 = CpuSeconds();
-  double wall = 0;
+  const double t = Seconds() - t0;
+  side->cpu += CpuSeconds() - c0;
+  side->wall += t;
+  side->seconds.push_back(t);
+}
+
+// Runs fns[0], fns[1], ... in turn, `reps` rounds after one warm-up round, so that all see the
+// same load on a shared machine: a ratio of two is then taken from runs seconds apart, not
+// minutes. sides[i] gets the times of fns[i].
+void RoundRobin(int reps, const std::vector<std::function<void()>>& fns, std::vector<Side>* sides) {
+  sides->assign(fns.size(), Side{});
+  for (const auto& fn : fns) fn();
   for (int r = 0; r < reps; ++r) {
-    const double t0 = Seconds();
-    fn();
-    t.push_back(Seconds() - t0);
-    wall += t.back();
+    for (size_t i = 0; i < fns.size(); ++i) TimeOnce(fns[i], &(*sides)[i]);
   }
-  const double cpu = CpuSeconds() - cpu0;
-  std::sort(t.begin(), t.end());
-  return Stats{t[t.size() / 2], t.front(), cpu / (wall * threads)};
 }
 
 // Runs fn(begin, end) on `threads` threads over [0, n), even contiguous parts.
@@ -96,48 +118,131 @@ void Parallel(int threads, int64_t n, Fn fn) {
   for (std::thread& t : pool) t.join();
 }
 
-struct AlignedFree {
-  void operator()(void* p) const { ::operator delete[](p, std::align_val_t{64}); }
-};
-template <typename T>
-std::unique_ptr<T[], AlignedFree> Allocate(int64_t n) {
-  return std::unique_ptr<T[], AlignedFree>(
-      static_cast<T*>(::operator new[](n * sizeof(T), std::align_val_t{64})));
+// The 1, 5 and 15 minute load averages.
+std::string LoadAverage() {
+  char buf[128] = {};
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  if (f == nullptr) return "?";
+  const bool ok = std::fgets(buf, sizeof(buf), f) != nullptr;
+  std::fclose(f);
+  if (!ok) return "?";
+  std::string s(buf);
+  size_t cut = 0;
+  for (int i = 0; i < 3 && cut != std::string::npos; ++i) cut = s.find(' ', cut + 1);
+  return s.substr(0, cut);
 }
 
-void Stream(const Flags& f, int threads) {
-  const int64_t n = f.stream_mib * 1024 * 1024 / sizeof(float);
-  auto a = Allocate<float>(n), b = Allocate<float>(n), c = Allocate<float>(n);
-  float* pa = a.get();
-  float* pb = b.get();
-  float* pc = c.get();
-  Parallel(threads, n, [=](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) pa[i] = 0.0f, pb[i] = 1.0f, pc[i] = 2.0f;
-  });
-  const float s = 3.0f;
-  const Stats triad = Time(f.reps, threads, [&] {
-    Parallel(threads, n, [=](int64_t i0, int64_t i1) {
+// Memory for the arrays and the K/V pool: mmap'd, 2 MiB-aligned, and with `huge` advised
+// MADV_HUGEPAGE (transparent huge pages; the kernel may still give small pages when it has no
+// free 2 MiB blocks: HugeShare() reports what it got).
+constexpr int64_t kHugePage = int64_t{2} << 20;
+struct Unmap {
+  int64_t bytes;
+  void operator()(void* p) const { munmap(p, static_cast<size_t>(bytes)); }
+};
+template <typename T>
+std::unique_ptr<T[], Unmap> Allocate(int64_t n, bool huge) {
+  const int64_t bytes =
+      (n * static_cast<int64_t>(sizeof(T)) + kHugePage - 1) / kHugePage * kHugePage;
+  // Over-reserve by one huge page, then trim both ends to a 2 MiB-aligned range.
+  char* raw = static_cast<char*>(mmap(nullptr, static_cast<size_t>(bytes + kHugePage),
+                                      PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+  if (raw == MAP_FAILED) std::abort();
+  const uintptr_t a =
+      (reinterpret_cast<uintptr_t>(raw) + kHugePage - 1) & ~uintptr_t(kHugePage - 1);
+  char* p = reinterpret_cast<char*>(a);
+  if (p > raw) munmap(raw, static_cast<size_t>(p - raw));
+  if (p + bytes < raw + bytes + kHugePage) {
+    munmap(p + bytes, static_cast<size_t>(raw + bytes + kHugePage - (p + bytes)));
+  }
+  madvise(p, static_cast<size_t>(bytes), huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+  return std::unique_ptr<T[], Unmap>(reinterpret_cast<T*>(p), Unmap{bytes});
+}
+
+// The share of [p, p + bytes) backed by huge pages, from /proc/self/smaps (0 when unknown).
+double HugeShare(const void* p, int64_t bytes) {
+  FILE* f = std::fopen("/proc/self/smaps", "r");
+  if (f == nullptr) return 0;
+  const uintptr_t lo = reinterpret_cast<uintptr_t>(p), hi = lo + static_cast<uintptr_t>(bytes);
+  char line[512];
+  bool in = false;
+  int64_t huge_kib = 0;
+  while (std::fgets(line, sizeof(line), f) != nullptr) {
+    unsigned long a, b;
+    if (std::sscanf(line, "%lx-%lx ", &a, &b) == 2 &&
+        std::strchr(line, '-') < std::strchr(line, ' ')) {
+      in = a < hi && b > lo;
+      continue;
+    }
+    long kib;
+    if (in && std::sscanf(line, "AnonHugePages: %ld kB", &kib) == 1) huge_kib += kib;
+  }
+  std::fclose(f);
+  return static_cast<double>(huge_kib) * 1024.0 / static_cast<double>(bytes);
+}
+
+const char* PagesName(bool huge) { return huge ? "huge" : "small"; }
+
+// STREAM's arrays, split evenly over `threads` threads, each thread touching its own part first.
+class StreamArrays {
+ public:
+  StreamArrays(int64_t mib, int threads, bool huge)
+      : huge_(huge),
+        n_(mib * 1024 * 1024 / static_cast<int64_t>(sizeof(float))),
+        threads_(threads),
+        a_(Allocate<float>(n_, huge)),
+        b_(Allocate<float>(n_, huge)),
+        c_(Allocate<float>(n_, huge)) {
+    float *pa = a_.get(), *pb = b_.get(), *pc = c_.get();
+    Parallel(threads_, n_, [=](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) pa[i] = 0.0f, pb[i] = 1.0f, pc[i] = 2.0f;
+    });
+  }
+  // Bytes one pass moves, counted as STREAM does (write-allocate traffic not counted).
+  double TriadGb() const { return 3.0 * n_ * sizeof(float) / 1e9; }
+  double CopyGb() const { return 2.0 * n_ * sizeof(float) / 1e9; }
+  const char* pages() const { return PagesName(huge_); }
+  double HugeShare() const { return ::attnserve::kernels::cpu::HugeShare(a_.get(), n_ * 4); }
+
+  void Triad() {
+    float *pa = a_.get(), *pb = b_.get(), *pc = c_.get();
+    const float s = 3.0f;
+    Parallel(threads_, n_, [=](int64_t i0, int64_t i1) {
       for (int64_t i = i0; i < i1; ++i) pa[i] = pb[i] + s * pc[i];
     });
-  });
-  const Stats copy = Time(f.reps, threads, [&] {
-    Parallel(threads, n, [=](int64_t i0, int64_t i1) {
+  }
+  void Copy() {
+    float *pa = a_.get(), *pb = b_.get();
+    Parallel(threads_, n_, [=](int64_t i0, int64_t i1) {
       std::memcpy(pa + i0, pb + i0, (i1 - i0) * sizeof(float));
     });
-  });
-  const double gb_triad = 3.0 * n * sizeof(float) / 1e9, gb_copy = 2.0 * n * sizeof(float) / 1e9;
-  std::printf(
-      "stream_triad threads=%d array_mib=%lld gbps_median=%.2f gbps_best=%.2f cpu_share=%.2f\n",
-      threads, static_cast<long long>(f.stream_mib), gb_triad / triad.median, gb_triad / triad.best,
-      triad.cpu_share);
-  std::printf(
-      "stream_copy threads=%d array_mib=%lld gbps_median=%.2f gbps_best=%.2f cpu_share=%.2f\n",
-      threads, static_cast<long long>(f.stream_mib), gb_copy / copy.median, gb_copy / copy.best,
-      copy.cpu_share);
+  }
+
+ private:
+  bool huge_;
+  int64_t n_;
+  int threads_;
+  std::unique_ptr<float[], Unmap> a_, b_, c_;
+};
+
+// Triad and copy, alternately.
+void Stream(const Flags& f, StreamArrays& arrays, int threads) {
+  std::vector<Side> sides;
+  RoundRobin(f.reps, {[&] { arrays.Triad(); }, [&] { arrays.Copy(); }}, &sides);
+  for (const auto& [name, side, gb] : {std::tuple{"stream_triad", &sides[0], arrays.TriadGb()},
+                                       std::tuple{"stream_copy", &sides[1], arrays.CopyGb()}}) {
+    std::printf(
+        "%s threads=%d array_mib=%lld pages=%s huge_share=%.2f gbps_median=%.2f gbps_best=%.2f "
+        "cpu_share=%.2f\n",
+        name, threads, static_cast<long long>(f.stream_mib), arrays.pages(), arrays.HugeShare(),
+        gb / Median(side->seconds), gb / side->Best(), side->Share(threads));
+  }
   std::fflush(stdout);
 }
 
-void Decode(const Flags& f, CpuBackend& backend, DType dtype) {
+// The decode step over K/V in small pages and/or in huge pages (same contents, same page
+// table), each run alternating with the triad.
+void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dtype) {
   const int pages_per_seq = (f.context + f.page_size - 1) / f.page_size;
   const int num_pages = f.seqs * pages_per_seq;
   PagedAttentionParams p;
@@ -152,7 +257,15 @@ void Decode(const Flags& f, CpuBackend& backend, DType dtype) {
   p.scale = 1.0f / std::sqrt(static_cast<float>(f.head_dim));
   const int esize = static_cast<int>(DTypeSize(dtype));
   const int64_t elems = num_pages * p.k_page_stride();
-  auto k = Allocate<char>(elems * esize), v = Allocate<char>(elems * esize);
+  std::vector<bool> kinds;
+  for (const bool huge : {false, true}) {
+    if (f.pages.find(PagesName(huge)) != std::string::npos) kinds.push_back(huge);
+  }
+  std::vector<std::unique_ptr<char[], Unmap>> ks, vs;
+  for (const bool huge : kinds) {
+    ks.push_back(Allocate<char>(elems * esize, huge));
+    vs.push_back(Allocate<char>(elems * esize, huge));
+  }
   // Values: a cheap hash to N-ish(0, 1)-sized floats, written by all threads (first touch).
   auto fill = [&](char* base, uint32_t salt) {
     Parallel(backend.num_threads(), elems, [=](int64_t i0, int64_t i1) {
@@ -168,8 +281,10 @@ void Decode(const Flags& f, CpuBackend& backend, DType dtype) {
       }
     });
   };
-  fill(k.get(), 0x1234u);
-  fill(v.get(), 0x9876u);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    fill(ks[i].get(), 0x1234u);
+    fill(vs[i].get(), 0x9876u);
+  }
   std::vector<int32_t> table(num_pages);
   std::iota(table.begin(), table.end(), 0);
   if (f.scatter) std::shuffle(table.begin(), table.end(), std::mt19937(7));
@@ -181,8 +296,6 @@ void Decode(const Flags& f, CpuBackend& backend, DType dtype) {
   FromFloat32(dtype, qf.data(), qf.size(), q.data());
   std::vector<float> out(int64_t{f.seqs} * f.num_heads * f.head_dim);
   std::vector<float> lse(int64_t{f.seqs} * f.num_heads);
-  p.k_pages = k.get();
-  p.v_pages = v.get();
   p.page_table = table.data();
   p.kv_lens = kv_lens.data();
   p.q_lens = q_lens.data();
@@ -191,17 +304,46 @@ void Decode(const Flags& f, CpuBackend& backend, DType dtype) {
   p.out = out.data();
   p.lse = lse.data();
 
-  const Stats t = Time(f.reps, backend.num_threads(), [&] {
-    if (!backend.PagedAttention(p).ok()) std::abort();
-  });
+  // Each kind's kernel run, then the triad, in turn: each pair's ratio compares two runs
+  // seconds apart.
+  std::vector<std::function<void()>> fns;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    fns.push_back([&, i] {
+      PagedAttentionParams pi = p;
+      pi.k_pages = ks[i].get();
+      pi.v_pages = vs[i].get();
+      if (!backend.PagedAttention(pi).ok()) std::abort();
+    });
+  }
+  fns.push_back([&] { arrays.Triad(); });
+  std::vector<Side> sides;
+  RoundRobin(f.reps, fns, &sides);
+  const Side& triad = sides.back();
   // Bytes of K and V the step must read: every sequence's keys and values, once.
   const double gb = 2.0 * f.seqs * f.context * f.num_kv_heads * f.head_dim * esize / 1e9;
-  std::printf(
-      "decode dtype=%s isa=%s threads=%d seqs=%d context=%d hq=%d hkv=%d d=%d page=%d "
-      "kv_gb=%.3f ms_median=%.2f ms_best=%.2f gbps_median=%.2f gbps_best=%.2f cpu_share=%.2f\n",
-      std::string(DTypeName(dtype)).c_str(), backend.paged_kernel_name(), backend.num_threads(),
-      f.seqs, f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, gb, 1e3 * t.median,
-      1e3 * t.best, gb / t.median, gb / t.best, t.cpu_share);
+  const int threads = backend.num_threads();
+  const double t_gb = arrays.TriadGb();
+  const double t_gbps = t_gb / Median(triad.seconds);
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    const Side& kernel = sides[i];
+    std::vector<double> ratios;
+    for (int r = 0; r < f.reps; ++r) {
+      ratios.push_back((gb / kernel.seconds[r]) / (t_gb / triad.seconds[r]));
+    }
+    const double k_gbps = gb / Median(kernel.seconds);
+    std::printf(
+        "decode dtype=%s isa=%s threads=%d seqs=%d context=%d hq=%d hkv=%d d=%d page=%d "
+        "pages=%s huge_share=%.2f kv_gb=%.3f ms_median=%.2f ms_best=%.2f gbps_median=%.2f "
+        "gbps_best=%.2f cpu_share=%.2f triad_gbps_median=%.2f triad_gbps_best=%.2f "
+        "triad_cpu_share=%.2f ratio_median=%.2f ratio_best=%.2f ratio_per_cpu=%.2f\n",
+        std::string(DTypeName(dtype)).c_str(), backend.paged_kernel_name(), threads, f.seqs,
+        f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, PagesName(kinds[i]),
+        HugeShare(ks[i].get(), elems * esize), gb, 1e3 * Median(kernel.seconds),
+        1e3 * kernel.Best(), k_gbps, gb / kernel.Best(), kernel.Share(threads), t_gbps,
+        t_gb / triad.Best(), triad.Share(threads), Median(ratios),
+        (gb / kernel.Best()) / (t_gb / triad.Best()),
+        (k_gbps / kernel.Share(threads)) / (t_gbps / triad.Share(threads)));
+  }
   std::fflush(stdout);
 }
 
@@ -238,6 +380,8 @@ int Main(int argc, char** argv) {
       f.scatter = v != "0" && v != "false";
     } else if (ParseFlag(argv[i], "--dtypes", &v)) {
       f.dtypes = v;
+    } else if (ParseFlag(argv[i], "--pages", &v)) {
+      f.pages = v;
     } else {
       std::fprintf(stderr, "unknown flag %s\n", argv[i]);
       return 2;
@@ -248,18 +392,22 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", backend.status().ToString().c_str());
     return 1;
   }
-  std::printf("machine cpu=\"%s\" hardware_threads=%u\n", CpuModelName().c_str(),
-              std::thread::hardware_concurrency());
-  Stream(f, (*backend)->num_threads());
+  std::printf("machine cpu=\"%s\" hardware_threads=%u loadavg=\"%s\"\n", CpuModelName().c_str(),
+              std::thread::hardware_concurrency(), LoadAverage().c_str());
+  const int threads = (*backend)->num_threads();
+  // STREAM's arrays in huge pages when those are measured (huge pages only help the triad,
+  // so the ratios cannot gain from a slowed triad).
+  StreamArrays arrays(f.stream_mib, threads, f.pages.find("huge") != std::string::npos);
+  Stream(f, arrays, threads);
   for (const char* name : {"float16", "bfloat16", "float32"}) {
     if (f.dtypes.find(name) == std::string::npos) continue;
     const DType dtype = std::string(name) == "float16"    ? DType::kFloat16
                         : std::string(name) == "bfloat16" ? DType::kBFloat16
                                                           : DType::kFloat32;
-    Decode(f, **backend, dtype);
+    Decode(f, **backend, arrays, dtype);
   }
-  // The bandwidth again after the kernels, to show how much the machine's load moved meanwhile.
-  Stream(f, (*backend)->num_threads());
+  Stream(f, arrays, threads);
+  std::printf("end loadavg=\"%s\"\n", LoadAverage().c_str());
   return 0;
 }
 
