@@ -21,7 +21,7 @@ ctest --preset asan -LE deploy -E "FlashEmuTest.*bfloat16|PagedAttentionEmuTest.
 
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 cmake --preset tsan
-cmake --build --preset tsan --target batcher_test server_test session_test attnserve \
+cmake --build --preset tsan --target batcher_test server_test session_test kv_pool_test attnserve \
   flash_emu_test paged_attention_emu_test flash_launch_emu_test
 # The C++ batcher and server tests (the Python process tests drive a TSan server through
 # gRPC's uninstrumented core, where reports are third-party noise).

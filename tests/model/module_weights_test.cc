@@ -8,18 +8,12 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "model/safetensors.h"
+#include "tests/model/safetensors_bytes.h"
 
 namespace attnserve::model {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string File(const std::string& header, const std::string& data) {
-  std::string out(8, '\0');
-  uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  return out + header + data;
-}
 
 // A module file with d_model d (all weights zero), stacking each tensor after the previous one.
 std::string ModuleFile(int d, const std::string& metadata, const std::string& skip = "") {
