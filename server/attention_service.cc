@@ -58,10 +58,12 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
 
   // The call was admitted by `gate`: Respond() tells it of the answer.
   void set_admitted(AdmissionGate* gate) { admitted_ = gate; }
-  // Reads the request, then gives it to `serve` with `call` (on gRPC's callback thread).
-  void Read(std::unique_ptr<Call> call, Serve serve) {
+  // Reads the request, then gives it to `serve` with `call` (on gRPC's callback thread), and then
+  // runs `read_done` (also when the read fails).
+  void Read(std::unique_ptr<Call> call, Serve serve, absl::AnyInvocable<void()> read_done) {
     call_ = std::move(call);
     serve_ = std::move(serve);
+    read_done_ = std::move(read_done);
     StartRead(&request_);
   }
   // The call's answer, once: response() and OK, or the status alone.
@@ -82,16 +84,18 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
 
   void OnReadDone(bool ok) override {
     std::unique_ptr<Call> call = std::move(call_);
+    absl::AnyInvocable<void()> read_done = std::move(read_done_);
     if (!ok) {
       // Every unary caller sends its one message: a read fails when the call was cancelled or
       // broken (its deadline, mostly), which gRPC may report only later (OnCancel).
       caller_.Cancel();
       call->Finish(absl::CancelledError("the call ended before its request message arrived"));
-      return;
+    } else {
+      bytes_ = request_.Length();
+      serve_(std::move(call), request_);
+      request_.Clear();  // parsed: the job holds its own copy
     }
-    bytes_ = request_.Length();
-    serve_(std::move(call), request_);
-    request_.Clear();  // parsed: the job holds its own copy
+    if (read_done) read_done();
   }
   void OnCancel() override { caller_.Cancel(); }
   void OnDone() override {
@@ -104,6 +108,7 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   Caller caller_;
   std::unique_ptr<Call> call_;  // between Read() and OnReadDone
   Serve serve_;
+  absl::AnyInvocable<void()> read_done_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   size_t bytes_ = 0;  // request and response: see OnDone
@@ -253,6 +258,9 @@ template <typename Request, typename Response, typename Build>
 UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                             Build build) {
   auto* reactor = new UnaryCallReactor(context, dispatcher_);
+  // Before the Call counts the arrival (attnserve_requests_in_flight): a drain that begins once
+  // the call is counted waits for its read (AwaitReads).
+  BeginRead();
   auto call =
       std::make_unique<Call>(metrics_, rpc, reactor->caller(),
                              [reactor](const absl::Status& status, Job* job, absl::Time now) {
@@ -266,6 +274,7 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
                              });
   if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
     call->Finish(std::move(s));
+    EndRead();
     return reactor;
   }
   // Before the request's bytes are read: under overload most calls end here, at the cost of
@@ -277,41 +286,45 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
     // Before the gate, whose DEADLINE_EXCEEDED would not tell the caller to go elsewhere.
     call->Finish(absl::UnavailableError("the server is shutting down; retry on another replica"),
                  nullptr, metrics::DropReason::kShutdown);
+    EndRead();
     return reactor;
   }
   if (absl::Status s = admission_.Admit(call->arrival(), call->deadline()); !s.ok()) {
     call->Finish(std::move(s), nullptr, metrics::DropReason::kUnmeetable);
+    EndRead();
     return reactor;
   }
   reactor->set_admitted(&admission_);
-  reactor->Read(std::move(call),
-                [this, reactor, build](std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes) {
-                  auto request = std::make_shared<Request>();  // the job's inputs are views into it
-                  if (!ParseMessage(bytes, request.get())) {
-                    // A message cut short by the caller's cancel (its deadline, mostly) is not the
-                    // caller's mistake: Call::Finish answers and counts it as what the caller saw.
-                    reactor->NoteCancellation();
-                    call->Finish(absl::InvalidArgumentError(
-                        absl::StrCat("the message (", bytes.Length(), " bytes) is not a valid ",
-                                     Request::descriptor()->full_name())));
-                    return;
-                  }
-                  absl::StatusOr<std::unique_ptr<Job>> job = build(*request);
-                  if (!job.ok()) {
-                    reactor->NoteCancellation();
-                    call->Finish(job.status());
-                    return;
-                  }
-                  (*job)->request = std::move(request);
-                  (*job)->timing.arrival = call->arrival();
-                  (*job)->call = std::move(call);
-                  (*job)->dispatcher = dispatcher_;
-                  if (!HasWork(**job)) {
-                    (*job)->Finish(absl::OkStatus());  // every step failed validation: answered
-                    return;
-                  }
-                  dispatcher_->Submit(*std::move(job));
-                });
+  reactor->Read(
+      std::move(call),
+      [this, reactor, build](std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes) {
+        auto request = std::make_shared<Request>();  // the job's inputs are views into it
+        if (!ParseMessage(bytes, request.get())) {
+          // A message cut short by the caller's cancel (its deadline, mostly) is not the
+          // caller's mistake: Call::Finish answers and counts it as what the caller saw.
+          reactor->NoteCancellation();
+          call->Finish(absl::InvalidArgumentError(
+              absl::StrCat("the message (", bytes.Length(), " bytes) is not a valid ",
+                           Request::descriptor()->full_name())));
+          return;
+        }
+        absl::StatusOr<std::unique_ptr<Job>> job = build(*request);
+        if (!job.ok()) {
+          reactor->NoteCancellation();
+          call->Finish(job.status());
+          return;
+        }
+        (*job)->request = std::move(request);
+        (*job)->timing.arrival = call->arrival();
+        (*job)->call = std::move(call);
+        (*job)->dispatcher = dispatcher_;
+        if (!HasWork(**job)) {
+          (*job)->Finish(absl::OkStatus());  // every step failed validation: answered
+          return;
+        }
+        dispatcher_->Submit(*std::move(job));
+      },
+      [this] { EndRead(); });
   return reactor;
 }
 
@@ -339,6 +352,29 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::A
 void AttentionService::Drain() {
   draining_.store(true, std::memory_order_release);
   streams_.DrainAll();
+}
+
+void AttentionService::BeginRead() {
+  MutexLock lock(&reads_mu_);
+  ++reading_;
+}
+
+void AttentionService::EndRead() {
+  MutexLock lock(&reads_mu_);
+  if (--reading_ == 0) reads_cv_.NotifyAll();
+}
+
+void AttentionService::AwaitReads(absl::Time deadline) {
+  MutexLock lock(&reads_mu_);
+  while (reading_ > 0 && !stop_awaiting_reads_ && absl::Now() < deadline) {
+    reads_cv_.WaitWithDeadline(&reads_mu_, deadline);
+  }
+}
+
+void AttentionService::StopAwaitingReads() {
+  MutexLock lock(&reads_mu_);
+  stop_awaiting_reads_ = true;
+  reads_cv_.NotifyAll();
 }
 
 AttentionService::~AttentionService() = default;

@@ -78,6 +78,13 @@ class AttentionService final : public AttentionServiceBase {
   // their requests are read; open AttentionStreams stop reading and end once their requests are
   // answered (UNAVAILABLE; idle ones at once), and new ones end at once.
   void Drain();
+  // After Drain(): waits until every call admitted before it has been read and handed to the
+  // dispatcher (or failed), so that it reaches the batcher before the batcher stops taking work,
+  // and is computed within the grace period instead of being refused UNAVAILABLE after its
+  // caller was already counted as served. Returns at `deadline` or at StopAwaitingReads().
+  void AwaitReads(absl::Time deadline) ABSL_LOCKS_EXCLUDED(reads_mu_);
+  // The grace period was cut short (a second signal): AwaitReads returns now.
+  void StopAwaitingReads() ABSL_LOCKS_EXCLUDED(reads_mu_);
 
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
@@ -130,6 +137,13 @@ class AttentionService final : public AttentionServiceBase {
   AdmissionGate admission_;
   OpenStreams streams_;
   std::atomic<bool> draining_{false};  // Drain()
+  // Compute's calls between their arrival and the hand-over of their request (AwaitReads).
+  void BeginRead() ABSL_LOCKS_EXCLUDED(reads_mu_);
+  void EndRead() ABSL_LOCKS_EXCLUDED(reads_mu_);
+  Mutex reads_mu_;
+  CondVar reads_cv_;
+  int64_t reading_ ABSL_GUARDED_BY(reads_mu_) = 0;
+  bool stop_awaiting_reads_ ABSL_GUARDED_BY(reads_mu_) = false;
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;

@@ -331,7 +331,10 @@ void ServerHost::Shutdown(absl::Duration grace) {
   // now, busy ones once their requests are answered (UNAVAILABLE: their callers retry elsewhere);
   // otherwise an open stream held the exit until the grace period ended.
   service_->Drain();
-  dispatcher_->Shutdown(grace);
+  // Calls that arrived before the drain and whose requests are still arriving are handed to the
+  // dispatcher before it stops taking work: they are computed within the grace period.
+  service_->AwaitReads(grace_end);
+  dispatcher_->Shutdown(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
   // Every queued request has been answered. gRPC stops accepting calls now (a caller then gets
   // UNAVAILABLE from its own channel) and lets the open ones finish. Once no AttentionService
   // call is open, what is left can only be health Watch streams, streams their callers hold open
@@ -356,6 +359,7 @@ void ServerHost::Shutdown(absl::Duration grace) {
 }
 
 void ServerHost::EndGracePeriod() {
+  if (service_ != nullptr) service_->StopAwaitingReads();
   if (dispatcher_ != nullptr) dispatcher_->EndGracePeriod();
   // The answers just given are written within milliseconds; a call still open after that
   // (held open by its caller, or in a batch that is still computing) is cancelled.
