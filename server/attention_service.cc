@@ -5,6 +5,7 @@
 #include <deque>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -259,8 +260,10 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
                                             Build build) {
   auto* reactor = new UnaryCallReactor(context, dispatcher_);
   // Before the Call counts the arrival (attnserve_requests_in_flight): a drain that begins once
-  // the call is counted waits for its read (AwaitReads).
+  // the call is counted waits for its read (AwaitReads). A call refused before its read ends it
+  // on return; one that is read, once its request is handed over.
   BeginRead();
+  absl::Cleanup refused_before_reading = [this] { EndRead(); };
   auto call =
       std::make_unique<Call>(metrics_, rpc, reactor->caller(),
                              [reactor](const absl::Status& status, Job* job, absl::Time now) {
@@ -274,7 +277,6 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
                              });
   if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
     call->Finish(std::move(s));
-    EndRead();
     return reactor;
   }
   // Before the request's bytes are read: under overload most calls end here, at the cost of
@@ -286,15 +288,14 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
     // Before the gate, whose DEADLINE_EXCEEDED would not tell the caller to go elsewhere.
     call->Finish(absl::UnavailableError("the server is shutting down; retry on another replica"),
                  nullptr, metrics::DropReason::kShutdown);
-    EndRead();
     return reactor;
   }
   if (absl::Status s = admission_.Admit(call->arrival(), call->deadline()); !s.ok()) {
     call->Finish(std::move(s), nullptr, metrics::DropReason::kUnmeetable);
-    EndRead();
     return reactor;
   }
   reactor->set_admitted(&admission_);
+  std::move(refused_before_reading).Cancel();
   reactor->Read(
       std::move(call),
       [this, reactor, build](std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes) {

@@ -16,6 +16,12 @@ namespace {
 // tests/bench/DECODE.md has the kernel with and without them.
 constexpr int64_t kHugePage = int64_t{2} << 20;
 
+// The system's page size: munmap and madvise work in whole pages of it.
+int64_t SystemPageBytes() {
+  static const int64_t bytes = sysconf(_SC_PAGESIZE);
+  return bytes;
+}
+
 // The range starts on a 2 MiB boundary (so that every whole 2 MiB of it can be a huge page) and
 // is advised MADV_HUGEPAGE; the kernel gives small pages where it has no huge ones, and where
 // transparent huge pages are off.
@@ -30,7 +36,7 @@ uint8_t* Reserve(int64_t bytes) {
   uint8_t* const p = begin + ((kHugePage - at % kHugePage) % kHugePage);
   // The tail is cut at a system page boundary (munmap takes whole pages; ~Arena unmaps `bytes`
   // from p, which the system rounds up the same way).
-  static const int64_t system_page = sysconf(_SC_PAGESIZE);
+  const int64_t system_page = SystemPageBytes();
   uint8_t* const keep_end = p + (bytes + system_page - 1) / system_page * system_page;
   uint8_t* const end = begin + padded;
   if (p > begin) munmap(begin, static_cast<size_t>(p - begin));
@@ -43,8 +49,8 @@ uint8_t* Reserve(int64_t bytes) {
 // huge page this splits it (the rest stays resident in small pages until the kernel's
 // khugepaged merges them again): resident memory follows the accounting first.
 void Discard(uint8_t* p, int64_t bytes) {
-  static const int64_t system_page = sysconf(_SC_PAGESIZE);
-  if (bytes > 0 && bytes % system_page == 0) madvise(p, static_cast<size_t>(bytes), MADV_DONTNEED);
+  if (bytes > 0 && bytes % SystemPageBytes() == 0)
+    madvise(p, static_cast<size_t>(bytes), MADV_DONTNEED);
 }
 
 }  // namespace
