@@ -299,6 +299,12 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
   reactor->Read(
       std::move(call),
       [this, reactor, build](std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes) {
+        if (absl::Status s = CheckMessageSize(options_.limits, bytes.Length(),
+                                              absl::StrCat("the ", Request::descriptor()->name()));
+            !s.ok()) {
+          call->Finish(std::move(s));
+          return;
+        }
         auto request = std::make_shared<Request>();  // the job's inputs are views into it
         if (!ParseMessage(bytes, request.get())) {
           // A message cut short by the caller's cancel (its deadline, mostly) is not the
@@ -392,6 +398,10 @@ grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerConte
   if (status.ok() && !options_.allow_module_rpc) {
     status = absl::PermissionDeniedError(
         "LoadModule is switched off on this server (--allow_module_rpc=false)");
+  }
+  if (status.ok()) {
+    status = CheckMessageSize(options_.limits, static_cast<int64_t>(request->ByteSizeLong()),
+                              "the LoadModuleRequest");
   }
   if (status.ok()) status = ModuleRegistry::ValidateName(request->name(), "name");
   if (!status.ok()) {

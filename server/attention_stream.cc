@@ -92,14 +92,24 @@ void AttentionStreamReactor::Handle() {
   ++messages_read_;
   auto owned = std::make_shared<v1::AttentionStreamRequest>();  // the job's inputs view it
   const v1::AttentionStreamRequest& request = *owned;
-  if (!ParseMessage(read_, owned.get())) {
-    const absl::Status status = absl::InvalidArgumentError(absl::StrCat(
-        "message ", messages_read_, " of the stream (", read_.Length(),
-        " bytes) is not a valid attnserve.v1.AttentionStreamRequest; the stream ends after "
-        "answering the requests before it"));
+  // An oversized message is not parsed (its request id is unknown): like an unparseable one, it
+  // ends the stream after the answers to the requests before it.
+  absl::Status status = CheckMessageSize(
+      *context_.limits, read_.Length(),
+      absl::StrCat("message ", messages_read_, " of the stream (an AttentionStreamRequest)"));
+  if (status.ok() && !ParseMessage(read_, owned.get())) {
+    status = absl::InvalidArgumentError(
+        absl::StrCat("message ", messages_read_, " of the stream (", read_.Length(),
+                     " bytes) is not a valid attnserve.v1.AttentionStreamRequest"));
+  }
+  if (!status.ok()) {
+    status = absl::Status(status.code(), absl::StrCat(status.message(),
+                                                      "; the stream ends after answering the "
+                                                      "requests before it"));
     Call(context_.metrics, metrics::Rpc::kAttentionStream, &caller_,
          [](const absl::Status&, Job*, absl::Time) {})
         .Finish(status);
+    read_.Clear();
     MutexLock lock(&mu_);
     broken_ = status;
     return;

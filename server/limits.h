@@ -4,13 +4,17 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+
 namespace attnserve::server {
 
 // Exceeding a limit is RESOURCE_EXHAUSTED, except max_head_dim (a property of the kernels:
 // INVALID_ARGUMENT). Every field is a flag of the attnserve binary of the same name.
 struct Limits {
-  // Largest request message in bytes; gRPC itself answers RESOURCE_EXHAUSTED above it.
-  // Default: 256 MiB.
+  // Largest request message in bytes. The server refuses a larger one with RESOURCE_EXHAUSTED
+  // naming this limit (CheckMessageSize), counted as what the caller saw; gRPC itself refuses
+  // one over GrpcReceiveLimit() before the server sees it. Default: 256 MiB.
   int64_t max_message_bytes = int64_t{256} << 20;
   // Largest element count of any tensor of a request or response (weights included).
   // Default: 64 Mi elements (256 MiB of float32).
@@ -24,6 +28,18 @@ struct Limits {
   // Most requests of one AttentionStream queued or computing at once. Default: 256.
   int64_t max_stream_in_flight = 256;
 };
+
+// What gRPC is told to accept (ServerBuilder::SetMaxReceiveMessageSize): twice
+// max_message_bytes, at most INT_MAX. Messages between the two limits reach the server, which
+// refuses them itself, so that the caller learns the flag and the server's metrics count the
+// refusal as the caller saw it. Beyond it gRPC refuses the call before the server sees any of
+// it (its buffers' backstop): the caller gets RESOURCE_EXHAUSTED, and the server, told only that
+// the message did not arrive, counts a cancelled call.
+int GrpcReceiveLimit(const Limits& limits);
+
+// OK when a request message of `bytes` bytes is within limits.max_message_bytes; otherwise
+// RESOURCE_EXHAUSTED naming `what` (e.g. "the AttendRequest"), its size and the limit.
+absl::Status CheckMessageSize(const Limits& limits, int64_t bytes, absl::string_view what);
 
 }  // namespace attnserve::server
 

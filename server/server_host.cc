@@ -266,8 +266,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, *credentials, &host->port_);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(
-      std::min<int64_t>(options.limits.max_message_bytes, std::numeric_limits<int>::max())));
+  builder.SetMaxReceiveMessageSize(GrpcReceiveLimit(options.limits));
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
   if (options.max_connection_age > absl::ZeroDuration()) {
     builder.AddChannelArgument(

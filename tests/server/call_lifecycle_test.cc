@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpc/grpc.h"
@@ -269,6 +270,59 @@ TEST_F(CallLifecycleTest, AnUnparseableUnaryMessageIsInvalidArgumentAndCounted) 
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("is not a valid attnserve.v1.AttendRequest"));
   EXPECT_EQ(Requests("Attend", "INVALID_ARGUMENT"), 1);
+}
+
+// The server checks --max_message_bytes itself (gRPC is told twice as much), so that an
+// oversized request is refused with a message naming the flag and counted as the caller saw it.
+TEST_F(CallLifecycleTest, AMessageOverTheSizeLimitIsRefusedNamingTheFlagAndCounted) {
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 16, 16, 8, 8}, false, false);
+  const int64_t size = static_cast<int64_t>(c.request.ByteSizeLong());
+  server::ServerOptions options;
+  options.limits.max_message_bytes = size - 1;
+  Start(options);
+  const size_t calls = gate_->batch_sizes().size();  // the warm-up's
+  const absl::Status refused = client_->Attend(c.request).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr(absl::StrCat("the AttendRequest is ", size,
+                                                        " bytes, over the server's limit of ",
+                                                        size - 1, " (--max_message_bytes)")));
+  EXPECT_EQ(Requests("Attend", "RESOURCE_EXHAUSTED"), 1);
+  EXPECT_EQ(gate_->batch_sizes().size(), calls) << "the refused request reached the backend";
+
+  // In a stream: the request before it is answered, then the stream ends with the refusal.
+  grpc::ClientContext context;
+  auto stream = stub_->AttentionStream(&context);
+  v1::AttentionStreamRequest small = StreamItem(1, 1);
+  v1::AttentionStreamRequest big;
+  big.set_request_id(2);
+  *big.mutable_attend() = c.request;
+  ASSERT_TRUE(stream->Write(small));
+  v1::AttentionStreamResponse response;
+  ASSERT_TRUE(stream->Read(&response));  // answered before the big one is sent
+  EXPECT_EQ(response.request_id(), 1u);
+  EXPECT_EQ(response.code(), 0);
+  stream->Write(big);
+  stream->WritesDone();
+  EXPECT_FALSE(stream->Read(&response));
+  const grpc::Status ended = stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << ended.error_message();
+  EXPECT_THAT(ended.error_message(), HasSubstr("message 2 of the stream"));
+  EXPECT_THAT(ended.error_message(), HasSubstr("(--max_message_bytes)"));
+  EXPECT_EQ(Requests("AttentionStream", "RESOURCE_EXHAUSTED"), 1);
+}
+
+// Beyond twice the limit gRPC refuses the message before the server sees it: the caller gets
+// RESOURCE_EXHAUSTED, and the server, told only that the message did not arrive, counts a
+// cancelled call (as server/limits.h documents).
+TEST_F(CallLifecycleTest, AMessageOverTwiceTheLimitIsRefusedByGrpc) {
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 16, 16, 8, 8}, false, false);
+  server::ServerOptions options;
+  options.limits.max_message_bytes = static_cast<int64_t>(c.request.ByteSizeLong()) / 3;
+  Start(options);
+  const absl::Status refused = client_->Attend(c.request).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("larger than max"));
+  ASSERT_TRUE(AwaitMetric("attnserve_requests_total", {"rpc=\"Attend\"", "code=\"CANCELLED\""}, 1));
 }
 
 TEST_F(CallLifecycleTest, AStreamItemWithNeitherRequestIsInvalidAndNotCountedAsMultiHead) {
