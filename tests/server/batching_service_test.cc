@@ -2,6 +2,7 @@
 // streams, made deterministic with a backend whose gate the test controls.
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -280,6 +281,19 @@ TEST_F(BatchingServiceTest, WithBatchingOffEveryBatchHoldsOneRequest) {
   ASSERT_TRUE(info.ok());
   EXPECT_FALSE(info->batching().enabled());
   EXPECT_EQ(info->batching().max_batch_requests(), 1);
+}
+
+TEST(BatchingOptionsTest, ANegativeOrNanInlineMaxFlopsIsRefusedAtStart) {
+  auto metrics = metrics::Metrics::Create({}).value();
+  for (double bad : {-1.0, std::nan("")}) {
+    server::ServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.batching.inline_max_flops = bad;
+    auto host = server::ServerHost::Start(options, metrics.get());
+    ASSERT_FALSE(host.ok()) << "started with inline_max_flops " << bad;
+    EXPECT_EQ(host.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(host.status().message(), HasSubstr("inline_max_flops must be >= 0; was "));
+  }
 }
 
 }  // namespace
