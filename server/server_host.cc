@@ -228,6 +228,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   info.batching.set_max_queued_requests(batcher.max_queued_requests);
   info.batching.set_max_queued_bytes(batcher.max_queued_bytes);
   info.batching.set_worker_threads(batcher.num_batch_threads);
+  info.batching.set_inline_max_flops(options.batching.inline_max_flops);
   v1::BackendInfo* backend_info = &info.backends.emplace_back();
   backend_info->set_name(host->backend_->name());
   backend_info->set_active(true);

@@ -281,6 +281,7 @@ TEST_F(BatchingServiceTest, WithBatchingOffEveryBatchHoldsOneRequest) {
   ASSERT_TRUE(info.ok());
   EXPECT_FALSE(info->batching().enabled());
   EXPECT_EQ(info->batching().max_batch_requests(), 1);
+  EXPECT_EQ(info->batching().inline_max_flops(), server::BatchingOptions{}.inline_max_flops);
 }
 
 TEST(BatchingOptionsTest, ANegativeOrNanInlineMaxFlopsIsRefusedAtStart) {
