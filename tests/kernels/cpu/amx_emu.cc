@@ -65,6 +65,33 @@ float Bf16Daz(uint16_t h) {
 float Daz(float x) { return std::fpclassify(x) == FP_SUBNORMAL ? std::copysign(0.0f, x) : x; }
 float Ftz(float x) { return Daz(x); }
 
+// The arithmetic of TDPBF16PS on shapes already checked. Cloned for FMA hardware, where std::fmaf
+// becomes one instruction instead of a library call (the emulated kernel runs every tile product
+// here); both clones compute the same correctly rounded FMA.
+__attribute__((target_clones("fma", "default"))) void Product(int c, int a, int b, int m_rows,
+                                                              int n_cols, int k_pairs) {
+  for (int m = 0; m < m_rows; ++m) {
+    uint16_t arow[kMaxColsb / 2];
+    std::memcpy(arow, state.data[a][m], sizeof arow);
+    float even[kMaxColsb / 4] = {}, odd[kMaxColsb / 4] = {};
+    for (int k = 0; k < k_pairs; ++k) {
+      uint16_t brow[kMaxColsb / 2];
+      std::memcpy(brow, state.data[b][k], sizeof brow);
+      const float a0 = Bf16Daz(arow[2 * k]), a1 = Bf16Daz(arow[2 * k + 1]);
+      for (int n = 0; n < n_cols; ++n) {
+        even[n] = Ftz(std::fmaf(a0, Bf16Daz(brow[2 * n]), even[n]));
+        odd[n] = Ftz(std::fmaf(a1, Bf16Daz(brow[2 * n + 1]), odd[n]));
+      }
+    }
+    float crow[kMaxColsb / 4];
+    std::memcpy(crow, state.data[c][m], sizeof crow);
+    for (int n = 0; n < n_cols; ++n) crow[n] = Ftz(Daz(crow[n]) + Ftz(even[n] + odd[n]));
+    std::memcpy(state.data[c][m], crow, sizeof crow);
+    std::memset(state.data[c][m] + state.colsb[c], 0, kMaxColsb - state.colsb[c]);
+  }
+  for (int m = m_rows; m < kMaxRows; ++m) std::memset(state.data[c][m], 0, kMaxColsb);
+}
+
 }  // namespace
 
 void LoadConfig(const void* config) {
@@ -146,26 +173,7 @@ void DpBf16Ps(int c, int a, int b) {
         state.colsb[b]);
   }
   dp_count.fetch_add(1, std::memory_order_relaxed);
-  for (int m = 0; m < m_rows; ++m) {
-    uint16_t arow[kMaxColsb / 2];
-    std::memcpy(arow, state.data[a][m], sizeof arow);
-    float even[kMaxColsb / 4] = {}, odd[kMaxColsb / 4] = {};
-    for (int k = 0; k < k_pairs; ++k) {
-      uint16_t brow[kMaxColsb / 2];
-      std::memcpy(brow, state.data[b][k], sizeof brow);
-      const float a0 = Bf16Daz(arow[2 * k]), a1 = Bf16Daz(arow[2 * k + 1]);
-      for (int n = 0; n < n_cols; ++n) {
-        even[n] = Ftz(std::fmaf(a0, Bf16Daz(brow[2 * n]), even[n]));
-        odd[n] = Ftz(std::fmaf(a1, Bf16Daz(brow[2 * n + 1]), odd[n]));
-      }
-    }
-    float crow[kMaxColsb / 4];
-    std::memcpy(crow, state.data[c][m], sizeof crow);
-    for (int n = 0; n < n_cols; ++n) crow[n] = Ftz(Daz(crow[n]) + Ftz(even[n] + odd[n]));
-    std::memcpy(state.data[c][m], crow, sizeof crow);
-    std::memset(state.data[c][m] + state.colsb[c], 0, kMaxColsb - state.colsb[c]);
-  }
-  for (int m = m_rows; m < kMaxRows; ++m) std::memset(state.data[c][m], 0, kMaxColsb);
+  Product(c, a, b, m_rows, n_cols, k_pairs);
 }
 
 uint64_t DpBf16PsCount() { return dp_count.load(std::memory_order_relaxed); }

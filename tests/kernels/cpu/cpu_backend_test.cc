@@ -4,6 +4,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -640,6 +641,7 @@ struct Bf16Path {
 std::string PathName(const Bf16Path& path) {
   return std::string(Bf16IsaName(path.isa)) + (path.emulated ? "_emulated" : "");
 }
+void PrintTo(const Bf16Path& path, std::ostream* os) { *os << PathName(path); }
 
 // Empty when `path` runs here, else why not.
 std::string WhyNotHere(const Bf16Path& path) {
