@@ -183,9 +183,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::CreateWithBf16Kernel(
     const CpuBackendOptions& options, const Bf16AttentionKernel& bf16_kernel) {
   if (absl::Status s = ValidateThreadsAndIsa(options); !s.ok()) return s;
   if (options.bf16_isa != Bf16Isa::kAuto && options.bf16_isa != bf16_kernel.isa) {
-    return absl::InvalidArgumentError(absl::StrCat("bf16_isa ", Bf16IsaName(options.bf16_isa),
-                                                   " does not match the kernel ",
-                                                   bf16_kernel.name));
+    return absl::InvalidArgumentError(
+        absl::StrCat("bf16_isa must be auto or the kernel's (", Bf16IsaName(bf16_kernel.isa),
+                     " for ", bf16_kernel.name, "); was ", Bf16IsaName(options.bf16_isa)));
   }
   if (!CpuSupports(Bf16Isa::kAvx512Bf16)) {
     return absl::FailedPreconditionError(absl::StrCat("the 16-bit kernel ", bf16_kernel.name,

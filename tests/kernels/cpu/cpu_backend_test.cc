@@ -877,6 +877,27 @@ INSTANTIATE_TEST_SUITE_P(Paths, CpuBackendBf16Test,
                          });
 
 #if defined(ATTNSERVE_HAVE_AMX_EMULATION)
+TEST(CpuBackendTest, CreateWithBf16KernelChecksTheIsa) {
+  auto backend = CpuBackend::CreateWithBf16Kernel(
+      CpuBackendOptions{.num_threads = 1, .bf16_isa = Bf16Isa::kAvx512Bf16},
+      kAmxEmulatedAttentionKernel);
+  EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(backend.status().message()),
+              ::testing::HasSubstr("(amx_bf16 for amx_bf16_emulated); was avx512_bf16"));
+  if (CpuSupports(Bf16Isa::kAvx512Bf16)) {
+    backend = CpuBackend::CreateWithBf16Kernel(CpuBackendOptions{.num_threads = 1},
+                                               kAmxEmulatedAttentionKernel);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->bf16_isa(), Bf16Isa::kAmx);
+    EXPECT_THAT((*backend)->devices()[0].name, ::testing::HasSubstr("bf16 amx_bf16"));
+  } else {
+    EXPECT_EQ(CpuBackend::CreateWithBf16Kernel(CpuBackendOptions{}, kAmxEmulatedAttentionKernel)
+                  .status()
+                  .code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 // The emulated AMX kernel really runs tile products, and agrees with the AVX512_BF16 kernel (same
 // operands and softmax, other summation orders): max |amx - avx512_bf16| <= err(plain bf16) + 1e-6
 // over the Attend sweep in BFLOAT16 (measured: at most 0.29 x err(plain bf16), Lk = 257, Dv = 24;
