@@ -17,17 +17,19 @@
 // faults on real hardware (#GP / #UD) aborts the process with a message naming the instruction,
 // the tiles and their shapes: a tile instruction before LDTILECFG or after TILERELEASE, a bad
 // configuration (palette other than 0 and 1, non-zero reserved bytes, rows > 16, colsb > 64, a
-// tile with only one of rows and colsb zero, tiles 8-15 configured; also a start_row other than 0,
-// which is not emulated), a tile index > 7 or an
-// unconfigured tile, and TDPBF16PS operands that are not distinct or whose shapes do not chain
-// (colsb not a multiple of 4, A.colsb != 4 * B.rows, C.colsb != B.colsb, C.rows != A.rows).
+// tile with only one of rows and colsb zero, tiles 8-15 configured; also a start_row other than
+// 0, which is not emulated), a tile index > 7 or an unconfigured tile, and TDPBF16PS operands
+// that are not distinct or whose shapes do not chain (colsb not a multiple of 4,
+// A.colsb != 4 * B.rows, C.colsb != B.colsb, C.rows != A.rows).
 //
 // TDPBF16PS arithmetic, exactly the pseudo-code of Intel's SDM (vol. 2, "TDPBF16PS"): for each
 // row m of C, two float32 accumulators per output column n start at zero, the even one summing
 // A[m].bf16[2k] * B[k].bf16[2n] and the odd one A[m].bf16[2k+1] * B[k].bf16[2n+1] over k, each
 // step one float32 FMA (one rounding, to nearest even); then C[m][n] = C[m][n] + (even + odd),
 // two float32 adds. Input denormals (the bfloat16 operands and C) are treated as zero and every
-// result denormal is flushed to zero (DAZ = FTZ = 1), whatever MXCSR says. What this cannot tell:
+// result denormal is flushed to zero (DAZ = FTZ = 1), whatever MXCSR says. (The intrinsics
+// guide's shorter description, one running sum in k order, rounds differently; amx_emu_test pins
+// the SDM's order, DAZ, FTZ, the shapes and the aborts.) What this cannot tell:
 // whether the silicon rounds exactly as the SDM's pseudo-code (the emulated kernel's results are
 // checked against float64 within the kernel's error bound, not bit for bit against real AMX),
 // NaN payloads, speed, and the operating system's permission (arch_prctl ARCH_REQ_XCOMP_PERM,
