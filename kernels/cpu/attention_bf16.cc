@@ -39,6 +39,11 @@
 #include "kernels/cpu/attention_kernel.h"
 #include "kernels/cpu/exp_avx512.h"
 #include "kernels/dtype.h"
+#if defined(ATTNSERVE_AMX_EMULATION)
+// Tests only: this file compiled a second time with the tile intrinsics replaced by a host
+// emulation, so that the AMX path runs on machines without AMX (the header says how).
+#include "tests/kernels/cpu/amx_emu.h"
+#endif
 
 namespace attnserve::kernels::cpu::bf16 {
 namespace {
@@ -627,10 +632,16 @@ void ToBf16(DType type, const void* src, int n, uint16_t* dst) { ToBf16Row(type,
 }  // namespace attnserve::kernels::cpu::bf16
 
 namespace attnserve::kernels::cpu {
+#if defined(ATTNSERVE_AMX_EMULATION)
+extern const Bf16AttentionKernel kAmxEmulatedAttentionKernel = {
+    Bf16Isa::kAmx,       "amx_bf16_emulated", &bf16::PackedBytes, &bf16::Pack,
+    &bf16::ScratchBytes, &bf16::RunAmx,       &bf16::ToBf16};
+#else
 extern const Bf16AttentionKernel kAmxAttentionKernel = {
     Bf16Isa::kAmx,       "amx_bf16",    &bf16::PackedBytes, &bf16::Pack,
     &bf16::ScratchBytes, &bf16::RunAmx, &bf16::ToBf16};
 extern const Bf16AttentionKernel kAvx512Bf16AttentionKernel = {
     Bf16Isa::kAvx512Bf16, "avx512_bf16",        &bf16::PackedBytes, &bf16::Pack,
     &bf16::ScratchBytes,  &bf16::RunAvx512Bf16, &bf16::ToBf16};
+#endif
 }  // namespace attnserve::kernels::cpu

@@ -140,7 +140,10 @@ float* ThreadScratch(int64_t floats) {
   return buffer.data;
 }
 
-absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
+namespace {
+
+// The checks of Create common to CreateWithBf16Kernel.
+absl::Status ValidateThreadsAndIsa(const CpuBackendOptions& options) {
   if (options.num_threads < 0 || options.num_threads > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_threads must be in [0, 1024]; was ", options.num_threads));
@@ -149,25 +152,57 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
     return absl::FailedPreconditionError(
         absl::StrCat("isa ", IsaName(options.isa), " is not supported by this CPU"));
   }
+  return absl::OkStatus();
+}
+
+int ThreadsOf(const CpuBackendOptions& options) {
+  if (options.num_threads != 0) return options.num_threads;
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+Isa IsaOf(const CpuBackendOptions& options) {
+  return options.isa == Isa::kAuto ? BestIsa() : options.isa;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendOptions& options) {
+  if (absl::Status s = ValidateThreadsAndIsa(options); !s.ok()) return s;
   if (!CpuSupports(options.bf16_isa)) {
     return absl::FailedPreconditionError(
         absl::StrCat("bf16_isa ", Bf16IsaName(options.bf16_isa), " is not supported by this CPU"));
   }
-  int threads = options.num_threads;
-  if (threads == 0) threads = std::max(1u, std::thread::hardware_concurrency());
-  const Isa isa = options.isa == Isa::kAuto ? BestIsa() : options.isa;
   const Bf16Isa bf16_isa = options.bf16_isa == Bf16Isa::kAuto ? BestBf16Isa() : options.bf16_isa;
   SetBlasSingleThreaded();
-  return std::unique_ptr<CpuBackend>(
-      new CpuBackend(threads, KernelFor(isa), bf16_isa, options.float32_as_bf16));
+  return std::unique_ptr<CpuBackend>(new CpuBackend(
+      ThreadsOf(options), KernelFor(IsaOf(options)), bf16_isa,
+      bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa), options.float32_as_bf16));
+}
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::CreateWithBf16Kernel(
+    const CpuBackendOptions& options, const Bf16AttentionKernel& bf16_kernel) {
+  if (absl::Status s = ValidateThreadsAndIsa(options); !s.ok()) return s;
+  if (options.bf16_isa != Bf16Isa::kAuto && options.bf16_isa != bf16_kernel.isa) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bf16_isa must be auto or the kernel's (", Bf16IsaName(bf16_kernel.isa),
+                     " for ", bf16_kernel.name, "); was ", Bf16IsaName(options.bf16_isa)));
+  }
+  if (!CpuSupports(Bf16Isa::kAvx512Bf16)) {
+    return absl::FailedPreconditionError(absl::StrCat("the 16-bit kernel ", bf16_kernel.name,
+                                                      " needs AVX512_BF16, which this CPU lacks"));
+  }
+  SetBlasSingleThreaded();
+  return std::unique_ptr<CpuBackend>(new CpuBackend(ThreadsOf(options), KernelFor(IsaOf(options)),
+                                                    bf16_kernel.isa, &bf16_kernel,
+                                                    options.float32_as_bf16));
 }
 
 CpuBackend::CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
-                       bool float32_as_bf16)
+                       const Bf16AttentionKernel* bf16_kernel, bool float32_as_bf16)
     : kernel_(kernel),
       paged_kernel_(PagedKernelFor(kernel.isa, bf16_isa != Bf16Isa::kNone)),
       bf16_isa_(bf16_isa),
-      bf16_kernel_(bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa)),
+      bf16_kernel_(bf16_kernel),
       float32_as_bf16_(float32_as_bf16),
       pool_(num_threads) {}
 

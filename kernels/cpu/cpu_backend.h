@@ -73,6 +73,13 @@ class CpuBackend final : public Backend {
   // Validates `options` (INVALID_ARGUMENT for a bad num_threads, FAILED_PRECONDITION for an
   // instruction set this CPU lacks) and starts the pool.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const CpuBackendOptions& options);
+  // For tests: like Create, with `bf16_kernel` as the 16-bit attention kernel instead of the one
+  // of options.bf16_isa. Tests pass the AMX kernel with its tile instructions emulated
+  // (tests/kernels/cpu/amx_emu.h) to run the AMX path on CPUs without AMX. options.bf16_isa must
+  // be kAuto or bf16_kernel.isa (INVALID_ARGUMENT otherwise); the CPU must have AVX512_BF16, which
+  // the kernel's other instructions and the oneDNN projections use (FAILED_PRECONDITION).
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> CreateWithBf16Kernel(
+      const CpuBackendOptions& options, const Bf16AttentionKernel& bf16_kernel);
 
   // See Backend.
   std::string name() const override { return "cpu"; }
@@ -98,8 +105,9 @@ class CpuBackend final : public Backend {
   bool ComputesInBf16(DType dtype) const;
 
  private:
+  // bf16_kernel: nullptr when bf16_isa is kNone.
   CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
-             bool float32_as_bf16);
+             const Bf16AttentionKernel* bf16_kernel, bool float32_as_bf16);
 
   // Runs the attention of every item of `batch` on the pool.
   void RunAttention(absl::Span<const AttentionParams> batch);
