@@ -195,7 +195,7 @@ constexpr int kPfKeys = 4;
 // of 4 keys of one row-head come out of one Reduce4 as a whole vector. A score's bits do not
 // depend on kKeys (the same chain and the same tree either way).
 template <int kRows, int kKeys>
-void StoreScores(const V (&acc)[kKeys][kRows], float* s) {
+[[gnu::always_inline]] inline void StoreScores(const V (&acc)[kKeys][kRows], float* s) {
   static_assert(kKeys == 1 || kKeys == 2 || kKeys == 4, "1, 2 or 4 keys at a time");
   if constexpr (kKeys == 4) {
 #pragma GCC unroll 16
@@ -442,10 +442,13 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
   }
 
   // 2. Per row-head: scale; keys past the row's causal limit (and the padding up to a whole
-  //    vector) become -inf; split max m; p = exp(s - m) in place; l = sum of p.
+  //    vector) become -inf; split max m; p = exp(s - m) in place; l = sum of p. Meanwhile the
+  //    next split's first k_ahead keys are prefetched, a share per row-head (memory would
+  //    otherwise idle here, and phase 3 would start with a burst of them).
   const int nk_pad = static_cast<int>(RoundUp(nk, kW));
   const V scale = PVec::Set1(p.scale);
   for (int i = 0; i < sh.n; ++i) {
+    k_pf.Upto(k1 + static_cast<int>(int64_t{k_ahead} * (i + 1) / sh.n));
     float* s = sc.s + int64_t{i} * kSplit;
     const int allowed = MinInt(nk, sq.first_pos + row0 + i / sh.group + 1 - k0);
     if (allowed <= 0) {
