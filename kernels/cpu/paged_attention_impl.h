@@ -370,24 +370,39 @@ void ScoreRowsTail(int rows, const float* q, int dp, int d, const void* k, int k
 // ---------------------------------------------------------------------------------------------
 // P·V: o[i][c0 + x·kW ...] = sum_j s[i][j] · v_j[...] over `keys` value rows at v, in key order,
 // for kRows row-heads and kVecs vectors of columns starting at column c0; cols = Dv - c0 (the
-// last vector may be partial when kTail).
-template <DType T, int kRows, int kVecs, bool kTail>
+// last vector may be partial when kTail). pf(j) before each kPfKeys keys, j the keys done once
+// they are (the prefetches; inside the loop so that acc stays in registers).
+template <DType T, int kRows, int kVecs, bool kTail, class Pf>
 void PvBlock(const float* s, int64_t s_off, const void* v, int dv, int keys, int c0,
-             V (&acc)[kRows][kVecs]) {
+             V (&acc)[kRows][kVecs], const Pf& pf) {
   const int cols = dv - c0;
-  for (int j = 0; j < keys; ++j) {
-    const int64_t row = int64_t{j} * dv + c0;
-    V vv[kVecs];
+  for (int j0 = 0; j0 < keys; j0 += kPfKeys) {
+    const int j1 = MinInt(j0 + kPfKeys, keys);
+    pf(j1);
+    for (int j = j0; j < j1; ++j) {
+      const int64_t row = int64_t{j} * dv + c0;
+      V vv[kVecs];
 #pragma GCC unroll 16
-    for (int x = 0; x < kVecs; ++x) {
-      vv[x] = kTail ? LoadSome<T>(v, row + x * kW, cols - x * kW) : LoadElems<T>(v, row + x * kW);
+      for (int x = 0; x < kVecs; ++x) {
+        vv[x] = kTail ? LoadSome<T>(v, row + x * kW, cols - x * kW) : LoadElems<T>(v, row + x * kW);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        const V pb = PVec::Set1(s[int64_t{i} * kSplit + s_off + j]);
+#pragma GCC unroll 16
+        for (int x = 0; x < kVecs; ++x) acc[i][x] = PVec::Fmadd(pb, vv[x], acc[i][x]);
+      }
     }
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) {
-      const V pb = PVec::Set1(s[int64_t{i} * kSplit + s_off + j]);
-#pragma GCC unroll 16
-      for (int x = 0; x < kVecs; ++x) acc[i][x] = PVec::Fmadd(pb, vv[x], acc[i][x]);
-    }
+  }
+}
+
+template <DType T, int kRows, int kVecs, class Pf>
+void PvRun(bool tail, const float* s, int64_t s_off, const void* v, int dv, int keys, int c0,
+           V (&acc)[kRows][kVecs], const Pf& pf) {
+  if (tail) {
+    PvBlock<T, kRows, kVecs, true>(s, s_off, v, dv, keys, c0, acc, pf);
+  } else {
+    PvBlock<T, kRows, kVecs, false>(s, s_off, v, dv, keys, c0, acc, pf);
   }
 }
 
@@ -491,7 +506,6 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
   constexpr int kR = PVec::kPvRows, kX = PVec::kPvVecs;
   const int dv = p.v_head_dim;
   const int passes = (dv + kX * kW - 1) / (kX * kW);
-  const int64_t v_row_bytes = int64_t{dv} * sh.esize;
   for (int c0 = 0; c0 < dv; c0 += kX * kW) {
     const bool tail = c0 + kX * kW > dv;
     const int pass = c0 / (kX * kW);
@@ -508,32 +522,29 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
         const int run = MinInt(k1 - j, ps - slot);
         const char* v =
             v_base + (page * sh.v_page_stride + (int64_t{kv_head} * ps + slot) * dv) * sh.esize;
-        for (int c = 0; c < run; c += kPfKeys) {
-          const int m = MinInt(kPfKeys, run - c);
-          const int64_t s_off = j + c - k0;
-          const char* vc = v + c * v_row_bytes;
+        const int64_t s_off = j - k0;
+        auto pf = [&](int done) {
+          k_pf.Upto(k1 + static_cast<int>((int64_t{pass} * nk + s_off + done) / passes) + k_ahead);
+        };
+        auto no_pf = [](int) {};
+        // A full block of kR row-heads in one pass; the last, partial block row-head by
+        // row-head.
+        if (nr == kR) {
           if (i0 == 0) {
-            k_pf.Upto(k1 + static_cast<int>((int64_t{pass} * nk + s_off + m) / passes) + k_ahead);
-          }
-          // A full block of kR row-heads in one pass; the last, partial block row-head by
-          // row-head.
-          if (nr == kR) {
-            if (tail) {
-              PvBlock<T, kR, kX, true>(s, s_off, vc, dv, m, c0, acc);
-            } else {
-              PvBlock<T, kR, kX, false>(s, s_off, vc, dv, m, c0, acc);
-            }
+            PvRun<T, kR, kX>(tail, s, s_off, v, dv, run, c0, acc, pf);
           } else {
-            V acc1[1][kX];
-            for (int i = 0; i < nr; ++i) {
-              for (int x = 0; x < kX; ++x) acc1[0][x] = acc[i][x];
-              if (tail) {
-                PvBlock<T, 1, kX, true>(s + int64_t{i} * kSplit, s_off, vc, dv, m, c0, acc1);
-              } else {
-                PvBlock<T, 1, kX, false>(s + int64_t{i} * kSplit, s_off, vc, dv, m, c0, acc1);
-              }
-              for (int x = 0; x < kX; ++x) acc[i][x] = acc1[0][x];
+            PvRun<T, kR, kX>(tail, s, s_off, v, dv, run, c0, acc, no_pf);
+          }
+        } else {
+          V acc1[1][kX];
+          for (int i = 0; i < nr; ++i) {
+            for (int x = 0; x < kX; ++x) acc1[0][x] = acc[i][x];
+            if (i0 == 0 && i == 0) {
+              PvRun<T, 1, kX>(tail, s + int64_t{i} * kSplit, s_off, v, dv, run, c0, acc1, pf);
+            } else {
+              PvRun<T, 1, kX>(tail, s + int64_t{i} * kSplit, s_off, v, dv, run, c0, acc1, no_pf);
             }
+            for (int x = 0; x < kX; ++x) acc[i][x] = acc1[0][x];
           }
         }
         j += run;
