@@ -23,9 +23,10 @@
 // with wide instructions can be picked by the linker for another path.
 //
 // Layout of the work. Row-heads rh = r · group + g (query row r of the task, head
-// kv_head · group + g). Scores: one key row of K is loaded (widened) once per pass of
-// kScoreRows row-heads and dotted with each, one accumulator vector per row-head over D,
-// reduced at the end; a split's scores [rh][kPagedSplitKeys] stay in the task's scratch. P·V:
+// kv_head · group + g). Scores: a few key rows of K (4 for up to 4 row-heads) are loaded
+// (widened) once per pass of kScoreRows row-heads and dotted with each, one accumulator vector
+// per (row-head, key) over D, reduced at the end; a split's scores [rh][kPagedSplitKeys] stay in
+// the task's scratch. P·V:
 // per block of kPvVecs vectors of output columns, kPvRows row-heads accumulate over the split's
 // keys in order, each V element loaded once per block.
 
@@ -153,8 +154,8 @@ Seq SeqOf(const PagedAttentionParams& p, int s) {
 // into L1 stalled on the core's L1 miss buffers (a third of the samples sat on PREFETCHT0).
 // The schedule (ComputeSplit): K kAheadBytes ahead of the scores and a whole split ahead of
 // them by the time the next split starts; V during the scores of its split; both a few keys
-// at a time among the arithmetic (kPfKeys). 8 KiB ahead measured at least as fast as 16 KiB
-// (tests/bench/DECODE.md): the split ahead is most of the distance already.
+// at a time among the arithmetic (kPfKeys). 8 KiB ahead: the split ahead is most of the
+// distance already (4, 8 and 16 KiB measured alike; tests/bench/DECODE.md).
 struct Prefetcher {
   static constexpr int64_t kAheadBytes = 8192;
   const char* base;
