@@ -230,10 +230,13 @@ template <int kRows, int kKeys>
   }
 }
 
-// kKeys for kRows row-heads: as many keys as keep kRows · kKeys <= 16 accumulators.
+// kKeys for kRows row-heads: as many keys as keep the kRows · kKeys accumulators, the key
+// vectors and a query vector in registers (32 vector registers with AVX-512: 16 accumulators;
+// 16 with AVX2: 8).
 template <int kRows>
 constexpr int ScoreKeys() {
-  return kRows <= 4 ? 4 : kRows <= 8 ? 2 : 1;
+  constexpr int kAccumulators = kW >= 16 ? 16 : 8;
+  return kRows * 4 <= kAccumulators ? 4 : kRows * 2 <= kAccumulators ? 2 : 1;
 }
 
 template <DType T, int kRows, int kKeys>
