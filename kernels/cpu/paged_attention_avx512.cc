@@ -1,9 +1,12 @@
 // The paged attention kernel for AVX-512 (F, DQ, BW, VL; FMA; F16C for FLOAT16 caches, through
 // VCVTPH2PS). Compiled with per-file flags (kernels/cpu/CMakeLists.txt); reached only through
 // kAvx512PagedAttentionKernel after the run-time check in cpu_features.h.
-// GCC 12's own intrinsics (see attention_avx512.cc); clang has no such warning group.
+// GCC 12's own intrinsics (see attention_avx512.cc): the _mm512_undefined_ps placeholders of
+// VSHUFF32X4 and VPERMILPS, which it calls "used uninitialized" once Reduce4 is inlined into the
+// score loop; clang has no such warning group.
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 #include <immintrin.h>

@@ -23,9 +23,10 @@
 // with wide instructions can be picked by the linker for another path.
 //
 // Layout of the work. Row-heads rh = r · group + g (query row r of the task, head
-// kv_head · group + g). Scores: one key row of K is loaded (widened) once per pass of
-// kScoreRows row-heads and dotted with each, one accumulator vector per row-head over D,
-// reduced at the end; a split's scores [rh][kPagedSplitKeys] stay in the task's scratch. P·V:
+// kv_head · group + g). Scores: a few key rows of K (4 for up to 4 row-heads) are loaded
+// (widened) once per pass of kScoreRows row-heads and dotted with each, one accumulator vector
+// per (row-head, key) over D, reduced at the end; a split's scores [rh][kPagedSplitKeys] stay in
+// the task's scratch. P·V:
 // per block of kPvVecs vectors of output columns, kPvRows row-heads accumulate over the split's
 // keys in order, each V element loaded once per block.
 
@@ -152,9 +153,11 @@ Seq SeqOf(const PagedAttentionParams& p, int s) {
 // before it: 2.2 GB/s of K/V per core against STREAM's 8.5). Into L2 (PREFETCHT2): prefetches
 // into L1 stalled on the core's L1 miss buffers (a third of the samples sat on PREFETCHT0).
 // The schedule (ComputeSplit): K kAheadBytes ahead of the scores and a whole split ahead of
-// them by the time the next split starts; V during the scores of its split.
+// them by the time the next split starts; V during the scores of its split; both a few keys
+// at a time among the arithmetic (kPfKeys). 8 KiB ahead: the split ahead is most of the
+// distance already (4, 8 and 16 KiB measured alike; tests/bench/DECODE.md).
 struct Prefetcher {
-  static constexpr int64_t kAheadBytes = 16384;
+  static constexpr int64_t kAheadBytes = 8192;
   const char* base;
   int64_t page_stride;  // elements
   const int32_t* pages;
@@ -182,78 +185,154 @@ struct Prefetcher {
   }
 };
 
+// Keys per step of the score and P·V loops: each step issues the prefetches for as many keys.
+constexpr int kPfKeys = 4;
+
 // ---------------------------------------------------------------------------------------------
 // Scores of kRows row-heads against `keys` consecutive key rows at k (row stride D elements):
 // s[i · kSplit + j] = dot(q_i, k_j), one multiply-add chain per lane over the D vectors, then a
-// fixed-order reduction.
-template <DType T, int kRows>
-void ScoreRows(const float* q, int dp, int d, const void* k, int keys, float* s) {
-  for (int j = 0; j < keys; ++j) {
-    const int64_t row = int64_t{j} * d;
-    V acc[kRows];
+// fixed-order reduction (Reduce4's tree, the same for every score). kKeys keys at a time (1, 2
+// or 4; kRows · kKeys accumulators): each query vector loaded serves kKeys keys, and the scores
+// of 4 keys of one row-head come out of one Reduce4 as a whole vector. A score's bits do not
+// depend on kKeys (the same chain and the same tree either way).
+template <int kRows, int kKeys>
+[[gnu::always_inline]] inline void StoreScores(const V (&acc)[kKeys][kRows], float* s) {
+  static_assert(kKeys == 1 || kKeys == 2 || kKeys == 4, "1, 2 or 4 keys at a time");
+  if constexpr (kKeys == 4) {
 #pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) acc[i] = PVec::Zero();
-    int c = 0;
-    for (; c + kW <= d; c += kW) {
-      const V kv = LoadElems<T>(k, row + c);
-#pragma GCC unroll 16
-      for (int i = 0; i < kRows; ++i) {
-        acc[i] = PVec::Fmadd(PVec::Load(q + int64_t{i} * dp + c), kv, acc[i]);
+    for (int i = 0; i < kRows; ++i) {
+      PVec::Reduce4(acc[0][i], acc[1][i], acc[2][i], acc[3][i], s + int64_t{i} * kSplit);
+    }
+  } else if constexpr (kKeys == 2) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kRows; i += 2) {
+      float sum[4];
+      const bool two = i + 1 < kRows;
+      PVec::Reduce4(acc[0][i], acc[1][i], two ? acc[0][i + 1] : PVec::Zero(),
+                    two ? acc[1][i + 1] : PVec::Zero(), sum);
+      s[int64_t{i} * kSplit] = sum[0];
+      s[int64_t{i} * kSplit + 1] = sum[1];
+      if (two) {
+        s[int64_t{i + 1} * kSplit] = sum[2];
+        s[int64_t{i + 1} * kSplit + 1] = sum[3];
       }
     }
-    if (c < d) {
-      const V kv = LoadElemsN<T>(k, row + c, d - c);
-#pragma GCC unroll 16
-      for (int i = 0; i < kRows; ++i) {
-        acc[i] = PVec::Fmadd(PVec::Load(q + int64_t{i} * dp + c), kv, acc[i]);
-      }
-    }
-    // Four row-heads per reduction (the missing ones zero): the same tree for every lane.
+  } else {
+    // Four row-heads per reduction (the missing ones zero).
 #pragma GCC unroll 4
     for (int i = 0; i < kRows; i += 4) {
       float sum[4];
-      PVec::Reduce4(acc[i], i + 1 < kRows ? acc[i + 1] : PVec::Zero(),
-                    i + 2 < kRows ? acc[i + 2] : PVec::Zero(),
-                    i + 3 < kRows ? acc[i + 3] : PVec::Zero(), sum);
-      for (int x = 0; x < 4 && i + x < kRows; ++x) s[int64_t{i + x} * kSplit + j] = sum[x];
+      PVec::Reduce4(acc[0][i], i + 1 < kRows ? acc[0][i + 1] : PVec::Zero(),
+                    i + 2 < kRows ? acc[0][i + 2] : PVec::Zero(),
+                    i + 3 < kRows ? acc[0][i + 3] : PVec::Zero(), sum);
+      for (int x = 0; x < 4 && i + x < kRows; ++x) s[int64_t{i + x} * kSplit] = sum[x];
     }
+  }
+}
+
+// kKeys for kRows row-heads: as many keys as keep the kRows · kKeys accumulators, the key
+// vectors and a query vector in registers (32 vector registers with AVX-512: 16 accumulators;
+// 16 with AVX2: 8).
+template <int kRows>
+constexpr int ScoreKeys() {
+  constexpr int kAccumulators = kW >= 16 ? 16 : 8;
+  return kRows * 4 <= kAccumulators ? 4 : kRows * 2 <= kAccumulators ? 2 : 1;
+}
+
+template <DType T, int kRows, int kKeys>
+void ScoreKeysAtOnce(const float* q, int dp, int d, const void* k, float* s) {
+  V acc[kKeys][kRows];
+#pragma GCC unroll 16
+  for (int x = 0; x < kKeys; ++x) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) acc[x][i] = PVec::Zero();
+  }
+  int c = 0;
+  for (; c + kW <= d; c += kW) {
+    V kv[kKeys];
+#pragma GCC unroll 4
+    for (int x = 0; x < kKeys; ++x) kv[x] = LoadElems<T>(k, int64_t{x} * d + c);
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const V qv = PVec::Load(q + int64_t{i} * dp + c);
+#pragma GCC unroll 4
+      for (int x = 0; x < kKeys; ++x) acc[x][i] = PVec::Fmadd(qv, kv[x], acc[x][i]);
+    }
+  }
+  if (c < d) {
+    V kv[kKeys];
+#pragma GCC unroll 4
+    for (int x = 0; x < kKeys; ++x) kv[x] = LoadElemsN<T>(k, int64_t{x} * d + c, d - c);
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const V qv = PVec::Load(q + int64_t{i} * dp + c);
+#pragma GCC unroll 4
+      for (int x = 0; x < kKeys; ++x) acc[x][i] = PVec::Fmadd(qv, kv[x], acc[x][i]);
+    }
+  }
+  StoreScores<kRows, kKeys>(acc, s);
+}
+
+template <DType T, int kRows>
+void ScoreRows(const float* q, int dp, int d, const void* k, int keys, float* s) {
+  constexpr int kKeys = ScoreKeys<kRows>();
+  const int elem = T == DType::kFloat32 ? 4 : 2;
+  int j = 0;
+  for (; j + kKeys <= keys; j += kKeys) {
+    ScoreKeysAtOnce<T, kRows, kKeys>(q, dp, d, static_cast<const char*>(k) + int64_t{j} * d * elem,
+                                     s + j);
+  }
+  for (; j < keys; ++j) {
+    ScoreKeysAtOnce<T, kRows, 1>(q, dp, d, static_cast<const char*>(k) + int64_t{j} * d * elem,
+                                 s + j);
   }
 }
 
 // The same with bfloat16 queries and keys as they are, through Vec::DotBf16 (PVec as a template
 // parameter: this compiles only for a PVec with kBf16Dot). q rows are dq elements apart.
-template <class Vec, int kRows>
-void ScoreRowsBf16(const uint16_t* q, int dq, int d, const uint16_t* k, int keys, float* s) {
+template <class Vec, int kRows, int kKeys>
+void ScoreKeysAtOnceBf16(const uint16_t* q, int dq, int d, const uint16_t* k, float* s) {
   constexpr int kP = Vec::kPairWidth;
-  for (int j = 0; j < keys; ++j) {
-    const uint16_t* kr = k + int64_t{j} * d;
-    V acc[kRows];
+  V acc[kKeys][kRows];
 #pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) acc[i] = Vec::Zero();
-    int c = 0;
-    for (; c + kP <= d; c += kP) {
-      const typename Vec::Bh kv = Vec::LoadPairs(kr + c);
+  for (int x = 0; x < kKeys; ++x) {
 #pragma GCC unroll 16
-      for (int i = 0; i < kRows; ++i) {
-        acc[i] = Vec::DotBf16(acc[i], Vec::LoadPairs(q + int64_t{i} * dq + c), kv);
-      }
-    }
-    if (c < d) {
-      const typename Vec::Bh kv = Vec::LoadPairsN(kr + c, d - c);
-#pragma GCC unroll 16
-      for (int i = 0; i < kRows; ++i) {
-        acc[i] = Vec::DotBf16(acc[i], Vec::LoadPairs(q + int64_t{i} * dq + c), kv);
-      }
-    }
+    for (int i = 0; i < kRows; ++i) acc[x][i] = Vec::Zero();
+  }
+  int c = 0;
+  for (; c + kP <= d; c += kP) {
+    typename Vec::Bh kv[kKeys];
 #pragma GCC unroll 4
-    for (int i = 0; i < kRows; i += 4) {
-      float sum[4];
-      Vec::Reduce4(acc[i], i + 1 < kRows ? acc[i + 1] : Vec::Zero(),
-                   i + 2 < kRows ? acc[i + 2] : Vec::Zero(),
-                   i + 3 < kRows ? acc[i + 3] : Vec::Zero(), sum);
-      for (int x = 0; x < 4 && i + x < kRows; ++x) s[int64_t{i + x} * kSplit + j] = sum[x];
+    for (int x = 0; x < kKeys; ++x) kv[x] = Vec::LoadPairs(k + int64_t{x} * d + c);
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const typename Vec::Bh qv = Vec::LoadPairs(q + int64_t{i} * dq + c);
+#pragma GCC unroll 4
+      for (int x = 0; x < kKeys; ++x) acc[x][i] = Vec::DotBf16(acc[x][i], qv, kv[x]);
     }
   }
+  if (c < d) {
+    typename Vec::Bh kv[kKeys];
+#pragma GCC unroll 4
+    for (int x = 0; x < kKeys; ++x) kv[x] = Vec::LoadPairsN(k + int64_t{x} * d + c, d - c);
+#pragma GCC unroll 16
+    for (int i = 0; i < kRows; ++i) {
+      const typename Vec::Bh qv = Vec::LoadPairs(q + int64_t{i} * dq + c);
+#pragma GCC unroll 4
+      for (int x = 0; x < kKeys; ++x) acc[x][i] = Vec::DotBf16(acc[x][i], qv, kv[x]);
+    }
+  }
+  StoreScores<kRows, kKeys>(acc, s);
+}
+
+template <class Vec, int kRows>
+void ScoreRowsBf16(const uint16_t* q, int dq, int d, const uint16_t* k, int keys, float* s) {
+  constexpr int kKeys = ScoreKeys<kRows>();
+  int j = 0;
+  for (; j + kKeys <= keys; j += kKeys) {
+    ScoreKeysAtOnceBf16<Vec, kRows, kKeys>(q, dq, d, k + int64_t{j} * d, s + j);
+  }
+  for (; j < keys; ++j) ScoreKeysAtOnceBf16<Vec, kRows, 1>(q, dq, d, k + int64_t{j} * d, s + j);
 }
 
 template <class Vec, int kRows>
@@ -295,24 +374,39 @@ void ScoreRowsTail(int rows, const float* q, int dp, int d, const void* k, int k
 // ---------------------------------------------------------------------------------------------
 // P·V: o[i][c0 + x·kW ...] = sum_j s[i][j] · v_j[...] over `keys` value rows at v, in key order,
 // for kRows row-heads and kVecs vectors of columns starting at column c0; cols = Dv - c0 (the
-// last vector may be partial when kTail).
-template <DType T, int kRows, int kVecs, bool kTail>
+// last vector may be partial when kTail). pf(j) before each kPfKeys keys, j the keys done once
+// they are (the prefetches; inside the loop so that acc stays in registers).
+template <DType T, int kRows, int kVecs, bool kTail, class Pf>
 void PvBlock(const float* s, int64_t s_off, const void* v, int dv, int keys, int c0,
-             V (&acc)[kRows][kVecs]) {
+             V (&acc)[kRows][kVecs], const Pf& pf) {
   const int cols = dv - c0;
-  for (int j = 0; j < keys; ++j) {
-    const int64_t row = int64_t{j} * dv + c0;
-    V vv[kVecs];
+  for (int j0 = 0; j0 < keys; j0 += kPfKeys) {
+    const int j1 = MinInt(j0 + kPfKeys, keys);
+    pf(j1);
+    for (int j = j0; j < j1; ++j) {
+      const int64_t row = int64_t{j} * dv + c0;
+      V vv[kVecs];
 #pragma GCC unroll 16
-    for (int x = 0; x < kVecs; ++x) {
-      vv[x] = kTail ? LoadSome<T>(v, row + x * kW, cols - x * kW) : LoadElems<T>(v, row + x * kW);
+      for (int x = 0; x < kVecs; ++x) {
+        vv[x] = kTail ? LoadSome<T>(v, row + x * kW, cols - x * kW) : LoadElems<T>(v, row + x * kW);
+      }
+#pragma GCC unroll 16
+      for (int i = 0; i < kRows; ++i) {
+        const V pb = PVec::Set1(s[int64_t{i} * kSplit + s_off + j]);
+#pragma GCC unroll 16
+        for (int x = 0; x < kVecs; ++x) acc[i][x] = PVec::Fmadd(pb, vv[x], acc[i][x]);
+      }
     }
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) {
-      const V pb = PVec::Set1(s[int64_t{i} * kSplit + s_off + j]);
-#pragma GCC unroll 16
-      for (int x = 0; x < kVecs; ++x) acc[i][x] = PVec::Fmadd(pb, vv[x], acc[i][x]);
-    }
+  }
+}
+
+template <DType T, int kRows, int kVecs, class Pf>
+void PvRun(bool tail, const float* s, int64_t s_off, const void* v, int dv, int keys, int c0,
+           V (&acc)[kRows][kVecs], const Pf& pf) {
+  if (tail) {
+    PvBlock<T, kRows, kVecs, true>(s, s_off, v, dv, keys, c0, acc, pf);
+  } else {
+    PvBlock<T, kRows, kVecs, false>(s, s_off, v, dv, keys, c0, acc, pf);
   }
 }
 
@@ -333,36 +427,47 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
   const char* v_base = static_cast<const char*>(p.v_pages);
   const int ps = p.page_size;
 
-  // 1. Raw scores, page run by page run (a run's keys are contiguous in the page).
+  // 1. Raw scores, page run by page run (a run's keys are contiguous in the page), kPfKeys keys
+  //    at a time, each step prefetching as many keys' K ahead and V of this split: a steady
+  //    trickle of prefetches among the arithmetic, not a burst per page that fills the core's
+  //    miss buffers and stalls it.
+  const int k_ahead = k_pf.AheadKeys();
+  const int64_t k_row_bytes = int64_t{p.head_dim} * sh.esize;
   for (int j = k0; j < k1;) {
     const int32_t page = sq.pages[j / ps];
     const int slot = j % ps;
     const int run = MinInt(k1 - j, ps - slot);
-    k_pf.Upto(j + run + k_pf.AheadKeys());
-    v_pf.Upto(j + run);
-    const void* k =
+    const char* k =
         k_base + (page * sh.k_page_stride + (int64_t{kv_head} * ps + slot) * p.head_dim) * sh.esize;
-    for (int i = 0; i < sh.n; i += PVec::kScoreRows) {
-      const int rows_now = MinInt(PVec::kScoreRows, sh.n - i);
-      float* s = sc.s + int64_t{i} * kSplit + (j - k0);
-      if constexpr (UseBf16Dot<T>()) {
-        const int dq = Bf16QueryStride<PVec>(p.head_dim);
-        ScoreRowsBf16Tail<PVec, PVec::kScoreRows>(
-            rows_now, reinterpret_cast<const uint16_t*>(sc.q) + int64_t{i} * dq, dq, p.head_dim,
-            static_cast<const uint16_t*>(k), run, s);
-      } else {
-        ScoreRowsTail<T, PVec::kScoreRows>(rows_now, sc.q + int64_t{i} * sh.dp, sh.dp, p.head_dim,
-                                           k, run, s);
+    for (int c = 0; c < run; c += kPfKeys) {
+      const int m = MinInt(kPfKeys, run - c);
+      k_pf.Upto(j + c + m + k_ahead);
+      v_pf.Upto(j + c + m);
+      for (int i = 0; i < sh.n; i += PVec::kScoreRows) {
+        const int rows_now = MinInt(PVec::kScoreRows, sh.n - i);
+        float* s = sc.s + int64_t{i} * kSplit + (j + c - k0);
+        if constexpr (UseBf16Dot<T>()) {
+          const int dq = Bf16QueryStride<PVec>(p.head_dim);
+          ScoreRowsBf16Tail<PVec, PVec::kScoreRows>(
+              rows_now, reinterpret_cast<const uint16_t*>(sc.q) + int64_t{i} * dq, dq, p.head_dim,
+              reinterpret_cast<const uint16_t*>(k + c * k_row_bytes), m, s);
+        } else {
+          ScoreRowsTail<T, PVec::kScoreRows>(rows_now, sc.q + int64_t{i} * sh.dp, sh.dp, p.head_dim,
+                                             k + c * k_row_bytes, m, s);
+        }
       }
     }
     j += run;
   }
 
   // 2. Per row-head: scale; keys past the row's causal limit (and the padding up to a whole
-  //    vector) become -inf; split max m; p = exp(s - m) in place; l = sum of p.
+  //    vector) become -inf; split max m; p = exp(s - m) in place; l = sum of p. Meanwhile the
+  //    next split's first k_ahead keys are prefetched, a share per row-head (memory would
+  //    otherwise idle here, and phase 3 would start with a burst of them).
   const int nk_pad = static_cast<int>(RoundUp(nk, kW));
   const V scale = PVec::Set1(p.scale);
   for (int i = 0; i < sh.n; ++i) {
+    k_pf.Upto(k1 + static_cast<int>(int64_t{k_ahead} * (i + 1) / sh.n));
     float* s = sc.s + int64_t{i} * kSplit;
     const int allowed = MinInt(nk, sq.first_pos + row0 + i / sh.group + 1 - k0);
     if (allowed <= 0) {
@@ -399,40 +504,49 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
     out.l[i] = PVec::ReduceAdd(sum);
   }
 
-  // 3. o = P · V over the split's keys, page run by page run.
+  // 3. o = P · V over the split's keys, page run by page run, kPfKeys keys at a time. The
+  //    first block of row-heads prefetches the next split's keys, spread evenly over the
+  //    passes over column blocks.
   constexpr int kR = PVec::kPvRows, kX = PVec::kPvVecs;
   const int dv = p.v_head_dim;
+  const int passes = (dv + kX * kW - 1) / (kX * kW);
   for (int c0 = 0; c0 < dv; c0 += kX * kW) {
     const bool tail = c0 + kX * kW > dv;
+    const int pass = c0 / (kX * kW);
     for (int i0 = 0; i0 < sh.n; i0 += kR) {
       const int nr = MinInt(kR, sh.n - i0);
       V acc[kR][kX];
       for (int i = 0; i < kR; ++i) {
         for (int x = 0; x < kX; ++x) acc[i][x] = PVec::Zero();
       }
+      const float* s = sc.s + int64_t{i0} * kSplit;
       for (int j = k0; j < k1;) {
         const int32_t page = sq.pages[j / ps];
         const int slot = j % ps;
         const int run = MinInt(k1 - j, ps - slot);
-        if (c0 == 0 && i0 == 0) k_pf.Upto(k1 + (j + run - k0) + k_pf.AheadKeys());
-        const void* v =
+        const char* v =
             v_base + (page * sh.v_page_stride + (int64_t{kv_head} * ps + slot) * dv) * sh.esize;
-        const float* s = sc.s + int64_t{i0} * kSplit;
-        // A full block of kR row-heads in one pass; the last, partial block row-head by row-head.
+        const int64_t s_off = j - k0;
+        auto pf = [&](int done) {
+          k_pf.Upto(k1 + static_cast<int>((int64_t{pass} * nk + s_off + done) / passes) + k_ahead);
+        };
+        auto no_pf = [](int) {};
+        // A full block of kR row-heads in one pass; the last, partial block row-head by
+        // row-head.
         if (nr == kR) {
-          if (tail) {
-            PvBlock<T, kR, kX, true>(s, j - k0, v, dv, run, c0, acc);
+          if (i0 == 0) {
+            PvRun<T, kR, kX>(tail, s, s_off, v, dv, run, c0, acc, pf);
           } else {
-            PvBlock<T, kR, kX, false>(s, j - k0, v, dv, run, c0, acc);
+            PvRun<T, kR, kX>(tail, s, s_off, v, dv, run, c0, acc, no_pf);
           }
         } else {
           V acc1[1][kX];
           for (int i = 0; i < nr; ++i) {
             for (int x = 0; x < kX; ++x) acc1[0][x] = acc[i][x];
-            if (tail) {
-              PvBlock<T, 1, kX, true>(s + int64_t{i} * kSplit, j - k0, v, dv, run, c0, acc1);
+            if (i0 == 0 && i == 0) {
+              PvRun<T, 1, kX>(tail, s + int64_t{i} * kSplit, s_off, v, dv, run, c0, acc1, pf);
             } else {
-              PvBlock<T, 1, kX, false>(s + int64_t{i} * kSplit, j - k0, v, dv, run, c0, acc1);
+              PvRun<T, 1, kX>(tail, s + int64_t{i} * kSplit, s_off, v, dv, run, c0, acc1, no_pf);
             }
             for (int x = 0; x < kX; ++x) acc[i][x] = acc1[0][x];
           }
