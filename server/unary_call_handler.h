@@ -168,7 +168,9 @@ class CallbackBidiHandler<attnserve::server::UnaryCallTag, grpc::ByteBuffer>
       call_requester();
     }
 
-    grpc::internal::ServerReactor* reactor() override { return reactor_.load(std::memory_order_relaxed); }
+    grpc::internal::ServerReactor* reactor() override {
+      return reactor_.load(std::memory_order_relaxed);
+    }
 
     grpc::internal::CallOpSet<grpc::internal::CallOpSendInitialMetadata> meta_ops_;
     grpc::internal::CallbackWithSuccessTag meta_tag_;
