@@ -4,7 +4,10 @@
 // against it and against attnserve measures what serving itself (gRPC, protobuf, the
 // threads) costs. Never deploy it.
 //
-//   attnserve-bench-echo --listen=127.0.0.1:0 --port_file=/tmp/port
+//   attnserve-bench-echo --listen=127.0.0.1:0 --port_file=/tmp/port [--stream_unary]
+//
+// --stream_unary serves Attend as attnserve does (a stream of one message that the handler
+// reads), to tell what that structure costs from what attnserve itself does (SERVING.md).
 #include <cstdio>
 #include <fstream>
 #include <memory>
