@@ -13,6 +13,7 @@
 #include "base/strings.h"
 #include "server/attention_stream.h"
 #include "server/request_builder.h"
+#include "server/unary_call_handler.h"
 
 namespace attnserve::server {
 namespace {
@@ -182,6 +183,68 @@ void SerializeMessage(const google::protobuf::Message& message, grpc::ByteBuffer
       .IgnoreError();
 }
 
+namespace {
+
+// Appends a protobuf varint.
+void AppendVarint(uint64_t value, std::string* out) {
+  while (value >= 0x80) {
+    out->push_back(static_cast<char>((value & 0x7F) | 0x80));
+    value >>= 7;
+  }
+  out->push_back(static_cast<char>(value));
+}
+
+// A length-delimited field's tag (wire type 2).
+char LengthDelimitedTag(int field_number) { return static_cast<char>((field_number << 3) | 2); }
+
+}  // namespace
+
+template <typename Response>
+void SerializeResponse(Job* job, absl::Time now, grpc::ByteBuffer* bytes) {
+  static_assert(Response::kOutputFieldNumber < 16 && v1::Tensor::kDataFieldNumber < 16,
+                "one-byte tags");
+  if (job->dtype != kernels::DType::kFloat32) {
+    Response response;
+    FillResponse(*job, now, &response);
+    ReleaseBuffers(job);
+    SerializeMessage(response, bytes);
+    return;
+  }
+  // Everything but the output's data, as protobuf writes it...
+  Response response;
+  if (!job->weights_shape.empty()) {
+    WriteTensor(job->dtype, job->weights, job->weights_shape, response.mutable_weights());
+  }
+  WriteTiming(job->timing, now, response.mutable_timing());
+  v1::Tensor head;  // the output's dtype and shape
+  head.set_dtype(v1::DTYPE_FLOAT32);
+  for (int64_t d : job->out_shape) head.add_shape(d);
+  auto* data = new std::vector<float>(std::move(job->out));
+  ReleaseBuffers(job);
+  const size_t data_bytes = data->size() * sizeof(float);
+  std::string wire = response.SerializeAsString();
+  // ...then the output field by hand: tag, length, dtype and shape, then the data field's tag
+  // and length, whose bytes follow as the second slice.
+  std::string data_prefix;
+  data_prefix.push_back(LengthDelimitedTag(v1::Tensor::kDataFieldNumber));
+  AppendVarint(data_bytes, &data_prefix);
+  const std::string head_bytes = head.SerializeAsString();
+  wire.push_back(LengthDelimitedTag(Response::kOutputFieldNumber));
+  AppendVarint(head_bytes.size() + data_prefix.size() + data_bytes, &wire);
+  wire += head_bytes;
+  wire += data_prefix;
+  const grpc::Slice slices[2] = {
+      grpc::Slice(wire),
+      grpc::Slice(
+          data->data(), data_bytes,
+          [](void* buffer) { delete static_cast<std::vector<float>*>(buffer); }, data)};
+  grpc::ByteBuffer(slices, 2).Swap(bytes);
+}
+
+template void SerializeResponse<v1::AttendResponse>(Job*, absl::Time, grpc::ByteBuffer*);
+template void SerializeResponse<v1::MultiHeadAttentionResponse>(Job*, absl::Time,
+                                                                grpc::ByteBuffer*);
+
 absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& auth_token) {
   if (auth_token.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
@@ -222,7 +285,8 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
   // served as a stream of one request and one response (UnaryCallReactor). Indices: the rpcs'
   // order in attention.proto.
-  using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  // Their OnDone runs inline (unary_call_handler.h).
+  using Handler = grpc::internal::CallbackBidiHandler<UnaryCallTag, grpc::ByteBuffer>;
   MarkMethodStreamed(0, new Handler([this](grpc::CallbackServerContext* context) {
                        return Compute<v1::AttendRequest, v1::AttendResponse>(
                            context, metrics::Rpc::kAttend, [this](const v1::AttendRequest& r) {
@@ -264,17 +328,22 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
   // on return; one that is read, once its request is handed over.
   BeginRead();
   absl::Cleanup refused_before_reading = [this] { EndRead(); };
-  auto call =
-      std::make_unique<Call>(metrics_, rpc, reactor->caller(),
-                             [reactor](const absl::Status& status, Job* job, absl::Time now) {
-                               if (status.ok()) {
-                                 Response response;
-                                 FillResponse(*job, now, &response);
-                                 ReleaseBuffers(job);
-                                 SerializeMessage(response, reactor->response());
-                               }
-                               reactor->Respond(status);
-                             });
+  auto call = std::make_unique<Call>(
+      metrics_, rpc, reactor->caller(),
+      [reactor](const absl::Status& status, Job* job, absl::Time now) {
+        if (status.ok()) {
+          if constexpr (std::is_same_v<Response, v1::AttendResponse> ||
+                        std::is_same_v<Response, v1::MultiHeadAttentionResponse>) {
+            SerializeResponse<Response>(job, now, reactor->response());
+          } else {
+            Response response;
+            FillResponse(*job, now, &response);
+            ReleaseBuffers(job);
+            SerializeMessage(response, reactor->response());
+          }
+        }
+        reactor->Respond(status);
+      });
   if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
     call->Finish(std::move(s));
     return reactor;

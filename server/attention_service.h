@@ -157,6 +157,14 @@ bool ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message* mess
 // Serialises a message for a raw method.
 void SerializeMessage(const google::protobuf::Message& message, grpc::ByteBuffer* bytes);
 
+// Serialises the response of a computed Attend or MultiHeadAttention job (what FillResponse
+// writes) for a raw method, moving a float32 output once: its bytes are not copied into the
+// message and again into the ByteBuffer, but handed to gRPC as a slice of their own that owns the
+// job's output buffer (job->out is left empty). The output comes last on the wire, which
+// protobuf parsers accept in any order. Other dtypes: FillResponse, then SerializeMessage.
+template <typename Response>
+void SerializeResponse(Job* job, absl::Time now, grpc::ByteBuffer* bytes);
+
 // absl::Status -> grpc::Status (the canonical codes share their numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 

@@ -17,6 +17,7 @@ absl::StatusOr<std::unique_ptr<BatchingDispatcher>> BatchingDispatcher::Create(
   }
   std::unique_ptr<BatchingDispatcher> d(new BatchingDispatcher(batcher_options, metrics));
   d->inline_max_flops_ = options.inline_max_flops;
+  d->executor_ = executor;
   auto batcher = Batcher::Create(
       batcher_options,
       [executor](const std::string&, Batcher::Batch batch) { executor->Run(std::move(batch)); },
@@ -61,11 +62,27 @@ void BatchingDispatcher::Submit(std::unique_ptr<Job> job) {
   const std::string key = job->signature;
   batching::DropReason why;
   const bool cheap = job->kind != JobKind::kSessionExtend && job->flops <= inline_max_flops_;
-  if (absl::Status s =
-          cheap ? batcher_->RunNowOrSchedule(key, &job, &why) : batcher_->Schedule(key, &job, &why);
-      !s.ok()) {
-    job->Finish(std::move(s), ToMetrics(why));
+  if (!cheap) {
+    if (absl::Status s = batcher_->Schedule(key, &job, &why); !s.ok()) {
+      job->Finish(std::move(s), ToMetrics(why));
+    }
+    return;
   }
+  // Computed here, it is answered after the batch slot is free again: another tiny job that
+  // arrives while this one's answer is sent computes at once instead of queueing for a batch
+  // thread.
+  Executor::Computed computed;
+  absl::Status s = batcher_->RunNowOrSchedule(
+      key, &job,
+      [&](const std::string&, Batcher::Batch batch) {
+        computed = executor_->Compute(std::move(batch));
+      },
+      &why);
+  if (!s.ok()) {
+    job->Finish(std::move(s), ToMetrics(why));
+    return;
+  }
+  Executor::Answer(std::move(computed));
 }
 
 void BatchingDispatcher::NotifyCancelled() { batcher_->NotifyCancelled(); }

@@ -89,6 +89,7 @@ class BatchingDispatcher final : public Dispatcher {
 
   const batching::BatcherOptions options_;
   double inline_max_flops_ = 0;
+  Executor* executor_ = nullptr;
   metrics::Metrics* const metrics_;
   std::unique_ptr<Batcher> batcher_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> scrape_hook_;

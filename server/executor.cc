@@ -8,8 +8,21 @@
 namespace attnserve::server {
 
 void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
+  if (!batch.empty() && batch.front()->kind == JobKind::kSessionExtend) {
+    const absl::Time start = absl::Now();
+    for (auto& job : batch) {
+      job->timing.compute_start = start;
+      if (metrics_ != nullptr) metrics_->ObserveQueueTime(start - job->timing.arrival);
+    }
+    return RunExtends(std::move(batch), start);
+  }
+  Answer(Compute(std::move(batch)));
+}
+
+Executor::Computed Executor::Compute(std::vector<std::unique_ptr<Job>> batch) {
   const absl::Time start = absl::Now();
-  std::vector<std::unique_ptr<Job>> live;
+  Computed computed;
+  std::vector<std::unique_ptr<Job>>& live = computed.jobs;
   live.reserve(batch.size());
   // The batcher dropped what was cancelled or expired when it formed the batch (the one place
   // that decides not to compute); whatever the deadline does from here on, Call::Finish counts.
@@ -18,11 +31,9 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     if (metrics_ != nullptr) metrics_->ObserveQueueTime(start - job->timing.arrival);
     live.push_back(std::move(job));
   }
-  if (live.empty()) return;
+  if (live.empty()) return computed;
 
-  if (live.front()->kind == JobKind::kSessionExtend) return RunExtends(std::move(live), start);
-
-  absl::Status status;
+  absl::Status& status = computed.status;
   if (live.front()->kind == JobKind::kAttend) {
     std::vector<kernels::AttentionParams> params;
     params.reserve(live.size());
@@ -54,7 +65,13 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     job->timing.compute_end = end;
     job->timing.batch_size = static_cast<int>(live.size());
     job->timing.backend = backend_name;
-    job->Finish(status);
+  }
+  return computed;
+}
+
+void Executor::Answer(Computed computed) {
+  for (auto& job : computed.jobs) {
+    job->Finish(computed.status);
     job.reset();  // its buffers go now, not after the whole batch has been answered
   }
 }

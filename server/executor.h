@@ -25,6 +25,16 @@ class Executor {
   // batch size, compute time and floating-point operations in the metrics.
   void Run(std::vector<std::unique_ptr<Job>> batch);
 
+  // Run() in two steps, for a caller that computes on its own thread and answers once it has
+  // let others compute (Batcher::RunNowOrSchedule): Compute() records the metrics and fills the
+  // timing; Answer() calls Finish on every job. Not for session extends (Run() only).
+  struct Computed {
+    std::vector<std::unique_ptr<Job>> jobs;  // empty: nothing to answer
+    absl::Status status;                     // for every job
+  };
+  Computed Compute(std::vector<std::unique_ptr<Job>> batch);
+  static void Answer(Computed computed);
+
  private:
   // Session extends (JobKind::kSessionExtend): computed by their SessionManager, committed or
   // rolled back, answered.

@@ -32,6 +32,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "base/file.h"
 #include "base/flags_usage.h"
@@ -338,6 +339,11 @@ int Run() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built without NDEBUG, so absl::Mutex (gRPC's mutexes) checks every lock
+  // against a process-wide lock graph under one global spin lock: 4-7 % of the server's CPU on
+  // tiny calls (perf, tests/bench/SERVING.md). attnserve's own locks are std::mutex (base/mutex.h);
+  // the tests keep the check on.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   attnserve::ShowFlagsOfFileInHelp(__FILE__);  // --help lists the flags above
   absl::SetProgramUsageMessage(
       "attnserve: Transformer attention over gRPC.\n"

@@ -4,7 +4,10 @@
 // against it and against attnserve measures what serving itself (gRPC, protobuf, the
 // threads) costs. Never deploy it.
 //
-//   attnserve-bench-echo --listen=127.0.0.1:0 --port_file=/tmp/port
+//   attnserve-bench-echo --listen=127.0.0.1:0 --port_file=/tmp/port [--stream_unary]
+//
+// --stream_unary serves Attend as attnserve does (a stream of one message that the handler
+// reads), to tell what that structure costs from what attnserve itself does (SERVING.md).
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -12,18 +15,64 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:0", "address; port 0 picks a free one");
 ABSL_FLAG(std::string, port_file, "", "write the bound port here once listening");
+ABSL_FLAG(bool, stream_unary, false,
+          "serve Attend as attnserve does: a stream of one message, read by the handler");
 
 namespace {
 
 namespace v1 = attnserve::v1;
 
+// Attend served as attnserve serves it (server/attention_service.cc): a bidi stream of one
+// request and one response, the request read after the handler sees the call.
+class StreamEchoReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  StreamEchoReactor() { StartRead(&request_bytes_); }
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "no request"));
+      return;
+    }
+    v1::AttendRequest request;
+    grpc::ByteBuffer copy(request_bytes_);
+    if (!grpc::SerializationTraits<google::protobuf::Message>::Deserialize(&copy, &request).ok()) {
+      Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "not an AttendRequest"));
+      return;
+    }
+    v1::AttendResponse response;
+    *response.mutable_output() = request.query();
+    response.mutable_timing()->set_batch_size(1);
+    response.mutable_timing()->set_backend("echo");
+    bool own = false;
+    grpc::SerializationTraits<google::protobuf::Message>::Serialize(response, &response_bytes_,
+                                                                    &own)
+        .IgnoreError();
+    StartWriteAndFinish(&response_bytes_, grpc::WriteOptions(), grpc::Status::OK);
+  }
+  void OnDone() override { delete this; }
+
+ private:
+  grpc::ByteBuffer request_bytes_;
+  grpc::ByteBuffer response_bytes_;
+};
+
 class EchoService final : public v1::AttentionService::CallbackService {
+ public:
+  explicit EchoService(bool stream_unary) {
+    if (stream_unary) {
+      MarkMethodStreamed(
+          0, new grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>(
+                 [](grpc::CallbackServerContext*) { return new StreamEchoReactor; }));
+    }
+  }
+
+ private:
   grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
                                    const v1::AttendRequest* request,
                                    v1::AttendResponse* response) override {
@@ -72,8 +121,11 @@ class EchoService final : public v1::AttentionService::CallbackService {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // As attnserve's main does: Debian's Abseil checks every absl::Mutex lock for deadlock cycles
+  // unless told not to, which costs gRPC's locks alike in both servers.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   absl::ParseCommandLine(argc, argv);
-  EchoService service;
+  EchoService service(absl::GetFlag(FLAGS_stream_unary));
   int port = 0;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);

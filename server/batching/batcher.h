@@ -62,7 +62,9 @@
 //   own: the caller pays the computation instead of two thread hops (to a batch thread and back),
 //   which cost more than a tiny request's arithmetic (tests/bench/SERVING.md). It counts as one
 //   of the num_batch_threads batches computed at once while it runs. Otherwise it is Schedule().
-//   Blocks for the computation: for callers whose tasks are cheap.
+//   Blocks for the computation: for callers whose tasks are cheap. An overload takes the
+//   function that computes the task here (instead of process_batch), so that the caller can
+//   answer it after the slot is free again.
 //
 // Shutdown(grace): Schedule() refuses new tasks from then on (UNAVAILABLE); batch threads send
 //   everything queued at once, without waiting for max_queue_delay, until the queues are empty
@@ -87,6 +89,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -258,6 +261,16 @@ class Batcher {
   // what Schedule() returns. `*why` as for Schedule().
   absl::Status RunNowOrSchedule(const Key& key, std::unique_ptr<Task>* task,
                                 DropReason* why = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
+    return RunNowOrSchedule(key, task, process_batch_, why);
+  }
+  // The same, but a task computed here goes to `compute_here` (on this thread) instead of
+  // process_batch, which must answer it, as process_batch would. The slot is held only while
+  // compute_here runs: a caller that computes in it and answers after this returns frees the
+  // slot for the next task while it answers (sending an answer costs a tiny request more than
+  // its arithmetic: tests/bench/SERVING.md).
+  absl::Status RunNowOrSchedule(const Key& key, std::unique_ptr<Task>* task,
+                                absl::FunctionRef<void(const Key& key, Batch batch)> compute_here,
+                                DropReason* why = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
     if (task == nullptr || *task == nullptr || !run_now_allowed_) return Schedule(key, task, why);
     const Task& t = **task;
     const int64_t tokens = static_cast<int64_t>(t.num_tokens());
@@ -288,7 +301,7 @@ class Batcher {
     Batch batch;
     batch.push_back(std::move(*task));
     const absl::Time start = clock_->Now();
-    process_batch_(key, std::move(batch));
+    compute_here(key, std::move(batch));
     const absl::Duration elapsed = clock_->Now() - start;
     bool queued;
     bool idle_draining;

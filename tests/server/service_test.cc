@@ -12,6 +12,8 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
+#include "server/attention_service.h"
+#include "server/request_builder.h"
 #include "server/server_host.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/requests.h"
@@ -537,3 +539,54 @@ TEST_F(ServiceTest, EveryRequestIsCountedByRpcAndCode) {
 
 }  // namespace
 }  // namespace attnserve
+
+namespace attnserve::server {
+namespace {
+
+// SerializeResponse writes a float32 output without copying it into the message; a parser must
+// read the same message as FillResponse builds, output, weights and timing alike.
+template <typename Response>
+void ExpectSerializeResponseMatchesFillResponse(bool with_weights) {
+  auto make_job = [&] {
+    auto job = std::make_unique<Job>();
+    job->dtype = kernels::DType::kFloat32;
+    job->out_shape = {2, 3, 5};
+    for (int i = 0; i < 30; ++i) job->out.push_back(0.25f * static_cast<float>(i) - 3.0f);
+    if (with_weights) {
+      job->weights_shape = {2, 3};
+      job->weights = {0.5f, 0.25f, 0.125f, 1.0f, 0.0f, -2.0f};
+    }
+    job->timing.arrival = absl::FromUnixSeconds(100);
+    job->timing.compute_start = job->timing.arrival + absl::Microseconds(7);
+    job->timing.compute_end = job->timing.arrival + absl::Microseconds(19);
+    job->timing.batch_size = 3;
+    job->timing.backend = "cpu";
+    return job;
+  };
+  const absl::Time now = absl::FromUnixSeconds(100) + absl::Microseconds(40);
+  Response expected;
+  FillResponse(*make_job(), now, &expected);
+  ASSERT_EQ(expected.output().data().size(), 30 * sizeof(float));
+
+  auto job = make_job();
+  grpc::ByteBuffer bytes;
+  SerializeResponse<Response>(job.get(), now, &bytes);
+  EXPECT_TRUE(job->out.empty()) << "the output buffer moved into the message";
+  Response got;
+  ASSERT_TRUE(ParseMessage(bytes, &got));
+  EXPECT_EQ(got.DebugString(), expected.DebugString());
+  EXPECT_EQ(bytes.Length(), expected.ByteSizeLong());
+}
+
+TEST(SerializeResponseTest, AttendResponseParsesAsFillResponsesMessage) {
+  ExpectSerializeResponseMatchesFillResponse<v1::AttendResponse>(/*with_weights=*/false);
+  ExpectSerializeResponseMatchesFillResponse<v1::AttendResponse>(/*with_weights=*/true);
+}
+
+TEST(SerializeResponseTest, MultiHeadResponseParsesAsFillResponsesMessage) {
+  ExpectSerializeResponseMatchesFillResponse<v1::MultiHeadAttentionResponse>(false);
+  ExpectSerializeResponseMatchesFillResponse<v1::MultiHeadAttentionResponse>(true);
+}
+
+}  // namespace
+}  // namespace attnserve::server

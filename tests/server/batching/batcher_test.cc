@@ -4,6 +4,7 @@
 #include "server/batching/batcher.h"
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -544,6 +545,40 @@ TEST_F(BatcherTest, ACallerComputingHoldsTheBatchSlot) {
   const auto batches = recorder_.batches();
   EXPECT_THAT(batches[0].ids, ElementsAre(1));
   EXPECT_THAT(batches[1].ids, ElementsAre(2, 3));
+  EXPECT_EQ(batcher_->stats().ran_on_caller, 1);
+}
+
+// With compute_here, a task computed on the caller's thread goes to compute_here instead of
+// process_batch, and holds the batch slot while compute_here runs: what arrives then queues and
+// goes to the batch thread once compute_here has returned (the caller answers after that).
+TEST_F(BatcherTest, RunNowComputesInComputeHereHoldingTheSlotWhileItRuns) {
+  options_.max_queue_delay = absl::ZeroDuration();
+  Start();
+  TestBatcher::ProcessBatchFn process = recorder_.ProcessFn();  // records, as the batch thread's
+  std::vector<int> here;
+  bool first = true;
+  std::function<void(const std::string&, TestBatcher::Batch)> compute_here =
+      [&](const std::string& key, TestBatcher::Batch batch) {
+        for (const auto& t : batch) here.push_back(t->id());
+        if (first) {
+          first = false;
+          auto task = Task(2);
+          ASSERT_TRUE(batcher_->RunNowOrSchedule("k", &task, compute_here).ok());  // queued
+          EXPECT_EQ(task, nullptr);
+          scheduled_ids_.push_back(2);
+          EXPECT_EQ(batcher_->stats().queued_requests, 1);
+        }
+        process(key, std::move(batch));
+      };
+  auto task = Task(1);
+  ASSERT_TRUE(batcher_->RunNowOrSchedule("k", &task, compute_here).ok());
+  scheduled_ids_.push_back(1);
+  EXPECT_EQ(task, nullptr);
+  ASSERT_TRUE(recorder_.WaitForBatches(2));
+  EXPECT_THAT(here, ElementsAre(1));  // task 2 went to process_batch, on the batch thread
+  const auto batches = recorder_.batches();
+  EXPECT_THAT(batches[0].ids, ElementsAre(1));
+  EXPECT_THAT(batches[1].ids, ElementsAre(2));
   EXPECT_EQ(batcher_->stats().ran_on_caller, 1);
 }
 
