@@ -13,7 +13,6 @@
 #include "base/strings.h"
 #include "server/attention_stream.h"
 #include "server/request_builder.h"
-#include "server/unary_call_handler.h"
 
 namespace attnserve::server {
 namespace {
@@ -285,8 +284,7 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
   // served as a stream of one request and one response (UnaryCallReactor). Indices: the rpcs'
   // order in attention.proto.
-  // Their OnDone runs inline (unary_call_handler.h).
-  using Handler = grpc::internal::CallbackBidiHandler<UnaryCallTag, grpc::ByteBuffer>;
+  using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
   MarkMethodStreamed(0, new Handler([this](grpc::CallbackServerContext* context) {
                        return Compute<v1::AttendRequest, v1::AttendResponse>(
                            context, metrics::Rpc::kAttend, [this](const v1::AttendRequest& r) {
