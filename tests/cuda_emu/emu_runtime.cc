@@ -1,9 +1,8 @@
-// The host implementation of shim/cuda_runtime_api.h and shim/cublas_v2.h (README.md).
+// The host implementation of shim/cuda_runtime_api.h (README.md).
 #include <cstdint>
 #include <map>
 
 #include "base/mutex.h"
-#include "cublas_v2.h"
 #include "cuda_runtime_api.h"
 
 namespace {
@@ -55,14 +54,6 @@ const char* cudaGetErrorString(cudaError_t error) {
       return "invalid configuration argument";
   }
   return "unknown error";
-}
-
-const char* cublasGetStatusName(cublasStatus_t status) {
-  return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_NOT_SUPPORTED";
-}
-const char* cublasGetStatusString(cublasStatus_t status) {
-  return status == CUBLAS_STATUS_SUCCESS ? "success"
-                                         : "the requested functionality is not supported";
 }
 
 namespace emu {

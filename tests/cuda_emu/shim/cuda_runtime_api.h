@@ -9,6 +9,7 @@
 #define ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_RUNTIME_API_H_
 
 #include <cstddef>
+#include <type_traits>
 
 #include "tests/cuda_emu/emu.h"
 
@@ -38,13 +39,27 @@ cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, in
 bool LaunchAllowed(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 
 // kernel<<<grid, block, smem_bytes, stream>>>(args...), which host_cu.sh rewrites .cu files
-// into: every block runs on the emulator before it returns. Arguments are passed by value, as
-// CUDA copies them.
+// into LaunchKernel(KernelLaunch{}, grid, block, smem_bytes, stream, kernel, args...): every
+// block runs on the emulator before it returns. Arguments are passed by value, as CUDA copies
+// them. The tag ranks the two forms: a kernel named as a function, a specialisation or a
+// pointer binds to the first; a function template whose arguments nvcc deduces from the
+// launch's arguments (MaskedSoftmaxKernel<<<...>>>(s, static_cast<__half*>(p), ...)) only to
+// the second, which takes the specialisation whose parameters are the arguments' types (a
+// kernel whose parameters differ from its arguments does not compile here).
+struct DeducedKernelLaunch {};
+struct KernelLaunch : DeducedKernelLaunch {};
+
 template <typename... Params, typename... Args>
-void LaunchKernel(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
+void LaunchKernel(KernelLaunch, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
                   void (*kernel)(Params...), const Args&... args) {
   if (!LaunchAllowed(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes)) return;
   Launch(grid, block, smem_bytes, [&] { kernel(args...); });
+}
+template <typename... Args>
+void LaunchKernel(DeducedKernelLaunch, dim3 grid, dim3 block, size_t smem_bytes,
+                  cudaStream_t stream, void (*kernel)(std::type_identity_t<Args>...),
+                  const Args&... args) {
+  LaunchKernel(KernelLaunch{}, grid, block, smem_bytes, stream, kernel, args...);
 }
 
 }  // namespace emu
