@@ -222,4 +222,66 @@ void ExpectWeightsMatch(const Case& c, const std::string& label, double tol, con
   EXPECT_EQ(bad, 0) << c.name << ": " << bad << " weights out of tolerance " << tol;
 }
 
+void ExpectNaNRule(const Case& base, const CaseFn& check, const CaseFn& run) {
+  auto named = [&](const std::string& name) {
+    Case c = base;
+    c.name = base.name + name;
+    return c;
+  };
+  for (const float bad : {kNaN, kInf}) {
+    // Rule 1: a NaN/+Inf score (q[0, 0, 0] times k) makes row 0 of head 0 NaN in every column;
+    // other rows stay finite. The reference computes the same (NaN compares as NaN).
+    Case c = named("q_nonfinite");
+    c.seqs = {{5, 20}};
+    c.q_poison = bad;
+    const Outcome r = check(c);
+    for (int d = 0; d < c.v_head_dim; ++d) EXPECT_TRUE(std::isnan(r.out[d])) << d;
+    for (size_t j = 0; j < std::min<size_t>(r.weights.size(), 20); ++j) {
+      EXPECT_TRUE(std::isnan(r.weights[j])) << "weight " << j;
+    }
+    // Rule 3: a NaN/Inf in the k of a blocked key (beyond the key length) has no effect.
+    c = named("k_blocked_nonfinite");
+    c.seqs = {{5, 20}};
+    c.key_lengths = {10};
+    c.k_poison = bad;
+    c.poison_key = 15;
+    const Outcome r3 = check(c);
+    for (float x : r3.out) EXPECT_TRUE(std::isfinite(x));
+    for (float w : r3.weights) EXPECT_TRUE(std::isfinite(w));
+  }
+  // Rule 2: an allowed score of -Inf weighs 0; with key length 1 and that key's score -Inf
+  // (k[0, 0, 0] = -Inf, q[0, 0, 0] = 0.5) row 0 of head 0 is fully blocked: the same output as
+  // with key length 0 (the mean of the values). Compared run to run, so the check does not
+  // depend on the reference's handling of -Inf.
+  {
+    Case neg = named("k_neg_inf");
+    neg.seqs = {{1, 20}};
+    neg.key_lengths = {1};
+    neg.q_poison = 0.5f;
+    neg.k_poison = -kInf;
+    Case blocked = neg;
+    blocked.key_lengths = {0};
+    const Outcome a = run(neg);
+    const Outcome b = run(blocked);
+    for (int d = 0; d < neg.v_head_dim; ++d) {
+      EXPECT_EQ(a.out[d], b.out[d]) << "column " << d;
+      EXPECT_TRUE(std::isfinite(a.out[d])) << "column " << d;
+    }
+    ASSERT_EQ(a.weights.size(), b.weights.size());
+    for (size_t j = 0; j < std::min<size_t>(a.weights.size(), 20); ++j) {  // row 0 of head 0
+      EXPECT_EQ(a.weights[j], b.weights[j]) << "weight " << j;
+    }
+  }
+  // Rule 4: a NaN in v[key 0, column 3] with every key allowed: column 3 NaN in every row of the
+  // heads reading it, the other columns finite.
+  Case c = named("v_nan");
+  c.seqs = {{5, 20}};
+  c.num_kv_heads = 1;
+  c.v_poison = kNaN;
+  const Outcome r = check(c);
+  for (size_t e = 0; e < r.out.size(); ++e) {
+    EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
+  }
+}
+
 }  // namespace attnserve::kernels::cuda

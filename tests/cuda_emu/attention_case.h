@@ -95,6 +95,16 @@ void ExpectMatches(const Case& c, const std::string& label, double tol, const Ou
 // where it is NaN).
 void ExpectWeightsMatch(const Case& c, const std::string& label, double tol, const Outcome& r);
 
+using CaseFn = std::function<Outcome(const Case&)>;
+
+// The NaN rule of attention_params.h, each on one head of one sequence with `base`'s head dims:
+// rule 1 (a NaN/+Inf in q: that row NaN in every column, and in every weight), rule 3 (a
+// NaN/Inf in a blocked key's k: no effect), rule 2 (an allowed -Inf score weighs 0: key length
+// 1 with that key's score -Inf gives the output and weights of key length 0), rule 4 (a NaN in
+// v: that column NaN). `check` runs a case and compares it with the reference; `run` only runs
+// it. The weights are checked where the path returns them.
+void ExpectNaNRule(const Case& base, const CaseFn& check, const CaseFn& run);
+
 }  // namespace attnserve::kernels::cuda
 
 #endif  // ATTNSERVE_TESTS_CUDA_EMU_ATTENTION_CASE_H_

@@ -1,12 +1,15 @@
-// The host implementation of shim/cublas_v2.h (README.md): the GEMMs of naive_attention.cu as
-// plain loops over the widened operands. The shapes of the emulation tests are small; no BLAS
-// library is needed.
+// The host implementation of shim/cublas_v2.h and shim/cublasLt.h (README.md): the GEMMs of
+// naive_attention.cu and linear.cc as plain loops over the widened operands. The shapes of the
+// emulation tests are small; no BLAS library is needed.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstring>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 
 struct cublasContext {
@@ -29,6 +32,30 @@ float Load(const void* base, cudaDataType_t type, int64_t i) {
   }
   return static_cast<const float*>(base)[i];
 }
+
+// D = alpha * op(A) op(B) + beta * C (+ bias[i] on row i), column-major, one matrix; A and B are
+// not read when alpha is 0, C not when beta is 0. C and D may be the same matrix.
+void Gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, double alpha, const void* a,
+          cudaDataType_t a_type, int64_t lda, const void* b, cudaDataType_t b_type, int64_t ldb,
+          double beta, const float* c, int64_t ldc, float* d, int64_t ldd, const float* bias) {
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      double sum = 0;
+      if (alpha != 0) {
+        for (int64_t l = 0; l < k; ++l) {
+          const int64_t ai = ta ? l + i * lda : i + l * lda;  // op(A)[i, l]
+          const int64_t bi = tb ? j + l * ldb : l + j * ldb;  // op(B)[l, j]
+          sum += double{Load(a, a_type, ai)} * double{Load(b, b_type, bi)};
+        }
+      }
+      const double prior = beta != 0 ? beta * c[i + j * ldc] : 0.0;
+      d[i + j * ldd] = static_cast<float>(alpha * sum + prior + (bias != nullptr ? bias[i] : 0.0));
+    }
+  }
+}
+
+std::atomic<bool> g_lt_algorithms{true};
+std::atomic<int> g_lt_matmuls{0};
 
 }  // namespace
 
@@ -104,25 +131,10 @@ cublasStatus_t cublasGemmStridedBatchedEx(
   const double c_scale = *static_cast<const float*>(beta);
   const int64_t esize = Is16Bit(Atype) ? 2 : 4;
   for (int batch = 0; batch < batchCount; ++batch) {
-    const char* a = static_cast<const char*>(A) + batch * strideA * esize;
-    const char* b = static_cast<const char*>(B) + batch * strideB * esize;
     float* c = static_cast<float*>(C) + batch * strideC;
-    for (int j = 0; j < n; ++j) {
-      for (int i = 0; i < m; ++i) {
-        // op(A)[i, l] and op(B)[l, j], column-major; A and B are not read when alpha is 0.
-        double sum = 0;
-        if (a_scale != 0) {
-          for (int l = 0; l < k; ++l) {
-            const int64_t ai = ta ? l + int64_t{i} * lda : i + int64_t{l} * lda;
-            const int64_t bi = tb ? j + int64_t{l} * ldb : l + int64_t{j} * ldb;
-            sum += double{Load(a, Atype, ai)} * double{Load(b, Btype, bi)};
-          }
-        }
-        float& out = c[i + int64_t{j} * ldc];
-        const double prior = c_scale != 0 ? c_scale * out : 0.0;  // beta 0: C not read
-        out = static_cast<float>(a_scale * sum + prior);
-      }
-    }
+    Gemm(ta, tb, m, n, k, a_scale, static_cast<const char*>(A) + batch * strideA * esize, Atype,
+         lda, static_cast<const char*>(B) + batch * strideB * esize, Btype, ldb, c_scale, c, ldc, c,
+         ldc, nullptr);
   }
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -136,3 +148,161 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
   return cublasGemmStridedBatchedEx(handle, transa, transb, m, n, k, alpha, A, Atype, lda, 0, B,
                                     Btype, ldb, 0, beta, C, Ctype, ldc, 0, 1, computeType, algo);
 }
+
+struct cublasLtContext {};
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *handle = new cublasLtContext;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc,
+                                        cublasComputeType_t compute_type,
+                                        cudaDataType_t scale_type) {
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *desc = new cublasLtMatmulDescOpaque_t{compute_type, scale_type};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete desc;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+// Copies an attribute of exactly sizeof(T) bytes (cuBLASLt rejects another size).
+template <typename T>
+cublasStatus_t SetExact(T* field, const void* buf, size_t size) {
+  if (buf == nullptr || size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // namespace
+
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
+  if (desc == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      return SetExact(&desc->trans_a, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      return SetExact(&desc->trans_b, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      return SetExact(&desc->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      return SetExact(&desc->bias, buf, size);
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
+}
+
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType_t type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if (layout == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *layout = new cublasLtMatrixLayoutOpaque_t{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete layout;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  *pref = new cublasLtMatmulPreferenceOpaque_t;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete pref;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  if (pref == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return SetExact(&pref->max_workspace_bytes, buf, size);
+}
+
+namespace {
+
+// The shape checks of a matmul: op(A) m x k, op(B) k x n, C and D m x n, every ld at least its
+// matrix's rows, all float32.
+cublasStatus_t CheckMatmul(cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                           cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                           cublasLtMatrixLayout_t d) {
+  if (desc == nullptr || a == nullptr || b == nullptr || c == nullptr || d == nullptr) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if ((desc->compute_type != CUBLAS_COMPUTE_32F &&
+       desc->compute_type != CUBLAS_COMPUTE_32F_FAST_TF32) ||
+      desc->scale_type != CUDA_R_32F || a->type != CUDA_R_32F || b->type != CUDA_R_32F ||
+      c->type != CUDA_R_32F || d->type != CUDA_R_32F ||
+      (desc->epilogue != CUBLASLT_EPILOGUE_DEFAULT && desc->epilogue != CUBLASLT_EPILOGUE_BIAS)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
+  const uint64_t m = ta ? a->cols : a->rows, k = ta ? a->rows : a->cols;
+  const uint64_t kb = tb ? b->cols : b->rows, n = tb ? b->rows : b->cols;
+  for (cublasLtMatrixLayout_t l : {a, b, c, d}) {
+    if (l->ld < 1 || static_cast<uint64_t>(l->ld) < l->rows) return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (k != kb || c->rows != m || c->cols != n || d->rows != m || d->cols != n ||
+      (desc->epilogue == CUBLASLT_EPILOGUE_BIAS && desc->bias == nullptr)) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
+    cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a_desc,
+    cublasLtMatrixLayout_t b_desc, cublasLtMatrixLayout_t c_desc, cublasLtMatrixLayout_t d_desc,
+    cublasLtMatmulPreference_t pref, int requested, cublasLtMatmulHeuristicResult_t* results,
+    int* returned) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (pref == nullptr || requested < 1 || results == nullptr || returned == nullptr) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const cublasStatus_t st = CheckMatmul(desc, a_desc, b_desc, c_desc, d_desc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  *returned = 0;
+  if (g_lt_algorithms.load()) {
+    results[0] = cublasLtMatmulHeuristicResult_t{};
+    results[0].state = CUBLAS_STATUS_SUCCESS;
+    *returned = 1;
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t handle, cublasLtMatmulDesc_t desc, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t a_desc, const void* B,
+                              cublasLtMatrixLayout_t b_desc, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t c_desc, void* D, cublasLtMatrixLayout_t d_desc,
+                              const cublasLtMatmulAlgo_t* algo, void* /*workspace*/,
+                              size_t /*workspace_bytes*/, cudaStream_t /*stream*/) {
+  if (handle == nullptr) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (alpha == nullptr || beta == nullptr || algo == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  const cublasStatus_t st = CheckMatmul(desc, a_desc, b_desc, c_desc, d_desc);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  const bool ta = desc->trans_a == CUBLAS_OP_T, tb = desc->trans_b == CUBLAS_OP_T;
+  const int64_t m = static_cast<int64_t>(d_desc->rows), n = static_cast<int64_t>(d_desc->cols);
+  const int64_t k = static_cast<int64_t>(ta ? a_desc->rows : a_desc->cols);
+  Gemm(ta, tb, m, n, k, *static_cast<const float*>(alpha), A, CUDA_R_32F, a_desc->ld, B, CUDA_R_32F,
+       b_desc->ld, *static_cast<const float*>(beta), static_cast<const float*>(C), c_desc->ld,
+       static_cast<float*>(D), d_desc->ld,
+       desc->epilogue == CUBLASLT_EPILOGUE_BIAS ? static_cast<const float*>(desc->bias) : nullptr);
+  g_lt_matmuls.fetch_add(1);
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace emu {
+void SetLtAlgorithmsAvailable(bool available) { g_lt_algorithms.store(available); }
+int LtMatmulCount() { return g_lt_matmuls.load(); }
+}  // namespace emu

@@ -299,52 +299,9 @@ TEST_P(FlashEmuTest, GroupedQueryAttention) {
 
 // The NaN rule (attention_params.h), each on one head of one sequence.
 TEST_P(FlashEmuTest, NaNRule) {
-  for (const float bad : {kNaN, kInf}) {
-    // Rule 1: a NaN/+Inf score (q[0, 0, 0] times k) makes row 0 of head 0 NaN in every column;
-    // other rows stay finite. The reference computes the same (NaN compares as NaN).
-    Case c = Base("q_nonfinite");
-    c.seqs = {{5, 20}};
-    c.q_poison = bad;
-    const Outcome r = Check(c);
-    for (int d = 0; d < c.v_head_dim; ++d) EXPECT_TRUE(std::isnan(r.out[d])) << d;
-    // Rule 3: a NaN/Inf in the k of a blocked key (beyond the key length) has no effect.
-    c = Base("k_blocked_nonfinite");
-    c.seqs = {{5, 20}};
-    c.key_lengths = {10};
-    c.k_poison = bad;
-    c.poison_key = 15;
-    const Outcome r3 = Check(c);
-    for (float x : r3.out) EXPECT_TRUE(std::isfinite(x));
-  }
-  // Rule 2: an allowed score of -Inf weighs 0; with key length 1 and that key's score -Inf
-  // (k[0, 0, 0] = -Inf, q[0, 0, 0] = 0.5) row 0 of head 0 is fully blocked: the same output as
-  // with key length 0 (the mean of the values). Compared run to run, so the check does not
-  // depend on the reference's handling of -Inf.
-  {
-    Case neg = Base("k_neg_inf");
-    neg.seqs = {{1, 20}};
-    neg.key_lengths = {1};
-    neg.q_poison = 0.5f;
-    neg.k_poison = -kInf;
-    Case blocked = neg;
-    blocked.key_lengths = {0};
-    const Outcome a = RunCase(neg, GetParam().kernel, GetParam().type, 1);
-    const Outcome b = RunCase(blocked, GetParam().kernel, GetParam().type, 1);
-    for (int d = 0; d < neg.v_head_dim; ++d) {
-      EXPECT_EQ(a.out[d], b.out[d]) << "column " << d;
-      EXPECT_TRUE(std::isfinite(a.out[d])) << "column " << d;
-    }
-  }
-  // Rule 4: a NaN in v[key 0, column 3] with every key allowed: column 3 NaN in every row of the
-  // heads reading it, the other columns finite.
-  Case c = Base("v_nan");
-  c.seqs = {{5, 20}};
-  c.num_kv_heads = 1;
-  c.v_poison = kNaN;
-  const Outcome r = Check(c);
-  for (size_t e = 0; e < r.out.size(); ++e) {
-    EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
-  }
+  ExpectNaNRule(
+      Base(""), [&](const Case& c) { return Check(c); },
+      [&](const Case& c) { return RunCase(c, GetParam().kernel, GetParam().type, 1); });
 }
 
 // The launch grid (flash_grid.h) covers every (m block, head, sequence) exactly once, past

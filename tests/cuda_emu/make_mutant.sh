@@ -110,6 +110,10 @@ case "$name" in
     file=elementwise.cu
     from="(v_head_dim + 63) / 64);"
     to="v_head_dim / 64);" ;;
+  linear_bias_epilogue_dropped)  # the cuBLASLt matmul without its bias epilogue
+    file=linear.cc
+    from="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;"
+    to="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \
