@@ -16,7 +16,21 @@
 enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorECCUncorrectable = 214,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchTimeout = 702,
+  cudaErrorAssert = 710,
+  cudaErrorHardwareStackError = 714,
+  cudaErrorIllegalInstruction = 715,
+  cudaErrorMisalignedAddress = 716,
+  cudaErrorInvalidAddressSpace = 717,
+  cudaErrorInvalidPc = 718,
+  cudaErrorLaunchFailure = 719,
 };
 typedef enum cudaError cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
@@ -24,6 +38,44 @@ typedef struct CUstream_st* cudaStream_t;
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+inline constexpr unsigned cudaStreamNonBlocking = 0x01;
+
+// The emulated device (one, device 0): its name says what it is; compute capability 9.0.
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major;
+  int minor;
+  int multiProcessorCount;
+};
+
+// Device memory is host memory (exact size, so ASan sees overruns); a copy, a stream
+// synchronisation or an allocation "on a stream" completes before it returns.
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaDeviceReset();
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
 // The last launch error of the calling thread, reset to cudaSuccess by the call.
 cudaError_t cudaGetLastError();
