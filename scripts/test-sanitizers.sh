@@ -15,14 +15,18 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 cmake --preset asan
 cmake --build --preset asan
 # The container image is built from the plain build; the emulated CUDA kernels run their fp16
-# half here (ASan and UBSan findings do not depend on the operand type); the paged attention
-# kernel its FLOAT16 cases (the other cache types run the same schedule on other element types).
-ctest --preset asan -LE deploy -E "FlashEmuTest.*bfloat16|PagedAttentionEmuTest.*(BFLOAT16|FLOAT32)"
+# half here (ASan and UBSan findings do not depend on the operand type), the plain attention
+# path (naive_attention_emu_test) and the backend on the emulated device (backend_emu_test)
+# too; the paged attention kernel its FLOAT16 cases (the other
+# cache types run the same schedule on other element types).
+ctest --preset asan -LE deploy \
+  -E "(FlashEmu|NaiveAttentionEmu|BackendEmu)Test.*bfloat16|PagedAttentionEmuTest.*(BFLOAT16|FLOAT32)"
 
 export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
 cmake --preset tsan
 cmake --build --preset tsan --target batcher_test server_test session_test kv_pool_test attnserve \
-  flash_emu_test paged_attention_emu_test flash_launch_emu_test
+  flash_emu_test paged_attention_emu_test flash_launch_emu_test naive_attention_emu_test \
+  elementwise_emu_test linear_emu_test cuda_backend_emu_test
 # The C++ batcher and server tests (the Python process tests drive a TSan server through
 # gRPC's uninstrumented core, where reports are third-party noise).
 ctest --preset tsan -L "batcher|server" -LE python
@@ -30,5 +34,11 @@ ctest --preset tsan -L "batcher|server" -LE python
 # cp.async wait). hdim32, hdim64 and generic in fp16: the other head dims are the same template
 # body with the same barriers (hdim32 runs the zero-padded copies), and bf16 runs the same
 # schedules with other numbers (about 3 minutes on 2 cores); the paged attention kernel in
-# FLOAT16 (its other cache types: same schedule, other element types).
-ctest --preset tsan -L cuda_emu -E "bfloat16|hdim(96|128|160|192|256)|BFLOAT16|FLOAT32"
+# FLOAT16 (its other cache types: same schedule, other element types); the plain attention
+# path's softmax kernel (block reductions through shared memory) in fp16 on its odd lengths
+# and mask layouts (its other cases run the same block schedule, about 2 minutes more), the
+# elementwise kernels and linear.cc's fallback. backend_emu_test calls the backend from one
+# thread (its kernels' races are the kernel tests'), and is left to ASan (about 6 minutes
+# under TSan here).
+ctest --preset tsan -L cuda_emu -E \
+  "bfloat16|hdim(96|128|160|192|256)|BFLOAT16|FLOAT32|BackendEmuTest|NaiveAttentionEmuTest.(HeadDims|Causal|KeyLengths|GroupedQueryAttention|WithoutWeights|NaNRule)"

@@ -213,6 +213,10 @@ void CpAsyncWait(int n) {
 }
 
 void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()>& body) {
+  // One launch at a time: the running block's state (g_block, the shared memory) is global, and
+  // two host threads may launch at once (the backend's workers).
+  static attnserve::Mutex* launch_mu = new attnserve::Mutex;
+  attnserve::MutexLock launch_lock(launch_mu);
   if (smem_bytes > kSmemCapacity) Fail("launch: dynamic shared memory above 228 KiB");
   // CUDA's launch limits (compute capability 8.x/9.x): a grid the device would reject with
   // cudaErrorInvalidConfiguration is rejected here too.

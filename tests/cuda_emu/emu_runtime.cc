@@ -1,9 +1,11 @@
-// The host implementation of shim/cuda_runtime_api.h and shim/cublas_v2.h (README.md).
+// The host implementation of shim/cuda_runtime_api.h (README.md): launch checks, errors, and
+// the memory, stream and device calls of the backend on one emulated device.
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 
 #include "base/mutex.h"
-#include "cublas_v2.h"
 #include "cuda_runtime_api.h"
 
 namespace {
@@ -33,37 +35,127 @@ cudaError_t cudaGetLastError() {
   return e;
 }
 
+namespace {
+struct ErrorText {
+  cudaError_t error;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorECCUncorrectable, "cudaErrorECCUncorrectable", "uncorrectable ECC error"},
+    {cudaErrorIllegalAddress, "cudaErrorIllegalAddress", "an illegal memory access"},
+    {cudaErrorLaunchTimeout, "cudaErrorLaunchTimeout", "the launch timed out"},
+    {cudaErrorAssert, "cudaErrorAssert", "device-side assert triggered"},
+    {cudaErrorHardwareStackError, "cudaErrorHardwareStackError", "hardware stack error"},
+    {cudaErrorIllegalInstruction, "cudaErrorIllegalInstruction", "an illegal instruction"},
+    {cudaErrorMisalignedAddress, "cudaErrorMisalignedAddress", "misaligned address"},
+    {cudaErrorInvalidAddressSpace, "cudaErrorInvalidAddressSpace", "invalid address space"},
+    {cudaErrorInvalidPc, "cudaErrorInvalidPc", "invalid program counter"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+};
+
+// The emulated device's memory, as cudaMemGetInfo reports it.
+constexpr size_t kDeviceBytes = size_t{16} << 30;
+
+cudaError_t Allocate(void** ptr, size_t bytes) {
+  if (ptr == nullptr) return cudaErrorInvalidValue;
+  *ptr = nullptr;
+  if (bytes == 0) return cudaSuccess;
+  // 256-byte aligned as cudaMalloc's; exact size, so ASan sees an overrun.
+  if (posix_memalign(ptr, 256, bytes) != 0) return cudaErrorMemoryAllocation;
+  return cudaSuccess;
+}
+}  // namespace
+
 const char* cudaGetErrorName(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "cudaSuccess";
-    case cudaErrorInvalidValue:
-      return "cudaErrorInvalidValue";
-    case cudaErrorInvalidConfiguration:
-      return "cudaErrorInvalidConfiguration";
+  for (const ErrorText& e : kErrors) {
+    if (e.error == error) return e.name;
   }
   return "cudaErrorUnknown";
 }
 
 const char* cudaGetErrorString(cudaError_t error) {
-  switch (error) {
-    case cudaSuccess:
-      return "no error";
-    case cudaErrorInvalidValue:
-      return "invalid argument";
-    case cudaErrorInvalidConfiguration:
-      return "invalid configuration argument";
+  for (const ErrorText& e : kErrors) {
+    if (e.error == error) return e.text;
   }
   return "unknown error";
 }
 
-const char* cublasGetStatusName(cublasStatus_t status) {
-  return status == CUBLAS_STATUS_SUCCESS ? "CUBLAS_STATUS_SUCCESS" : "CUBLAS_STATUS_NOT_SUPPORTED";
+cudaError_t cudaGetDeviceCount(int* count) {
+  if (count == nullptr) return cudaErrorInvalidValue;
+  *count = 1;
+  return cudaSuccess;
 }
-const char* cublasGetStatusString(cublasStatus_t status) {
-  return status == CUBLAS_STATUS_SUCCESS ? "success"
-                                         : "the requested functionality is not supported";
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device) {
+  if (prop == nullptr) return cudaErrorInvalidValue;
+  if (device != 0) return cudaErrorInvalidDevice;
+  *prop = cudaDeviceProp{};
+  std::strncpy(prop->name, "CUDA host emulation", sizeof(prop->name) - 1);
+  prop->totalGlobalMem = kDeviceBytes;
+  prop->major = 9;
+  prop->minor = 0;
+  prop->multiProcessorCount = 1;
+  return cudaSuccess;
 }
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
+  if (free_bytes == nullptr || total_bytes == nullptr) return cudaErrorInvalidValue;
+  *free_bytes = *total_bytes = kDeviceBytes;
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+cudaError_t cudaDeviceReset() { return cudaSuccess; }
+cudaError_t cudaMalloc(void** ptr, size_t bytes) { return Allocate(ptr, bytes); }
+cudaError_t cudaFree(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t /*stream*/) {
+  return Allocate(ptr, bytes);
+}
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t /*stream*/) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned /*flags*/) {
+  return Allocate(ptr, bytes);
+}
+cudaError_t cudaFreeHost(void* ptr) {
+  std::free(ptr);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t /*stream*/) {
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
+    return cudaErrorInvalidMemcpyDirection;
+  }
+  if (bytes == 0) return cudaSuccess;
+  if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  std::memcpy(dst, src, bytes);
+  return cudaSuccess;
+}
+
+struct CUstream_st {};
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned /*flags*/) {
+  if (stream == nullptr) return cudaErrorInvalidValue;
+  *stream = new CUstream_st;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  delete stream;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) { return cudaSuccess; }
 
 namespace emu {
 

@@ -29,13 +29,11 @@
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/kernel_traits.h"
 #include "kernels/reference.h"
+#include "tests/cuda_emu/attention_case.h"
 #include "tests/cuda_emu/emu.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-constexpr float kInf = std::numeric_limits<float>::infinity();
 
 // The tensor-core kernel's instantiations (kTensorCoreHeadDims), the generic and the decode
 // kernel.
@@ -58,68 +56,6 @@ std::string KernelName(Kernel k) {
   if (k == Kernel::kGeneric) return "generic";
   if (k == Kernel::kDecode) return "decode";
   return "hdim" + std::to_string(TensorCoreDim(k));
-}
-
-enum class MaskLayout {
-  kNone,
-  kPerHead,        // [S, H, Lq, Lk], random, some rows fully blocked
-  kBroadcastHead,  // [S, 1, Lq, Lk] broadcast over heads
-  kKeyPadding,     // [S, 1, 1, Lk] broadcast over heads and rows
-  kBroadcastKeys,  // [S, H, Lq, 1] broadcast over keys (column stride 0): whole rows blocked
-  kBlockedTiles,   // whole key tiles blocked for every row, and a fully blocked row
-  kAllBlocked,     // nothing allowed: every row attends uniformly
-};
-
-struct Seq {
-  int q_len;
-  int kv_len;
-};
-
-struct Case {
-  std::string name;
-  std::vector<Seq> seqs;
-  int num_heads = 2;
-  int num_kv_heads = 2;
-  int head_dim = 64;
-  int v_head_dim = 64;
-  bool causal = false;
-  std::vector<int> key_lengths;  // empty: none
-  MaskLayout mask = MaskLayout::kNone;
-  // Non-finite inputs (the NaN rule): value written at q[token 0, head 0, col 0] etc.
-  float q_poison = 0.0f;  // 0: none
-  float k_poison = 0.0f;  // at key poison_key of sequence 0, kv head 0, col 0
-  int poison_key = 0;
-  float v_poison = 0.0f;  // at key 0 of sequence 0, kv head 0, column 3
-};
-
-// 16-bit storage of the kernels' operand type, and the float value each element rounds to.
-struct Buffer16 {
-  std::unique_ptr<uint16_t[]> bits;  // exact size: ASan sees any overrun
-  std::vector<float> values;
-};
-
-Buffer16 MakeBuffer(size_t n, ComputeType type, std::mt19937& rng, float lo, float hi) {
-  std::uniform_real_distribution<float> dist(lo, hi);
-  Buffer16 b;
-  b.bits.reset(new uint16_t[n]);
-  b.values.resize(n);
-  for (size_t i = 0; i < n; ++i) {
-    const float f = dist(rng);
-    if (type == ComputeType::kFloat16) {
-      b.bits[i] = __float2half_rn(f).x;
-      b.values[i] = __half2float(__half{b.bits[i]});
-    } else {
-      b.bits[i] = __float2bfloat16_rn(f).x;
-      b.values[i] = __bfloat162float(__nv_bfloat16{b.bits[i]});
-    }
-  }
-  return b;
-}
-
-void Poison(Buffer16& b, size_t index, float value, ComputeType type) {
-  b.bits[index] =
-      type == ComputeType::kFloat16 ? __float2half_rn(value).x : __float2bfloat16_rn(value).x;
-  b.values[index] = value;
 }
 
 template <typename Traits>
@@ -219,163 +155,6 @@ void LaunchKernel(Kernel kernel, ComputeType type, const FlashFwdParams& p) {
   }
 }
 
-struct Outcome {
-  std::vector<float> out;     // [total_q, H, Dv] from the kernel
-  std::vector<double> ref;    // same layout, float64 reference (NaN where no row)
-  std::vector<int> q_offset;  // cu_seqlens_q
-};
-
-Outcome RunCase(const Case& c, Kernel kernel, ComputeType type, uint32_t seed) {
-  std::mt19937 rng(seed);
-  const int S = static_cast<int>(c.seqs.size());
-  const int H = c.num_heads, Hkv = c.num_kv_heads, D = c.head_dim, Dv = c.v_head_dim;
-  std::vector<int> cu_q(S + 1, 0), cu_k(S + 1, 0);
-  int max_q = 0, max_k = 0;
-  for (int s = 0; s < S; ++s) {
-    cu_q[s + 1] = cu_q[s] + c.seqs[s].q_len;
-    cu_k[s + 1] = cu_k[s] + c.seqs[s].kv_len;
-    max_q = std::max(max_q, c.seqs[s].q_len);
-    max_k = std::max(max_k, c.seqs[s].kv_len);
-  }
-  const int total_q = cu_q[S], total_k = cu_k[S];
-  // One generator per tensor: a sequence's values depend only on its place in the pack.
-  std::mt19937 rng_q(seed), rng_k(seed + 1), rng_v(seed + 2);
-  Buffer16 q = MakeBuffer(size_t(total_q) * H * D, type, rng_q, -1.5f, 1.5f);
-  Buffer16 k = MakeBuffer(size_t(total_k) * Hkv * D, type, rng_k, -1.5f, 1.5f);
-  Buffer16 v = MakeBuffer(size_t(total_k) * Hkv * Dv, type, rng_v, -1.0f, 1.0f);
-  if (c.q_poison != 0.0f) Poison(q, 0, c.q_poison, type);
-  if (c.k_poison != 0.0f) Poison(k, size_t(c.poison_key) * Hkv * D, c.k_poison, type);
-  if (c.v_poison != 0.0f) Poison(v, 3, c.v_poison, type);
-
-  // The mask, in the layout's own extent (exact size) with strides broadcasting the rest.
-  std::unique_ptr<uint8_t[]> mask;
-  int64_t mb = 0, mh = 0, mr = 0, mc = 1;
-  if (c.mask != MaskLayout::kNone) {
-    const bool per_head = c.mask == MaskLayout::kPerHead || c.mask == MaskLayout::kBroadcastKeys;
-    const int mask_heads = per_head ? H : 1;
-    const int mask_rows = c.mask == MaskLayout::kKeyPadding ? 1 : max_q;
-    const int mask_cols = c.mask == MaskLayout::kBroadcastKeys ? 1 : max_k;
-    mc = mask_cols == 1 ? 0 : 1;
-    mr = mask_rows == 1 ? 0 : mask_cols;
-    mh = mask_heads == 1 ? 0 : int64_t{mask_rows} * mask_cols;
-    mb = int64_t{mask_heads} * mask_rows * mask_cols;
-    const size_t n = size_t(S) * mb;
-    mask.reset(new uint8_t[n]);
-    std::bernoulli_distribution allow(0.7);
-    for (size_t e = 0; e < n; ++e) {
-      const int64_t j = int64_t(e) % mask_cols;
-      const int64_t i = mask_rows == 1 ? 0 : (int64_t(e) / mask_cols) % mask_rows;
-      switch (c.mask) {
-        case MaskLayout::kBlockedTiles:
-          // Keys [0, 160) blocked for every row (whole 64- and 128-key tiles), and row 3.
-          mask[e] = j >= 160 && i != 3;
-          break;
-        case MaskLayout::kAllBlocked:
-          mask[e] = 0;
-          break;
-        default:
-          mask[e] = allow(rng) ? 1 : 0;
-          if (c.mask == MaskLayout::kPerHead && i % 11 == 5) mask[e] = 0;  // blocked rows
-          break;
-      }
-    }
-  }
-
-  // v_mean in float32 from the rounded values, as the backend computes it.
-  std::unique_ptr<float[]> v_mean(new float[size_t(S) * Hkv * Dv]);
-  for (int s = 0; s < S; ++s) {
-    for (int g = 0; g < Hkv; ++g) {
-      for (int d = 0; d < Dv; ++d) {
-        double sum = 0;
-        for (int t = cu_k[s]; t < cu_k[s + 1]; ++t) sum += v.values[(size_t(t) * Hkv + g) * Dv + d];
-        v_mean[(size_t(s) * Hkv + g) * Dv + d] =
-            static_cast<float>(sum / std::max(1, c.seqs[s].kv_len));
-      }
-    }
-  }
-
-  std::unique_ptr<int[]> cu_q_dev(new int[S + 1]), cu_k_dev(new int[S + 1]);
-  std::copy(cu_q.begin(), cu_q.end(), cu_q_dev.get());
-  std::copy(cu_k.begin(), cu_k.end(), cu_k_dev.get());
-  std::unique_ptr<int[]> key_lengths;
-  if (!c.key_lengths.empty()) {
-    key_lengths.reset(new int[S]);
-    std::copy(c.key_lengths.begin(), c.key_lengths.end(), key_lengths.get());
-  }
-  const size_t out_n = size_t(total_q) * H * Dv;
-  std::unique_ptr<float[]> o(new float[out_n]);
-  std::fill(o.get(), o.get() + out_n, -12345.0f);  // a value no row can produce
-
-  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  FlashFwdParams p;
-  p.q = q.bits.get();
-  p.k = k.bits.get();
-  p.v = v.bits.get();
-  p.q_row_stride = int64_t{H} * D;
-  p.q_head_stride = D;
-  p.k_row_stride = int64_t{Hkv} * D;
-  p.k_head_stride = D;
-  p.v_row_stride = int64_t{Hkv} * Dv;
-  p.v_head_stride = Dv;
-  p.o = o.get();
-  p.o_row_stride = int64_t{H} * Dv;
-  p.o_head_stride = Dv;
-  p.cu_seqlens_q = cu_q_dev.get();
-  p.cu_seqlens_k = cu_k_dev.get();
-  p.key_lengths = key_lengths.get();
-  p.num_seqs = S;
-  p.max_seqlen_q = max_q;
-  p.num_heads = H;
-  p.num_kv_heads = Hkv;
-  p.head_dim = D;
-  p.v_head_dim = Dv;
-  p.scale = scale;
-  p.scale_log2 = scale * kLog2e;
-  p.causal = c.causal;
-  p.mask = mask.get();
-  p.mask_batch_stride = mb;
-  p.mask_head_stride = mh;
-  p.mask_row_stride = mr;
-  p.mask_col_stride = mc;
-  p.v_mean = v_mean.get();
-  LaunchKernel(kernel, type, p);
-
-  Outcome r;
-  r.out.assign(o.get(), o.get() + out_n);
-  r.ref.assign(out_n, kNaN);
-  r.q_offset = cu_q;
-  for (int s = 0; s < S; ++s) {
-    const int lq = c.seqs[s].q_len, lk = c.seqs[s].kv_len;
-    if (lq == 0) continue;
-    AttentionParams a;
-    a.batch = 1;
-    a.num_heads = H;
-    a.num_kv_heads = Hkv;
-    a.q_len = lq;
-    a.kv_len = lk;
-    a.head_dim = D;
-    a.v_head_dim = Dv;
-    a.q = {q.values.data() + size_t(cu_q[s]) * H * D, 0, D, int64_t{H} * D};
-    a.k = {k.values.data() + size_t(cu_k[s]) * Hkv * D, 0, D, int64_t{Hkv} * D};
-    a.v = {v.values.data() + size_t(cu_k[s]) * Hkv * Dv, 0, Dv, int64_t{Hkv} * Dv};
-    if (mask != nullptr) a.mask = {mask.get() + s * mb, 0, mh, mr, mc};
-    a.causal = c.causal;
-    const int32_t kl = c.key_lengths.empty() ? lk : c.key_lengths[s];
-    if (!c.key_lengths.empty()) a.key_lengths = &kl;
-    a.scale = scale;
-    const Reference64 ref = ReferenceAttention64(a);
-    for (int h = 0; h < H; ++h) {
-      for (int i = 0; i < lq; ++i) {
-        for (int d = 0; d < Dv; ++d) {
-          r.ref[(size_t(cu_q[s] + i) * H + h) * Dv + d] = ref.out[(size_t(h) * lq + i) * Dv + d];
-        }
-      }
-    }
-  }
-  return r;
-}
-
-// Absolute tolerance on outputs of magnitude <= 1: P is rounded to the operand type before
 // P.V on the tensor-core paths (2^-11 relative in fp16, 2^-8 in bf16); the generic kernel keeps
 // P in float32.
 double Tolerance(Kernel kernel, ComputeType type) {
@@ -384,23 +163,14 @@ double Tolerance(Kernel kernel, ComputeType type) {
 }
 
 void ExpectMatches(const Case& c, Kernel kernel, ComputeType type, const Outcome& r) {
-  const double tol = Tolerance(kernel, type);
-  int bad = 0;
-  for (size_t e = 0; e < r.out.size(); ++e) {
-    const double want = r.ref[e];
-    const double got = r.out[e];
-    const bool ok = std::isnan(want)   ? std::isnan(got)
-                    : std::isinf(want) ? got == want
-                                       : std::fabs(got - want) <= tol;
-    if (!ok && ++bad <= 5) {
-      const int row = static_cast<int>(e / (size_t(c.num_heads) * c.v_head_dim));
-      ADD_FAILURE() << c.name << " " << KernelName(kernel) << " " << ComputeTypeName(type)
-                    << ": element " << e << " (token " << row << ", head "
-                    << (e / c.v_head_dim) % c.num_heads << ", column " << e % c.v_head_dim
-                    << ") got " << got << " want " << want;
-    }
-  }
-  EXPECT_EQ(bad, 0) << c.name << ": " << bad << " elements out of tolerance " << tol;
+  ExpectMatches(c, KernelName(kernel) + " " + ComputeTypeName(type), Tolerance(kernel, type), r);
+}
+
+Outcome RunCase(const Case& c, Kernel kernel, ComputeType type, uint32_t seed) {
+  return RunCase(c, type, seed, [&](const FlashFwdParams& p) {
+    LaunchKernel(kernel, type, p);
+    return std::vector<float>();
+  });
 }
 
 struct Param {
@@ -529,52 +299,9 @@ TEST_P(FlashEmuTest, GroupedQueryAttention) {
 
 // The NaN rule (attention_params.h), each on one head of one sequence.
 TEST_P(FlashEmuTest, NaNRule) {
-  for (const float bad : {kNaN, kInf}) {
-    // Rule 1: a NaN/+Inf score (q[0, 0, 0] times k) makes row 0 of head 0 NaN in every column;
-    // other rows stay finite. The reference computes the same (NaN compares as NaN).
-    Case c = Base("q_nonfinite");
-    c.seqs = {{5, 20}};
-    c.q_poison = bad;
-    const Outcome r = Check(c);
-    for (int d = 0; d < c.v_head_dim; ++d) EXPECT_TRUE(std::isnan(r.out[d])) << d;
-    // Rule 3: a NaN/Inf in the k of a blocked key (beyond the key length) has no effect.
-    c = Base("k_blocked_nonfinite");
-    c.seqs = {{5, 20}};
-    c.key_lengths = {10};
-    c.k_poison = bad;
-    c.poison_key = 15;
-    const Outcome r3 = Check(c);
-    for (float x : r3.out) EXPECT_TRUE(std::isfinite(x));
-  }
-  // Rule 2: an allowed score of -Inf weighs 0; with key length 1 and that key's score -Inf
-  // (k[0, 0, 0] = -Inf, q[0, 0, 0] = 0.5) row 0 of head 0 is fully blocked: the same output as
-  // with key length 0 (the mean of the values). Compared run to run, so the check does not
-  // depend on the reference's handling of -Inf.
-  {
-    Case neg = Base("k_neg_inf");
-    neg.seqs = {{1, 20}};
-    neg.key_lengths = {1};
-    neg.q_poison = 0.5f;
-    neg.k_poison = -kInf;
-    Case blocked = neg;
-    blocked.key_lengths = {0};
-    const Outcome a = RunCase(neg, GetParam().kernel, GetParam().type, 1);
-    const Outcome b = RunCase(blocked, GetParam().kernel, GetParam().type, 1);
-    for (int d = 0; d < neg.v_head_dim; ++d) {
-      EXPECT_EQ(a.out[d], b.out[d]) << "column " << d;
-      EXPECT_TRUE(std::isfinite(a.out[d])) << "column " << d;
-    }
-  }
-  // Rule 4: a NaN in v[key 0, column 3] with every key allowed: column 3 NaN in every row of the
-  // heads reading it, the other columns finite.
-  Case c = Base("v_nan");
-  c.seqs = {{5, 20}};
-  c.num_kv_heads = 1;
-  c.v_poison = kNaN;
-  const Outcome r = Check(c);
-  for (size_t e = 0; e < r.out.size(); ++e) {
-    EXPECT_EQ(std::isnan(r.out[e]), e % c.v_head_dim == 3) << e;
-  }
+  ExpectNaNRule(
+      Base(""), [&](const Case& c) { return Check(c); },
+      [&](const Case& c) { return RunCase(c, GetParam().kernel, GetParam().type, 1); });
 }
 
 // The launch grid (flash_grid.h) covers every (m block, head, sequence) exactly once, past

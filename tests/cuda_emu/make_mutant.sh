@@ -94,6 +94,26 @@ case "$name" in
     file=paged_attention_kernel.h
     from="const int head = blk.kv_head * group + row % group;"
     to="const int head = blk.kv_head * group;" ;;
+  naive_nan_as_blocked)  # a NaN softmax sum taken for a fully blocked row (the review's bug)
+    file=naive_attention.cu
+    from="const bool blocked = sum == 0.0f;"
+    to="const bool blocked = !(sum > 0.0f);" ;;
+  naive_gqa_first_query_head)  # every key/value head's GEMM reads query head 0's group
+    file=naive_attention.cu
+    from="(q_begin * p.q_row_stride + int64_t{g} * group * p.q_head_stride) * esize;"
+    to="(q_begin * p.q_row_stride + int64_t{g} * p.q_head_stride) * esize;" ;;
+  naive_mask_col_stride_ignored)  # a mask broadcast over keys (column stride 0) read as dense
+    file=naive_attention.cu
+    from="mrow[j * mask_col_stride]"
+    to="mrow[j]" ;;
+  value_mean_last_columns_dropped)  # the grid misses the last, partial block of 64 columns
+    file=elementwise.cu
+    from="(v_head_dim + 63) / 64);"
+    to="v_head_dim / 64);" ;;
+  linear_bias_epilogue_dropped)  # the cuBLASLt matmul without its bias epilogue
+    file=linear.cc
+    from="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;"
+    to="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \

@@ -18,75 +18,10 @@
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/dtype.h"
 #include "kernels/reference.h"
+#include "tests/gpu/backend_problem.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
-
-constexpr double kEps = 1e-5;
-
-// A dense problem [B, H, L, D] with its buffers.
-struct Problem {
-  int batch = 1, hq = 1, hkv = 1, lq = 1, lk = 1, d = 64, dv = 64;
-  bool causal = false;
-  std::vector<float> q, k, v, out, weights;
-  std::vector<uint8_t> mask;  // [B, 1, Lq, Lk] broadcast over heads when non-empty
-  std::vector<int32_t> key_lengths;
-
-  AttentionParams Params(bool with_weights) {
-    AttentionParams p;
-    p.batch = batch;
-    p.num_heads = hq;
-    p.num_kv_heads = hkv;
-    p.q_len = lq;
-    p.kv_len = lk;
-    p.head_dim = d;
-    p.v_head_dim = dv;
-    p.q = {q.data(), int64_t{hq} * lq * d, int64_t{lq} * d, d};
-    p.k = {k.data(), int64_t{hkv} * lk * d, int64_t{lk} * d, d};
-    p.v = {v.data(), int64_t{hkv} * lk * dv, int64_t{lk} * dv, dv};
-    out.assign(size_t(batch) * hq * lq * dv, std::nanf(""));  // poison: every element written
-    p.out = {out.data(), int64_t{hq} * lq * dv, int64_t{lq} * dv, dv};
-    if (with_weights) {
-      weights.assign(size_t(batch) * hq * lq * lk, std::nanf(""));
-      p.weights = weights.data();
-    }
-    if (!mask.empty()) p.mask = {mask.data(), int64_t{lq} * lk, 0, lk, 1};
-    p.causal = causal;
-    p.key_lengths = key_lengths.empty() ? nullptr : key_lengths.data();
-    p.scale = 1.0f / std::sqrt(static_cast<float>(d));
-    return p;
-  }
-};
-
-Problem MakeProblem(std::mt19937& rng, int batch, int hq, int hkv, int lq, int lk, int d, int dv) {
-  Problem pr;
-  pr.batch = batch;
-  pr.hq = hq;
-  pr.hkv = hkv;
-  pr.lq = lq;
-  pr.lk = lk;
-  pr.d = d;
-  pr.dv = dv;
-  std::normal_distribution<float> n(0.0f, 1.0f);
-  auto fill = [&](std::vector<float>& x, size_t count) {
-    x.resize(count);
-    for (float& e : x) e = n(rng);
-  };
-  fill(pr.q, size_t(batch) * hq * lq * d);
-  fill(pr.k, size_t(batch) * hkv * lk * d);
-  fill(pr.v, size_t(batch) * hkv * lk * dv);
-  return pr;
-}
-
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& ref) {
-  double m = 0.0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    const double e = std::abs(static_cast<double>(a[i]) - ref[i]);
-    if (std::isnan(e)) return INFINITY;
-    m = std::max(m, e);
-  }
-  return m;
-}
 
 class CudaBackendTest : public ::testing::TestWithParam<ComputeType> {
  protected:

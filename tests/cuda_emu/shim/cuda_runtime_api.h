@@ -9,13 +9,28 @@
 #define ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_RUNTIME_API_H_
 
 #include <cstddef>
+#include <type_traits>
 
 #include "tests/cuda_emu/emu.h"
 
 enum cudaError {
   cudaSuccess = 0,
   cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
   cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorNoDevice = 100,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorECCUncorrectable = 214,
+  cudaErrorIllegalAddress = 700,
+  cudaErrorLaunchTimeout = 702,
+  cudaErrorAssert = 710,
+  cudaErrorHardwareStackError = 714,
+  cudaErrorIllegalInstruction = 715,
+  cudaErrorMisalignedAddress = 716,
+  cudaErrorInvalidAddressSpace = 717,
+  cudaErrorInvalidPc = 718,
+  cudaErrorLaunchFailure = 719,
 };
 typedef enum cudaError cudaError_t;
 typedef struct CUstream_st* cudaStream_t;
@@ -23,6 +38,44 @@ typedef struct CUstream_st* cudaStream_t;
 enum cudaFuncAttribute {
   cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
 };
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+inline constexpr unsigned cudaStreamNonBlocking = 0x01;
+
+// The emulated device (one, device 0): its name says what it is; compute capability 9.0.
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  int major;
+  int minor;
+  int multiProcessorCount;
+};
+
+// Device memory is host memory (exact size, so ASan sees overruns); a copy, a stream
+// synchronisation or an allocation "on a stream" completes before it returns.
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaDeviceReset();
+cudaError_t cudaMalloc(void** ptr, size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t stream);
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t stream);
+cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned flags);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream);
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
 // The last launch error of the calling thread, reset to cudaSuccess by the call.
 cudaError_t cudaGetLastError();
@@ -38,13 +91,27 @@ cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, in
 bool LaunchAllowed(const void* kernel, dim3 grid, dim3 block, size_t smem_bytes);
 
 // kernel<<<grid, block, smem_bytes, stream>>>(args...), which host_cu.sh rewrites .cu files
-// into: every block runs on the emulator before it returns. Arguments are passed by value, as
-// CUDA copies them.
+// into LaunchKernel(KernelLaunch{}, grid, block, smem_bytes, stream, kernel, args...): every
+// block runs on the emulator before it returns. Arguments are passed by value, as CUDA copies
+// them. The tag ranks the two forms: a kernel named as a function, a specialisation or a
+// pointer binds to the first; a function template whose arguments nvcc deduces from the
+// launch's arguments (MaskedSoftmaxKernel<<<...>>>(s, static_cast<__half*>(p), ...)) only to
+// the second, which takes the specialisation whose parameters are the arguments' types (a
+// kernel whose parameters differ from its arguments does not compile here).
+struct DeducedKernelLaunch {};
+struct KernelLaunch : DeducedKernelLaunch {};
+
 template <typename... Params, typename... Args>
-void LaunchKernel(dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
+void LaunchKernel(KernelLaunch, dim3 grid, dim3 block, size_t smem_bytes, cudaStream_t /*stream*/,
                   void (*kernel)(Params...), const Args&... args) {
   if (!LaunchAllowed(reinterpret_cast<const void*>(kernel), grid, block, smem_bytes)) return;
   Launch(grid, block, smem_bytes, [&] { kernel(args...); });
+}
+template <typename... Args>
+void LaunchKernel(DeducedKernelLaunch, dim3 grid, dim3 block, size_t smem_bytes,
+                  cudaStream_t stream, void (*kernel)(std::type_identity_t<Args>...),
+                  const Args&... args) {
+  LaunchKernel(KernelLaunch{}, grid, block, smem_bytes, stream, kernel, args...);
 }
 
 }  // namespace emu

@@ -1,0 +1,129 @@
+// CudaBackend (kernels/cuda/cuda_backend.cc: request packing, the device pool and pinned
+// staging, streams, path selection, the weights copy-back) on the emulated device, with every
+// path it picks: the tensor-core kernel, the generic kernel, the decode path, the plain path
+// (weights, Dv > 256), a packed variable-length group, 16-bit inputs. Small shapes: the
+// emulator starts one host thread per CUDA thread (tests/gpu/cuda_backend_test.cc holds the
+// device-sized cases; of those, the ones without kernels run here too, cuda_backend_emu_test).
+// The bound is the GPU test's: max|fast - ref| <= 2 max|naive - ref| + 1e-5, the naive path
+// being the backend's own weights path in the same operand type.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/dtype.h"
+#include "kernels/reference.h"
+#include "tests/gpu/backend_problem.h"
+
+namespace attnserve::kernels::cuda {
+namespace {
+
+class BackendEmuTest : public testing::TestWithParam<ComputeType> {
+ protected:
+  void SetUp() override {
+    CudaBackendOptions options;
+    options.num_streams = 2;
+    auto b = CudaBackend::Create(options);
+    ASSERT_TRUE(b.ok()) << b.status();
+    backend_ = std::move(*b);
+  }
+
+  // `pr` through the fused paths and the weights path, both against float64.
+  void Check(Problem& pr, const std::string& what) {
+    SCOPED_TRACE(what);
+    const Reference64 ref = ReferenceAttention64(pr.Params(false));
+    ASSERT_TRUE(backend_->AttendAs({pr.Params(false)}, GetParam()).ok());
+    const std::vector<float> fast = pr.out;
+    ASSERT_TRUE(backend_->AttendAs({pr.Params(true)}, GetParam()).ok());
+    const double err_fast = MaxAbsDiff(fast, ref.out);
+    const double err_naive = MaxAbsDiff(pr.out, ref.out);
+    EXPECT_LE(err_fast, 2 * err_naive + kEps) << "fast " << err_fast << " naive " << err_naive;
+    EXPECT_LE(MaxAbsDiff(pr.weights, ref.weights),
+              GetParam() == ComputeType::kFloat16 ? 2e-2 : 6e-2);
+  }
+
+  std::unique_ptr<CudaBackend> backend_;
+};
+
+// The tensor-core kernel (D = Dv = 64, and 24/32 zero-padded) with GQA, causal and a mask with
+// a fully blocked row; the generic kernel (D = 40, Dv = 72); the plain path alone (Dv = 264).
+TEST_P(BackendEmuTest, EveryPrefillPath) {
+  std::mt19937 rng(1);
+  Problem tc = MakeProblem(rng, 2, 2, 1, 9, 21, 64, 64);
+  tc.causal = true;
+  tc.mask.resize(size_t(2) * 9 * 21);
+  for (size_t i = 0; i < tc.mask.size(); ++i) tc.mask[i] = rng() % 3 != 0;
+  for (int j = 0; j < 21; ++j) tc.mask[4 * 21 + j] = 0;
+  Check(tc, "tensor cores, hdim 64");
+  Problem padded = MakeProblem(rng, 1, 2, 2, 7, 13, 24, 32);
+  padded.key_lengths = {5};
+  Check(padded, "tensor cores, hdim 32 padded");
+  Problem generic = MakeProblem(rng, 1, 2, 2, 5, 11, 40, 72);
+  Check(generic, "generic");
+  Problem wide = MakeProblem(rng, 1, 2, 2, 3, 7, 32, 264);
+  Check(wide, "naive only (Dv 264)");
+}
+
+// Decode steps (q_len 1): GQA 4/2, key lengths with 0 (a fully blocked row).
+TEST_P(BackendEmuTest, DecodeSteps) {
+  std::mt19937 rng(2);
+  Problem pr = MakeProblem(rng, 3, 4, 2, 1, 40, 64, 64);
+  pr.key_lengths = {40, 0, 7};
+  Check(pr, "decode");
+}
+
+// Items of different lengths in one call (one packed launch), each against float64, and the
+// bits of one item the same alone and among companions.
+TEST_P(BackendEmuTest, PackedVariableLengthsAreBatchInvariant) {
+  std::mt19937 rng(3);
+  std::vector<Problem> problems;
+  for (int l : {1, 9, 17}) problems.push_back(MakeProblem(rng, 1 + l % 2, 2, 2, l, l + 3, 64, 64));
+  ASSERT_TRUE(backend_->AttendAs({problems[2].Params(false)}, GetParam()).ok());
+  const std::vector<float> alone = problems[2].out;
+  std::vector<AttentionParams> batch;
+  for (Problem& pr : problems) batch.push_back(pr.Params(false));
+  ASSERT_TRUE(backend_->AttendAs(batch, GetParam()).ok());
+  EXPECT_EQ(std::memcmp(alone.data(), problems[2].out.data(), alone.size() * sizeof(float)), 0);
+  for (Problem& pr : problems) {
+    const std::vector<float> fast = pr.out;
+    const Reference64 ref = ReferenceAttention64(pr.Params(false));
+    ASSERT_TRUE(backend_->AttendAs({pr.Params(true)}, GetParam()).ok());
+    EXPECT_LE(MaxAbsDiff(fast, ref.out), 2 * MaxAbsDiff(pr.out, ref.out) + kEps);
+  }
+}
+
+// 16-bit inputs go to the device as they are and give the bits of their float32 values.
+TEST_P(BackendEmuTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
+  const DType dtype = GetParam() == ComputeType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+  std::mt19937 rng(4);
+  Problem pr = MakeProblem(rng, 2, 2, 1, 6, 10, 64, 64);
+  pr.key_lengths = {0, 8};  // the value mean of a fully blocked row
+  std::vector<uint16_t> enc[3];
+  std::vector<float>* x[3] = {&pr.q, &pr.k, &pr.v};
+  for (int n = 0; n < 3; ++n) {
+    enc[n].resize(x[n]->size());
+    FromFloat32(dtype, x[n]->data(), x[n]->size(), enc[n].data());
+    ToFloat32(dtype, enc[n].data(), x[n]->size(), x[n]->data());
+  }
+  ASSERT_TRUE(backend_->AttendAs({pr.Params(false)}, GetParam()).ok());
+  const std::vector<float> out32 = pr.out;
+  AttentionParams p = pr.Params(false);
+  p.input_dtype = dtype;
+  p.q.data = enc[0].data();
+  p.k.data = enc[1].data();
+  p.v.data = enc[2].data();
+  ASSERT_TRUE(backend_->Attend({p}).ok());
+  EXPECT_EQ(std::memcmp(pr.out.data(), out32.data(), out32.size() * sizeof(float)), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, BackendEmuTest,
+                         testing::Values(ComputeType::kFloat16, ComputeType::kBFloat16),
+                         [](const testing::TestParamInfo<ComputeType>& info) {
+                           return std::string(ComputeTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace attnserve::kernels::cuda
