@@ -16,6 +16,7 @@
 #include "kernels/cuda/online_softmax.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/dtype.h"
+#include "kernels/multi_head.h"
 
 namespace attnserve::kernels::cuda {
 
@@ -70,6 +71,43 @@ int64_t MaskExtent(const MaskView& m, int64_t b, int64_t h, int64_t lq, int64_t 
 
 bool MayHaveBlockedRows(bool mask, const int32_t* key_lengths, bool causal, int lq, int lk) {
   return mask || key_lengths != nullptr || (causal && lq > lk);
+}
+
+// Row strides, in elements, of q, k, v and o as a launch lays them out on the device: each row
+// holds one token's heads side by side (head stride = head_dim, or v_head_dim for v and o).
+struct DeviceRows {
+  int64_t q, k, v, o;
+};
+
+// The one place FlashFwdParams is filled from AttentionParams: heads, dims, scale, causal and
+// mask strides from `a` (every item of a launch shares them), the sequences and row strides from
+// the launch. The device pointers (q, k, v, o, sequence tables, mask, v_mean) are left null for
+// the caller to set once its buffers exist.
+FlashFwdParams FlashParamsFor(const AttentionParams& a, int num_seqs, int max_seqlen_q,
+                              DeviceRows rows) {
+  FlashFwdParams fp;
+  fp.num_seqs = num_seqs;
+  fp.max_seqlen_q = max_seqlen_q;
+  fp.num_heads = a.num_heads;
+  fp.num_kv_heads = a.num_kv_heads;
+  fp.head_dim = a.head_dim;
+  fp.v_head_dim = a.v_head_dim;
+  fp.scale = a.scale;
+  fp.scale_log2 = a.scale * kLog2e;
+  fp.causal = a.causal;
+  fp.q_row_stride = rows.q;
+  fp.k_row_stride = rows.k;
+  fp.v_row_stride = rows.v;
+  fp.o_row_stride = rows.o;
+  fp.q_head_stride = fp.k_head_stride = a.head_dim;
+  fp.v_head_stride = fp.o_head_stride = a.v_head_dim;
+  if (a.mask.present()) {
+    fp.mask_batch_stride = a.mask.batch_stride;
+    fp.mask_head_stride = a.mask.head_stride;
+    fp.mask_row_stride = a.mask.row_stride;
+    fp.mask_col_stride = a.mask.col_stride;
+  }
+  return fp;
 }
 
 bool Compatible(const AttentionParams& a, const AttentionParams& b) {
@@ -522,24 +560,10 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
       }
     }
   }
-  FlashFwdParams fp;
-  fp.num_seqs = num_seqs;
-  fp.max_seqlen_q = max_q;
-  fp.num_heads = hq;
-  fp.num_kv_heads = hkv;
-  fp.head_dim = d;
-  fp.v_head_dim = dv;
-  fp.scale = first.scale;
-  fp.scale_log2 = first.scale * kLog2e;
-  fp.causal = first.causal;
-  fp.q_row_stride = int64_t{hq} * d;
-  fp.q_head_stride = d;
-  fp.k_row_stride = int64_t{hkv} * d;
-  fp.k_head_stride = d;
-  fp.v_row_stride = int64_t{hkv} * dv;
-  fp.v_head_stride = dv;
-  fp.o_row_stride = int64_t{hq} * dv;
-  fp.o_head_stride = dv;
+  // Packed [tokens, heads, dim] (below).
+  FlashFwdParams fp =
+      FlashParamsFor(first, num_seqs, max_q,
+                     {int64_t{hq} * d, int64_t{hkv} * d, int64_t{hkv} * dv, int64_t{hq} * dv});
   const bool naive = with_weights || SelectFlashPath(fp) == FlashPath::kUnsupported;
   // Decode steps (one query token per sequence) take the decode path (flash_decode_kernel.h).
   // Compatible() never packs a q_len == 1 item with others, so the choice depends only on the
@@ -561,13 +585,7 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   fp.cu_seqlens_k = fp.cu_seqlens_q + num_seqs + 1;
   fp.key_lengths = any_key_lengths ? fp.cu_seqlens_k + num_seqs + 1 : nullptr;
   fp.v_mean = need_mean ? At<float>(base, d_mean) : nullptr;
-  if (first.mask.present()) {
-    fp.mask = At<uint8_t>(base, d_mask);
-    fp.mask_batch_stride = first.mask.batch_stride;
-    fp.mask_head_stride = first.mask.head_stride;
-    fp.mask_row_stride = first.mask.row_stride;
-    fp.mask_col_stride = first.mask.col_stride;
-  }
+  if (first.mask.present()) fp.mask = At<uint8_t>(base, d_mask);
   cudaStream_t stream = w->stream;
   RETURN_IF_GPU_ERROR(
       CudaCheck(cudaMemcpyAsync(At<int>(base, d_cu), cu_q, (3 * num_seqs + 2) * sizeof(int),
@@ -739,20 +757,15 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
       dev.Add(with_weights ? size_t(p.batch) * h * p.q_len * p.kv_len * sizeof(float) : 0);
   const size_t d_lt = dev.Add(kLtWorkspaceBytes);
 
-  FlashFwdParams fp;
-  fp.num_seqs = num_seqs;
-  fp.max_seqlen_q = p.q_len;
-  fp.num_heads = h;
-  fp.num_kv_heads = h;
-  fp.head_dim = dk;
-  fp.v_head_dim = dk;
-  fp.scale = p.scale;
-  fp.scale_log2 = p.scale * kLog2e;
-  fp.causal = p.causal;
-  fp.q_head_stride = fp.k_head_stride = fp.v_head_stride = dk;
-  fp.q_row_stride = fp.k_row_stride = fp.v_row_stride = self ? 3 * dm : dm;
-  fp.o_row_stride = dm;
-  fp.o_head_stride = dk;
+  // The heads of the projections as HeadAttentionParams splits them for every backend: rows of
+  // the fused [nq, 3 dm] buffer (self-attention) or of three [n, dm] ones, the concatenated
+  // output [nq, dm]. Only its shape is used here; the pointers are device ones, set below.
+  const int64_t proj_ld = self ? 3 * dm : dm;
+  const AttentionParams heads = HeadAttentionParams(
+      p, ProjectedQkv{nullptr, proj_ld, nullptr, proj_ld, nullptr, proj_ld, DType::kFloat32},
+      nullptr, dm);
+  FlashFwdParams fp = FlashParamsFor(
+      heads, num_seqs, p.q_len, {heads.q.row_stride, heads.k.row_stride, heads.v.row_stride, dm});
   // The naive path's workspace is sized before the pointers are known; SelectFlashPath only
   // returns kUnsupported for v_head_dim > 256 here (the buffers are all suitably aligned).
   const bool naive_expected = with_weights || dk > kGenericMaxVHeadDim;
@@ -774,13 +787,7 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   fp.cu_seqlens_k = fp.cu_seqlens_q + num_seqs + 1;
   fp.key_lengths = p.key_lengths != nullptr ? fp.cu_seqlens_k + num_seqs + 1 : nullptr;
   fp.v_mean = need_mean ? At<float>(base, d_mean) : nullptr;
-  if (p.mask.present()) {
-    fp.mask = At<uint8_t>(base, d_mask);
-    fp.mask_batch_stride = p.mask.batch_stride;
-    fp.mask_head_stride = p.mask.head_stride;
-    fp.mask_row_stride = p.mask.row_stride;
-    fp.mask_col_stride = p.mask.col_stride;
-  }
+  if (p.mask.present()) fp.mask = At<uint8_t>(base, d_mask);
   const bool naive = naive_expected;
 
   auto h2d = [&](size_t dev_off, const void* src, size_t bytes, const char* what) {
