@@ -6,6 +6,7 @@
 // device-sized cases; of those, the ones without kernels run here too, cuda_backend_emu_test).
 // The bound is the GPU test's: max|fast - ref| <= 2 max|naive - ref| + 1e-5, the naive path
 // being the backend's own weights path in the same operand type.
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -15,6 +16,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/dtype.h"
+#include "kernels/multi_head.h"
 #include "kernels/reference.h"
 #include "tests/gpu/backend_problem.h"
 
@@ -117,6 +119,57 @@ TEST_P(BackendEmuTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
   p.v.data = enc[2].data();
   ASSERT_TRUE(backend_->Attend({p}).ok());
   EXPECT_EQ(std::memcmp(pr.out.data(), out32.data(), out32.size() * sizeof(float)), 0);
+}
+
+// The module path (RunMultiHead: projections through cuBLASLt, the heads of the projections as
+// HeadAttentionParams splits them, the output projection): self-attention with causal and a
+// [B, 1, Lq, Lk] mask with a fully blocked row (heads of d_k 16, padded to 32), and
+// cross-attention with key lengths (d_k 32), against float64 with the GPU test's bound.
+TEST_P(BackendEmuTest, MultiHeadSelfAndCross) {
+  std::mt19937 rng(5);
+  for (bool self : {true, false}) {
+    const int dm = 64, heads = self ? 4 : 2, batch = 2, lq = 7, lk = self ? 7 : 12;
+    SCOPED_TRACE(self ? "self" : "cross");
+    const MultiHeadWeights m = RandomModule(rng, dm, heads);
+    std::normal_distribution<float> n(0.0f, 1.0f);
+    std::vector<float> xq(size_t(batch) * lq * dm), xk(size_t(batch) * lk * dm),
+        xv(size_t(batch) * lk * dm);
+    for (float& e : xq) e = n(rng);
+    for (float& e : xk) e = n(rng);
+    for (float& e : xv) e = n(rng);
+    std::vector<uint8_t> mask(size_t(batch) * lq * lk);
+    for (uint8_t& e : mask) e = rng() % 4 != 0;
+    for (int j = 0; j < lk; ++j) mask[size_t(1) * lq * lk + 3 * lk + j] = 0;  // (1, 3) blocked
+    const std::vector<int32_t> key_lengths = {lk, 5};
+    std::vector<float> out_fast(xq.size()), out_naive(xq.size()),
+        weights(size_t(batch) * heads * lq * lk);
+    MultiHeadParams p;
+    p.module = &m;
+    p.batch = batch;
+    p.q_len = lq;
+    p.kv_len = lk;
+    p.query = xq.data();
+    p.key = self ? xq.data() : xk.data();
+    p.value = self ? xq.data() : xv.data();
+    p.self_attention = self;
+    p.causal = self;
+    if (self) {
+      p.mask = {mask.data(), int64_t{lq} * lk, 0, lk, 1};
+    } else {
+      p.key_lengths = key_lengths.data();
+    }
+    p.scale = 1.0f / std::sqrt(static_cast<float>(dm / heads));
+    p.out = out_fast.data();
+    const Reference64 ref = ReferenceMultiHead64(p);
+    ASSERT_TRUE(backend_->MultiHeadAs({p}, GetParam()).ok());
+    p.out = out_naive.data();
+    p.weights = weights.data();
+    ASSERT_TRUE(backend_->MultiHeadAs({p}, GetParam()).ok());
+    const double err_fast = MaxAbsDiff(out_fast, ref.out);
+    const double err_naive = MaxAbsDiff(out_naive, ref.out);
+    EXPECT_LE(err_fast, 2 * err_naive + kEps) << "fast " << err_fast << " naive " << err_naive;
+    EXPECT_LE(MaxAbsDiff(weights, ref.weights), GetParam() == ComputeType::kFloat16 ? 2e-2 : 6e-2);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendEmuTest,

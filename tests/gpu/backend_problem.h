@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/attention_params.h"
+#include "kernels/multi_head.h"
 
 namespace attnserve::kernels::cuda {
 
@@ -69,6 +70,23 @@ inline Problem MakeProblem(std::mt19937& rng, int batch, int hq, int hkv, int lq
   fill(pr.k, size_t(batch) * hkv * lk * d);
   fill(pr.v, size_t(batch) * hkv * lk * dv);
   return pr;
+}
+
+// A module of random weights (normal, standard deviation 1/sqrt(d_model)).
+inline MultiHeadWeights RandomModule(std::mt19937& rng, int d_model, int heads) {
+  MultiHeadWeights m;
+  m.d_model = d_model;
+  m.num_heads = heads;
+  std::normal_distribution<float> n(0.0f, 1.0f / std::sqrt(static_cast<float>(d_model)));
+  auto fill = [&](std::vector<float>& x, size_t count) {
+    x.resize(count);
+    for (float& e : x) e = n(rng);
+  };
+  fill(m.w_qkv, size_t(3) * d_model * d_model);
+  fill(m.b_qkv, size_t(3) * d_model);
+  fill(m.w_o, size_t(d_model) * d_model);
+  fill(m.b_o, size_t(d_model));
+  return m;
 }
 
 inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& ref) {

@@ -185,22 +185,6 @@ TEST_P(CudaBackendTest, VariableLengthBatch) {
   }
 }
 
-MultiHeadWeights RandomModule(std::mt19937& rng, int d_model, int heads) {
-  MultiHeadWeights m;
-  m.d_model = d_model;
-  m.num_heads = heads;
-  std::normal_distribution<float> n(0.0f, 1.0f / std::sqrt(static_cast<float>(d_model)));
-  auto fill = [&](std::vector<float>& x, size_t count) {
-    x.resize(count);
-    for (float& e : x) e = n(rng);
-  };
-  fill(m.w_qkv, size_t(3) * d_model * d_model);
-  fill(m.b_qkv, size_t(3) * d_model);
-  fill(m.w_o, size_t(d_model) * d_model);
-  fill(m.b_o, size_t(d_model));
-  return m;
-}
-
 TEST_P(CudaBackendTest, MultiHeadSelfAndCross) {
   std::mt19937 rng(9);
   for (bool self : {true, false}) {
