@@ -128,47 +128,25 @@ TEST_P(BackendEmuTest, SixteenBitInputsGiveTheBitsOfTheirFloat32Values) {
 TEST_P(BackendEmuTest, MultiHeadSelfAndCross) {
   std::mt19937 rng(5);
   for (bool self : {true, false}) {
-    const int dm = 64, heads = self ? 4 : 2, batch = 2, lq = 7, lk = self ? 7 : 12;
     SCOPED_TRACE(self ? "self" : "cross");
-    const MultiHeadWeights m = RandomModule(rng, dm, heads);
-    std::normal_distribution<float> n(0.0f, 1.0f);
-    std::vector<float> xq(size_t(batch) * lq * dm), xk(size_t(batch) * lk * dm),
-        xv(size_t(batch) * lk * dm);
-    for (float& e : xq) e = n(rng);
-    for (float& e : xk) e = n(rng);
-    for (float& e : xv) e = n(rng);
-    std::vector<uint8_t> mask(size_t(batch) * lq * lk);
-    for (uint8_t& e : mask) e = rng() % 4 != 0;
-    for (int j = 0; j < lk; ++j) mask[size_t(1) * lq * lk + 3 * lk + j] = 0;  // (1, 3) blocked
-    const std::vector<int32_t> key_lengths = {lk, 5};
-    std::vector<float> out_fast(xq.size()), out_naive(xq.size()),
-        weights(size_t(batch) * heads * lq * lk);
-    MultiHeadParams p;
-    p.module = &m;
-    p.batch = batch;
-    p.q_len = lq;
-    p.kv_len = lk;
-    p.query = xq.data();
-    p.key = self ? xq.data() : xk.data();
-    p.value = self ? xq.data() : xv.data();
-    p.self_attention = self;
-    p.causal = self;
+    const MultiHeadWeights m = RandomModule(rng, 64, self ? 4 : 2);
+    MultiHeadProblem pr = MakeMultiHeadProblem(rng, m, 2, 7, 12, self);
     if (self) {
-      p.mask = {mask.data(), int64_t{lq} * lk, 0, lk, 1};
+      pr.mask.resize(size_t(2) * 7 * 7);
+      for (uint8_t& e : pr.mask) e = rng() % 4 != 0;
+      for (int j = 0; j < 7; ++j) pr.mask[size_t(1) * 7 * 7 + 3 * 7 + j] = 0;  // (1, 3) blocked
     } else {
-      p.key_lengths = key_lengths.data();
+      pr.key_lengths = {12, 5};
     }
-    p.scale = 1.0f / std::sqrt(static_cast<float>(dm / heads));
-    p.out = out_fast.data();
-    const Reference64 ref = ReferenceMultiHead64(p);
-    ASSERT_TRUE(backend_->MultiHeadAs({p}, GetParam()).ok());
-    p.out = out_naive.data();
-    p.weights = weights.data();
-    ASSERT_TRUE(backend_->MultiHeadAs({p}, GetParam()).ok());
-    const double err_fast = MaxAbsDiff(out_fast, ref.out);
-    const double err_naive = MaxAbsDiff(out_naive, ref.out);
+    const Reference64 ref = ReferenceMultiHead64(pr.Params(false));
+    ASSERT_TRUE(backend_->MultiHeadAs({pr.Params(false)}, GetParam()).ok());
+    const std::vector<float> fast = pr.out;
+    ASSERT_TRUE(backend_->MultiHeadAs({pr.Params(true)}, GetParam()).ok());
+    const double err_fast = MaxAbsDiff(fast, ref.out);
+    const double err_naive = MaxAbsDiff(pr.out, ref.out);
     EXPECT_LE(err_fast, 2 * err_naive + kEps) << "fast " << err_fast << " naive " << err_naive;
-    EXPECT_LE(MaxAbsDiff(weights, ref.weights), GetParam() == ComputeType::kFloat16 ? 2e-2 : 6e-2);
+    EXPECT_LE(MaxAbsDiff(pr.weights, ref.weights),
+              GetParam() == ComputeType::kFloat16 ? 2e-2 : 6e-2);
   }
 }
 

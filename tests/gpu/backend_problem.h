@@ -89,6 +89,61 @@ inline MultiHeadWeights RandomModule(std::mt19937& rng, int d_model, int heads) 
   return m;
 }
 
+// A multi-head problem over `module`: inputs [B, L, d_model] (self-attention: key and value
+// are the query), causal when self-attention, and its buffers.
+struct MultiHeadProblem {
+  const MultiHeadWeights* module = nullptr;
+  int batch = 1, lq = 1, lk = 1;
+  bool self = true;
+  std::vector<float> xq, xk, xv, out, weights;
+  std::vector<uint8_t> mask;  // [B, 1, Lq, Lk] broadcast over heads when non-empty
+  std::vector<int32_t> key_lengths;
+
+  MultiHeadParams Params(bool with_weights) {
+    MultiHeadParams p;
+    p.module = module;
+    p.batch = batch;
+    p.q_len = lq;
+    p.kv_len = lk;
+    p.query = xq.data();
+    p.key = self ? xq.data() : xk.data();
+    p.value = self ? xq.data() : xv.data();
+    p.self_attention = self;
+    p.causal = self;
+    out.assign(xq.size(), std::nanf(""));  // poison: every element written
+    p.out = out.data();
+    if (with_weights) {
+      weights.assign(size_t(batch) * module->num_heads * lq * lk, std::nanf(""));
+      p.weights = weights.data();
+    }
+    if (!mask.empty()) p.mask = {mask.data(), int64_t{lq} * lk, 0, lk, 1};
+    p.key_lengths = key_lengths.empty() ? nullptr : key_lengths.data();
+    p.scale = 1.0f / std::sqrt(static_cast<float>(module->head_dim()));
+    return p;
+  }
+};
+
+inline MultiHeadProblem MakeMultiHeadProblem(std::mt19937& rng, const MultiHeadWeights& m,
+                                             int batch, int lq, int lk, bool self) {
+  MultiHeadProblem pr;
+  pr.module = &m;
+  pr.batch = batch;
+  pr.lq = lq;
+  pr.lk = self ? lq : lk;
+  pr.self = self;
+  std::normal_distribution<float> n(0.0f, 1.0f);
+  auto fill = [&](std::vector<float>& x, size_t count) {
+    x.resize(count);
+    for (float& e : x) e = n(rng);
+  };
+  fill(pr.xq, size_t(batch) * lq * m.d_model);
+  if (!self) {
+    fill(pr.xk, size_t(batch) * lk * m.d_model);
+    fill(pr.xv, size_t(batch) * lk * m.d_model);
+  }
+  return pr;
+}
+
 inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>& ref) {
   double m = 0.0;
   for (size_t i = 0; i < a.size(); ++i) {

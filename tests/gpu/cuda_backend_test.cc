@@ -189,35 +189,14 @@ TEST_P(CudaBackendTest, MultiHeadSelfAndCross) {
   std::mt19937 rng(9);
   for (bool self : {true, false}) {
     for (int heads : {4, 8}) {  // d_k = 128 and 64
-      const int dm = 512, batch = 2, lq = 100, lk = self ? 100 : 150;
-      const MultiHeadWeights m = RandomModule(rng, dm, heads);
-      std::normal_distribution<float> n(0.0f, 1.0f);
-      std::vector<float> xq(size_t(batch) * lq * dm), xk(size_t(batch) * lk * dm),
-          xv(size_t(batch) * lk * dm);
-      for (float& e : xq) e = n(rng);
-      for (float& e : xk) e = n(rng);
-      for (float& e : xv) e = n(rng);
-      std::vector<float> out_fast(xq.size()), out_naive(xq.size()),
-          weights(size_t(batch) * heads * lq * lk);
-      MultiHeadParams p;
-      p.module = &m;
-      p.batch = batch;
-      p.q_len = lq;
-      p.kv_len = lk;
-      p.query = xq.data();
-      p.key = self ? xq.data() : xk.data();
-      p.value = self ? xq.data() : xv.data();
-      p.self_attention = self;
-      p.causal = self;
-      p.scale = 1.0f / std::sqrt(static_cast<float>(dm / heads));
-      p.out = out_fast.data();
-      const Reference64 ref = ReferenceMultiHead64(p);
-      ASSERT_TRUE(backend_->MultiHeadAs({p}, GetParam()).ok());
-      p.out = out_naive.data();
-      p.weights = weights.data();
-      ASSERT_TRUE(backend_->MultiHeadAs({p}, GetParam()).ok());
-      const double err_fast = MaxAbsDiff(out_fast, ref.out);
-      const double err_naive = MaxAbsDiff(out_naive, ref.out);
+      const MultiHeadWeights m = RandomModule(rng, 512, heads);
+      MultiHeadProblem pr = MakeMultiHeadProblem(rng, m, 2, 100, 150, self);
+      const Reference64 ref = ReferenceMultiHead64(pr.Params(false));
+      ASSERT_TRUE(backend_->MultiHeadAs({pr.Params(false)}, GetParam()).ok());
+      const std::vector<float> fast = pr.out;
+      ASSERT_TRUE(backend_->MultiHeadAs({pr.Params(true)}, GetParam()).ok());
+      const double err_fast = MaxAbsDiff(fast, ref.out);
+      const double err_naive = MaxAbsDiff(pr.out, ref.out);
       EXPECT_LE(err_fast, 2 * err_naive + kEps)
           << "self " << self << " heads " << heads << ": " << err_fast << " vs " << err_naive;
     }
