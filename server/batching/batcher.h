@@ -264,10 +264,11 @@ class Batcher {
     return RunNowOrSchedule(key, task, process_batch_, why);
   }
   // The same, but a task computed here goes to `compute_here` (on this thread) instead of
-  // process_batch, which must answer it, as process_batch would. The slot is held only while
-  // compute_here runs: a caller that computes in it and answers after this returns frees the
-  // slot for the next task while it answers (sending an answer costs a tiny request more than
-  // its arithmetic: tests/bench/SERVING.md).
+  // process_batch. It takes the batch, so the caller owns the answer: compute_here may answer it
+  // or keep it for the caller to answer after this returns (the dispatcher does). The slot is
+  // held only while compute_here runs, so answering afterwards frees the slot for the next task
+  // while the answer is sent (sending costs a tiny request more than its arithmetic:
+  // tests/bench/SERVING.md).
   absl::Status RunNowOrSchedule(const Key& key, std::unique_ptr<Task>* task,
                                 absl::FunctionRef<void(const Key& key, Batch batch)> compute_here,
                                 DropReason* why = nullptr) ABSL_LOCKS_EXCLUDED(mu_) {
