@@ -10,8 +10,12 @@
 #include <random>
 #include <vector>
 
+#include "gtest/gtest.h"
 #include "kernels/attention_params.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/flash_params.h"
 #include "kernels/multi_head.h"
+#include "kernels/reference.h"
 
 namespace attnserve::kernels::cuda {
 
@@ -152,6 +156,35 @@ inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>&
     m = std::max(m, e);
   }
   return m;
+}
+
+// The bound the fused paths are held to: max|fast - ref| <= 2 max|naive - ref| + kEps, the naive
+// path being the backend's own weights path in the same operand type.
+inline ::testing::AssertionResult WithinNaiveBound(const std::vector<float>& fast,
+                                                   const std::vector<float>& naive,
+                                                   const std::vector<double>& ref) {
+  const double err_fast = MaxAbsDiff(fast, ref);
+  const double err_naive = MaxAbsDiff(naive, ref);
+  if (err_fast <= 2 * err_naive + kEps) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "fast " << err_fast << " naive " << err_naive;
+}
+
+// Largest error of the weights path's weights against float64: softmax outputs in float32 of
+// scores from 16-bit operands.
+inline double WeightsTolerance(ComputeType type) {
+  return type == ComputeType::kFloat16 ? 2e-2 : 6e-2;
+}
+
+// `pr` through the backend's fused path, then its weights path (both in `type`), against
+// float64: the fused output within WithinNaiveBound, the weights within WeightsTolerance. pr.out
+// and pr.weights are left as the weights path wrote them.
+inline void CheckAgainstReference(CudaBackend& backend, ComputeType type, Problem& pr) {
+  const Reference64 ref = ReferenceAttention64(pr.Params(false));
+  ASSERT_TRUE(backend.AttendAs({pr.Params(false)}, type).ok());
+  const std::vector<float> fast = pr.out;
+  ASSERT_TRUE(backend.AttendAs({pr.Params(true)}, type).ok());
+  EXPECT_TRUE(WithinNaiveBound(fast, pr.out, ref.out));
+  EXPECT_LE(MaxAbsDiff(pr.weights, ref.weights), WeightsTolerance(type));
 }
 
 }  // namespace attnserve::kernels::cuda
