@@ -35,6 +35,10 @@ enum class MaskLayout {
   kBlockedTiles,   // whole key tiles blocked for every row, and a fully blocked row
   kAllBlocked,     // nothing allowed: every row attends uniformly
 };
+// Every layout but kNone, for the tests that sweep them all.
+inline constexpr MaskLayout kMaskLayouts[] = {MaskLayout::kPerHead,      MaskLayout::kBroadcastHead,
+                                              MaskLayout::kKeyPadding,   MaskLayout::kBroadcastKeys,
+                                              MaskLayout::kBlockedTiles, MaskLayout::kAllBlocked};
 
 struct Seq {
   int q_len;

@@ -270,9 +270,7 @@ TEST_P(FlashEmuTest, KeyLengths) {
 }
 
 TEST_P(FlashEmuTest, MaskLayouts) {
-  for (MaskLayout m :
-       {MaskLayout::kPerHead, MaskLayout::kBroadcastHead, MaskLayout::kKeyPadding,
-        MaskLayout::kBroadcastKeys, MaskLayout::kBlockedTiles, MaskLayout::kAllBlocked}) {
+  for (MaskLayout m : kMaskLayouts) {
     Case c = Base("mask" + std::to_string(static_cast<int>(m)));
     // 81 keys: mask rows (and the second sequence's mask) start at every byte offset within a
     // word, which the tensor-core kernel's word copies of the mask tile must undo.

@@ -128,9 +128,7 @@ TEST_P(NaiveAttentionEmuTest, KeyLengths) {
 // The six mask layouts of flash_emu_test (per head with blocked rows, broadcast over heads,
 // key padding, broadcast over keys (column stride 0), blocked key ranges, all blocked).
 TEST_P(NaiveAttentionEmuTest, MaskLayouts) {
-  for (MaskLayout m :
-       {MaskLayout::kPerHead, MaskLayout::kBroadcastHead, MaskLayout::kKeyPadding,
-        MaskLayout::kBroadcastKeys, MaskLayout::kBlockedTiles, MaskLayout::kAllBlocked}) {
+  for (MaskLayout m : kMaskLayouts) {
     Case c = Base("mask" + std::to_string(static_cast<int>(m)));
     c.seqs = m == MaskLayout::kBlockedTiles ? std::vector<Seq>{{4, 301}}
                                             : std::vector<Seq>{{6, 81}, {3, 33}};
