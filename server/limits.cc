@@ -9,7 +9,9 @@ namespace attnserve::server {
 
 int GrpcReceiveLimit(const Limits& limits) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();
-  return static_cast<int>(std::min(kMax, std::max<int64_t>(limits.max_message_bytes, 0) * 2));
+  // Clamped before doubling, so that a flag value near INT64_MAX cannot overflow.
+  const int64_t bytes = std::clamp<int64_t>(limits.max_message_bytes, 0, kMax);
+  return static_cast<int>(std::min(kMax, 2 * bytes));
 }
 
 absl::Status CheckMessageSize(const Limits& limits, int64_t bytes, absl::string_view what) {

@@ -4,6 +4,7 @@
 // protocol's edge cases (duplicate ids, unparseable messages, empty items). A gated backend
 // makes every ordering deterministic; no test depends on a timing window.
 #include <chrono>
+#include <limits>
 #include <map>
 #include <string>
 #include <thread>
@@ -309,6 +310,16 @@ TEST_F(CallLifecycleTest, AMessageOverTheSizeLimitIsRefusedNamingTheFlagAndCount
   EXPECT_THAT(ended.error_message(), HasSubstr("message 2 of the stream"));
   EXPECT_THAT(ended.error_message(), HasSubstr("(--max_message_bytes)"));
   EXPECT_EQ(Requests("AttentionStream", "RESOURCE_EXHAUSTED"), 1);
+}
+
+TEST(LimitsTest, GrpcIsToldTwiceTheMessageLimitAtMostIntMax) {
+  server::Limits limits;
+  limits.max_message_bytes = 4096;
+  EXPECT_EQ(server::GrpcReceiveLimit(limits), 8192);
+  limits.max_message_bytes = std::numeric_limits<int>::max() / 2 + 1;
+  EXPECT_EQ(server::GrpcReceiveLimit(limits), std::numeric_limits<int>::max());
+  limits.max_message_bytes = std::numeric_limits<int64_t>::max();  // no overflow (UBSan)
+  EXPECT_EQ(server::GrpcReceiveLimit(limits), std::numeric_limits<int>::max());
 }
 
 // Beyond twice the limit gRPC refuses the message before the server sees it: the caller gets
