@@ -22,6 +22,7 @@
 #include "absl/types/span.h"
 #include "kernels/attention_params.h"
 #include "kernels/multi_head.h"
+#include "kernels/page_store.h"
 #include "kernels/paged_attention_params.h"
 
 namespace attnserve::kernels {
@@ -62,10 +63,15 @@ class Backend {
   virtual absl::Status Attend(absl::Span<const AttentionParams> batch) = 0;
   virtual absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) = 0;
   // Attention of the sequences' new queries over their paged KV caches (decode sessions;
-  // paged_attention_params.h), writing p.out (and p.lse when non-null). The pages are in host
-  // memory. Same contract as Attend: REQUIRES a valid p; non-OK only for failures of the backend
-  // itself. The default is the reference (ReferencePagedAttention, float64 arithmetic).
+  // paged_attention_params.h), writing p.out (and p.lse when non-null). The pages are in
+  // p.store when it is set (a store of this backend's NewPageStore), else in host memory; every
+  // other pointer of p is host memory. Same contract as Attend: REQUIRES a valid p; non-OK only
+  // for failures of the backend itself. The default is the reference (ReferencePagedAttention,
+  // float64 arithmetic), which REQUIRES host pages.
   virtual absl::Status PagedAttention(const PagedAttentionParams& p);
+  // Memory for the pages of one layout, where this backend's PagedAttention reads them best
+  // (page_store.h). The default is host memory (NewHostPageStore).
+  virtual absl::StatusOr<std::unique_ptr<PageStore>> NewPageStore(const PageStoreShape& shape);
 };
 
 }  // namespace attnserve::kernels

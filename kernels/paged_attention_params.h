@@ -40,6 +40,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/page_store.h"
 
 namespace attnserve::kernels {
 
@@ -60,6 +61,10 @@ struct PagedAttentionParams {
   DType dtype = DType::kFloat32;
   const void* k_pages = nullptr;
   const void* v_pages = nullptr;
+  // The store k_pages and v_pages belong to (its k_base(), v_base()), or nullptr for host
+  // memory of the caller's. A device store's pages are device addresses: only the backend that
+  // made it computes on them (Backend::PagedAttention).
+  const PageStore* store = nullptr;
 
   // Per sequence (num_seqs entries each; page_table has num_seqs * max_pages_per_seq).
   const int32_t* page_table = nullptr;

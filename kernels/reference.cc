@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/dtype.h"
 
 namespace attnserve::kernels {
@@ -323,8 +324,16 @@ void ReferencePagedAttention(const PagedAttentionParams& p) {
 }
 
 absl::Status Backend::PagedAttention(const PagedAttentionParams& p) {
+  if (p.store != nullptr && p.store->on_device()) {
+    return absl::InternalError(
+        absl::StrCat("backend ", name(), " cannot read KV pages held on a device"));
+  }
   ReferencePagedAttention(p);
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<PageStore>> Backend::NewPageStore(const PageStoreShape& shape) {
+  return NewHostPageStore(shape);
 }
 
 }  // namespace attnserve::kernels

@@ -196,6 +196,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
 
   sessions::SessionOptions session_options = options.sessions;
   session_options.max_session_tokens = options.limits.max_sequence_length;
+  session_options.backend = host->backend_.get();  // the pages live where it computes
   auto manager = sessions::SessionManager::Create(session_options, metrics);
   if (!manager.ok()) return manager.status();
   host->sessions_ = *std::move(manager);

@@ -41,6 +41,7 @@ struct CombineTask {
 }  // namespace
 
 absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
+  if (p.store != nullptr && p.store->on_device()) return Backend::PagedAttention(p);  // refuses
   const PagedAttentionKernel& k = paged_kernel_;
   auto splits_of = [&](int s) { return (p.kv_lens[s] + kPagedSplitKeys - 1) / kPagedSplitKeys; };
   auto split_parallel = [&](int s) { return p.q_lens[s] <= kSplitRowsMax && splits_of(s) > 1; };

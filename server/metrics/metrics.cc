@@ -180,8 +180,10 @@ Metrics::Metrics(const MetricsOptions& options)
                                 "Pages of the session KV pool held by more than one session.");
   sessions_active_ = gauge("attnserve_sessions_active", "Open decode sessions.");
   auto& lost = Build<Counter>(r, "attnserve_sessions_lost_total",
-                              "Decode sessions lost, by reason (evicted, expired).");
-  sessions_lost_ = {&lost.Add({{"reason", "evicted"}}), &lost.Add({{"reason", "expired"}})};
+                              "Decode sessions lost, by reason (evicted, expired, device_reset: "
+                              "their KV pages were on a device the backend re-initialised).");
+  sessions_lost_ = {&lost.Add({{"reason", "evicted"}}), &lost.Add({{"reason", "expired"}}),
+                    &lost.Add({{"reason", "device_reset"}})};
   auto& appended = Build<Counter>(r, "attnserve_session_tokens_appended_total",
                                   "Tokens appended to decode sessions, by phase (an extend of "
                                   "one token is a decode step, longer ones prefills).");
@@ -323,7 +325,7 @@ void Metrics::SetSessionPool(const SessionPool& pool) {
 }
 
 void Metrics::RecordSessionLost(std::string_view reason) {
-  sessions_lost_[reason == "evicted" ? 0 : 1]->Increment();
+  sessions_lost_[reason == "evicted" ? 0 : reason == "expired" ? 1 : 2]->Increment();
 }
 
 void Metrics::RecordSessionTokens(std::string_view phase, int64_t tokens) {

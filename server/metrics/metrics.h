@@ -47,7 +47,7 @@
 //   attnserve_session_pool_tokens        gauge                  tokens cached (shared once)
 //   attnserve_session_pages_shared       gauge                  pages held by several sessions
 //   attnserve_sessions_active            gauge                  open sessions
-//   attnserve_sessions_lost_total        counter   {reason}     evicted / expired
+//   attnserve_sessions_lost_total        counter   {reason}     evicted / expired / device_reset
 //   attnserve_session_tokens_appended_total counter {phase}     prefill / decode tokens
 //   attnserve_session_extend_duration_seconds histogram {phase} compute time of an extend's
 //                                                                 batch (per extend)
@@ -301,7 +301,7 @@ class Metrics {
   prometheus::Gauge* session_tokens_;
   prometheus::Gauge* session_pages_shared_;
   prometheus::Gauge* sessions_active_;
-  std::array<prometheus::Counter*, 2> sessions_lost_;            // evicted, expired
+  std::array<prometheus::Counter*, 3> sessions_lost_;            // evicted, expired, device_reset
   std::array<prometheus::Counter*, 2> session_tokens_appended_;  // prefill, decode
   std::array<prometheus::Histogram*, 2> session_extend_duration_;
 

@@ -1,67 +1,12 @@
 #include "server/sessions/kv_pool.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 
 namespace attnserve::server::sessions {
-namespace {
-
-// Transparent huge pages: the decode kernel reads a sequence's pages scattered through the
-// arena, one run of a few KiB per page, so with 4 KiB memory pages nearly every run is a TLB
-// miss (a two-level walk in a VM). 2 MiB pages cover the arena with a few hundred TLB entries;
-// tests/bench/DECODE.md has the kernel with and without them.
-constexpr int64_t kHugePage = int64_t{2} << 20;
-
-// The system's page size: munmap and madvise work in whole pages of it.
-int64_t SystemPageBytes() {
-  static const int64_t bytes = sysconf(_SC_PAGESIZE);
-  return bytes;
-}
-
-// The range starts on a 2 MiB boundary (so that every whole 2 MiB of it can be a huge page) and
-// is advised MADV_HUGEPAGE; the kernel gives small pages where it has no huge ones, and where
-// transparent huge pages are off.
-uint8_t* Reserve(int64_t bytes) {
-  if (bytes == 0) return nullptr;
-  const size_t padded = static_cast<size_t>(bytes + kHugePage);
-  void* raw = mmap(nullptr, padded, PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (raw == MAP_FAILED) return nullptr;
-  uint8_t* const begin = static_cast<uint8_t*>(raw);
-  const uintptr_t at = reinterpret_cast<uintptr_t>(begin);
-  uint8_t* const p = begin + ((kHugePage - at % kHugePage) % kHugePage);
-  // The tail is cut at a system page boundary (munmap takes whole pages; ~Arena unmaps `bytes`
-  // from p, which the system rounds up the same way).
-  const int64_t system_page = SystemPageBytes();
-  uint8_t* const keep_end = p + (bytes + system_page - 1) / system_page * system_page;
-  uint8_t* const end = begin + padded;
-  if (p > begin) munmap(begin, static_cast<size_t>(p - begin));
-  if (end > keep_end) munmap(keep_end, static_cast<size_t>(end - keep_end));
-  madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
-  return p;
-}
-
-// Hands a freed page's memory back to the system when it covers whole system pages. Inside a
-// huge page this splits it (the rest stays resident in small pages until the kernel's
-// khugepaged merges them again): resident memory follows the accounting first.
-void Discard(uint8_t* p, int64_t bytes) {
-  if (bytes > 0 && bytes % SystemPageBytes() == 0)
-    madvise(p, static_cast<size_t>(bytes), MADV_DONTNEED);
-}
-
-}  // namespace
-
-Arena::~Arena() {
-  if (k_base_ != nullptr) munmap(k_base_, static_cast<size_t>(capacity_ * k_page_bytes_));
-  if (v_base_ != nullptr) munmap(v_base_, static_cast<size_t>(capacity_ * v_page_bytes_));
-}
-
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(int64_t pool_bytes, int page_tokens,
-                                                       int max_layouts) {
+                                                       int max_layouts, StoreFactory new_store) {
   if (pool_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("session_pool_bytes must be positive; was ", pool_bytes));
@@ -74,12 +19,15 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(int64_t pool_bytes, int p
     return absl::InvalidArgumentError(
         absl::StrCat("max_layouts must be positive; was ", max_layouts));
   }
-  return std::unique_ptr<KvPool>(new KvPool(pool_bytes, page_tokens, max_layouts));
+  if (new_store == nullptr) new_store = kernels::NewHostPageStore;
+  return std::unique_ptr<KvPool>(
+      new KvPool(pool_bytes, page_tokens, max_layouts, std::move(new_store)));
 }
 
 int64_t KvPool::pages_used() const {
   int64_t n = 0;
   for (const auto& [layout, arena] : arenas_) n += arena->pages_used_;
+  for (const auto& arena : retired_) n += arena->pages_used_;
   return n;
 }
 
@@ -96,8 +44,13 @@ int64_t KvPool::pages_total() const {
 absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
   auto it = arenas_.find(layout);
   if (it != arenas_.end()) {
-    ++it->second->users_;
-    return it->second.get();
+    if (!it->second->store_->lost()) {
+      ++it->second->users_;
+      return it->second.get();
+    }
+    // Its sessions are being dropped (SessionManager::DropLostLocked); new ones get new memory.
+    retired_.push_back(std::move(it->second));
+    arenas_.erase(it);
   }
   const int64_t k_bytes = layout.k_page_bytes(page_tokens_);
   const int64_t v_bytes = layout.v_page_bytes(page_tokens_);
@@ -117,13 +70,16 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
   arena->v_page_bytes_ = v_bytes;
   arena->capacity_ =
       static_cast<int32_t>(std::min<int64_t>(pool_bytes_ / (k_bytes + v_bytes), INT32_MAX));
-  arena->k_base_ = Reserve(arena->capacity_ * k_bytes);
-  arena->v_base_ = Reserve(arena->capacity_ * v_bytes);
-  if ((k_bytes > 0 && arena->k_base_ == nullptr) || (v_bytes > 0 && arena->v_base_ == nullptr)) {
-    return absl::InternalError(absl::StrCat("cannot reserve ",
-                                            arena->capacity_ * (k_bytes + v_bytes),
-                                            " bytes of address space for the session pool"));
-  }
+  kernels::PageStoreShape shape;
+  shape.num_kv_heads = layout.num_kv_heads;
+  shape.head_dim = layout.head_dim;
+  shape.v_head_dim = layout.v_head_dim;
+  shape.page_size = page_tokens_;
+  shape.dtype = layout.dtype;
+  shape.capacity = arena->capacity_;
+  auto store = new_store_(shape);
+  if (!store.ok()) return store.status();
+  arena->store_ = *std::move(store);
   arena->users_ = 1;
   Arena* raw = arena.get();
   arenas_.emplace(layout, std::move(arena));
@@ -131,8 +87,26 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
 }
 
 void KvPool::Release(Arena* arena) {
-  if (--arena->users_ > 0 || arena->pages_used_ > 0) return;
-  arenas_.erase(arena->layout_);
+  --arena->users_;
+  MaybeFree(arena);
+}
+
+void KvPool::MaybeFree(Arena* arena) {
+  if (arena->users_ > 0 || arena->pages_used_ > 0) return;
+  auto it = arenas_.find(arena->layout_);
+  if (it != arenas_.end() && it->second.get() == arena) {
+    arenas_.erase(it);
+    return;
+  }
+  retired_.erase(std::find_if(retired_.begin(), retired_.end(),
+                              [arena](const auto& r) { return r.get() == arena; }));
+}
+
+bool KvPool::AnyLost() const {
+  for (const auto& [layout, arena] : arenas_) {
+    if (arena->store_->lost()) return true;
+  }
+  return false;
 }
 
 bool KvPool::Allocate(Arena* arena, int64_t n, std::vector<int32_t>* pages) {
@@ -159,12 +133,11 @@ void KvPool::Ref(Arena* arena, int32_t page) { ++arena->refs_[page]; }
 
 void KvPool::Unref(Arena* arena, int32_t page) {
   if (--arena->refs_[page] > 0) return;
-  Discard(arena->k_page(page), arena->k_page_bytes_);
-  Discard(arena->v_page(page), arena->v_page_bytes_);
+  arena->store_->Discard(page);
   arena->free_.push_back(page);
   --arena->pages_used_;
   bytes_used_ -= arena->page_bytes();
-  if (arena->users_ == 0 && arena->pages_used_ == 0) arenas_.erase(arena->layout_);
+  MaybeFree(arena);
 }
 
 }  // namespace attnserve::server::sessions

@@ -1,15 +1,15 @@
-// The paged KV pool of decode sessions: K and V pages in host memory, in the layout
+// The paged KV pool of decode sessions: K and V pages in the layout
 // kernels/paged_attention_params.h defines (HND within a page), refcounted so that forks share
 // pages copy-on-write.
 //
 // The pool is a budget of `pool_bytes` shared by every head layout. Pages of one layout (kv
-// heads, head dims, cache dtype) live in an arena of their own: two address ranges (K and V)
-// reserved with mmap at the arena's first use, each big enough for the whole budget, so page
-// indices are stable and one PagedAttentionParams can address every page of the layout from
-// two base pointers. The ranges are 2 MiB-aligned and advised for transparent huge pages (the
-// decode kernel's reads are scattered over the arena: fewer TLB misses). Memory is touched only
-// as pages are used; a freed page is handed back to the system (madvise) when its size is a
-// multiple of the system page, so resident memory follows the accounting.
+// heads, head dims, cache dtype) live in an arena of their own, whose memory is a
+// kernels::PageStore made at the arena's first use by the pool's StoreFactory: the backend's
+// (host memory for CPU backends, device memory for CUDA), or host memory by default. A store
+// holds as many pages as the whole budget would, so page indices are stable and one
+// PagedAttentionParams addresses every page of the layout from two base pointers. A host store
+// is touched only as pages are used and hands freed pages back (page_store.h); a device store
+// is allocated whole, so on CUDA each layout in use holds pool_bytes of device memory.
 //
 // Accounting is exact: bytes_used() is the sum over arenas of pages held times the layout's
 // page bytes (K and V), and an allocation that would take it over pool_bytes fails.
@@ -20,12 +20,14 @@
 #define ATTNSERVE_SERVER_SESSIONS_KV_POOL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
+#include "kernels/page_store.h"
 
 namespace attnserve::server::sessions {
 
@@ -58,14 +60,10 @@ struct PageLayout {
 // The pages of one layout.
 class Arena {
  public:
-  ~Arena();
   const PageLayout& layout() const { return layout_; }
   int64_t page_bytes() const { return k_page_bytes_ + v_page_bytes_; }
-  // Base pointers of the K and V pages (PagedAttentionParams::k_pages, v_pages).
-  void* k_base() const { return k_base_; }
-  void* v_base() const { return v_base_; }
-  uint8_t* k_page(int32_t page) const { return k_base_ + page * k_page_bytes_; }
-  uint8_t* v_page(int32_t page) const { return v_base_ + page * v_page_bytes_; }
+  // The pages' memory (PagedAttentionParams::store, k_pages, v_pages).
+  kernels::PageStore* store() const { return store_.get(); }
   int64_t k_page_bytes() const { return k_page_bytes_; }
   int64_t v_page_bytes() const { return v_page_bytes_; }
   // References to `page` (sessions holding it).
@@ -78,9 +76,8 @@ class Arena {
 
   PageLayout layout_;
   int64_t k_page_bytes_ = 0, v_page_bytes_ = 0;
-  int32_t capacity_ = 0;  // pages the reserved ranges hold
-  uint8_t* k_base_ = nullptr;
-  uint8_t* v_base_ = nullptr;
+  int32_t capacity_ = 0;  // pages the store holds
+  std::unique_ptr<kernels::PageStore> store_;
   int32_t next_unused_ = 0;    // pages below it have been handed out at least once
   std::vector<int32_t> free_;  // freed pages, reused first
   std::vector<int32_t> refs_;  // per page below next_unused_
@@ -90,10 +87,15 @@ class Arena {
 
 class KvPool {
  public:
+  // Makes the memory of an arena (Backend::NewPageStore, or kernels::NewHostPageStore).
+  using StoreFactory = std::function<absl::StatusOr<std::unique_ptr<kernels::PageStore>>(
+      const kernels::PageStoreShape&)>;
+
   // INVALID_ARGUMENT naming the value when pool_bytes < 1, page_tokens outside 1..4096 or
-  // max_layouts < 1.
+  // max_layouts < 1. `new_store` null: host memory.
   static absl::StatusOr<std::unique_ptr<KvPool>> Create(int64_t pool_bytes, int page_tokens,
-                                                        int max_layouts);
+                                                        int max_layouts,
+                                                        StoreFactory new_store = nullptr);
 
   int page_tokens() const { return page_tokens_; }
   int64_t bytes_total() const { return pool_bytes_; }
@@ -106,10 +108,15 @@ class KvPool {
 
   // The arena of `layout`, made on first use, counted as used by one more session.
   // RESOURCE_EXHAUSTED when max_layouts other layouts are in use, or a page of this layout is
-  // larger than the pool; INTERNAL when the address range cannot be reserved.
+  // larger than the pool; the store factory's error when it fails (INTERNAL when the address
+  // range cannot be reserved, RESOURCE_EXHAUSTED when a device lacks the memory).
   absl::StatusOr<Arena*> Acquire(const PageLayout& layout);
+  // One more session uses `arena` (a fork, sharing its parent's pages).
+  void AddUser(Arena* arena) { ++arena->users_; }
   // One session fewer uses `arena`; an arena without sessions and pages is unmapped.
   void Release(Arena* arena);
+  // Whether the store of an arena lost its pages (PageStore::lost): its sessions must go.
+  bool AnyLost() const;
 
   // Appends `n` fresh pages (one reference each) to `pages`; false (and nothing allocated) when
   // the budget lacks room for them.
@@ -119,14 +126,23 @@ class KvPool {
   void Unref(Arena* arena, int32_t page);
 
  private:
-  KvPool(int64_t pool_bytes, int page_tokens, int max_layouts)
-      : pool_bytes_(pool_bytes), page_tokens_(page_tokens), max_layouts_(max_layouts) {}
+  KvPool(int64_t pool_bytes, int page_tokens, int max_layouts, StoreFactory new_store)
+      : pool_bytes_(pool_bytes),
+        page_tokens_(page_tokens),
+        max_layouts_(max_layouts),
+        new_store_(std::move(new_store)) {}
 
   const int64_t pool_bytes_;
   const int page_tokens_;
   const int max_layouts_;
+  const StoreFactory new_store_;
+  // Frees `arena` when no session uses it and it holds no page.
+  void MaybeFree(Arena* arena);
+
   int64_t bytes_used_ = 0;
   absl::flat_hash_map<PageLayout, std::unique_ptr<Arena>> arenas_;
+  // Arenas whose store was lost, replaced in arenas_ by a new one, until their last page goes.
+  std::vector<std::unique_ptr<Arena>> retired_;
 };
 
 }  // namespace attnserve::server::sessions

@@ -38,6 +38,8 @@ struct Session {
 namespace {
 
 constexpr int kMaxIdChars = 256;
+// The loss reason of sessions whose pages were on a device the backend re-initialised.
+constexpr absl::string_view kDeviceReset = "device reset";
 
 std::string RandomInstance() {
   std::random_device rd;
@@ -91,6 +93,16 @@ void Convert(kernels::DType from, const void* src, kernels::DType to, void* dst,
   tmp->resize(static_cast<size_t>(n));
   kernels::ToFloat32(from, src, static_cast<size_t>(n), tmp->data());
   kernels::FromFloat32(to, tmp->data(), static_cast<size_t>(n), dst);
+}
+
+// A failure of the pool's store (a device's) for session `id`: the session is lost when the
+// store lost its pages (the device was re-initialised), else the extend fails as a failure of
+// the backend.
+absl::Status StoreFailure(const absl::Status& status, const kernels::PageStore& store,
+                          const kernels::Backend& backend, const std::string& id) {
+  if (store.lost()) return SessionManager::Lost(kDeviceReset, id);
+  return absl::InternalError(
+      absl::StrCat("backend ", backend.name(), " failed: ", status.message()));
 }
 
 }  // namespace
@@ -157,7 +169,14 @@ absl::StatusOr<std::unique_ptr<SessionManager>> SessionManager::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("max_session_tokens must be positive; was ", options.max_session_tokens));
   }
-  auto pool = KvPool::Create(options.pool_bytes, options.page_tokens, options.max_layouts);
+  KvPool::StoreFactory new_store;
+  if (options.backend != nullptr) {
+    new_store = [backend = options.backend](const kernels::PageStoreShape& shape) {
+      return backend->NewPageStore(shape);
+    };
+  }
+  auto pool = KvPool::Create(options.pool_bytes, options.page_tokens, options.max_layouts,
+                             std::move(new_store));
   if (!pool.ok()) return pool.status();
   return std::unique_ptr<SessionManager>(new SessionManager(options, *std::move(pool), metrics));
 }
@@ -238,7 +257,17 @@ void SessionManager::ExpireLocked() {
   for (const auto& s : expired) RemoveLocked(s, "expired");
 }
 
+void SessionManager::DropLostLocked() {
+  if (!pool_->AnyLost()) return;
+  std::vector<std::shared_ptr<Session>> lost;
+  for (const auto& [id, s] : sessions_) {
+    if (s->arena->store()->lost()) lost.push_back(s);
+  }
+  for (const auto& s : lost) RemoveLocked(s, kDeviceReset);
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::string& id) {
+  DropLostLocked();
   auto parsed = ParseId(id);
   if (!parsed.ok()) return parsed.status();
   if (parsed->owner != owner_) {
@@ -332,6 +361,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
                      options_.max_pinned_fraction, " of ", pool_->bytes_total(),
                      " bytes, --session_max_pinned_fraction); create the session unpinned"));
   }
+  DropLostLocked();  // a lost arena of this layout is made anew
   auto arena = pool_->Acquire(layout);
   if (!arena.ok()) return arena.status();
   s->arena = *arena;
@@ -363,13 +393,13 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pi
                      options_.max_pinned_fraction, " of ", pool_->bytes_total(),
                      " bytes, --session_max_pinned_fraction); fork it unpinned"));
   }
-  auto arena = pool_->Acquire(p.arena->layout());  // one more user of the same arena
-  if (!arena.ok()) return arena.status();
+  pool_->AddUser(p.arena);  // the fork shares the parent's pages
+  Arena* const arena = p.arena;
   auto c = std::make_shared<Session>();
   c->module_name = p.module_name;
   c->module = p.module;
   c->num_heads = p.num_heads;
-  c->arena = *arena;
+  c->arena = arena;
   c->scale = p.scale;
   c->pages = p.pages;
   for (int32_t page : c->pages) pool_->Ref(c->arena, page);
@@ -568,7 +598,10 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     MutexLock lock(&mu_);
     page_tokens = pool_->page_tokens();
     ExpireLocked();  // expired sessions free their pages before anything is evicted
+    DropLostLocked();
     for (ExtendItem* item : items) {
+      const Session& s = *item->lease.session_;
+      if (item->status.ok() && s.arena->store()->lost()) item->status = Lost(kDeviceReset, s.id);
       if (item->status.ok() && !item->written) item->status = ReserveLocked(*item);
     }
   }
@@ -588,11 +621,13 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     const kernels::DType cache = l.dtype;
     const size_t esize = kernels::DTypeSize(cache);
     const int64_t L = item.new_tokens;
+    kernels::PageStore& store = *arena.store();
     if (lease.replaced_.has_value()) {
-      std::memcpy(arena.k_page(lease.new_table_[s.pages.size() - 1]),
-                  arena.k_page(*lease.replaced_), arena.k_page_bytes());
-      std::memcpy(arena.v_page(lease.new_table_[s.pages.size() - 1]),
-                  arena.v_page(*lease.replaced_), arena.v_page_bytes());
+      item.status = store.CopyPage(*lease.replaced_, lease.new_table_[s.pages.size() - 1]);
+      if (!item.status.ok()) {
+        item.status = StoreFailure(item.status, store, *backend, s.id);
+        continue;
+      }
     }
     // Sources of q, k, v rows: the request's bytes (raw) or the projections (module).
     kernels::DType src_type = item.wire_dtype;
@@ -617,25 +652,28 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
       k = projected.data() + L * d;
       v = projected.data() + 2 * L * d;
     }
-    const size_t src_size = kernels::DTypeSize(src_type);
     item.queries.resize(static_cast<size_t>(L) * s.num_heads * l.head_dim * esize);
     Convert(src_type, q, cache, item.queries.data(), L * s.num_heads * l.head_dim, &tmp);
     item.attention.assign(static_cast<size_t>(L) * s.num_heads * l.v_head_dim, 0.0f);
     item.lse.assign(item.return_lse ? static_cast<size_t>(L) * s.num_heads : 0, 0.0f);
+    // The new K and V in the cache dtype, row t * Hkv + h of the request going to the row of
+    // (its page, h, its slot) in the store: one WriteRows per item (one copy to a device).
+    const int64_t rows = L * l.num_kv_heads;
+    std::vector<uint8_t> k_rows(static_cast<size_t>(rows * l.head_dim) * esize);
+    std::vector<uint8_t> v_rows(static_cast<size_t>(rows * l.v_head_dim) * esize);
+    Convert(src_type, k, cache, k_rows.data(), rows * l.head_dim, &tmp);
+    Convert(src_type, v, cache, v_rows.data(), rows * l.v_head_dim, &tmp);
+    std::vector<int64_t> dst(static_cast<size_t>(rows));
     for (int64_t t = 0; t < L; ++t) {
       const int64_t pos = s.length + t;
       const int32_t page = lease.new_table_[pos / page_tokens];
-      const int64_t slot = pos % page_tokens;
+      const int slot = static_cast<int>(pos % page_tokens);
       for (int h = 0; h < l.num_kv_heads; ++h) {
-        const int64_t row = t * l.num_kv_heads + h;
-        Convert(src_type, static_cast<const uint8_t*>(k) + row * l.head_dim * src_size, cache,
-                arena.k_page(page) + (h * page_tokens + slot) * l.head_dim * esize, l.head_dim,
-                &tmp);
-        Convert(src_type, static_cast<const uint8_t*>(v) + row * l.v_head_dim * src_size, cache,
-                arena.v_page(page) + (h * page_tokens + slot) * l.v_head_dim * esize, l.v_head_dim,
-                &tmp);
+        dst[t * l.num_kv_heads + h] = store.shape().row(page, h, slot);
       }
     }
+    item.status = store.WriteRows(k_rows.data(), v_rows.data(), dst);
+    if (!item.status.ok()) item.status = StoreFailure(item.status, store, *backend, s.id);
   }
 
   // One PagedAttention call per (layout, query heads, scale): the sequences of a call share
@@ -666,8 +704,9 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     p.v_head_dim = l.v_head_dim;
     p.page_size = static_cast<int>(page_tokens);
     p.dtype = l.dtype;
-    p.k_pages = arena.k_base();
-    p.v_pages = arena.v_base();
+    p.store = arena.store();
+    p.k_pages = arena.store()->k_base();
+    p.v_pages = arena.store()->v_base();
     p.scale = first.scale;
     int max_pages = 1;
     int64_t total_q = 0;

@@ -91,6 +91,10 @@ struct SessionOptions {
   // ---- Injected ----
   // The clock of idle times. Not owned. Default: nullptr, the wall clock.
   batching::Clock* clock = nullptr;
+  // The backend the extends compute on (Compute's): the pages live where its NewPageStore puts
+  // them (device memory for CUDA). Not owned; outlives the manager. Default: nullptr, host
+  // memory.
+  kernels::Backend* backend = nullptr;
 };
 
 // What a session computes.
@@ -237,6 +241,9 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loses sessions idle past their TTL.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loses the sessions whose pages a device reset took (PageStore::lost), so that their arena
+  // is made anew.
+  void DropLostLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes a session (closed or lost), freeing its pages.
   void RemoveLocked(const std::shared_ptr<Session>& s, absl::string_view lost_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

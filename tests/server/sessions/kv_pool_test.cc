@@ -24,9 +24,17 @@ TEST(KvPoolTest, ArenaRangesStartOnHugePageBoundaries) {
   for (const PageLayout& layout : {kLayout, PageLayout{2, 64, 32, kernels::DType::kFloat32}}) {
     auto arena = (*pool)->Acquire(layout);
     ASSERT_TRUE(arena.ok()) << arena.status();
-    EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->k_base()) % kHugePage, 0u);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->v_base()) % kHugePage, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->store()->k_base()) % kHugePage, 0u);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->store()->v_base()) % kHugePage, 0u);
   }
+}
+
+// The bytes of a page of a host store.
+uint8_t* KPage(const Arena* arena, int32_t page) {
+  return static_cast<uint8_t*>(arena->store()->k_base()) + page * arena->k_page_bytes();
+}
+uint8_t* VPage(const Arena* arena, int32_t page) {
+  return static_cast<uint8_t*>(arena->store()->v_base()) + page * arena->v_page_bytes();
 }
 
 TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
@@ -42,10 +50,10 @@ TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
   EXPECT_EQ((*pool)->bytes_used(), pages * page_bytes);
   // Every byte of the last page (the end of both ranges) can be written and read back.
   const int32_t last = held.back();
-  std::memset((*arena)->k_page(last), 0x5a, static_cast<size_t>((*arena)->k_page_bytes()));
-  std::memset((*arena)->v_page(last), 0xa5, static_cast<size_t>((*arena)->v_page_bytes()));
-  EXPECT_EQ((*arena)->k_page(last)[(*arena)->k_page_bytes() - 1], 0x5a);
-  EXPECT_EQ((*arena)->v_page(last)[(*arena)->v_page_bytes() - 1], 0xa5);
+  std::memset(KPage(*arena, last), 0x5a, static_cast<size_t>((*arena)->k_page_bytes()));
+  std::memset(VPage(*arena, last), 0xa5, static_cast<size_t>((*arena)->v_page_bytes()));
+  EXPECT_EQ(KPage(*arena, last)[(*arena)->k_page_bytes() - 1], 0x5a);
+  EXPECT_EQ(VPage(*arena, last)[(*arena)->v_page_bytes() - 1], 0xa5);
   // Freed and handed out again: the memory was given back to the system (32 KiB is a whole
   // number of system pages), so it reads as zeros.
   (*pool)->Unref(*arena, last);
@@ -53,8 +61,8 @@ TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
   std::vector<int32_t> again;
   ASSERT_TRUE((*pool)->Allocate(*arena, 1, &again));
   EXPECT_EQ(again[0], last);
-  EXPECT_EQ((*arena)->k_page(last)[0], 0);
-  EXPECT_EQ((*arena)->v_page(last)[(*arena)->v_page_bytes() - 1], 0);
+  EXPECT_EQ(KPage(*arena, last)[0], 0);
+  EXPECT_EQ(VPage(*arena, last)[(*arena)->v_page_bytes() - 1], 0);
   held.back() = again[0];  // the same page, one reference
   for (int32_t page : held) (*pool)->Unref(*arena, page);
   EXPECT_EQ((*pool)->bytes_used(), 0);
