@@ -21,6 +21,7 @@
 #include "server/sessions/session_manager.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/gated_backend.h"
+#include "tests/testing/losable_store.h"
 #include "tests/testing/seed_vectors.h"
 
 namespace attnserve {
@@ -98,9 +99,11 @@ std::vector<float> HeadMajor(const std::vector<float>& a, int64_t t, int h, int 
 
 class SessionTest : public ::testing::Test {
  public:
-  void Start(server::ServerOptions options = {}) {
+  void Start(
+      server::ServerOptions options = {},
+      std::unique_ptr<kernels::Backend> inner = std::make_unique<kernels::ReferenceBackend>()) {
     options.listen_address = "127.0.0.1:0";
-    auto backend = std::make_unique<testing::GatedBackend>();
+    auto backend = std::make_unique<testing::GatedBackend>(std::move(inner));
     gate_ = backend.get();
     metrics_ = metrics::Metrics::Create({}).value();
     auto host = server::ServerHost::Start(options, std::move(backend), metrics_.get());
@@ -450,6 +453,43 @@ TEST_F(SessionTest, AFullPoolEvictsTheLeastRecentlyUsedIdleSession) {
   EXPECT_EQ(Get(b).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Close(b).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"evicted\""}), 1);
+}
+
+// A device reset takes the pages of the sessions held on the device (PageStore::lost): they
+// answer "session lost (device reset)" like any lost session, and a new session of the same
+// layout gets new memory and computes as before.
+TEST_F(SessionTest, SessionsWhosePagesADeviceResetTookAreLostAndNewOnesWork) {
+  auto inner = std::make_unique<testing::LosableStoreBackend>();
+  testing::LosableStoreBackend* const backend = inner.get();
+  Start(SmallPages(), std::move(inner));
+  const Sequence s(2, 1, 4, 4, 9, 11);
+  const std::string a = CreateRaw(2, 1, 4, 4), b = CreateRaw(2, 1, 4, 4);
+  Step(a, s, 0, 5);
+  Step(b, s, 0, 3);
+  const std::string c = Fork(a);
+  ASSERT_EQ(backend->stores().size(), 1u);
+  backend->stores()[0]->Lose();  // its memory stays valid until its last page goes
+
+  v1::ExtendSessionResponse response;
+  std::string lost;
+  const grpc::Status st = Extend(s.Extend(a, 5, 6), &response, &lost);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("session lost (device reset)"));
+  EXPECT_EQ(lost, "device reset");
+  for (const std::string& id : {b, c}) {
+    const grpc::Status got = Get(id);
+    EXPECT_EQ(got.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << id;
+    EXPECT_THAT(got.error_message(), HasSubstr("session lost (device reset)")) << id;
+  }
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"device_reset\""}), 3);
+  EXPECT_EQ(Usage().pages_used(), 0);  // the lost store's pages are all freed
+
+  const std::string d = CreateRaw(2, 1, 4, 4);
+  EXPECT_EQ(backend->stores().size(), 2u);  // a new store for the layout
+  std::vector<float> got = Step(d, s, 0, 7);
+  const std::vector<float> more = Step(d, s, 7, 9);
+  got.insert(got.end(), more.begin(), more.end());
+  EXPECT_LE(MaxAbsDiff(got, CausalAttend(s, 9)), 1e-6);
 }
 
 TEST_F(SessionTest, AFullPoolInRefuseModeAnswersResourceExhaustedAndAppendsNothing) {

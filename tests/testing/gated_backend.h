@@ -67,6 +67,10 @@ class GatedBackend final : public kernels::Backend {
     Enter(p.num_seqs, p.total_q);
     return inner_->PagedAttention(p);
   }
+  absl::StatusOr<std::unique_ptr<kernels::PageStore>> NewPageStore(
+      const kernels::PageStoreShape& shape) override {
+    return inner_->NewPageStore(shape);
+  }
 
  private:
   void Enter(int size, int rows) {

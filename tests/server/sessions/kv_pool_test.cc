@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/paged_attention_params.h"
+#include "tests/testing/losable_store.h"
 
 namespace attnserve::server::sessions {
 namespace {
@@ -67,6 +69,93 @@ TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
   for (int32_t page : held) (*pool)->Unref(*arena, page);
   EXPECT_EQ((*pool)->bytes_used(), 0);
   (*pool)->Release(*arena);
+}
+
+// Rows land where kernels/paged_attention_params.h says a (page, kv head, slot) lives: the host
+// store against PagedAttentionParams::k_offset / v_offset, then CopyPage and ReadPage.
+TEST(KvPoolTest, HostStoreWritesRowsWhereThePagedLayoutSays) {
+  kernels::PageStoreShape shape;
+  shape.num_kv_heads = 3;
+  shape.head_dim = 5;
+  shape.v_head_dim = 2;
+  shape.page_size = 4;
+  shape.dtype = kernels::DType::kFloat32;
+  shape.capacity = 6;
+  auto store = kernels::NewHostPageStore(shape);
+  ASSERT_TRUE(store.ok()) << store.status();
+  kernels::PagedAttentionParams p;
+  p.num_kv_heads = shape.num_kv_heads;
+  p.head_dim = shape.head_dim;
+  p.v_head_dim = shape.v_head_dim;
+  p.page_size = shape.page_size;
+  struct Place {
+    int32_t page;
+    int head, slot;
+  };
+  const std::vector<Place> places = {{0, 0, 0}, {5, 2, 3}, {2, 1, 1}, {2, 1, 2}, {4, 0, 3}};
+  std::vector<float> k, v;
+  std::vector<int64_t> rows;
+  for (size_t i = 0; i < places.size(); ++i) {
+    for (int c = 0; c < shape.head_dim; ++c) k.push_back(static_cast<float>(100 * i + c + 1));
+    for (int c = 0; c < shape.v_head_dim; ++c) v.push_back(-static_cast<float>(100 * i + c + 1));
+    rows.push_back(shape.row(places[i].page, places[i].head, places[i].slot));
+  }
+  ASSERT_TRUE((*store)->WriteRows(k.data(), v.data(), rows).ok());
+  const auto* kb = static_cast<const float*>((*store)->k_base());
+  const auto* vb = static_cast<const float*>((*store)->v_base());
+  for (size_t i = 0; i < places.size(); ++i) {
+    const Place& at = places[i];
+    for (int c = 0; c < shape.head_dim; ++c) {
+      EXPECT_EQ(kb[p.k_offset(at.page, at.head, at.slot) + c], k[i * shape.head_dim + c]) << i;
+    }
+    for (int c = 0; c < shape.v_head_dim; ++c) {
+      EXPECT_EQ(vb[p.v_offset(at.page, at.head, at.slot) + c], v[i * shape.v_head_dim + c]) << i;
+    }
+  }
+  ASSERT_TRUE((*store)->CopyPage(2, 3).ok());
+  std::vector<float> k2(shape.k_page_bytes() / 4), v2(shape.v_page_bytes() / 4);
+  std::vector<float> k3(k2.size()), v3(v2.size());
+  ASSERT_TRUE((*store)->ReadPage(2, k2.data(), v2.data()).ok());
+  ASSERT_TRUE((*store)->ReadPage(3, k3.data(), v3.data()).ok());
+  EXPECT_EQ(k2, k3);
+  EXPECT_EQ(v2, v3);
+  EXPECT_EQ(k3[p.k_offset(0, 1, 2)], k[3 * shape.head_dim]);  // place 3 was page 2, head 1, slot 2
+}
+
+// A store that lost its pages (a device reset) keeps its arena until its last page goes; the
+// layout's next session gets a new arena with a new store.
+TEST(KvPoolTest, ALostStoreIsRetiredAndItsLayoutGetsANewOne) {
+  std::vector<testing::LosableStore*> stores;
+  auto pool = KvPool::Create(int64_t{64} << 20, 16, 1,
+                             [&](const kernels::PageStoreShape& shape)
+                                 -> absl::StatusOr<std::unique_ptr<kernels::PageStore>> {
+                               auto host = kernels::NewHostPageStore(shape);
+                               if (!host.ok()) return host.status();
+                               auto store =
+                                   std::make_unique<testing::LosableStore>(*std::move(host));
+                               stores.push_back(store.get());
+                               return store;
+                             });
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  Arena* old = (*pool)->Acquire(kLayout).value();
+  std::vector<int32_t> held;
+  ASSERT_TRUE((*pool)->Allocate(old, 3, &held));
+  EXPECT_FALSE((*pool)->AnyLost());
+  stores.back()->Lose();
+  EXPECT_TRUE((*pool)->AnyLost());
+  // max_layouts is 1: the lost arena does not count against it.
+  Arena* fresh = (*pool)->Acquire(kLayout).value();
+  EXPECT_NE(fresh, old);
+  EXPECT_EQ(stores.size(), 2u);
+  EXPECT_FALSE((*pool)->AnyLost());
+  EXPECT_EQ((*pool)->pages_used(), 3);  // the retired arena's pages are still held
+  for (int32_t page : held) (*pool)->Unref(old, page);
+  (*pool)->Release(old);
+  EXPECT_EQ((*pool)->pages_used(), 0);
+  EXPECT_EQ((*pool)->bytes_used(), 0);
+  EXPECT_EQ((*pool)->Acquire(kLayout).value(), fresh);  // the live one is shared
+  (*pool)->Release(fresh);
+  (*pool)->Release(fresh);
 }
 
 }  // namespace
