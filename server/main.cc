@@ -107,7 +107,8 @@ ABSL_FLAG(int64_t, transport_memory_bytes, kDefaults.transport_memory_bytes,
 ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdown_grace),
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 ABSL_FLAG(int64_t, session_pool_bytes, kDefaults.sessions.pool_bytes,
-          "bytes of the decode sessions' paged KV pool (K and V of every session)");
+          "bytes of the decode sessions' paged KV pool (K and V of every session): host memory, "
+          "or GPU memory with --backend=cuda (allocated whole for each head layout in use)");
 ABSL_FLAG(int, session_page_tokens, kDefaults.sessions.page_tokens,
           "tokens per page of the session KV pool (1..4096)");
 ABSL_FLAG(std::string, session_when_full,
