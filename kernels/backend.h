@@ -37,7 +37,7 @@ struct DeviceMemory {
   std::string device;      // short stable id, e.g. "cuda:0"
   int64_t used_bytes = 0;  // used on the device by every process
   int64_t total_bytes = 0;
-  int64_t pool_bytes = 0;  // held by this backend's own pool
+  int64_t pool_bytes = 0;  // held by this backend: its buffers and pages of page stores it made
 };
 
 class Backend {

@@ -310,6 +310,7 @@ CudaMemoryFigures CudaBackend::MemoryFigures() const {
   MutexLock lock(&mu_);
   f.pool_held_bytes = pool_held_bytes_;
   f.pinned_held_bytes = pinned_held_bytes_;
+  f.session_pages_bytes = session_pages_bytes_;
   return f;
 }
 
@@ -352,11 +353,15 @@ void CudaBackend::ResetDeviceLocked() {
   // Every worker is idle (AcquireWorker waited), so nothing of this backend runs on the device.
   cudaSetDevice(options_.device);
   for (auto& w : workers_) FreeWorker(w.get());
+  // The reset frees every allocation of the process on the device, the page stores' too: they
+  // are lost from here on (CudaPageStore::lost), and must not free their stale pointers.
   cudaDeviceReset();
   cudaGetLastError();
   cudaSetDevice(options_.device);
+  epoch_.fetch_add(1);
   pool_held_bytes_ = 0;
   pinned_held_bytes_ = 0;
+  session_pages_bytes_ = 0;
   bool ok = true;
   for (auto& w : workers_) ok = InitWorker(w.get()).ok() && ok;
   needs_reset_ = !ok;  // a failed re-initialisation is retried by the next call
@@ -466,7 +471,7 @@ absl::Status ByOperandType(absl::Span<const Params> batch, ComputeType float32_c
 std::vector<DeviceMemory> CudaBackend::device_memory() const {
   const CudaMemoryFigures f = MemoryFigures();
   return {DeviceMemory{absl::StrCat("cuda:", options_.device), f.device_used_bytes,
-                       f.device_total_bytes, f.pool_held_bytes}};
+                       f.device_total_bytes, f.pool_held_bytes + f.session_pages_bytes}};
 }
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
@@ -861,12 +866,205 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status LostPagesError() {
+  return absl::FailedPreconditionError(
+      "cuda backend: the session pages of this store were lost: the device was re-initialised "
+      "after a fault");
+}
+
+}  // namespace
+
+// A PageStore in device memory (the header comment's "Session pages"). Every operation takes a
+// worker of the backend, like a call: its stream, staging and device buffer, and the exclusion
+// of a device reset while it runs, so that lost() checked after taking it stays true or false
+// until the operation ends.
+class CudaPageStore final : public PageStore {
+ public:
+  CudaPageStore(CudaBackend* backend, const PageStoreShape& shape, uint64_t epoch, void* k, void* v,
+                int64_t bytes)
+      : PageStore(shape), backend_(backend), epoch_(epoch), k_(k), v_(v), bytes_(bytes) {}
+
+  ~CudaPageStore() override {
+    cudaSetDevice(backend_->options_.device);
+    CudaBackend::Worker* w = backend_->AcquireWorker();
+    // After a reset the pointers are stale: the reset freed them (and zeroed the count).
+    if (!lost()) {
+      cudaFree(k_);
+      cudaFree(v_);
+      cudaGetLastError();
+      MutexLock lock(&backend_->mu_);
+      backend_->session_pages_bytes_ -= bytes_;
+    }
+    backend_->ReleaseWorker(w);
+  }
+
+  bool on_device() const override { return true; }
+  void* k_base() const override { return k_; }
+  void* v_base() const override { return v_; }
+  bool lost() const override { return backend_->epoch_.load() != epoch_; }
+
+  absl::Status WriteRows(const void* k_rows, const void* v_rows,
+                         absl::Span<const int64_t> rows) override {
+    if (rows.empty()) return absl::OkStatus();
+    return WithWorker([&](CudaBackend::Worker* w) -> absl::Status {
+      const size_t esize = DTypeSize(shape().dtype);
+      const size_t k_row = static_cast<size_t>(shape().head_dim) * esize;
+      const size_t v_row = static_cast<size_t>(shape().v_head_dim) * esize;
+      // Rows in chunks that fit the staging and the device pool (a long prefill's rows may not
+      // fit at once); one copy and one scatter launch per chunk.
+      const size_t limit =
+          static_cast<size_t>(std::min(backend_->options_.pinned_staging_bytes_per_stream,
+                                       backend_->options_.device_pool_bytes));
+      const size_t chunk =
+          std::max<size_t>(1, (limit - 3 * 256) / (k_row + v_row + sizeof(int64_t)));
+      const auto* k = static_cast<const char*>(k_rows);
+      const auto* v = static_cast<const char*>(v_rows);
+      for (size_t begin = 0; begin < rows.size(); begin += chunk) {
+        const size_t n = std::min(chunk, rows.size() - begin);
+        Layout lay;
+        const size_t o_k = lay.Add(n * k_row);
+        const size_t o_v = lay.Add(n * v_row);
+        const size_t o_rows = lay.Add(n * sizeof(int64_t));
+        absl::Status st = backend_->ReservePinned(w, lay.size());
+        if (st.ok()) st = backend_->ReserveDevice(w, lay.size());
+        if (!st.ok()) return st;
+        char* host = w->pinned;
+        std::memcpy(host + o_k, k + begin * k_row, n * k_row);
+        std::memcpy(host + o_v, v + begin * v_row, n * v_row);
+        std::memcpy(host + o_rows, rows.data() + begin, n * sizeof(int64_t));
+        char* dev = w->device;
+        RETURN_IF_GPU_ERROR(
+            CudaCheck(cudaMemcpyAsync(dev, host, lay.size(), cudaMemcpyHostToDevice, w->stream),
+                      "copying new K and V rows"));
+        RETURN_IF_GPU_ERROR(PagedScatterRows(
+            shape().dtype, dev + o_k, dev + o_v, At<int64_t>(dev, o_rows), static_cast<int64_t>(n),
+            shape().head_dim, shape().v_head_dim, k_, v_, w->stream));
+        // The staging is rewritten by the next chunk (and the next call).
+        RETURN_IF_GPU_ERROR(
+            CudaCheck(cudaStreamSynchronize(w->stream), "writing K and V rows to the pages"));
+      }
+      return absl::OkStatus();
+    });
+  }
+
+  absl::Status CopyPage(int32_t from, int32_t to) override {
+    return WithWorker([&](CudaBackend::Worker* w) -> absl::Status {
+      const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
+      RETURN_IF_GPU_ERROR(CudaCheck(
+          cudaMemcpyAsync(static_cast<char*>(k_) + to * kb, static_cast<char*>(k_) + from * kb,
+                          static_cast<size_t>(kb), cudaMemcpyDeviceToDevice, w->stream),
+          "copying a K page"));
+      RETURN_IF_GPU_ERROR(CudaCheck(
+          cudaMemcpyAsync(static_cast<char*>(v_) + to * vb, static_cast<char*>(v_) + from * vb,
+                          static_cast<size_t>(vb), cudaMemcpyDeviceToDevice, w->stream),
+          "copying a V page"));
+      return ToStatus(CudaCheck(cudaStreamSynchronize(w->stream), "copying a page"));
+    });
+  }
+
+  absl::Status ReadPage(int32_t page, void* k, void* v) const override {
+    return WithWorker([&](CudaBackend::Worker* w) -> absl::Status {
+      const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
+      RETURN_IF_GPU_ERROR(
+          CudaCheck(cudaMemcpyAsync(k, static_cast<const char*>(k_) + page * kb,
+                                    static_cast<size_t>(kb), cudaMemcpyDeviceToHost, w->stream),
+                    "reading a K page"));
+      RETURN_IF_GPU_ERROR(
+          CudaCheck(cudaMemcpyAsync(v, static_cast<const char*>(v_) + page * vb,
+                                    static_cast<size_t>(vb), cudaMemcpyDeviceToHost, w->stream),
+                    "reading a V page"));
+      return ToStatus(CudaCheck(cudaStreamSynchronize(w->stream), "reading a page"));
+    });
+  }
+
+ private:
+  friend class CudaBackend;  // PagedAttention checks that a store is its own
+
+  // Runs op(worker) holding a worker; lost() is checked after taking it. A failure is handled
+  // as a failed call's (MarkFaulted: a sticky error re-initialises the device).
+  template <typename Op>
+  absl::Status WithWorker(Op op) const {
+    RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(backend_->options_.device), "cudaSetDevice"));
+    CudaBackend::Worker* w = backend_->AcquireWorker();
+    absl::Cleanup release = [&] { backend_->ReleaseWorker(w); };
+    if (lost()) return LostPagesError();
+    absl::Status s = op(w);
+    if (!s.ok()) {
+      cudaStreamSynchronize(w->stream);
+      return backend_->MarkFaulted(std::move(s));
+    }
+    return absl::OkStatus();
+  }
+
+  CudaBackend* const backend_;
+  const uint64_t epoch_;  // the backend's epoch_ when the memory was allocated
+  void* const k_;
+  void* const v_;
+  const int64_t bytes_;  // of k_ and v_ together
+};
+
+absl::StatusOr<std::unique_ptr<PageStore>> CudaBackend::NewPageStore(const PageStoreShape& shape) {
+  PagedAttentionParams layout;
+  layout.num_heads = layout.num_kv_heads = shape.num_kv_heads;
+  layout.head_dim = shape.head_dim;
+  layout.v_head_dim = shape.v_head_dim;
+  layout.page_size = shape.page_size;
+  layout.dtype = shape.dtype;
+  if (!PagedAttentionSupported(layout)) return NewHostPageStore(shape);  // the reference's
+  const int64_t k_bytes = int64_t{shape.capacity} * shape.k_page_bytes();
+  const int64_t v_bytes = int64_t{shape.capacity} * shape.v_page_bytes();
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
+  // Allocated holding a worker, so that no reset falls between reading the epoch and the
+  // allocations it covers.
+  Worker* w = AcquireWorker();
+  absl::Cleanup release = [&] { ReleaseWorker(w); };
+  const uint64_t epoch = epoch_.load();
+  void* k = nullptr;
+  void* v = nullptr;
+  cudaError_t e = cudaMalloc(&k, static_cast<size_t>(k_bytes));
+  if (e == cudaSuccess) e = cudaMalloc(&v, static_cast<size_t>(v_bytes));
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    if (k != nullptr) cudaFree(k);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: cannot allocate ", k_bytes + v_bytes,
+                     " bytes of device memory for the session pages of a layout (", shape.capacity,
+                     " pages; each layout in use holds the whole session pool on the device): ",
+                     cudaGetErrorName(e), "; lower --session_pool_bytes"));
+  }
+  {
+    MutexLock lock(&mu_);
+    session_pages_bytes_ += k_bytes + v_bytes;
+  }
+  return std::unique_ptr<PageStore>(new CudaPageStore(this, shape, epoch, k, v, k_bytes + v_bytes));
+}
+
 absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
-  if (!PagedAttentionSupported(p)) return Backend::PagedAttention(p);  // the reference
+  const bool device_pages = p.store != nullptr && p.store->on_device();
+  if (device_pages) {
+    const auto* store = dynamic_cast<const CudaPageStore*>(p.store);
+    if (store == nullptr || store->backend_ != this) {
+      return absl::InvalidArgumentError(
+          "cuda backend: the pages are in a device store of another backend");
+    }
+    // NewPageStore makes device stores only for layouts the kernels take; a call whose query
+    // heads they do not take (Hq not a multiple of Hkv) must not reach the host reference.
+    if (!PagedAttentionSupported(p)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda backend: paged attention with ", p.num_heads, " query heads over ",
+                       p.num_kv_heads, " kv heads is not supported on device pages"));
+    }
+  } else if (!PagedAttentionSupported(p)) {
+    return Backend::PagedAttention(p);  // the reference
+  }
   if (p.num_seqs == 0 || p.total_q == 0) return absl::OkStatus();
   RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
   Worker* w = AcquireWorker();
   absl::Cleanup release = [&] { ReleaseWorker(w); };
+  // Checked while holding a worker: no reset can happen until it is released.
+  if (device_pages && p.store->lost()) return LostPagesError();
   absl::Status s = RunPagedAttention(w, p);
   if (!s.ok()) {
     cudaStreamSynchronize(w->stream);
@@ -876,8 +1074,6 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
 }
 
 absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParams& p) {
-  // The pages the batch uses, renumbered 0..used-1 in order of first use (a page shared by
-  // forked sequences is staged once), and the page table rewritten to those numbers.
   const int S = p.num_seqs;
   int max_q = 0, max_kv = 0, max_pages = 1;
   for (int s = 0; s < S; ++s) {
@@ -885,16 +1081,29 @@ absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParam
     max_kv = std::max(max_kv, p.kv_lens[s]);
     max_pages = std::max(max_pages, (p.kv_lens[s] + p.page_size - 1) / p.page_size);
   }
+  // The page table's rows cut to the pages the sequences use (max_pages). Device pages are
+  // read where they are, under the caller's page numbers. Host pages: the pages the batch uses
+  // are staged, renumbered 0..used-1 in order of first use (a page shared by forked sequences
+  // is staged once), and the page table rewritten to those numbers.
+  const bool device_pages = p.store != nullptr && p.store->on_device();
   std::vector<int32_t> used;  // staged page i is pool page used[i]
-  std::unordered_map<int32_t, int32_t> staged;
   std::vector<int32_t> table(size_t(S) * max_pages, 0);
-  for (int s = 0; s < S; ++s) {
-    const int pages = (p.kv_lens[s] + p.page_size - 1) / p.page_size;
-    for (int i = 0; i < pages; ++i) {
-      const int32_t page = p.page_table[int64_t{s} * p.max_pages_per_seq + i];
-      auto [it, added] = staged.emplace(page, static_cast<int32_t>(used.size()));
-      if (added) used.push_back(page);
-      table[size_t(s) * max_pages + i] = it->second;
+  if (device_pages) {
+    for (int s = 0; s < S; ++s) {
+      const int pages = (p.kv_lens[s] + p.page_size - 1) / p.page_size;
+      std::copy_n(p.page_table + int64_t{s} * p.max_pages_per_seq, pages,
+                  table.begin() + size_t(s) * max_pages);
+    }
+  } else {
+    std::unordered_map<int32_t, int32_t> staged;
+    for (int s = 0; s < S; ++s) {
+      const int pages = (p.kv_lens[s] + p.page_size - 1) / p.page_size;
+      for (int i = 0; i < pages; ++i) {
+        const int32_t page = p.page_table[int64_t{s} * p.max_pages_per_seq + i];
+        auto [it, added] = staged.emplace(page, static_cast<int32_t>(used.size()));
+        if (added) used.push_back(page);
+        table[size_t(s) * max_pages + i] = it->second;
+      }
     }
   }
   const size_t esize = DTypeSize(p.dtype);
@@ -941,8 +1150,8 @@ absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParam
   cudaStream_t stream = w->stream;
   RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(dev, host, o_out, cudaMemcpyHostToDevice, stream),
                                 "copying pages"));
-  dp.k_pages = dev + o_k;
-  dp.v_pages = dev + o_v;
+  dp.k_pages = device_pages ? p.store->k_base() : dev + o_k;
+  dp.v_pages = device_pages ? p.store->v_base() : dev + o_v;
   dp.q = dev + o_q;
   dp.page_table = At<int32_t>(dev, o_tables);
   dp.kv_lens = dp.page_table + table.size();

@@ -21,6 +21,18 @@
 //              operand type, + 1e-5.
 //   projections TF32 tensor cores (10-bit mantissa operands), float32 accumulation and bias.
 //
+// Session pages (decode sessions, kernels/page_store.h): NewPageStore gives each head layout the
+// paged kernels take a CudaPageStore, K and V pages allocated whole in device memory at its
+// creation (capacity x page bytes: on a CUDA server each layout in use holds its whole
+// --session_pool_bytes budget there, outside device_pool_bytes). A decode step then copies
+// only its new tokens' K and V to the device (WriteRows: one copy, one scatter kernel) and its
+// queries; PagedAttention reads the pages where they are. Layouts the kernels do not take
+// (head dims above 256) keep host pages, which the reference computes on. The pages' bytes
+// are reported in MemoryFigures().session_pages_bytes and, added to the workers' buffers, in
+// device_memory()'s pool_bytes. A device reset (below) frees them: the stores made before it
+// are lost() (their calls fail with FAILED_PRECONDITION; the sessions on them must prefill
+// again).
+//
 // Errors: a CUDA or cuBLAS failure fails the call with INTERNAL naming the step (the process
 // never aborts); after a device fault that breaks the CUDA context (an illegal address, ...)
 // the backend re-initialises the device before its next call instead of failing every later
@@ -32,6 +44,7 @@
 #ifndef ATTNSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 #define ATTNSERVE_KERNELS_CUDA_CUDA_BACKEND_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -43,6 +56,7 @@
 #include "base/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/flash_params.h"
+#include "kernels/page_store.h"
 
 namespace attnserve::kernels::cuda {
 
@@ -76,8 +90,9 @@ struct CudaBackendOptions {
 struct CudaMemoryFigures {
   int64_t device_used_bytes = 0;  // used on the device, by every process (cudaMemGetInfo)
   int64_t device_total_bytes = 0;
-  int64_t pool_held_bytes = 0;    // held by this backend's workers
-  int64_t pinned_held_bytes = 0;  // pinned host staging held by this backend
+  int64_t pool_held_bytes = 0;      // held by this backend's workers
+  int64_t pinned_held_bytes = 0;    // pinned host staging held by this backend
+  int64_t session_pages_bytes = 0;  // device memory of the live page stores (NewPageStore)
 };
 
 class CudaBackend final : public Backend {
@@ -91,19 +106,25 @@ class CudaBackend final : public Backend {
   // See Backend.
   std::string name() const override { return "cuda"; }
   std::vector<DeviceInfo> devices() const override;
+  // pool_bytes: the workers' buffers plus the session pages (CudaMemoryFigures).
   std::vector<DeviceMemory> device_memory() const override;
   std::string float32_precision() const override { return PrecisionPolicy(); }
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
-  // The pages are in host memory (Backend's contract): the call stages what the batch needs to
-  // the device (the pages its sequences use, gathered and renumbered, their page-table rows,
-  // the queries) and runs the paged kernel (paged_attention.h) on them; shapes the kernel does
-  // not take (head_dim or v_head_dim above 256) go to the reference. FLOAT16 and BFLOAT16
-  // caches compute in float32 from their own values, FLOAT32 caches in float32 (no rounding to
-  // a 16-bit operand type). RESOURCE_EXHAUSTED when the staged pages exceed the pinned staging
-  // or the device pool. A device-resident pool (pages allocated in device memory by the session
-  // pool) would remove the per-call copy of the pages.
+  // Pages in a store of this backend's (p.store->on_device()): the call stages only the
+  // queries, the page table and the lengths, and the paged kernel (paged_attention.h) reads the
+  // pages in device memory; FAILED_PRECONDITION when the store is lost(). Pages in host memory
+  // (Backend's contract): the call stages what the batch needs to the device (the pages its
+  // sequences use, gathered and renumbered, their page-table rows, the queries) and runs the
+  // same kernel on them. Shapes the kernel does not take (head_dim or v_head_dim above 256; never
+  // in a device store) go to the reference. FLOAT16 and BFLOAT16 caches compute in float32 from
+  // their own values, FLOAT32 caches in float32 (no rounding to a 16-bit operand type).
+  // RESOURCE_EXHAUSTED when the staged data exceed the pinned staging or the device pool.
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
+  // Device memory (a CudaPageStore, header comment) when PagedAttentionSupported takes the
+  // layout, else host memory (NewHostPageStore). RESOURCE_EXHAUSTED naming the bytes when the
+  // device lacks them. REQUIRES: the store is destroyed before this backend.
+  absl::StatusOr<std::unique_ptr<PageStore>> NewPageStore(const PageStoreShape& shape) override;
 
   // Attend with an explicit operand type for every item: what FLOAT16 / BFLOAT16 requests use
   // once AttentionParams carries the wire dtype (their float32 copies convert back exactly).
@@ -117,6 +138,7 @@ class CudaBackend final : public Backend {
   struct Worker;  // cuda_backend.cc
 
  private:
+  friend class CudaPageStore;  // cuda_backend.cc: takes workers, staging and the epoch
   CudaBackend(const CudaBackendOptions& options, std::string device_name, int64_t total_bytes);
   // Takes an idle worker. After a device fault (MarkFaulted) it first waits for every worker to
   // be idle and re-initialises the device (cudaDeviceReset, new streams and handles).
@@ -149,6 +171,11 @@ class CudaBackend final : public Backend {
   int64_t pool_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_held_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool needs_reset_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t session_pages_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Device resets so far (ResetDeviceLocked): a page store made in an earlier epoch lost its
+  // memory. Changes only while every worker is idle, so a caller holding a worker reads a value
+  // that holds until it releases it.
+  std::atomic<uint64_t> epoch_{0};
 };
 
 // The launch groups CudaBackend::AttendAs forms from `batch`, as [begin, end) index pairs:

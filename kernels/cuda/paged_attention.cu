@@ -1,14 +1,17 @@
 // Launch code of the paged attention kernels (paged_attention_kernel.h): float32, float16 and
-// bfloat16 caches, up to 128 or 256 output columns.
+// bfloat16 caches, up to 128 or 256 output columns; and of the scatter of new rows into the
+// pages (paged_scatter_kernel.h).
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+#include <algorithm>
 #include <string>
 
 #include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_kernel.h"
 #include "kernels/cuda/paged_attention_shape.h"
+#include "kernels/cuda/paged_scatter_kernel.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
@@ -47,7 +50,41 @@ GpuStatus LaunchForWidth(const PagedAttentionParams& p, int max_q_len, int max_k
              : Launch<Element, 8>(p, max_q_len, max_kv_len, workspace, stream);
 }
 
+// Blocks of a scatter: one thread per word, at most kMaxScatterBlocks blocks (the kernel's
+// threads stride over the rest; a prefill of many rows needs no more to fill the device).
+constexpr int64_t kMaxScatterBlocks = 4096;
+
+template <typename Word>
+GpuStatus LaunchScatter(const void* k_rows, const void* v_rows, const int64_t* rows, int64_t n,
+                        int head_dim, int v_head_dim, void* k_pages, void* v_pages,
+                        cudaStream_t stream) {
+  const int64_t words = n * (int64_t{head_dim} + v_head_dim);
+  if (words == 0) return {};
+  const int64_t blocks =
+      std::min(kMaxScatterBlocks, (words + kPagedScatterThreads - 1) / kPagedScatterThreads);
+  PagedScatterRowsKernel<Word><<<static_cast<unsigned>(blocks), kPagedScatterThreads, 0, stream>>>(
+      static_cast<const Word*>(k_rows), static_cast<const Word*>(v_rows), rows, n, head_dim,
+      v_head_dim, static_cast<Word*>(k_pages), static_cast<Word*>(v_pages));
+  return CudaCheck(cudaGetLastError(), "paged scatter: launch");
+}
+
 }  // namespace
+
+GpuStatus PagedScatterRows(DType dtype, const void* k_rows, const void* v_rows, const int64_t* rows,
+                           int64_t n, int head_dim, int v_head_dim, void* k_pages, void* v_pages,
+                           cudaStream_t stream) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return LaunchScatter<uint32_t>(k_rows, v_rows, rows, n, head_dim, v_head_dim, k_pages,
+                                     v_pages, stream);
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return LaunchScatter<uint16_t>(k_rows, v_rows, rows, n, head_dim, v_head_dim, k_pages,
+                                     v_pages, stream);
+    default:
+      return {"paged scatter: the cache dtype must be FLOAT32, FLOAT16 or BFLOAT16"};
+  }
+}
 
 bool PagedAttentionSupported(const PagedAttentionParams& p) {
   const bool dtype_ok =

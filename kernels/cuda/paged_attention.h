@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
 #include "kernels/cuda/gpu_status.h"
 #include "kernels/paged_attention_params.h"
@@ -29,6 +30,14 @@ size_t PagedAttentionWorkspaceBytes(const PagedAttentionParams& p, int max_kv_le
 // grid). REQUIRES PagedAttentionSupported(p) and a valid p (paged_attention_params.h).
 GpuStatus PagedAttentionForward(const PagedAttentionParams& p, int max_q_len, int max_kv_len,
                                 void* workspace, cudaStream_t stream);
+
+// Writes n rows into the pages of a store (page_store.h's rows; the device store's WriteRows):
+// k_rows [n, head_dim] and v_rows [n, v_head_dim] in `dtype` go to rows rows[i] of k_pages and
+// v_pages, in one launch (paged_scatter_kernel.h). Every pointer is a device pointer.
+// REQUIRES: dtype FLOAT32, FLOAT16 or BFLOAT16; rows[i] distinct and inside the pages.
+GpuStatus PagedScatterRows(DType dtype, const void* k_rows, const void* v_rows, const int64_t* rows,
+                           int64_t n, int head_dim, int v_head_dim, void* k_pages, void* v_pages,
+                           cudaStream_t stream);
 
 }  // namespace attnserve::kernels::cuda
 

@@ -151,8 +151,9 @@ Metrics::Metrics(const MetricsOptions& options)
                                "Memory in use on the device, by any process.");
   device_total_ =
       &Build<Gauge>(r, "attnserve_device_memory_total_bytes", "Memory capacity of the device.");
-  device_pool_ = &Build<Gauge>(r, "attnserve_device_memory_pool_bytes",
-                               "Device memory held by attnserve's own pool.");
+  device_pool_ =
+      &Build<Gauge>(r, "attnserve_device_memory_pool_bytes",
+                    "Device memory held by attnserve: its buffers and the decode sessions' pages.");
   host_resident_ = &Build<Gauge>(r, "attnserve_host_resident_memory_bytes",
                                  "Resident set size of the attnserve process.")
                         .Add({});

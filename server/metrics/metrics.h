@@ -34,7 +34,7 @@
 //   attnserve_flops_total                counter   {backend}    floating-point operations done
 //   attnserve_device_memory_used_bytes   gauge     {device}     used on the device (by anyone)
 //   attnserve_device_memory_total_bytes  gauge     {device}     capacity of the device
-//   attnserve_device_memory_pool_bytes   gauge     {device}     held by attnserve's own pool
+//   attnserve_device_memory_pool_bytes   gauge     {device}     held by attnserve (+ KV pages)
 //   attnserve_host_resident_memory_bytes gauge                  RSS, read at scrape time
 //   attnserve_host_memory_limit_bytes    gauge                  cgroup limit, else MemTotal
 //   attnserve_module_bytes               gauge                  bytes held by loaded modules

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "base/mutex.h"
 #include "cuda_runtime_api.h"
@@ -63,15 +64,58 @@ constexpr ErrorText kErrors[] = {
     {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
 };
 
-// The emulated device's memory, as cudaMemGetInfo reports it.
+// The emulated device's memory, as cudaMemGetInfo reports it; a larger allocation fails.
 constexpr size_t kDeviceBytes = size_t{16} << 30;
+
+// The device's state: its live allocations (which cudaDeviceReset frees, as CUDA's does) and
+// an injected sticky error (emu::InjectStickyError).
+struct Device {
+  attnserve::Mutex mu;
+  std::set<void*> allocations ABSL_GUARDED_BY(mu);
+  cudaError_t sticky ABSL_GUARDED_BY(mu) = cudaSuccess;
+  size_t invalid_frees ABSL_GUARDED_BY(mu) = 0;
+  size_t host_to_device_bytes ABSL_GUARDED_BY(mu) = 0;
+};
+Device& Dev() {
+  static Device* device = new Device;
+  return *device;
+}
+cudaError_t Sticky() {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  return d.sticky;
+}
 
 cudaError_t Allocate(void** ptr, size_t bytes) {
   if (ptr == nullptr) return cudaErrorInvalidValue;
   *ptr = nullptr;
   if (bytes == 0) return cudaSuccess;
+  if (bytes > kDeviceBytes) return cudaErrorMemoryAllocation;
   // 256-byte aligned as cudaMalloc's; exact size, so ASan sees an overrun.
   if (posix_memalign(ptr, 256, bytes) != 0) return cudaErrorMemoryAllocation;
+  return cudaSuccess;
+}
+cudaError_t AllocateDevice(void** ptr, size_t bytes) {
+  if (const cudaError_t e = Sticky(); e != cudaSuccess) return e;
+  const cudaError_t e = Allocate(ptr, bytes);
+  if (e == cudaSuccess && *ptr != nullptr) {
+    Device& d = Dev();
+    attnserve::MutexLock lock(&d.mu);
+    d.allocations.insert(*ptr);
+  }
+  return e;
+}
+// cudaFree of a pointer the device does not hold (freed, or freed by a reset) is
+// cudaErrorInvalidValue and frees nothing, so a double free fails the call instead of the heap.
+cudaError_t FreeDevice(void* ptr) {
+  if (ptr == nullptr) return cudaSuccess;
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  if (d.allocations.erase(ptr) == 0) {
+    ++d.invalid_frees;
+    return cudaErrorInvalidValue;
+  }
+  std::free(ptr);
   return cudaSuccess;
 }
 }  // namespace
@@ -112,20 +156,21 @@ cudaError_t cudaMemGetInfo(size_t* free_bytes, size_t* total_bytes) {
   *free_bytes = *total_bytes = kDeviceBytes;
   return cudaSuccess;
 }
-cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
-cudaError_t cudaDeviceReset() { return cudaSuccess; }
-cudaError_t cudaMalloc(void** ptr, size_t bytes) { return Allocate(ptr, bytes); }
-cudaError_t cudaFree(void* ptr) {
-  std::free(ptr);
+cudaError_t cudaDeviceSynchronize() { return Sticky(); }
+cudaError_t cudaDeviceReset() {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  for (void* p : d.allocations) std::free(p);
+  d.allocations.clear();
+  d.sticky = cudaSuccess;
   return cudaSuccess;
 }
+cudaError_t cudaMalloc(void** ptr, size_t bytes) { return AllocateDevice(ptr, bytes); }
+cudaError_t cudaFree(void* ptr) { return FreeDevice(ptr); }
 cudaError_t cudaMallocAsync(void** ptr, size_t bytes, cudaStream_t /*stream*/) {
-  return Allocate(ptr, bytes);
+  return AllocateDevice(ptr, bytes);
 }
-cudaError_t cudaFreeAsync(void* ptr, cudaStream_t /*stream*/) {
-  std::free(ptr);
-  return cudaSuccess;
-}
+cudaError_t cudaFreeAsync(void* ptr, cudaStream_t /*stream*/) { return FreeDevice(ptr); }
 cudaError_t cudaHostAlloc(void** ptr, size_t bytes, unsigned /*flags*/) {
   return Allocate(ptr, bytes);
 }
@@ -138,8 +183,14 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpy
   if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDefault) {
     return cudaErrorInvalidMemcpyDirection;
   }
+  if (const cudaError_t e = Sticky(); e != cudaSuccess) return e;
   if (bytes == 0) return cudaSuccess;
   if (dst == nullptr || src == nullptr) return cudaErrorInvalidValue;
+  if (kind == cudaMemcpyHostToDevice) {
+    Device& d = Dev();
+    attnserve::MutexLock lock(&d.mu);
+    d.host_to_device_bytes += bytes;
+  }
   std::memcpy(dst, src, bytes);
   return cudaSuccess;
 }
@@ -155,9 +206,33 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
   delete stream;
   return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) { return Sticky(); }
 
 namespace emu {
+
+void InjectStickyError(cudaError_t error) {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  d.sticky = error;
+}
+
+size_t DeviceAllocations() {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  return d.allocations.size();
+}
+
+size_t InvalidFrees() {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  return d.invalid_frees;
+}
+
+size_t HostToDeviceBytes() {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  return d.host_to_device_bytes;
+}
 
 cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value) {
   if (attribute != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 ||

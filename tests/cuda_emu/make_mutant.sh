@@ -94,6 +94,10 @@ case "$name" in
     file=paged_attention_kernel.h
     from="const int head = blk.kv_head * group + row % group;"
     to="const int head = blk.kv_head * group;" ;;
+  paged_scatter_v_at_k_width)  # a V row placed at the K row width (head_dim for v_head_dim)
+    file=paged_scatter_kernel.h
+    from="v_pages[rows[i] * v_words + c]"
+    to="v_pages[rows[i] * k_words + c]" ;;
   naive_nan_as_blocked)  # a NaN softmax sum taken for a fully blocked row (the review's bug)
     file=naive_attention.cu
     from="const bool blocked = sum == 0.0f;"

@@ -4,7 +4,8 @@
 // caches; page sizes 1, 16 and 64; key counts around the split size (1, 255, 256, 257, 1000);
 // decode steps and prefill chunks (q_len > 1, causal bottom-right); GQA 8/2, 4/1 and 1/1;
 // D 64 and 128 and D != Dv (up to 200: the 8-columns-per-lane instantiation); the NaN rule; and
-// bitwise batch invariance.
+// bitwise batch invariance. And the scatter of new rows into a device store's pages
+// (paged_scatter_kernel.h).
 //
 // Every buffer has its exact size (ASan sees an overrun); the pool's pages are scattered (a
 // random permutation), and every pool element no sequence owns (unused pages, slots past a
@@ -13,6 +14,7 @@
 //
 // The launches mirror paged_attention.cu (which uses <<<>>> and is not compiled here).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -26,7 +28,9 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/paged_attention_kernel.h"
 #include "kernels/cuda/paged_attention_shape.h"
+#include "kernels/cuda/paged_scatter_kernel.h"
 #include "kernels/dtype.h"
+#include "kernels/page_store.h"
 #include "kernels/paged_attention_params.h"
 #include "kernels/reference.h"
 #include "tests/cuda_emu/emu.h"
@@ -398,6 +402,90 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, PagedAttentionEmuTest,
                          [](const testing::TestParamInfo<DType>& info) {
                            return std::string(DTypeName(info.param));
                          });
+
+// The scatter of new rows into a device store's pages (paged_scatter_kernel.h, the device
+// PageStore's WriteRows): rows at random (page, kv head, slot) places, the first and the last
+// row of the pages among them, D != Dv (a V row placed at the K row width lands elsewhere),
+// every cache element width. Each written row must hold its source's bytes at the place
+// PagedAttentionParams::k_offset / v_offset give; every other byte keeps its fill. The kernel
+// runs with the grid its launch code (paged_attention.cu) gives and with fewer blocks (its
+// threads then stride over the rest).
+template <typename Word>
+void CheckScatter(DType dtype, unsigned blocks_cap) {
+  SCOPED_TRACE(DTypeName(dtype));
+  ASSERT_EQ(sizeof(Word), DTypeSize(dtype));
+  PageStoreShape shape;
+  shape.num_kv_heads = 2;
+  shape.head_dim = 40;
+  shape.v_head_dim = 72;
+  shape.page_size = 16;
+  shape.dtype = dtype;
+  shape.capacity = 5;
+  PagedAttentionParams p;  // for its offsets
+  p.num_kv_heads = shape.num_kv_heads;
+  p.head_dim = shape.head_dim;
+  p.v_head_dim = shape.v_head_dim;
+  p.page_size = shape.page_size;
+  const int64_t all_rows = int64_t{shape.capacity} * shape.num_kv_heads * shape.page_size;
+  std::mt19937 rng(11);
+  std::vector<int64_t> order(all_rows);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  // 37 distinct places, among them the pages' first and last rows (page 4, head 1, slot 15).
+  std::vector<std::array<int, 3>> places;
+  std::vector<int64_t> rows;
+  for (int64_t r : order) {
+    if (static_cast<int>(places.size()) == 35) break;
+    if (r == 0 || r == all_rows - 1) continue;
+    places.push_back({static_cast<int>(r / (shape.num_kv_heads * shape.page_size)),
+                      static_cast<int>(r / shape.page_size % shape.num_kv_heads),
+                      static_cast<int>(r % shape.page_size)});
+  }
+  places.push_back({0, 0, 0});
+  places.push_back({shape.capacity - 1, shape.num_kv_heads - 1, shape.page_size - 1});
+  for (const auto& [page, head, slot] : places) rows.push_back(shape.row(page, head, slot));
+  const int64_t n = static_cast<int64_t>(rows.size());
+  const int D = shape.head_dim, Dv = shape.v_head_dim;
+  std::vector<Word> k_src(size_t(n) * D), v_src(size_t(n) * Dv);
+  for (Word& w : k_src) w = static_cast<Word>(rng());
+  for (Word& w : v_src) w = static_cast<Word>(rng());
+  const size_t k_words = size_t(shape.capacity) * shape.k_page_bytes() / sizeof(Word);
+  const size_t v_words = size_t(shape.capacity) * shape.v_page_bytes() / sizeof(Word);
+  const Word fill = static_cast<Word>(0xa5a5a5a5u);
+  std::vector<Word> k_want(k_words, fill), v_want(v_words, fill);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& [page, head, slot] = places[i];
+    std::copy_n(&k_src[size_t(i) * D], D, &k_want[p.k_offset(page, head, slot)]);
+    std::copy_n(&v_src[size_t(i) * Dv], Dv, &v_want[p.v_offset(page, head, slot)]);
+  }
+  const int64_t words = n * (D + Dv);
+  const unsigned blocks = std::min<unsigned>(
+      blocks_cap, static_cast<unsigned>((words + kPagedScatterThreads - 1) / kPagedScatterThreads));
+  // Exact-size buffers (ASan sees a write past the pages or a read past the rows).
+  std::unique_ptr<Word[]> k_pages(new Word[k_words]), v_pages(new Word[v_words]);
+  std::fill_n(k_pages.get(), k_words, fill);
+  std::fill_n(v_pages.get(), v_words, fill);
+  std::unique_ptr<int64_t[]> rows_dev(new int64_t[rows.size()]);
+  std::copy(rows.begin(), rows.end(), rows_dev.get());
+  emu::Launch(dim3(blocks), dim3(kPagedScatterThreads), 0, [&] {
+    PagedScatterRowsKernel<Word>(k_src.data(), v_src.data(), rows_dev.get(), n, D, Dv,
+                                 k_pages.get(), v_pages.get());
+  });
+  size_t bad = 0;
+  for (size_t e = 0; e < k_words; ++e) {
+    if (k_pages[e] != k_want[e] && ++bad <= 5) ADD_FAILURE() << "K element " << e;
+  }
+  for (size_t e = 0; e < v_words; ++e) {
+    if (v_pages[e] != v_want[e] && ++bad <= 10) ADD_FAILURE() << "V element " << e;
+  }
+  EXPECT_EQ(bad, 0u);
+}
+
+TEST(PagedScatterEmuTest, RowsLandInTheirPlaces) {
+  CheckScatter<uint16_t>(DType::kFloat16, 1u << 20);
+  CheckScatter<uint16_t>(DType::kBFloat16, 3);
+  CheckScatter<uint32_t>(DType::kFloat32, 2);
+}
 
 }  // namespace
 }  // namespace attnserve::kernels::cuda

@@ -345,6 +345,47 @@ TEST_P(CudaPagedAttentionTest, BatchInvariantBitwise) {
   EXPECT_EQ(std::memcmp(alone.lse.data(), packed.lse.data() + 4 * 8, 8 * sizeof(float)), 0);
 }
 
+// The same pool in a device page store (NewPageStore; every row written by WriteRows, the NaN
+// fill included): its pages read back unchanged, and PagedAttention on them gives the bits of
+// the call on host pages (the same kernel, the pages read in place instead of staged).
+TEST_P(CudaPagedAttentionTest, DeviceStoreMatchesHostPages) {
+  PagedPool pool = MakePagedPool(GetParam(), {{1, 1000, 5}, {13, 300, 6}, {1, 257, 4}}, 7);
+  PagedAttentionParams& p = pool.p;
+  PageStoreShape shape;
+  shape.num_kv_heads = p.num_kv_heads;
+  shape.head_dim = p.head_dim;
+  shape.v_head_dim = p.v_head_dim;
+  shape.page_size = p.page_size;
+  shape.dtype = p.dtype;
+  shape.capacity = static_cast<int32_t>(pool.k.size() / shape.k_page_bytes());
+  auto store = backend_->NewPageStore(shape);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->on_device());
+  // The pool's pages are rows 0..n-1 in order (page_store.h's row numbering).
+  std::vector<int64_t> rows(size_t(shape.capacity) * shape.num_kv_heads * shape.page_size);
+  std::iota(rows.begin(), rows.end(), 0);
+  ASSERT_TRUE((*store)->WriteRows(pool.k.data(), pool.v.data(), rows).ok());
+  std::vector<uint8_t> k(shape.k_page_bytes()), v(shape.v_page_bytes());
+  for (int32_t page = 0; page < shape.capacity; ++page) {
+    ASSERT_TRUE((*store)->ReadPage(page, k.data(), v.data()).ok());
+    EXPECT_EQ(std::memcmp(k.data(), pool.k.data() + page * k.size(), k.size()), 0) << page;
+    EXPECT_EQ(std::memcmp(v.data(), pool.v.data() + page * v.size(), v.size()), 0) << page;
+  }
+  ASSERT_TRUE(backend_->PagedAttention(p).ok());
+  const std::vector<float> host_out = pool.out, host_lse = pool.lse;
+  PagedAttentionParams pd = p;
+  pd.store = store->get();
+  pd.k_pages = (*store)->k_base();
+  pd.v_pages = (*store)->v_base();
+  std::fill(pool.out.begin(), pool.out.end(), -12345.0f);
+  std::fill(pool.lse.begin(), pool.lse.end(), -12345.0f);
+  ASSERT_TRUE(backend_->PagedAttention(pd).ok());
+  EXPECT_EQ(std::memcmp(pool.out.data(), host_out.data(), host_out.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(pool.lse.data(), host_lse.data(), host_lse.size() * sizeof(float)), 0);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes,
+            int64_t{shape.capacity} * (shape.k_page_bytes() + shape.v_page_bytes()));
+}
+
 INSTANTIATE_TEST_SUITE_P(CacheTypes, CudaPagedAttentionTest,
                          ::testing::Values(DType::kFloat16, DType::kBFloat16, DType::kFloat32),
                          [](const auto& info) { return std::string(DTypeName(info.param)); });

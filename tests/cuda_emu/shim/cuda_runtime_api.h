@@ -57,7 +57,10 @@ struct cudaDeviceProp {
 };
 
 // Device memory is host memory (exact size, so ASan sees overruns); a copy, a stream
-// synchronisation or an allocation "on a stream" completes before it returns.
+// synchronisation or an allocation "on a stream" completes before it returns. cudaDeviceReset
+// frees every live cudaMalloc / cudaMallocAsync allocation (CUDA's reset destroys the context
+// and its memory) and clears an injected sticky error; cudaFree of a pointer not allocated (or
+// already freed, by a free or a reset) fails with cudaErrorInvalidValue and frees nothing.
 cudaError_t cudaGetDeviceCount(int* count);
 cudaError_t cudaSetDevice(int device);
 cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
@@ -83,6 +86,17 @@ const char* cudaGetErrorName(cudaError_t error);
 const char* cudaGetErrorString(cudaError_t error);
 
 namespace emu {
+
+// Breaks the emulated device's context as a device fault does (an illegal address, ...):
+// until cudaDeviceReset, cudaStreamSynchronize, cudaDeviceSynchronize, cudaMemcpyAsync and the
+// allocations return `error` (tests of the backend's recovery).
+void InjectStickyError(cudaError_t error);
+// Live device allocations (cudaMalloc, cudaMallocAsync not yet freed).
+size_t DeviceAllocations();
+// Frees of pointers the device did not hold (cudaErrorInvalidValue), since the start.
+size_t InvalidFrees();
+// Bytes copied host to device (cudaMemcpyHostToDevice), since the start.
+size_t HostToDeviceBytes();
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel` (any other attribute is an error).
 cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value);
