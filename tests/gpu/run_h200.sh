@@ -37,8 +37,10 @@
 # generic d100, fp16 and bf16, 3 variants), 12 naive and 6 decode launches on at most 330 keys;
 # 25 s each leaves a 40x slowdown room over the earlier 18 + 6 + 6. Step 2 includes the paged attention of
 # the decode sessions (CudaPagedAttentionTest: 6 small calls of at most 1300 keys, 8 heads,
-# d128, against the float64 reference, and bitwise batch invariance); step 6 repeats its FLOAT16
-# half under memcheck (2 backend calls; most of the 20 s is the CUDA and cuBLAS start-up).
+# d128, against the float64 reference, bitwise batch invariance, and the device page store:
+# WriteRows' scatter kernel, pages read back, PagedAttention on device pages bitwise equal to
+# the call on host pages); step 6 repeats its FLOAT16 half under memcheck (a few backend calls
+# and one scatter per pool; most of the 20 s is the CUDA and cuBLAS start-up).
 #
 # Prepare here (no GPU needed):
 #   cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=Release
