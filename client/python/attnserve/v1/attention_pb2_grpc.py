@@ -179,9 +179,10 @@ class AttentionServiceServicer(object):
         pool of fixed size (GetServerInfo.sessions); a fork shares its parent's pages copy-on-write.
 
         Sessions live in one server process and are lost when it restarts, when the pool is full
-        and the server evicts the least recently used idle session (SessionSettings.when_full), or
-        after SessionSettings.idle_ttl_us without use. A lost session answers FAILED_PRECONDITION
-        with a message that starts "session lost (" + the reason (evicted, expired, restarted) +
+        and the server evicts the least recently used idle session (SessionSettings.when_full),
+        after SessionSettings.idle_ttl_us without use, or when the GPU that holds their cache is
+        re-initialised after a device fault. A lost session answers FAILED_PRECONDITION with a
+        message that starts "session lost (" + the reason (evicted, expired, restarted, device reset) +
         "):" and tells the caller to create a new session and prefill it again; the same reason is
         in the trailing metadata key "attnserve-session-lost" of unary calls. An id this server
         never issued, or one already closed, is NOT_FOUND; an id that is not well-formed is
