@@ -1,0 +1,149 @@
+// Decode sessions on the CUDA backend's device page store, on the emulated device: the session
+// manager (server/sessions/session_manager.h) writes new K and V through CudaPageStore::WriteRows
+// (the scatter kernel), copies a fork's shared last page with CopyPage, and PagedAttention reads
+// the pages where they are. The same prefills, steps and fork run on a second manager with host
+// pages and the reference backend (float64): every output agrees within the paged kernels'
+// tolerance. Closing every session leaves the pool empty and frees the device store.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/reference.h"
+#include "server/sessions/session_manager.h"
+
+namespace attnserve {
+namespace {
+
+using server::sessions::ExtendItem;
+using server::sessions::SessionManager;
+
+constexpr int kHq = 4, kHkv = 2, kD = 16, kDv = 8;
+
+// Projected q, k, v of `t` tokens, token-major ([t, H, D]), float32.
+struct Tokens {
+  std::vector<float> q, k, v;
+  Tokens(int t, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(-1.5f, 1.5f);
+    q.resize(size_t(t) * kHq * kD);
+    k.resize(size_t(t) * kHkv * kD);
+    v.resize(size_t(t) * kHkv * kDv);
+    for (float& x : q) x = d(rng);
+    for (float& x : k) x = d(rng);
+    for (float& x : v) x = d(rng);
+  }
+};
+
+// One manager and the backend its extends compute on.
+struct Side {
+  std::unique_ptr<kernels::Backend> backend;
+  std::unique_ptr<SessionManager> manager;
+
+  // Extends `id` with tokens [from, to) of `t` (all its chunks); the output [to - from, Hq, Dv].
+  std::vector<float> Extend(const std::string& id, const Tokens& t, int from, int to) {
+    ExtendItem item;
+    const absl::Status begun = manager->BeginExtend(id, std::nullopt, to - from, &item);
+    EXPECT_TRUE(begun.ok()) << begun;
+    if (!begun.ok()) return {};
+    item.q = t.q.data() + int64_t{from} * kHq * kD;
+    item.k = t.k.data() + int64_t{from} * kHkv * kD;
+    item.v = t.v.data() + int64_t{from} * kHkv * kDv;
+    ExtendItem* items[] = {&item};
+    do {
+      manager->Compute(items, backend.get());
+    } while (item.pending());
+    EXPECT_TRUE(item.status.ok()) << item.status;
+    item.lease.End(item.status.ok());
+    return item.out;
+  }
+};
+
+class SessionEmuTest : public testing::TestWithParam<kernels::DType> {
+ protected:
+  void SetUp() override {
+    kernels::cuda::CudaBackendOptions cuda_options;
+    cuda_options.num_streams = 2;
+    auto cuda = kernels::cuda::CudaBackend::Create(cuda_options);
+    ASSERT_TRUE(cuda.ok()) << cuda.status();
+    cuda_ = cuda->get();
+    device_.backend = std::move(*cuda);
+    host_.backend = std::make_unique<kernels::ReferenceBackend>();
+
+    server::sessions::SessionOptions options;
+    options.page_tokens = 4;
+    options.prefill_chunk_tokens = 3;  // prefills in chunks, as the server computes them
+    options.pool_bytes = 64 << 10;
+    options.backend = device_.backend.get();
+    device_.manager = SessionManager::Create(options, nullptr).value();
+    options.backend = nullptr;  // host pages
+    host_.manager = SessionManager::Create(options, nullptr).value();
+  }
+
+  // The same session on both sides.
+  std::pair<std::string, std::string> Create() {
+    server::sessions::SessionSpec spec;
+    spec.num_heads = kHq;
+    spec.num_kv_heads = kHkv;
+    spec.head_dim = kD;
+    spec.v_head_dim = kDv;
+    spec.cache_dtype = GetParam();
+    return {device_.manager->Create(spec).value().id, host_.manager->Create(spec).value().id};
+  }
+
+  // Extends both and compares the outputs.
+  void Extend(const std::pair<std::string, std::string>& ids, const Tokens& t, int from, int to) {
+    const std::vector<float> got = device_.Extend(ids.first, t, from, to);
+    const std::vector<float> want = host_.Extend(ids.second, t, from, to);
+    ASSERT_EQ(got.size(), size_t(to - from) * kHq * kDv);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_NEAR(got[i], want[i], 2e-5) << "tokens [" << from << ", " << to << "), element " << i;
+    }
+  }
+
+  kernels::cuda::CudaBackend* cuda_ = nullptr;
+  Side device_, host_;
+};
+
+TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
+  const auto a = Create();
+  ASSERT_TRUE(cuda_->MemoryFigures().session_pages_bytes > 0);  // the layout's device store
+  const Tokens ta(12, 1), tb(12, 2);
+  Extend(a, ta, 0, 5);  // a prefill in two chunks, across a page boundary
+  Extend(a, ta, 5, 6);
+  Extend(a, ta, 6, 7);  // 7 tokens: the last page holds 3 of 4
+  // The fork shares a's pages; its first extend copies the shared last page (CopyPage) before
+  // writing its own token there, and a's page keeps a's.
+  const std::pair<std::string, std::string> b = {
+      device_.manager->Fork(a.first, false, absl::ZeroDuration()).value().id,
+      host_.manager->Fork(a.second, false, absl::ZeroDuration()).value().id};
+  Extend(b, tb, 7, 9);
+  Extend(a, ta, 7, 8);
+  Extend(a, ta, 8, 12);
+  Extend(b, tb, 9, 10);
+
+  EXPECT_GT(device_.manager->Usage().pages_used, 0);
+  for (const auto& ids : {a, b}) {
+    ASSERT_TRUE(device_.manager->Close(ids.first).ok());
+    ASSERT_TRUE(host_.manager->Close(ids.second).ok());
+  }
+  EXPECT_EQ(device_.manager->Usage().pages_used, 0);
+  EXPECT_EQ(device_.manager->Usage().bytes_used, 0);
+  // The layout's arena went with its last session, and its device memory with it.
+  EXPECT_EQ(cuda_->MemoryFigures().session_pages_bytes, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(CacheTypes, SessionEmuTest,
+                         testing::Values(kernels::DType::kFloat16, kernels::DType::kBFloat16,
+                                         kernels::DType::kFloat32),
+                         [](const testing::TestParamInfo<kernels::DType>& info) {
+                           return std::string(kernels::DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace attnserve
