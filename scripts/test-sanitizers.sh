@@ -37,8 +37,9 @@ ctest --preset tsan -L "batcher|server" -LE python
 # FLOAT16 (its other cache types: same schedule, other element types); the plain attention
 # path's softmax kernel (block reductions through shared memory) in fp16 on its odd lengths
 # and mask layouts (its other cases run the same block schedule, about 2 minutes more), the
-# elementwise kernels and linear.cc's fallback. backend_emu_test calls the backend from one
-# thread (its kernels' races are the kernel tests'), and is left to ASan (about 6 minutes
-# under TSan here).
+# elementwise kernels and linear.cc's fallback. backend_emu_test, paged_store_emu_test and
+# session_emu_test call the backend from one thread (their kernels' races are the kernel
+# tests': the scatter kernel's is PagedScatterEmuTest in paged_attention_emu_test), and are left
+# to ASan (backend_emu_test: about 6 minutes under TSan here).
 ctest --preset tsan -L cuda_emu -E \
-  "bfloat16|hdim(96|128|160|192|256)|BFLOAT16|FLOAT32|BackendEmuTest|NaiveAttentionEmuTest.(HeadDims|Causal|KeyLengths|GroupedQueryAttention|WithoutWeights|NaNRule)"
+  "bfloat16|hdim(96|128|160|192|256)|BFLOAT16|FLOAT32|BackendEmuTest|PagedStoreEmuTest|SessionEmuTest|NaiveAttentionEmuTest.(HeadDims|Causal|KeyLengths|GroupedQueryAttention|WithoutWeights|NaNRule)"
