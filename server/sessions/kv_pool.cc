@@ -66,17 +66,15 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
   }
   std::unique_ptr<Arena> arena(new Arena());
   arena->layout_ = layout;
-  arena->k_page_bytes_ = k_bytes;
-  arena->v_page_bytes_ = v_bytes;
-  arena->capacity_ =
-      static_cast<int32_t>(std::min<int64_t>(pool_bytes_ / (k_bytes + v_bytes), INT32_MAX));
   kernels::PageStoreShape shape;
   shape.num_kv_heads = layout.num_kv_heads;
   shape.head_dim = layout.head_dim;
   shape.v_head_dim = layout.v_head_dim;
   shape.page_size = page_tokens_;
   shape.dtype = layout.dtype;
-  shape.capacity = arena->capacity_;
+  // As many pages as the whole budget would hold, so page indices never move.
+  shape.capacity =
+      static_cast<int32_t>(std::min<int64_t>(pool_bytes_ / (k_bytes + v_bytes), INT32_MAX));
   auto store = new_store_(shape);
   if (!store.ok()) return store.status();
   arena->store_ = *std::move(store);

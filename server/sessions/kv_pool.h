@@ -61,11 +61,12 @@ struct PageLayout {
 class Arena {
  public:
   const PageLayout& layout() const { return layout_; }
-  int64_t page_bytes() const { return k_page_bytes_ + v_page_bytes_; }
-  // The pages' memory (PagedAttentionParams::store, k_pages, v_pages).
+  // The pages' memory (PagedAttentionParams::store, k_pages, v_pages); its shape gives the page
+  // size in bytes and the pages it holds.
   kernels::PageStore* store() const { return store_.get(); }
-  int64_t k_page_bytes() const { return k_page_bytes_; }
-  int64_t v_page_bytes() const { return v_page_bytes_; }
+  int64_t k_page_bytes() const { return store_->shape().k_page_bytes(); }
+  int64_t v_page_bytes() const { return store_->shape().v_page_bytes(); }
+  int64_t page_bytes() const { return k_page_bytes() + v_page_bytes(); }
   // References to `page` (sessions holding it).
   int refs(int32_t page) const { return refs_[page]; }
   int64_t pages_used() const { return pages_used_; }
@@ -75,8 +76,6 @@ class Arena {
   Arena() = default;
 
   PageLayout layout_;
-  int64_t k_page_bytes_ = 0, v_page_bytes_ = 0;
-  int32_t capacity_ = 0;  // pages the store holds
   std::unique_ptr<kernels::PageStore> store_;
   int32_t next_unused_ = 0;    // pages below it have been handed out at least once
   std::vector<int32_t> free_;  // freed pages, reused first
