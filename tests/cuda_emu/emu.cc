@@ -1,7 +1,13 @@
 // The host emulation of the CUDA execution model (emu.h).
 #include "tests/cuda_emu/emu.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -48,45 +54,74 @@ constexpr absl::Duration kDeadlockTimeout = absl::Seconds(600);
 CpAsyncMode g_mode = CpAsyncMode::kLandAtIssue;
 std::function<bool(const uint3&)> g_block_filter;
 
-// A barrier over a changing set of live threads: a generation count under one mutex; a thread
-// that exits stops counting (CUDA: exited threads no longer take part in __syncthreads).
-struct Barrier {
-  attnserve::Mutex mu;
-  attnserve::CondVar cv;
-  int live ABSL_GUARDED_BY(mu) = 0;
-  int arrived ABSL_GUARDED_BY(mu) = 0;
-  uint64_t generation ABSL_GUARDED_BY(mu) = 0;
+// A barrier over a changing set of live threads; a thread that exits stops counting (CUDA:
+// exited threads no longer take part in __syncthreads). One atomic word holds (live, arrived),
+// so arriving and exiting take no lock; the last to arrive (or an exit that completes the count)
+// bumps the generation and wakes the sleepers with one futex call. Waiters sleep on the
+// generation itself and return without touching a lock: with a mutex and a condition variable
+// (as before) every release woke up to 255 threads to fight over the mutex, and the emulated
+// kernels spent most of their time in the kernel's futex code. The happens-before edges
+// ThreadSanitizer needs are the atomics' own (acq_rel on the count, release/acquire on the
+// generation); the futex only puts threads to sleep.
+class Barrier {
+ public:
+  void SetLive(int n) { state_.store(Pack(n, 0), std::memory_order_relaxed); }
 
-  void ReleaseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    arrived = 0;
-    ++generation;
-    cv.NotifyAll();
-  }
-  void SetLive(int n) {
-    attnserve::MutexLock lock(&mu);
-    live = n;
-  }
   // Returns the number of threads that took part.
   int Arrive(const char* what) {
-    attnserve::MutexLock lock(&mu);
-    const uint64_t gen = generation;
-    const int participants = live;
-    if (++arrived == live) {
-      ReleaseLocked();
-      return participants;
+    const uint32_t gen = generation_.load(std::memory_order_acquire);
+    const uint64_t old = state_.fetch_add(1, std::memory_order_acq_rel);
+    const int live = Live(old), arrived = Arrived(old) + 1;
+    if (arrived == live) {
+      Release(arrived);
+      return live;
     }
-    const absl::Time deadline = absl::Now() + kDeadlockTimeout;
-    while (generation == gen) {
-      if (cv.WaitWithDeadline(&mu, deadline) && generation == gen)
-        Fail(std::string(what) + ": deadlock (not every live thread reached the barrier)");
-    }
-    return participants;
+    Wait(gen, what);
+    return live;
   }
+
   void Exit() {
-    attnserve::MutexLock lock(&mu);
-    --live;
-    if (arrived > 0 && arrived == live) ReleaseLocked();
+    const uint64_t old = state_.fetch_sub(uint64_t{1} << 32, std::memory_order_acq_rel);
+    const int live = Live(old) - 1, arrived = Arrived(old);
+    if (arrived > 0 && arrived == live) Release(arrived);
   }
+
+ private:
+  static uint64_t Pack(int live, int arrived) {
+    return (uint64_t{static_cast<uint32_t>(live)} << 32) | static_cast<uint32_t>(arrived);
+  }
+  static int Live(uint64_t s) { return static_cast<int>(s >> 32); }
+  static int Arrived(uint64_t s) { return static_cast<int>(s & 0xffffffffu); }
+
+  // Every live thread has arrived and waits for the generation to change: nobody else touches
+  // the count until then.
+  void Release(int arrived) {
+    state_.fetch_sub(static_cast<uint64_t>(arrived), std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_release);
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAKE_PRIVATE, INT32_MAX,
+            nullptr, nullptr, 0);
+  }
+
+  void Wait(uint32_t gen, const char* what) {
+    const absl::Time deadline = absl::Now() + kDeadlockTimeout;
+    while (generation_.load(std::memory_order_acquire) == gen) {
+      const absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) {
+        Fail(std::string(what) + ": deadlock (not every live thread reached the barrier)");
+      }
+      const timespec ts = absl::ToTimespec(left);
+      // Returns at once when the generation has moved on already (EAGAIN), on a wake, a
+      // signal or the timeout; the loop checks again either way.
+      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAIT_PRIVATE, gen, &ts,
+              nullptr, 0);
+    }
+  }
+
+  std::atomic<uint64_t> state_{0};  // live << 32 | arrived
+  std::atomic<uint32_t> generation_{0};
+  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                    std::atomic<uint32_t>::is_always_lock_free,
+                "the futex word is the atomic's own storage");
 };
 
 struct Warp {
