@@ -98,8 +98,7 @@ class Barrier {
   void Release(int arrived) {
     state_.fetch_sub(static_cast<uint64_t>(arrived), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAKE_PRIVATE, INT32_MAX,
-            nullptr, nullptr, 0);
+    Futex(FUTEX_WAKE_PRIVATE, INT_MAX, nullptr);
   }
 
   void Wait(uint32_t gen, const char* what) {
@@ -112,9 +111,14 @@ class Barrier {
       const timespec ts = absl::ToTimespec(left);
       // Returns at once when the generation has moved on already (EAGAIN), on a wake, a
       // signal or the timeout; the loop checks again either way.
-      syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), FUTEX_WAIT_PRIVATE, gen, &ts,
-              nullptr, 0);
+      Futex(FUTEX_WAIT_PRIVATE, gen, &ts);
     }
+  }
+
+  // futex(2) on the generation word: WAKE wakes up to `val` sleepers; WAIT sleeps while the
+  // word equals `val`, at most *timeout (relative).
+  void Futex(int op, uint32_t val, const timespec* timeout) {
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), op, val, timeout, nullptr, 0);
   }
 
   std::atomic<uint64_t> state_{0};  // live << 32 | arrived
