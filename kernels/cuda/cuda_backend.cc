@@ -6,11 +6,14 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/device_pages.h"
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/cuda/linear.h"
 #include "kernels/cuda/online_softmax.h"
@@ -880,35 +883,68 @@ absl::Status LostPagesError() {
 // worker of the backend, like a call: its stream, staging and device buffer, and the exclusion
 // of a device reset while it runs, so that lost() checked after taking it stays true or false
 // until the operation ends.
+//
+// K and V each have a DeviceAddressRange of the whole capacity; a page gets device memory when
+// it is first written (WriteRows, CopyPage's target) and gives it back when discarded: the
+// granules a page lies in stay mapped while any live page lies in them.
 class CudaPageStore final : public PageStore {
  public:
-  CudaPageStore(CudaBackend* backend, const PageStoreShape& shape, uint64_t epoch, void* k, void* v,
-                int64_t bytes)
-      : PageStore(shape), backend_(backend), epoch_(epoch), k_(k), v_(v), bytes_(bytes) {}
+  CudaPageStore(CudaBackend* backend, const PageStoreShape& shape, uint64_t epoch,
+                std::unique_ptr<DeviceAddressRange> k, std::unique_ptr<DeviceAddressRange> v)
+      : PageStore(shape),
+        backend_(backend),
+        epoch_(epoch),
+        k_(std::move(k)),
+        v_(std::move(v)),
+        live_(static_cast<size_t>(shape.capacity), false) {}
 
   ~CudaPageStore() override {
     cudaSetDevice(backend_->options_.device);
     CudaBackend::Worker* w = backend_->AcquireWorker();
-    // After a reset the pointers are stale: the reset freed them (and zeroed the count).
-    if (!lost()) {
-      cudaFree(k_);
-      cudaFree(v_);
+    MutexLock lock(&map_mu_);
+    // After a reset the ranges are gone with the context (and the count was zeroed).
+    if (lost()) {
+      k_->Abandon();
+      v_->Abandon();
+    } else {
+      ReleaseDiscardedLocked();
+      const int64_t mapped = k_->mapped_bytes() + v_->mapped_bytes();
+      k_.reset();
+      v_.reset();
       cudaGetLastError();
-      MutexLock lock(&backend_->mu_);
-      backend_->session_pages_bytes_ -= bytes_;
+      MutexLock backend_lock(&backend_->mu_);
+      backend_->session_pages_bytes_ -= mapped;
     }
     backend_->ReleaseWorker(w);
   }
 
   bool on_device() const override { return true; }
-  void* k_base() const override { return k_; }
-  void* v_base() const override { return v_; }
+  void* k_base() const override { return k_->base(); }
+  void* v_base() const override { return v_->base(); }
   bool lost() const override { return backend_->epoch_.load() != epoch_; }
+
+  // The device memory behind `page` goes back to the device at the store's next operation (or
+  // its destruction), which holds a worker and so excludes a reset; once no live page shares
+  // its granules. Here: no worker is taken under the caller's (the session manager's) lock.
+  void Discard(int32_t page) override {
+    MutexLock lock(&map_mu_);
+    if (!live_[page]) return;
+    live_[page] = false;
+    discarded_.push_back(page);
+  }
 
   absl::Status WriteRows(const void* k_rows, const void* v_rows,
                          absl::Span<const int64_t> rows) override {
     if (rows.empty()) return absl::OkStatus();
     return WithWorker([&](CudaBackend::Worker* w) -> absl::Status {
+      {
+        const int64_t rows_per_page = int64_t{shape().num_kv_heads} * shape().page_size;
+        MutexLock lock(&map_mu_);
+        for (const int64_t row : rows) {
+          if (absl::Status s = MakeLiveLocked(static_cast<int32_t>(row / rows_per_page)); !s.ok())
+            return s;
+        }
+      }
       const size_t esize = DTypeSize(shape().dtype);
       const size_t k_row = static_cast<size_t>(shape().head_dim) * esize;
       const size_t v_row = static_cast<size_t>(shape().v_head_dim) * esize;
@@ -940,7 +976,7 @@ class CudaPageStore final : public PageStore {
                       "copying new K and V rows"));
         RETURN_IF_GPU_ERROR(PagedScatterRows(
             shape().dtype, dev + o_k, dev + o_v, At<int64_t>(dev, o_rows), static_cast<int64_t>(n),
-            shape().head_dim, shape().v_head_dim, k_, v_, w->stream));
+            shape().head_dim, shape().v_head_dim, k_->base(), v_->base(), w->stream));
         // The staging is rewritten by the next chunk (and the next call).
         RETURN_IF_GPU_ERROR(
             CudaCheck(cudaStreamSynchronize(w->stream), "writing K and V rows to the pages"));
@@ -951,29 +987,40 @@ class CudaPageStore final : public PageStore {
 
   absl::Status CopyPage(int32_t from, int32_t to) override {
     return WithWorker([&](CudaBackend::Worker* w) -> absl::Status {
+      {
+        MutexLock lock(&map_mu_);
+        if (absl::Status s = LiveOrError(from); !s.ok()) return s;
+        if (absl::Status s = MakeLiveLocked(to); !s.ok()) return s;
+      }
       const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
-      RETURN_IF_GPU_ERROR(CudaCheck(
-          cudaMemcpyAsync(static_cast<char*>(k_) + to * kb, static_cast<char*>(k_) + from * kb,
-                          static_cast<size_t>(kb), cudaMemcpyDeviceToDevice, w->stream),
-          "copying a K page"));
-      RETURN_IF_GPU_ERROR(CudaCheck(
-          cudaMemcpyAsync(static_cast<char*>(v_) + to * vb, static_cast<char*>(v_) + from * vb,
-                          static_cast<size_t>(vb), cudaMemcpyDeviceToDevice, w->stream),
-          "copying a V page"));
+      char* k = k_->base();
+      char* v = v_->base();
+      RETURN_IF_GPU_ERROR(
+          CudaCheck(cudaMemcpyAsync(k + to * kb, k + from * kb, static_cast<size_t>(kb),
+                                    cudaMemcpyDeviceToDevice, w->stream),
+                    "copying a K page"));
+      RETURN_IF_GPU_ERROR(
+          CudaCheck(cudaMemcpyAsync(v + to * vb, v + from * vb, static_cast<size_t>(vb),
+                                    cudaMemcpyDeviceToDevice, w->stream),
+                    "copying a V page"));
       return ToStatus(CudaCheck(cudaStreamSynchronize(w->stream), "copying a page"));
     });
   }
 
   absl::Status ReadPage(int32_t page, void* k, void* v) const override {
     return WithWorker([&](CudaBackend::Worker* w) -> absl::Status {
+      {
+        MutexLock lock(&map_mu_);
+        if (absl::Status s = LiveOrError(page); !s.ok()) return s;
+      }
       const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
       RETURN_IF_GPU_ERROR(
-          CudaCheck(cudaMemcpyAsync(k, static_cast<const char*>(k_) + page * kb,
-                                    static_cast<size_t>(kb), cudaMemcpyDeviceToHost, w->stream),
+          CudaCheck(cudaMemcpyAsync(k, k_->base() + page * kb, static_cast<size_t>(kb),
+                                    cudaMemcpyDeviceToHost, w->stream),
                     "reading a K page"));
       RETURN_IF_GPU_ERROR(
-          CudaCheck(cudaMemcpyAsync(v, static_cast<const char*>(v_) + page * vb,
-                                    static_cast<size_t>(vb), cudaMemcpyDeviceToHost, w->stream),
+          CudaCheck(cudaMemcpyAsync(v, v_->base() + page * vb, static_cast<size_t>(vb),
+                                    cudaMemcpyDeviceToHost, w->stream),
                     "reading a V page"));
       return ToStatus(CudaCheck(cudaStreamSynchronize(w->stream), "reading a page"));
     });
@@ -990,6 +1037,10 @@ class CudaPageStore final : public PageStore {
     CudaBackend::Worker* w = backend_->AcquireWorker();
     absl::Cleanup release = [&] { backend_->ReleaseWorker(w); };
     if (lost()) return LostPagesError();
+    {
+      MutexLock lock(&map_mu_);
+      ReleaseDiscardedLocked();
+    }
     absl::Status s = op(w);
     if (!s.ok()) {
       cudaStreamSynchronize(w->stream);
@@ -998,11 +1049,56 @@ class CudaPageStore final : public PageStore {
     return absl::OkStatus();
   }
 
+  // Gives `page` device memory if it has none (RESOURCE_EXHAUSTED when the device has no more).
+  absl::Status MakeLiveLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
+    if (live_[page]) return absl::OkStatus();
+    const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
+    const int64_t before = k_->mapped_bytes() + v_->mapped_bytes();
+    GpuStatus st = k_->Acquire(page * kb, kb);
+    if (st.ok()) {
+      st = v_->Acquire(page * vb, vb);
+      if (!st.ok()) k_->Release(page * kb, kb);
+    }
+    if (!st.ok()) {
+      cudaGetLastError();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "cuda backend: cannot map device memory for session page ", page, ": ", st.error));
+    }
+    live_[page] = true;
+    MutexLock lock(&backend_->mu_);
+    backend_->session_pages_bytes_ += k_->mapped_bytes() + v_->mapped_bytes() - before;
+    return absl::OkStatus();
+  }
+  // Unmaps what the pages discarded since the last operation alone held. REQUIRES: a worker
+  // held, the store not lost.
+  void ReleaseDiscardedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
+    if (discarded_.empty()) return;
+    const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
+    const int64_t before = k_->mapped_bytes() + v_->mapped_bytes();
+    for (const int32_t page : discarded_) {
+      k_->Release(page * kb, kb);
+      v_->Release(page * vb, vb);
+    }
+    discarded_.clear();
+    cudaGetLastError();
+    MutexLock lock(&backend_->mu_);
+    backend_->session_pages_bytes_ -= before - (k_->mapped_bytes() + v_->mapped_bytes());
+  }
+  absl::Status LiveOrError(int32_t page) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
+    if (live_[page]) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuda backend: session page ", page, " holds no memory (never written, or discarded)"));
+  }
+
   CudaBackend* const backend_;
-  const uint64_t epoch_;  // the backend's epoch_ when the memory was allocated
-  void* const k_;
-  void* const v_;
-  const int64_t bytes_;  // of k_ and v_ together
+  const uint64_t epoch_;  // the backend's epoch_ when the memory was reserved
+  // Held by operations that map or unmap, and by those that need a page mapped meanwhile.
+  mutable Mutex map_mu_;
+  std::unique_ptr<DeviceAddressRange> k_;
+  std::unique_ptr<DeviceAddressRange> v_;
+  std::vector<bool> live_ ABSL_GUARDED_BY(map_mu_);  // per page: held by a session
+  // Pages discarded since the last operation, still counted in the ranges (Discard).
+  mutable std::vector<int32_t> discarded_ ABSL_GUARDED_BY(map_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<PageStore>> CudaBackend::NewPageStore(const PageStoreShape& shape) {
@@ -1016,29 +1112,31 @@ absl::StatusOr<std::unique_ptr<PageStore>> CudaBackend::NewPageStore(const PageS
   const int64_t k_bytes = int64_t{shape.capacity} * shape.k_page_bytes();
   const int64_t v_bytes = int64_t{shape.capacity} * shape.v_page_bytes();
   RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
-  // Allocated holding a worker, so that no reset falls between reading the epoch and the
-  // allocations it covers.
+  size_t free_bytes = 0, total_bytes = 0;
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo"));
+  if (k_bytes + v_bytes > static_cast<int64_t>(total_bytes)) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: the session pages of a layout (", shape.capacity, " pages, ",
+                     k_bytes + v_bytes, " bytes) would not fit in the device's ", total_bytes,
+                     " bytes; lower --session_pool_bytes"));
+  }
+  // Reserved holding a worker, so that no reset falls between reading the epoch and the
+  // reservations it covers.
   Worker* w = AcquireWorker();
   absl::Cleanup release = [&] { ReleaseWorker(w); };
   const uint64_t epoch = epoch_.load();
-  void* k = nullptr;
-  void* v = nullptr;
-  cudaError_t e = cudaMalloc(&k, static_cast<size_t>(k_bytes));
-  if (e == cudaSuccess) e = cudaMalloc(&v, static_cast<size_t>(v_bytes));
-  if (e != cudaSuccess) {
+  std::unique_ptr<DeviceAddressRange> k, v;
+  GpuStatus st = DeviceAddressRange::Reserve(options_.device, k_bytes, &k);
+  if (st.ok()) st = DeviceAddressRange::Reserve(options_.device, v_bytes, &v);
+  if (!st.ok()) {
     cudaGetLastError();
-    if (k != nullptr) cudaFree(k);
     return absl::ResourceExhaustedError(
-        absl::StrCat("cuda backend: cannot allocate ", k_bytes + v_bytes,
-                     " bytes of device memory for the session pages of a layout (", shape.capacity,
-                     " pages; each layout in use holds the whole session pool on the device): ",
-                     cudaGetErrorName(e), "; lower --session_pool_bytes"));
+        absl::StrCat("cuda backend: cannot reserve device addresses for the session pages of a "
+                     "layout (",
+                     shape.capacity, " pages, ", k_bytes + v_bytes, " bytes): ", st.error));
   }
-  {
-    MutexLock lock(&mu_);
-    session_pages_bytes_ += k_bytes + v_bytes;
-  }
-  return std::unique_ptr<PageStore>(new CudaPageStore(this, shape, epoch, k, v, k_bytes + v_bytes));
+  return std::unique_ptr<PageStore>(
+      new CudaPageStore(this, shape, epoch, std::move(k), std::move(v)));
 }
 
 absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {

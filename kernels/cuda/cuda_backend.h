@@ -22,12 +22,15 @@
 //   projections TF32 tensor cores (10-bit mantissa operands), float32 accumulation and bias.
 //
 // Session pages (decode sessions, kernels/page_store.h): NewPageStore gives each head layout the
-// paged kernels take a CudaPageStore, K and V pages allocated whole in device memory at its
-// creation (capacity x page bytes: on a CUDA server each layout in use holds its whole
-// --session_pool_bytes budget there, outside device_pool_bytes). A decode step then copies
+// paged kernels take a CudaPageStore: device addresses for its whole capacity (capacity x page
+// bytes, the --session_pool_bytes budget) reserved at its creation, and device memory mapped
+// only under the pages in use (device_pages.h: a page gets memory when first written, and a
+// granule, 2 MiB on current GPUs, is unmapped at the store's next operation once every page in
+// it was discarded). So the layouts in use share the one budget on the device too, each
+// rounded up to its granules; the memory is outside device_pool_bytes. A decode step then copies
 // only its new tokens' K and V to the device (WriteRows: one copy, one scatter kernel) and its
 // queries; PagedAttention reads the pages where they are. Layouts the kernels do not take
-// (head dims above 256) keep host pages, which the reference computes on. The pages' bytes
+// (head dims above 256) keep host pages, which the reference computes on. The mapped bytes
 // are reported in MemoryFigures().session_pages_bytes and, added to the workers' buffers, in
 // device_memory()'s pool_bytes. A device reset (below) frees them: the stores made before it
 // are lost() (their calls fail with FAILED_PRECONDITION; the sessions on them must prefill

@@ -1,6 +1,7 @@
 #include "server/sessions/kv_pool.h"
 
 #include <algorithm>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 
@@ -113,6 +114,7 @@ bool KvPool::Allocate(Arena* arena, int64_t n, std::vector<int32_t>* pages) {
   for (int64_t i = 0; i < n; ++i) {
     int32_t page;
     if (!arena->free_.empty()) {
+      std::pop_heap(arena->free_.begin(), arena->free_.end(), std::greater<>());
       page = arena->free_.back();
       arena->free_.pop_back();
     } else {
@@ -133,6 +135,7 @@ void KvPool::Unref(Arena* arena, int32_t page) {
   if (--arena->refs_[page] > 0) return;
   arena->store_->Discard(page);
   arena->free_.push_back(page);
+  std::push_heap(arena->free_.begin(), arena->free_.end(), std::greater<>());
   --arena->pages_used_;
   bytes_used_ -= arena->page_bytes();
   MaybeFree(arena);

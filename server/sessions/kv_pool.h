@@ -7,9 +7,12 @@
 // kernels::PageStore made at the arena's first use by the pool's StoreFactory: the backend's
 // (host memory for CPU backends, device memory for CUDA), or host memory by default. A store
 // holds as many pages as the whole budget would, so page indices are stable and one
-// PagedAttentionParams addresses every page of the layout from two base pointers. A host store
-// is touched only as pages are used and hands freed pages back (page_store.h); a device store
-// is allocated whole, so on CUDA each layout in use holds pool_bytes of device memory.
+// PagedAttentionParams addresses every page of the layout from two base pointers. Both kinds
+// reserve addresses for that capacity and give memory only to the pages in use: a host store
+// touches pages as they are written and hands freed ones back (page_store.h); a CUDA store maps
+// device memory by the granule as pages are written and unmaps a granule once no page in use
+// lies in it (kernels/cuda/cuda_backend.h), so the memory of all layouts together follows the
+// one budget, up to the granules' rounding.
 //
 // Accounting is exact: bytes_used() is the sum over arenas of pages held times the layout's
 // page bytes (K and V), and an allocation that would take it over pool_bytes fails.
@@ -77,8 +80,10 @@ class Arena {
 
   PageLayout layout_;
   std::unique_ptr<kernels::PageStore> store_;
-  int32_t next_unused_ = 0;    // pages below it have been handed out at least once
-  std::vector<int32_t> free_;  // freed pages, reused first
+  int32_t next_unused_ = 0;  // pages below it have been handed out at least once
+  // Freed pages, reused first, lowest first (a min-heap): the pages in use stay packed at the
+  // low end of the store, so a store that maps memory by the granule (CUDA's) keeps few mapped.
+  std::vector<int32_t> free_;
   std::vector<int32_t> refs_;  // per page below next_unused_
   int64_t pages_used_ = 0;     // pages with refs > 0
   int64_t users_ = 0;          // sessions of this layout (Acquire - Release)

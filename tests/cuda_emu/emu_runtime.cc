@@ -1,12 +1,17 @@
 // The host implementation of shim/cuda_runtime_api.h (README.md): launch checks, errors, and
 // the memory, stream and device calls of the backend on one emulated device.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <map>
 #include <set>
 
 #include "base/mutex.h"
+#include "cuda.h"
 #include "cuda_runtime_api.h"
 
 namespace {
@@ -67,11 +72,31 @@ constexpr ErrorText kErrors[] = {
 // The emulated device's memory, as cudaMemGetInfo reports it; a larger allocation fails.
 constexpr size_t kDeviceBytes = size_t{16} << 30;
 
+// Virtual memory management (shim/cuda.h): memory made by cuMemCreate (a memfd) and where it
+// is mapped.
+constexpr size_t kGranule = size_t{64} << 10;
+struct PhysicalMemory {
+  int fd;
+  size_t size;
+  bool released = false;  // cuMemRelease called: freed when its last mapping goes
+  int mappings = 0;
+};
+struct Mapping {
+  size_t size;
+  CUmemGenericAllocationHandle handle;
+};
+
 // The device's state: its live allocations (which cudaDeviceReset frees, as CUDA's does) and
 // an injected sticky error (emu::InjectStickyError).
 struct Device {
   attnserve::Mutex mu;
   std::set<void*> allocations ABSL_GUARDED_BY(mu);
+  std::map<uintptr_t, size_t> reservations ABSL_GUARDED_BY(mu);  // base -> size
+  std::map<CUmemGenericAllocationHandle, PhysicalMemory> memory ABSL_GUARDED_BY(mu);
+  CUmemGenericAllocationHandle next_handle ABSL_GUARDED_BY(mu) = 1;
+  size_t created_bytes ABSL_GUARDED_BY(mu) = 0;               // of `memory`
+  std::map<uintptr_t, Mapping> mappings ABSL_GUARDED_BY(mu);  // address -> mapping
+  size_t mapped_bytes ABSL_GUARDED_BY(mu) = 0;
   cudaError_t sticky ABSL_GUARDED_BY(mu) = cudaSuccess;
   size_t invalid_frees ABSL_GUARDED_BY(mu) = 0;
   size_t host_to_device_bytes ABSL_GUARDED_BY(mu) = 0;
@@ -162,6 +187,12 @@ cudaError_t cudaDeviceReset() {
   attnserve::MutexLock lock(&d.mu);
   for (void* p : d.allocations) std::free(p);
   d.allocations.clear();
+  for (const auto& [base, size] : d.reservations) munmap(reinterpret_cast<void*>(base), size);
+  for (const auto& [handle, m] : d.memory) close(m.fd);
+  d.reservations.clear();
+  d.memory.clear();
+  d.mappings.clear();
+  d.created_bytes = d.mapped_bytes = 0;
   d.sticky = cudaSuccess;
   return cudaSuccess;
 }
@@ -208,7 +239,233 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t /*stream*/) { return Sticky(); }
 
+namespace {
+
+bool IsDeviceZero(const CUmemLocation& l) {
+  return l.type == CU_MEM_LOCATION_TYPE_DEVICE && l.id == 0;
+}
+
+// The reservation holding [p, p + size), or end().
+std::map<uintptr_t, size_t>::const_iterator ReservationOf(const Device& d, uintptr_t p, size_t size)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(d.mu) {
+  auto it = d.reservations.upper_bound(p);
+  if (it == d.reservations.begin()) return d.reservations.end();
+  --it;
+  if (p + size > it->first + it->second) return d.reservations.end();
+  return it;
+}
+
+// Whether [p, p + size) is exactly a run of whole, adjacent mappings (at least one).
+bool WholeMappings(const Device& d, uintptr_t p, size_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(d.mu) {
+  uintptr_t at = p;
+  while (at < p + size) {
+    const auto it = d.mappings.find(at);
+    if (it == d.mappings.end()) return false;
+    at += it->second.size;
+  }
+  return at == p + size && size > 0;
+}
+
+void DropIfUnused(Device& d, CUmemGenericAllocationHandle handle)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(d.mu) {
+  const auto it = d.memory.find(handle);
+  if (it == d.memory.end() || !it->second.released || it->second.mappings > 0) return;
+  close(it->second.fd);
+  d.created_bytes -= it->second.size;
+  d.memory.erase(it);
+}
+
+}  // namespace
+
+CUresult cuMemGetAllocationGranularity(size_t* granularity, const CUmemAllocationProp* prop,
+                                       CUmemAllocationGranularity_flags /*option*/) {
+  if (granularity == nullptr || prop == nullptr || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      !IsDeviceZero(prop->location)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *granularity = kGranule;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressReserve(CUdeviceptr* ptr, size_t size, size_t alignment, CUdeviceptr addr,
+                             unsigned long long flags) {
+  if (ptr == nullptr || size == 0 || size % kGranule != 0 || addr != 0 || flags != 0 ||
+      (alignment & (alignment - 1)) != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  const size_t align = alignment < kGranule ? kGranule : alignment;
+  void* raw =
+      mmap(nullptr, size + align, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (raw == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(raw);
+  const uintptr_t base = (begin + align - 1) / align * align;
+  if (base > begin) munmap(raw, base - begin);
+  if (begin + size + align > base + size) {
+    munmap(reinterpret_cast<void*>(base + size), begin + size + align - (base + size));
+  }
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  d.reservations[base] = size;
+  *ptr = base;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  const auto it = d.reservations.find(static_cast<uintptr_t>(ptr));
+  if (it == d.reservations.end() || it->second != size) return CUDA_ERROR_INVALID_VALUE;
+  const auto m = d.mappings.lower_bound(it->first);
+  if (m != d.mappings.end() && m->first < it->first + it->second) return CUDA_ERROR_INVALID_VALUE;
+  munmap(reinterpret_cast<void*>(it->first), it->second);
+  d.reservations.erase(it);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
+                     const CUmemAllocationProp* prop, unsigned long long flags) {
+  if (handle == nullptr || prop == nullptr || size == 0 || size % kGranule != 0 || flags != 0 ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || !IsDeviceZero(prop->location)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  if (d.sticky != cudaSuccess) return CUDA_ERROR_INVALID_VALUE;
+  if (d.created_bytes + size > kDeviceBytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  const int fd = memfd_create("attnserve-emu-device-memory", MFD_CLOEXEC);
+  if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
+    close(fd);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *handle = d.next_handle++;
+  d.memory[*handle] = PhysicalMemory{fd, size};
+  d.created_bytes += size;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  const auto it = d.memory.find(handle);
+  if (it == d.memory.end() || it->second.released) return CUDA_ERROR_INVALID_VALUE;
+  it->second.released = true;
+  DropIfUnused(d, handle);
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                  unsigned long long flags) {
+  const uintptr_t p = static_cast<uintptr_t>(ptr);
+  if (size == 0 || p % kGranule != 0 || size % kGranule != 0 || offset % kGranule != 0 ||
+      flags != 0) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  const auto mem = d.memory.find(handle);
+  if (mem == d.memory.end() || mem->second.released || offset + size > mem->second.size ||
+      ReservationOf(d, p, size) == d.reservations.end()) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  // Nothing mapped in [p, p + size).
+  auto next = d.mappings.lower_bound(p);
+  if (next != d.mappings.end() && next->first < p + size) return CUDA_ERROR_INVALID_VALUE;
+  if (next != d.mappings.begin() && std::prev(next)->first + std::prev(next)->second.size > p) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  if (mmap(reinterpret_cast<void*>(p), size, PROT_NONE, MAP_SHARED | MAP_FIXED, mem->second.fd,
+           static_cast<off_t>(offset)) == MAP_FAILED) {
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  ++mem->second.mappings;
+  d.mappings[p] = Mapping{size, handle};
+  d.mapped_bytes += size;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count) {
+  const uintptr_t p = static_cast<uintptr_t>(ptr);
+  if (desc == nullptr || count != 1 || !IsDeviceZero(desc->location)) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  int prot;
+  switch (desc->flags) {
+    case CU_MEM_ACCESS_FLAGS_PROT_NONE:
+      prot = PROT_NONE;
+      break;
+    case CU_MEM_ACCESS_FLAGS_PROT_READ:
+      prot = PROT_READ;
+      break;
+    case CU_MEM_ACCESS_FLAGS_PROT_READWRITE:
+      prot = PROT_READ | PROT_WRITE;
+      break;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  if (!WholeMappings(d, p, size)) return CUDA_ERROR_INVALID_VALUE;
+  if (mprotect(reinterpret_cast<void*>(p), size, prot) != 0) return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+  const uintptr_t p = static_cast<uintptr_t>(ptr);
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  if (!WholeMappings(d, p, size)) return CUDA_ERROR_INVALID_VALUE;
+  // Back to reserved, inaccessible addresses.
+  if (mmap(reinterpret_cast<void*>(p), size, PROT_NONE,
+           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) == MAP_FAILED) {
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  for (auto it = d.mappings.find(p); it != d.mappings.end() && it->first < p + size;) {
+    const CUmemGenericAllocationHandle handle = it->second.handle;
+    d.mapped_bytes -= it->second.size;
+    --d.memory[handle].mappings;
+    it = d.mappings.erase(it);
+    DropIfUnused(d, handle);
+  }
+  return CUDA_SUCCESS;
+}
+
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned /*version*/,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status) {
+  if (symbol == nullptr || fn == nullptr || flags != cudaEnableDefault)
+    return cudaErrorInvalidValue;
+  struct Entry {
+    const char* name;
+    void* fn;
+  };
+  const Entry entries[] = {
+      {"cuMemGetAllocationGranularity", reinterpret_cast<void*>(&cuMemGetAllocationGranularity)},
+      {"cuMemAddressReserve", reinterpret_cast<void*>(&cuMemAddressReserve)},
+      {"cuMemAddressFree", reinterpret_cast<void*>(&cuMemAddressFree)},
+      {"cuMemCreate", reinterpret_cast<void*>(&cuMemCreate)},
+      {"cuMemRelease", reinterpret_cast<void*>(&cuMemRelease)},
+      {"cuMemMap", reinterpret_cast<void*>(&cuMemMap)},
+      {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess)},
+      {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap)},
+  };
+  *fn = nullptr;
+  for (const Entry& e : entries) {
+    if (std::strcmp(e.name, symbol) == 0) *fn = e.fn;
+  }
+  if (status != nullptr) {
+    *status = *fn != nullptr ? cudaDriverEntryPointSuccess : cudaDriverEntryPointSymbolNotFound;
+  }
+  return cudaSuccess;
+}
+
 namespace emu {
+
+size_t MappedBytes() {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  return d.mapped_bytes;
+}
 
 void InjectStickyError(cudaError_t error) {
   Device& d = Dev();

@@ -1,7 +1,8 @@
 // CudaBackend's device page store (cuda_backend.h, "Session pages") on the emulated device:
 // NewPageStore, WriteRows (the copy and the scatter kernel through paged_attention.cu's launch
 // code), CopyPage, ReadPage, PagedAttention reading the store's pages in place, the loss of the
-// pages at a device reset, and the memory accounting. FLOAT16, BFLOAT16 and FLOAT32 caches.
+// pages at a device reset, and the memory accounting: device memory mapped only under the pages
+// in use (shim/cuda.h's virtual memory calls). FLOAT16, BFLOAT16 and FLOAT32 caches.
 //
 // Expectations are independent of the store: a host store (NewHostPageStore, plain memcpy)
 // given the same writes, the float64 reference (ReferencePagedAttention64), and the same call
@@ -15,6 +16,7 @@
 #include <memory>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -27,6 +29,9 @@
 
 namespace attnserve::kernels::cuda {
 namespace {
+
+// The emulated device's allocation granularity (shim/cuda.h).
+constexpr int64_t kGranule = int64_t{64} << 10;
 
 // Random rows of `n` elements each in `dtype` (values in [-1.5, 1.5]).
 std::vector<uint8_t> RandomRows(DType dtype, int64_t n, std::mt19937& rng) {
@@ -105,9 +110,9 @@ TEST_P(PagedStoreEmuTest, WriteCopyAndReadRows) {
   ASSERT_NE(dev, nullptr);
   auto host = NewHostPageStore(shape);
   ASSERT_TRUE(host.ok());
-  const int64_t bytes = shape.capacity * (shape.k_page_bytes() + shape.v_page_bytes());
-  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, bytes);
-  EXPECT_GE(backend_->device_memory()[0].pool_bytes, bytes);
+  // No memory before a page is written.
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 0);
+  EXPECT_EQ(emu::MappedBytes(), 0u);
 
   const int64_t all = int64_t{shape.capacity} * shape.num_kv_heads * shape.page_size;
   std::vector<int64_t> rows(all);
@@ -115,6 +120,10 @@ TEST_P(PagedStoreEmuTest, WriteCopyAndReadRows) {
   std::mt19937 rng(5);
   std::shuffle(rows.begin(), rows.end(), rng);
   WriteBoth(*dev, **host, rows, rng);
+  // Every page written: K (5 x 1536 or 3072 bytes) and V (5 x 2560 or 5120) in one granule each.
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 2 * kGranule);
+  EXPECT_EQ(emu::MappedBytes(), size_t{2 * kGranule});
+  EXPECT_GE(backend_->device_memory()[0].pool_bytes, 2 * kGranule);
   rows.resize(29);
   rows.push_back(shape.row(0, 0, 0));
   rows.push_back(shape.row(shape.capacity - 1, shape.num_kv_heads - 1, shape.page_size - 1));
@@ -130,6 +139,105 @@ TEST_P(PagedStoreEmuTest, WriteCopyAndReadRows) {
 
   dev.reset();
   EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 0);
+  EXPECT_EQ(emu::MappedBytes(), 0u);
+}
+
+// Device memory follows the pages in use, by the granule (64 KiB on the emulated device), for
+// any number of layouts: each store reserves addresses for the whole pool, and maps a granule
+// when a page in it is first written (WriteRows, CopyPage's target), unmapping it at the
+// store's next operation once every page in it was discarded. A page may straddle two
+// granules. A discarded page cannot be read. Expectations: the granules each page's bytes
+// cover, computed here from the shape.
+TEST_P(PagedStoreEmuTest, MemoryFollowsThePagesInUse) {
+  // 2 kv heads, D 24, Dv 40: K pages of 1536 (16-bit) or 3072 bytes, V of 2560 or 5120; 200
+  // pages, 300-1000 KiB per store, so pages lie across granule boundaries.
+  const PageStoreShape shape = Shape(GetParam(), 2, 24, 40, 200);
+  const PageStoreShape other = Shape(GetParam(), 1, 64, 64, 200);
+  std::unique_ptr<PageStore> a = DeviceStore(shape);
+  std::unique_ptr<PageStore> b = DeviceStore(other);
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(emu::MappedBytes(), 0u);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 0);
+
+  // The granules holding any byte of the live pages of `s`, in bytes.
+  auto expected = [](const PageStoreShape& s, const std::vector<int32_t>& live) {
+    std::set<int64_t> k, v;
+    for (const int32_t page : live) {
+      for (int64_t g = page * s.k_page_bytes() / kGranule;
+           g <= ((page + 1) * s.k_page_bytes() - 1) / kGranule; ++g)
+        k.insert(g);
+      for (int64_t g = page * s.v_page_bytes() / kGranule;
+           g <= ((page + 1) * s.v_page_bytes() - 1) / kGranule; ++g)
+        v.insert(g);
+    }
+    return static_cast<int64_t>(k.size() + v.size()) * kGranule;
+  };
+  auto host_a = NewHostPageStore(shape);
+  auto host_b = NewHostPageStore(other);
+  ASSERT_TRUE(host_a.ok() && host_b.ok());
+  std::mt19937 rng(11);
+  auto write_pages = [&](PageStore& dev, PageStore& host, const std::vector<int32_t>& pages) {
+    const PageStoreShape& s = dev.shape();
+    std::vector<int64_t> rows;
+    for (const int32_t page : pages) {
+      for (int h = 0; h < s.num_kv_heads; ++h) {
+        for (int slot = 0; slot < s.page_size; ++slot) rows.push_back(s.row(page, h, slot));
+      }
+    }
+    WriteBoth(dev, host, rows, rng);
+  };
+  // Pages 0, 1, 42 (its K straddles the first two granules in 16 bits), 150 and the last.
+  std::vector<int32_t> live_a = {0, 1, 42, 150, 199};
+  write_pages(*a, **host_a, live_a);
+  std::vector<int32_t> live_b = {7};
+  write_pages(*b, **host_b, live_b);
+  int64_t want = expected(shape, live_a) + expected(other, live_b);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
+  EXPECT_EQ(emu::MappedBytes(), static_cast<size_t>(want));
+
+  // A copy maps its target; a page read back holds what was written.
+  ASSERT_TRUE(a->CopyPage(150, 100).ok());
+  ASSERT_TRUE((*host_a)->CopyPage(150, 100).ok());
+  live_a.push_back(100);
+  want = expected(shape, live_a) + expected(other, live_b);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
+  std::vector<uint8_t> gk(shape.k_page_bytes()), gv(shape.v_page_bytes());
+  std::vector<uint8_t> wk(shape.k_page_bytes()), wv(shape.v_page_bytes());
+  for (const int32_t page : live_a) {
+    ASSERT_TRUE(a->ReadPage(page, gk.data(), gv.data()).ok());
+    ASSERT_TRUE((*host_a)->ReadPage(page, wk.data(), wv.data()).ok());
+    EXPECT_EQ(gk, wk) << "K of page " << page;
+    EXPECT_EQ(gv, wv) << "V of page " << page;
+  }
+
+  // Discarded pages keep their memory until the store's next operation.
+  for (const int32_t page : {42, 150, 199}) a->Discard(page);
+  live_a = {0, 1, 100};
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
+  absl::Status s = a->ReadPage(150, gk.data(), gv.data());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("page 150"), std::string::npos) << s;
+  want = expected(shape, live_a) + expected(other, live_b);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
+  EXPECT_EQ(emu::MappedBytes(), static_cast<size_t>(want));
+  EXPECT_LT(want, expected(shape, {0, 1, 42, 100, 150, 199}) + expected(other, live_b));
+
+  // A discarded page written again gets memory again (its old contents are not kept).
+  write_pages(*a, **host_a, {150});
+  live_a.push_back(150);
+  want = expected(shape, live_a) + expected(other, live_b);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
+  ASSERT_TRUE(a->ReadPage(150, gk.data(), gv.data()).ok());
+  ASSERT_TRUE((*host_a)->ReadPage(150, wk.data(), wv.data()).ok());
+  EXPECT_EQ(gk, wk);
+  EXPECT_EQ(gv, wv);
+
+  a.reset();
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, expected(other, live_b));
+  b.reset();
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 0);
+  EXPECT_EQ(emu::MappedBytes(), 0u);
 }
 
 // A batch of decode steps and a prefill chunk (GQA 4/1, D 24, Dv 40, pages scattered; a
@@ -288,14 +396,15 @@ TEST_P(PagedStoreEmuTest, LostAfterADeviceReset) {
   old_store.reset();
   EXPECT_EQ(emu::DeviceAllocations(), allocations);
   EXPECT_EQ(emu::InvalidFrees(), invalid_frees);
-  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes,
-            shape.capacity * (shape.k_page_bytes() + shape.v_page_bytes()));
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 0);
+  EXPECT_EQ(emu::MappedBytes(), 0u);
   auto fresh_host = NewHostPageStore(shape);
   ASSERT_TRUE(fresh_host.ok());
   std::vector<int64_t> all(shape.capacity * shape.page_size);
   std::iota(all.begin(), all.end(), 0);
   WriteBoth(*new_store, **fresh_host, all, rng);
   ExpectSamePages(*new_store, **fresh_host);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 2 * kGranule);
 }
 
 INSTANTIATE_TEST_SUITE_P(CacheTypes, PagedStoreEmuTest,
@@ -303,7 +412,8 @@ INSTANTIATE_TEST_SUITE_P(CacheTypes, PagedStoreEmuTest,
                          [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 // Layouts the paged kernels do not take (head dims above 256) keep host pages; a pool larger
-// than the device fails with RESOURCE_EXHAUSTED naming the bytes and the flag.
+// than the device fails with RESOURCE_EXHAUSTED naming the bytes and the flag (its addresses
+// could be reserved, but its pages could never all have memory).
 TEST(PagedStoreEmuFactoryTest, HostPagesForWideHeadsAndRefusalWhenTooLarge) {
   auto b = CudaBackend::Create(CudaBackendOptions{});
   ASSERT_TRUE(b.ok()) << b.status();

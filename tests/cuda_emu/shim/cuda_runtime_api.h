@@ -80,6 +80,19 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
+// The driver's virtual memory calls (shim/cuda.h), by name: cuMemGetAllocationGranularity,
+// cuMemAddressReserve, cuMemAddressFree, cuMemCreate, cuMemRelease, cuMemMap, cuMemSetAccess and
+// cuMemUnmap (any version); any other symbol is not found.
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
+inline constexpr unsigned long long cudaEnableDefault = 0x0;
+cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned version,
+                                             unsigned long long flags,
+                                             cudaDriverEntryPointQueryResult* status);
+
 // The last launch error of the calling thread, reset to cudaSuccess by the call.
 cudaError_t cudaGetLastError();
 const char* cudaGetErrorName(cudaError_t error);
@@ -97,6 +110,8 @@ size_t DeviceAllocations();
 size_t InvalidFrees();
 // Bytes copied host to device (cudaMemcpyHostToDevice), since the start.
 size_t HostToDeviceBytes();
+// Device memory mapped into reserved address ranges now (shim/cuda.h), in bytes.
+size_t MappedBytes();
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel` (any other attribute is an error).
 cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value);

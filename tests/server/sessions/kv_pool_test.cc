@@ -71,6 +71,29 @@ TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
   (*pool)->Release(*arena);
 }
 
+// Freed pages are handed out again lowest first, before unused ones, so the pages in use stay
+// packed at the start of the store (a CUDA store maps device memory by the 2 MiB granule).
+TEST(KvPoolTest, FreedPagesAreReusedLowestFirst) {
+  const int64_t page_bytes = kLayout.k_page_bytes(16) + kLayout.v_page_bytes(16);
+  auto pool = KvPool::Create(20 * page_bytes, 16, 1);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  auto arena = (*pool)->Acquire(kLayout);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  std::vector<int32_t> held;
+  ASSERT_TRUE((*pool)->Allocate(*arena, 10, &held));
+  EXPECT_EQ(held, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}));
+  for (const int32_t page : {7, 2, 9, 4}) (*pool)->Unref(*arena, page);
+  std::vector<int32_t> again;
+  ASSERT_TRUE((*pool)->Allocate(*arena, 3, &again));
+  EXPECT_EQ(again, (std::vector<int32_t>{2, 4, 7}));
+  (*pool)->Unref(*arena, 3);
+  ASSERT_TRUE((*pool)->Allocate(*arena, 3, &again));
+  EXPECT_EQ(again, (std::vector<int32_t>{2, 4, 7, 3, 9, 10}));
+  for (const int32_t page : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) (*pool)->Unref(*arena, page);
+  EXPECT_EQ((*pool)->bytes_used(), 0);
+  (*pool)->Release(*arena);
+}
+
 // Rows land where kernels/paged_attention_params.h says a (page, kv head, slot) lives: the host
 // store against PagedAttentionParams::k_offset / v_offset, then CopyPage and ReadPage.
 TEST(KvPoolTest, HostStoreWritesRowsWhereThePagedLayoutSays) {
