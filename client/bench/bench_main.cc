@@ -13,6 +13,7 @@
 // Prints one line per phase (see --help for every flag); a live progress line only when stdout
 // is a terminal. Exit status: 0 when every request succeeded, 1 when some failed, 2 on bad
 // flags or an unreachable server.
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -30,6 +31,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/synchronization/mutex.h"
 #include "base/flags_usage.h"
 #include "client/bench/load.h"
 #include "client/bench/report.h"
@@ -132,6 +134,15 @@ int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "attnserve-bench [--target=HOST:PORT] [--rpc=attend|mha|stream] [--mode=closed|open] ...");
   absl::ParseCommandLine(argc, argv);
+  // The load generator's CPU should go to the calls, not to its own overheads (it usually shares
+  // the machine with what it measures): Debian's Abseil checks every absl::Mutex lock (gRPC's)
+  // for deadlock cycles unless told not to, as attnserve's main says; and glibc gives every
+  // buffer of 128 KiB or more (a request's or a response's bytes) fresh pages, which the kernel
+  // zeroes and faults in, and unmaps them when it is freed: per call, with large tensors. Here
+  // they stay in the heap and are reused (the process keeps its peak).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  mallopt(M_MMAP_THRESHOLD, 64 << 20);
+  mallopt(M_TRIM_THRESHOLD, 512 << 20);
 
   // --- Flags to options ---
   bench::LoadOptions load;
