@@ -2,6 +2,7 @@
 #include "tests/cuda_emu/emu.h"
 
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <thread>
 #include <utility>
@@ -53,6 +55,15 @@ constexpr absl::Duration kDeadlockTimeout = absl::Seconds(600);
 
 CpAsyncMode g_mode = CpAsyncMode::kLandAtIssue;
 std::function<bool(const uint3&)> g_block_filter;
+
+// futex(2) on a 32-bit atomic: WAIT sleeps while the word equals `val` (at most *timeout,
+// relative, when given); WAKE wakes up to `val` sleepers.
+void FutexOn(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* timeout) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, timeout, nullptr, 0);
+}
+static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
+                  std::atomic<uint32_t>::is_always_lock_free,
+              "the futex word is the atomic's own storage");
 
 // A barrier over a changing set of live threads; a thread that exits stops counting (CUDA:
 // exited threads no longer take part in __syncthreads). One atomic word holds (live, arrived),
@@ -98,7 +109,7 @@ class Barrier {
   void Release(int arrived) {
     state_.fetch_sub(static_cast<uint64_t>(arrived), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
-    Futex(FUTEX_WAKE_PRIVATE, INT_MAX, nullptr);
+    FutexOn(&generation_, FUTEX_WAKE_PRIVATE, INT_MAX, nullptr);
   }
 
   void Wait(uint32_t gen, const char* what) {
@@ -111,21 +122,80 @@ class Barrier {
       const timespec ts = absl::ToTimespec(left);
       // Returns at once when the generation has moved on already (EAGAIN), on a wake, a
       // signal or the timeout; the loop checks again either way.
-      Futex(FUTEX_WAIT_PRIVATE, gen, &ts);
+      FutexOn(&generation_, FUTEX_WAIT_PRIVATE, gen, &ts);
     }
-  }
-
-  // futex(2) on the generation word: WAKE wakes up to `val` sleepers; WAIT sleeps while the
-  // word equals `val`, at most *timeout (relative).
-  void Futex(int op, uint32_t val, const timespec* timeout) {
-    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&generation_), op, val, timeout, nullptr, 0);
   }
 
   std::atomic<uint64_t> state_{0};  // live << 32 | arrived
   std::atomic<uint32_t> generation_{0};
-  static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) &&
-                    std::atomic<uint32_t>::is_always_lock_free,
-                "the futex word is the atomic's own storage");
+};
+
+// The OS threads that run a block's CUDA threads, kept from block to block and launch to launch
+// (one thread per CUDA thread, all running at once, as before: only their creation is saved).
+// Starting a thread per CUDA thread per block cost most of an emulated test's system time:
+// clone, a stack mapped and unmapped, a join. Worker t runs CUDA thread t of every block.
+// The launcher publishes the block's function with a release increment of each worker's `go`
+// word, and the workers publish their work with an acq_rel decrement of `remaining`; the last
+// one wakes the launcher through `done`. Those atomics are the happens-before edges (for
+// ThreadSanitizer too); the futexes only put threads to sleep. Only the launcher (under the
+// launch lock) calls Run.
+class Workers {
+ public:
+  // Runs fn(t) for every t in [0, n), each on its own worker thread, all at once; returns when
+  // every one has returned.
+  void Run(int n, const std::function<void(int)>& fn) {
+    while (static_cast<int>(workers_.size()) < n) {
+      workers_.push_back(std::make_unique<Worker>());
+      std::thread(&Workers::Main, this, workers_.back().get(),
+                  static_cast<int>(workers_.size()) - 1)
+          .detach();
+    }
+    fn_ = &fn;
+    remaining_.store(n, std::memory_order_relaxed);
+    const uint32_t done = done_.load(std::memory_order_relaxed);
+    for (int t = 0; t < n; ++t) {
+      Worker& w = *workers_[static_cast<size_t>(t)];
+      w.go.fetch_add(1, std::memory_order_release);
+      FutexOn(&w.go, FUTEX_WAKE_PRIVATE, 1, nullptr);
+    }
+    while (done_.load(std::memory_order_acquire) == done) {
+      FutexOn(&done_, FUTEX_WAIT_PRIVATE, done, nullptr);
+    }
+  }
+
+  // A forked child has none of the parent's threads: it starts a pool of its own.
+  static Workers*& Instance() {
+    static Workers* workers = [] {
+      pthread_atfork(nullptr, nullptr, [] { Instance() = new Workers; });
+      return new Workers;
+    }();
+    return workers;
+  }
+
+ private:
+  struct Worker {
+    std::atomic<uint32_t> go{0};
+  };
+
+  void Main(Worker* w, int t) {
+    uint32_t seen = 0;
+    for (;;) {
+      while (w->go.load(std::memory_order_acquire) == seen) {
+        FutexOn(&w->go, FUTEX_WAIT_PRIVATE, seen, nullptr);
+      }
+      seen = w->go.load(std::memory_order_acquire);
+      (*fn_)(t);
+      if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        done_.fetch_add(1, std::memory_order_release);
+        FutexOn(&done_, FUTEX_WAKE_PRIVATE, 1, nullptr);
+      }
+    }
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;  // the launcher's alone
+  const std::function<void(int)>* fn_ = nullptr;  // published by `go`
+  std::atomic<int> remaining_{0};                 // workers of this run not yet returned
+  std::atomic<uint32_t> done_{0};                 // bumped by the last of a run
 };
 
 struct Warp {
@@ -284,25 +354,20 @@ void Launch(dim3 grid, dim3 block, size_t smem_bytes, const std::function<void()
         std::memset(smem_raw, 0xff, smem_bytes);
         EMU_POISON(smem_raw + smem_bytes, kSmemCapacity - smem_bytes);
         g_block = &state;
-        std::vector<std::thread> pool;
-        pool.reserve(static_cast<size_t>(threads));
-        for (int t = 0; t < threads; ++t) {
-          pool.emplace_back([&, t] {
-            threadIdx = {static_cast<unsigned>(t), 0, 0};
-            blockIdx = {bx, by, bz};
-            blockDim = block;
-            gridDim = grid;
-            t_state = ThreadState{};
-            t_state.warp = t / 32;
-            t_state.lane = t % 32;
-            body();
-            FlushAll();  // copies never waited for still land (they do on the device)
-            Warp& w = *state.warps[static_cast<size_t>(t / 32)];
-            w.barrier.Exit();
-            state.block_barrier.Exit();
-          });
-        }
-        for (std::thread& th : pool) th.join();
+        Workers::Instance()->Run(threads, [&](int t) {
+          threadIdx = {static_cast<unsigned>(t), 0, 0};
+          blockIdx = {bx, by, bz};
+          blockDim = block;
+          gridDim = grid;
+          t_state = ThreadState{};
+          t_state.warp = t / 32;
+          t_state.lane = t % 32;
+          body();
+          FlushAll();  // copies never waited for still land (they do on the device)
+          Warp& w = *state.warps[static_cast<size_t>(t / 32)];
+          w.barrier.Exit();
+          state.block_barrier.Exit();
+        });
         g_block = nullptr;
         EMU_UNPOISON(smem_raw, kSmemCapacity);
       }
