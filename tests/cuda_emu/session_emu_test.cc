@@ -140,6 +140,43 @@ TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
   EXPECT_EQ(cuda_->MemoryFigures().session_pages_bytes, 0);
 }
 
+// Two head layouts (here two cache types) share the one pool on the device too: each layout's
+// store maps device memory only under its pages in use. With a 4 MiB pool and a few pages per
+// layout the device holds one granule (64 KiB on the emulated device) of K and one of V per
+// layout, not the pool per layout (as when every store was allocated whole: 8 MiB here).
+TEST(SessionEmuLayoutsTest, LayoutsShareThePoolOnTheDevice) {
+  kernels::cuda::CudaBackendOptions cuda_options;
+  cuda_options.num_streams = 2;
+  auto cuda = kernels::cuda::CudaBackend::Create(cuda_options);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  kernels::cuda::CudaBackend* backend = cuda->get();
+  Side side;
+  side.backend = std::move(*cuda);
+  server::sessions::SessionOptions options;
+  options.page_tokens = 4;
+  options.prefill_chunk_tokens = 3;
+  options.pool_bytes = 4 << 20;
+  options.backend = side.backend.get();
+  side.manager = SessionManager::Create(options, nullptr).value();
+
+  std::vector<std::string> ids;
+  for (const kernels::DType dtype : {kernels::DType::kFloat16, kernels::DType::kFloat32}) {
+    server::sessions::SessionSpec spec;
+    spec.num_heads = kHq;
+    spec.num_kv_heads = kHkv;
+    spec.head_dim = kD;
+    spec.v_head_dim = kDv;
+    spec.cache_dtype = dtype;
+    ids.push_back(side.manager->Create(spec).value().id);
+  }
+  const Tokens t(6, 3);
+  for (const std::string& id : ids) side.Extend(id, t, 0, 6);  // two pages each
+  constexpr int64_t kGranule = int64_t{64} << 10;
+  EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 4 * kGranule);
+  for (const std::string& id : ids) ASSERT_TRUE(side.manager->Close(id).ok());
+  EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(CacheTypes, SessionEmuTest,
                          testing::Values(kernels::DType::kFloat16, kernels::DType::kBFloat16,
                                          kernels::DType::kFloat32),
