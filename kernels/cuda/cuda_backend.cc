@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -1049,20 +1050,24 @@ class CudaPageStore final : public PageStore {
     return absl::OkStatus();
   }
 
-  // Gives `page` device memory if it has none (RESOURCE_EXHAUSTED when the device has no more).
+  // Gives `page` device memory if it has none: RESOURCE_EXHAUSTED when the device has no more,
+  // INTERNAL for any other failure of the driver (a device fault: WithWorker's MarkFaulted).
   absl::Status MakeLiveLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
     if (live_[page]) return absl::OkStatus();
     const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
     const int64_t before = k_->mapped_bytes() + v_->mapped_bytes();
     GpuStatus st = k_->Acquire(page * kb, kb);
+    bool out_of_memory = k_->out_of_memory();
     if (st.ok()) {
       st = v_->Acquire(page * vb, vb);
+      out_of_memory = v_->out_of_memory();
       if (!st.ok()) k_->Release(page * kb, kb);
     }
     if (!st.ok()) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "cuda backend: cannot map device memory for session page ", page, ": ", st.error));
+      const std::string what = absl::StrCat(
+          "cuda backend: cannot map device memory for session page ", page, ": ", st.error);
+      if (out_of_memory) return absl::ResourceExhaustedError(what);
+      return absl::InternalError(what);
     }
     live_[page] = true;
     MutexLock lock(&backend_->mu_);

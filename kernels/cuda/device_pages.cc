@@ -18,6 +18,7 @@ struct Driver {
   decltype(&cuMemMap) map = nullptr;
   decltype(&cuMemSetAccess) set_access = nullptr;
   decltype(&cuMemUnmap) unmap = nullptr;
+  decltype(&cuGetErrorName) error_name = nullptr;
   std::string error;  // the first symbol not found, empty when all were
 };
 
@@ -31,7 +32,8 @@ void Lookup(const char* symbol, F* fn, std::string* error) {
   if (e != cudaSuccess || found != cudaDriverEntryPointSuccess || p == nullptr) {
     cudaGetLastError();
     if (error->empty()) {
-      *error = std::string("the CUDA driver has no ") + symbol + " (" + cudaGetErrorName(e) + ")";
+      *error = std::string("the CUDA driver has no ") + symbol + " (" +
+               (e != cudaSuccess ? cudaGetErrorName(e) : "symbol not found") + ")";
     }
     return;
   }
@@ -49,14 +51,18 @@ const Driver& TheDriver() {
     Lookup("cuMemMap", &d->map, &d->error);
     Lookup("cuMemSetAccess", &d->set_access, &d->error);
     Lookup("cuMemUnmap", &d->unmap, &d->error);
+    Lookup("cuGetErrorName", &d->error_name, &d->error);
     return d;
   }();
   return *driver;
 }
 
+// "what: CUDA_ERROR_X (code)" on failure.
 GpuStatus DriverCheck(CUresult r, const char* what) {
   if (r == CUDA_SUCCESS) return {};
-  return {std::string(what) + ": CUresult " + std::to_string(static_cast<int>(r))};
+  const char* name = nullptr;
+  if (TheDriver().error_name(r, &name) != CUDA_SUCCESS || name == nullptr) name = "CUresult";
+  return {std::string(what) + ": " + name + " (" + std::to_string(static_cast<int>(r)) + ")"};
 }
 
 CUmemAllocationProp DeviceMemory(int device) {
@@ -110,7 +116,9 @@ GpuStatus DeviceAddressRange::Map(int64_t i) {
   const CUdeviceptr at = Address(base_ + i * granule_);
   const size_t size = static_cast<size_t>(granule_);
   CUmemGenericAllocationHandle handle = 0;
-  ATTNSERVE_GPU_RETURN_IF_ERROR(DriverCheck(d.create(&handle, size, &prop, 0), "cuMemCreate"));
+  const CUresult created = d.create(&handle, size, &prop, 0);
+  out_of_memory_ = created == CUDA_ERROR_OUT_OF_MEMORY;
+  ATTNSERVE_GPU_RETURN_IF_ERROR(DriverCheck(created, "cuMemCreate"));
   // The mapping keeps the memory: released now, it is freed by the unmap.
   GpuStatus st = DriverCheck(d.map(at, size, 0, handle, 0), "cuMemMap");
   d.release(handle);

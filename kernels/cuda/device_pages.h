@@ -42,8 +42,11 @@ class DeviceAddressRange {
   int64_t mapped_bytes() const { return mapped_granules_ * granule_; }
 
   // One more user of the granules of [offset, offset + len) (len > 0, inside the range), mapping
-  // those that had none. On failure nothing changes (granules it mapped are unmapped again).
+  // those that had none. On failure nothing changes (granules it mapped are unmapped again), and
+  // out_of_memory() says whether the device had no memory left for a granule (any other failure
+  // is the device's or the driver's).
   GpuStatus Acquire(int64_t offset, int64_t len);
+  bool out_of_memory() const { return out_of_memory_; }
   // One user fewer of the granules of [offset, offset + len), as acquired before; unmaps those
   // left without one. Errors are not reported: the memory is lost to the range, not to the
   // caller, and freed with the context.
@@ -68,6 +71,7 @@ class DeviceAddressRange {
   const int64_t granule_;       // the device's allocation granularity
   std::vector<int32_t> users_;  // per granule
   int64_t mapped_granules_ = 0;
+  bool out_of_memory_ = false;  // of the last Map
   bool abandoned_ = false;
 };
 

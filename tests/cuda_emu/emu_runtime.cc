@@ -95,6 +95,7 @@ struct Device {
   std::map<CUmemGenericAllocationHandle, PhysicalMemory> memory ABSL_GUARDED_BY(mu);
   CUmemGenericAllocationHandle next_handle ABSL_GUARDED_BY(mu) = 1;
   size_t created_bytes ABSL_GUARDED_BY(mu) = 0;               // of `memory`
+  size_t memory_limit ABSL_GUARDED_BY(mu) = kDeviceBytes;     // of created_bytes
   std::map<uintptr_t, Mapping> mappings ABSL_GUARDED_BY(mu);  // address -> mapping
   size_t mapped_bytes ABSL_GUARDED_BY(mu) = 0;
   cudaError_t sticky ABSL_GUARDED_BY(mu) = cudaSuccess;
@@ -330,8 +331,8 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t size,
   }
   Device& d = Dev();
   attnserve::MutexLock lock(&d.mu);
-  if (d.sticky != cudaSuccess) return CUDA_ERROR_INVALID_VALUE;
-  if (d.created_bytes + size > kDeviceBytes) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (d.sticky != cudaSuccess) return CUDA_ERROR_ILLEGAL_ADDRESS;
+  if (d.created_bytes + size > d.memory_limit) return CUDA_ERROR_OUT_OF_MEMORY;
   const int fd = memfd_create("attnserve-emu-device-memory", MFD_CLOEXEC);
   if (fd < 0) return CUDA_ERROR_OUT_OF_MEMORY;
   if (ftruncate(fd, static_cast<off_t>(size)) != 0) {
@@ -430,6 +431,26 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   return CUDA_SUCCESS;
 }
 
+CUresult cuGetErrorName(CUresult error, const char** name) {
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  switch (error) {
+    case CUDA_SUCCESS:
+      *name = "CUDA_SUCCESS";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_INVALID_VALUE:
+      *name = "CUDA_ERROR_INVALID_VALUE";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_OUT_OF_MEMORY:
+      *name = "CUDA_ERROR_OUT_OF_MEMORY";
+      return CUDA_SUCCESS;
+    case CUDA_ERROR_ILLEGAL_ADDRESS:
+      *name = "CUDA_ERROR_ILLEGAL_ADDRESS";
+      return CUDA_SUCCESS;
+  }
+  *name = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
 cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsigned /*version*/,
                                              unsigned long long flags,
                                              cudaDriverEntryPointQueryResult* status) {
@@ -448,6 +469,7 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char* symbol, void** fn, unsi
       {"cuMemMap", reinterpret_cast<void*>(&cuMemMap)},
       {"cuMemSetAccess", reinterpret_cast<void*>(&cuMemSetAccess)},
       {"cuMemUnmap", reinterpret_cast<void*>(&cuMemUnmap)},
+      {"cuGetErrorName", reinterpret_cast<void*>(&cuGetErrorName)},
   };
   *fn = nullptr;
   for (const Entry& e : entries) {
@@ -465,6 +487,12 @@ size_t MappedBytes() {
   Device& d = Dev();
   attnserve::MutexLock lock(&d.mu);
   return d.mapped_bytes;
+}
+
+void LimitDeviceMemory(size_t bytes) {
+  Device& d = Dev();
+  attnserve::MutexLock lock(&d.mu);
+  d.memory_limit = bytes;
 }
 
 void InjectStickyError(cudaError_t error) {

@@ -337,6 +337,59 @@ TEST_P(PagedStoreEmuTest, AttentionReadsThePagesInPlace) {
   EXPECT_EQ(bad, 0);
 }
 
+// Mapping a page's memory can fail. The device out of memory (the emulated device limited to
+// three granules): the write fails with RESOURCE_EXHAUSTED naming the page and the driver's
+// error, maps nothing (a K granule mapped before V failed is unmapped again), and is no device
+// fault: pages with memory are still written. Any other failure of the driver (a broken
+// context: a sticky error injected) is a device fault, INTERNAL, and the device is reset.
+TEST_P(PagedStoreEmuTest, MappingFailures) {
+  const PageStoreShape shape = Shape(GetParam(), 2, 24, 40, 200);
+  std::unique_ptr<PageStore> dev = DeviceStore(shape);
+  ASSERT_NE(dev, nullptr);
+  auto host = NewHostPageStore(shape);
+  ASSERT_TRUE(host.ok());
+  std::mt19937 rng(13);
+  auto rows_of = [&](int32_t page) {
+    std::vector<int64_t> rows;
+    for (int h = 0; h < shape.num_kv_heads; ++h) {
+      for (int slot = 0; slot < shape.page_size; ++slot) rows.push_back(shape.row(page, h, slot));
+    }
+    return rows;
+  };
+  WriteBoth(*dev, **host, rows_of(0), rng);  // K and V granule 0
+  ASSERT_EQ(emu::MappedBytes(), size_t{2 * kGranule});
+  emu::LimitDeviceMemory(3 * kGranule);
+  const std::vector<uint8_t> k = RandomRows(shape.dtype, 32 * shape.head_dim, rng);
+  const std::vector<uint8_t> v = RandomRows(shape.dtype, 32 * shape.v_head_dim, rng);
+  // Page 199: its K granule fits the limit, its V granule does not.
+  absl::Status s = dev->WriteRows(k.data(), v.data(), rows_of(199));
+  emu::LimitDeviceMemory(size_t{16} << 30);
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_NE(s.message().find("session page 199"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("CUDA_ERROR_OUT_OF_MEMORY"), std::string::npos) << s;
+  EXPECT_EQ(emu::MappedBytes(), size_t{2 * kGranule});
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 2 * kGranule);
+  EXPECT_FALSE(dev->lost());
+  WriteBoth(*dev, **host, rows_of(1), rng);  // in granule 0: no memory needed
+  std::vector<uint8_t> gk(shape.k_page_bytes()), gv(shape.v_page_bytes());
+  std::vector<uint8_t> wk(shape.k_page_bytes()), wv(shape.v_page_bytes());
+  ASSERT_TRUE(dev->ReadPage(1, gk.data(), gv.data()).ok());
+  ASSERT_TRUE((*host)->ReadPage(1, wk.data(), wv.data()).ok());
+  EXPECT_EQ(gk, wk);
+  EXPECT_EQ(gv, wv);
+
+  emu::InjectStickyError(cudaErrorIllegalAddress);
+  s = dev->WriteRows(k.data(), v.data(), rows_of(150));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("device fault"), std::string::npos) << s;
+  EXPECT_EQ(dev->ReadPage(0, gk.data(), gv.data()).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(dev->lost());
+  dev.reset();
+  EXPECT_EQ(emu::MappedBytes(), 0u);
+  EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 0);
+}
+
 // A device fault (a sticky error injected into the emulated device): the failing call says so,
 // the next call re-initialises the device (cudaDeviceReset frees every allocation), and the
 // store made before is lost: its calls fail with FAILED_PRECONDITION, PagedAttention on it too,

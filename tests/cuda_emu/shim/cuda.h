@@ -1,12 +1,14 @@
 // Shim of the CUDA driver API for the host emulation (tests/cuda_emu/README.md): the virtual
-// memory management calls kernels/cuda/device_pages.cc makes, reached as on a GPU through
-// cudaGetDriverEntryPointByVersion, implemented on the host (emu_runtime.cc) with the
+// memory management calls kernels/cuda/device_pages.cc makes (and cuGetErrorName), reached as on a
+// GPU through cudaGetDriverEntryPointByVersion, implemented on the host (emu_runtime.cc) with the
 // semantics the driver documents and a GPU would enforce:
 // - cuMemAddressReserve reserves inaccessible addresses (mmap PROT_NONE), aligned to the
 //   granularity; cuMemAddressFree frees a whole reservation, which must hold no mapping;
 // - cuMemCreate makes `size` bytes of device memory (a multiple of the granularity, counted
-//   against the emulated device's 16 GiB); cuMemRelease drops the handle, and the memory goes
-//   once its mappings are gone too;
+//   against the emulated device's 16 GiB, or a test's emu::LimitDeviceMemory: past it,
+//   CUDA_ERROR_OUT_OF_MEMORY); with a sticky error injected (emu::InjectStickyError) it fails
+//   with CUDA_ERROR_ILLEGAL_ADDRESS, as a broken context's calls do; cuMemRelease drops the
+//   handle, and the memory goes once its mappings are gone too;
 // - cuMemMap maps a handle's memory at a granule-aligned place inside a reservation where
 //   nothing is mapped; the range is still inaccessible until cuMemSetAccess grants read and
 //   write (an access before faults, as on a GPU); cuMemUnmap unmaps exactly what one cuMemMap
@@ -24,6 +26,7 @@ enum CUresult {
   CUDA_SUCCESS = 0,
   CUDA_ERROR_INVALID_VALUE = 1,
   CUDA_ERROR_OUT_OF_MEMORY = 2,
+  CUDA_ERROR_ILLEGAL_ADDRESS = 700,
 };
 typedef unsigned long long CUdeviceptr;
 typedef unsigned long long CUmemGenericAllocationHandle;
@@ -74,5 +77,7 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
                   unsigned long long flags);
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc* desc, size_t count);
 CUresult cuMemUnmap(CUdeviceptr ptr, size_t size);
+// The names of the results above; CUDA_ERROR_INVALID_VALUE for any other.
+CUresult cuGetErrorName(CUresult error, const char** name);
 
 #endif  // ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_H_

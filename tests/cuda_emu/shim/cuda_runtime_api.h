@@ -81,8 +81,8 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream);
 cudaError_t cudaStreamSynchronize(cudaStream_t stream);
 
 // The driver's virtual memory calls (shim/cuda.h), by name: cuMemGetAllocationGranularity,
-// cuMemAddressReserve, cuMemAddressFree, cuMemCreate, cuMemRelease, cuMemMap, cuMemSetAccess and
-// cuMemUnmap (any version); any other symbol is not found.
+// cuMemAddressReserve, cuMemAddressFree, cuMemCreate, cuMemRelease, cuMemMap, cuMemSetAccess,
+// cuMemUnmap and cuGetErrorName (any version); any other symbol is not found.
 enum cudaDriverEntryPointQueryResult {
   cudaDriverEntryPointSuccess = 0,
   cudaDriverEntryPointSymbolNotFound = 1,
@@ -112,6 +112,9 @@ size_t InvalidFrees();
 size_t HostToDeviceBytes();
 // Device memory mapped into reserved address ranges now (shim/cuda.h), in bytes.
 size_t MappedBytes();
+// At most `bytes` of device memory made by cuMemCreate at once (16 GiB until a test says
+// otherwise); cuMemCreate past it fails with CUDA_ERROR_OUT_OF_MEMORY.
+void LimitDeviceMemory(size_t bytes);
 
 // cudaFuncAttributeMaxDynamicSharedMemorySize of `kernel` (any other attribute is an error).
 cudaError_t FuncSetAttribute(const void* kernel, cudaFuncAttribute attribute, int value);
