@@ -909,7 +909,7 @@ class CudaPageStore final : public PageStore {
       v_->Abandon();
     } else {
       ReleaseDiscardedLocked();
-      const int64_t mapped = k_->mapped_bytes() + v_->mapped_bytes();
+      const int64_t mapped = MappedBytesLocked();
       k_.reset();
       v_.reset();
       cudaGetLastError();
@@ -1055,7 +1055,7 @@ class CudaPageStore final : public PageStore {
   absl::Status MakeLiveLocked(int32_t page) ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
     if (live_[page]) return absl::OkStatus();
     const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
-    const int64_t before = k_->mapped_bytes() + v_->mapped_bytes();
+    const int64_t before = MappedBytesLocked();
     GpuStatus st = k_->Acquire(page * kb, kb);
     bool out_of_memory = k_->out_of_memory();
     if (st.ok()) {
@@ -1070,8 +1070,7 @@ class CudaPageStore final : public PageStore {
       return absl::InternalError(what);
     }
     live_[page] = true;
-    MutexLock lock(&backend_->mu_);
-    backend_->session_pages_bytes_ += k_->mapped_bytes() + v_->mapped_bytes() - before;
+    CountMappedSinceLocked(before);
     return absl::OkStatus();
   }
   // Unmaps what the pages discarded since the last operation alone held. REQUIRES: a worker
@@ -1079,15 +1078,24 @@ class CudaPageStore final : public PageStore {
   void ReleaseDiscardedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
     if (discarded_.empty()) return;
     const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
-    const int64_t before = k_->mapped_bytes() + v_->mapped_bytes();
+    const int64_t before = MappedBytesLocked();
     for (const int32_t page : discarded_) {
       k_->Release(page * kb, kb);
       v_->Release(page * vb, vb);
     }
     discarded_.clear();
     cudaGetLastError();
+    CountMappedSinceLocked(before);
+  }
+  int64_t MappedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
+    return k_->mapped_bytes() + v_->mapped_bytes();
+  }
+  // Adds what was mapped (or, negative, unmapped) since MappedBytesLocked() was `before` to the
+  // backend's session_pages_bytes_.
+  void CountMappedSinceLocked(int64_t before) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
+    const int64_t delta = MappedBytesLocked() - before;
     MutexLock lock(&backend_->mu_);
-    backend_->session_pages_bytes_ -= before - (k_->mapped_bytes() + v_->mapped_bytes());
+    backend_->session_pages_bytes_ += delta;
   }
   absl::Status LiveOrError(int32_t page) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(map_mu_) {
     if (live_[page]) return absl::OkStatus();

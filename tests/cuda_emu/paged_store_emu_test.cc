@@ -54,17 +54,31 @@ void WriteBoth(PageStore& a, PageStore& b, const std::vector<int64_t>& rows, std
   ASSERT_TRUE(b.WriteRows(k.data(), v.data(), rows).ok());
 }
 
-// Every page of `got` holds the bytes of the same page of `want`.
-void ExpectSamePages(const PageStore& got, const PageStore& want) {
+// Every row of `pages` (all kv heads and slots).
+std::vector<int64_t> RowsOfPages(const PageStoreShape& s, const std::vector<int32_t>& pages) {
+  std::vector<int64_t> rows;
+  for (const int32_t page : pages) {
+    for (int h = 0; h < s.num_kv_heads; ++h) {
+      for (int slot = 0; slot < s.page_size; ++slot) rows.push_back(s.row(page, h, slot));
+    }
+  }
+  return rows;
+}
+
+// Page `page` of `got` holds the bytes of the same page of `want`.
+void ExpectSamePage(const PageStore& got, const PageStore& want, int32_t page) {
   const PageStoreShape& s = got.shape();
   std::vector<uint8_t> gk(s.k_page_bytes()), gv(s.v_page_bytes());
   std::vector<uint8_t> wk(s.k_page_bytes()), wv(s.v_page_bytes());
-  for (int32_t page = 0; page < s.capacity; ++page) {
-    ASSERT_TRUE(got.ReadPage(page, gk.data(), gv.data()).ok());
-    ASSERT_TRUE(want.ReadPage(page, wk.data(), wv.data()).ok());
-    EXPECT_EQ(gk, wk) << "K of page " << page;
-    EXPECT_EQ(gv, wv) << "V of page " << page;
-  }
+  ASSERT_TRUE(got.ReadPage(page, gk.data(), gv.data()).ok()) << "page " << page;
+  ASSERT_TRUE(want.ReadPage(page, wk.data(), wv.data()).ok()) << "page " << page;
+  EXPECT_EQ(gk, wk) << "K of page " << page;
+  EXPECT_EQ(gv, wv) << "V of page " << page;
+}
+
+// Every page of `got` holds the bytes of the same page of `want`.
+void ExpectSamePages(const PageStore& got, const PageStore& want) {
+  for (int32_t page = 0; page < got.shape().capacity; ++page) ExpectSamePage(got, want, page);
 }
 
 PageStoreShape Shape(DType dtype, int num_kv_heads, int head_dim, int v_head_dim, int capacity) {
@@ -162,30 +176,24 @@ TEST_P(PagedStoreEmuTest, MemoryFollowsThePagesInUse) {
 
   // The granules holding any byte of the live pages of `s`, in bytes.
   auto expected = [](const PageStoreShape& s, const std::vector<int32_t>& live) {
-    std::set<int64_t> k, v;
-    for (const int32_t page : live) {
-      for (int64_t g = page * s.k_page_bytes() / kGranule;
-           g <= ((page + 1) * s.k_page_bytes() - 1) / kGranule; ++g)
-        k.insert(g);
-      for (int64_t g = page * s.v_page_bytes() / kGranule;
-           g <= ((page + 1) * s.v_page_bytes() - 1) / kGranule; ++g)
-        v.insert(g);
-    }
-    return static_cast<int64_t>(k.size() + v.size()) * kGranule;
+    // The granules under pages of `page_bytes` each.
+    auto granules = [&live](int64_t page_bytes) {
+      std::set<int64_t> g;
+      for (const int32_t page : live) {
+        for (int64_t i = page * page_bytes / kGranule;
+             i <= ((page + 1) * page_bytes - 1) / kGranule; ++i)
+          g.insert(i);
+      }
+      return static_cast<int64_t>(g.size());
+    };
+    return (granules(s.k_page_bytes()) + granules(s.v_page_bytes())) * kGranule;
   };
   auto host_a = NewHostPageStore(shape);
   auto host_b = NewHostPageStore(other);
   ASSERT_TRUE(host_a.ok() && host_b.ok());
   std::mt19937 rng(11);
   auto write_pages = [&](PageStore& dev, PageStore& host, const std::vector<int32_t>& pages) {
-    const PageStoreShape& s = dev.shape();
-    std::vector<int64_t> rows;
-    for (const int32_t page : pages) {
-      for (int h = 0; h < s.num_kv_heads; ++h) {
-        for (int slot = 0; slot < s.page_size; ++slot) rows.push_back(s.row(page, h, slot));
-      }
-    }
-    WriteBoth(dev, host, rows, rng);
+    WriteBoth(dev, host, RowsOfPages(dev.shape(), pages), rng);
   };
   // Pages 0, 1, 42 (its K straddles the first two granules in 16 bits), 150 and the last.
   std::vector<int32_t> live_a = {0, 1, 42, 150, 199};
@@ -202,19 +210,13 @@ TEST_P(PagedStoreEmuTest, MemoryFollowsThePagesInUse) {
   live_a.push_back(100);
   want = expected(shape, live_a) + expected(other, live_b);
   EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
-  std::vector<uint8_t> gk(shape.k_page_bytes()), gv(shape.v_page_bytes());
-  std::vector<uint8_t> wk(shape.k_page_bytes()), wv(shape.v_page_bytes());
-  for (const int32_t page : live_a) {
-    ASSERT_TRUE(a->ReadPage(page, gk.data(), gv.data()).ok());
-    ASSERT_TRUE((*host_a)->ReadPage(page, wk.data(), wv.data()).ok());
-    EXPECT_EQ(gk, wk) << "K of page " << page;
-    EXPECT_EQ(gv, wv) << "V of page " << page;
-  }
+  for (const int32_t page : live_a) ExpectSamePage(*a, **host_a, page);
 
   // Discarded pages keep their memory until the store's next operation.
   for (const int32_t page : {42, 150, 199}) a->Discard(page);
   live_a = {0, 1, 100};
   EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
+  std::vector<uint8_t> gk(shape.k_page_bytes()), gv(shape.v_page_bytes());
   absl::Status s = a->ReadPage(150, gk.data(), gv.data());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_NE(s.message().find("page 150"), std::string::npos) << s;
@@ -228,10 +230,7 @@ TEST_P(PagedStoreEmuTest, MemoryFollowsThePagesInUse) {
   live_a.push_back(150);
   want = expected(shape, live_a) + expected(other, live_b);
   EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, want);
-  ASSERT_TRUE(a->ReadPage(150, gk.data(), gv.data()).ok());
-  ASSERT_TRUE((*host_a)->ReadPage(150, wk.data(), wv.data()).ok());
-  EXPECT_EQ(gk, wk);
-  EXPECT_EQ(gv, wv);
+  ExpectSamePage(*a, **host_a, 150);
 
   a.reset();
   EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, expected(other, live_b));
@@ -349,13 +348,7 @@ TEST_P(PagedStoreEmuTest, MappingFailures) {
   auto host = NewHostPageStore(shape);
   ASSERT_TRUE(host.ok());
   std::mt19937 rng(13);
-  auto rows_of = [&](int32_t page) {
-    std::vector<int64_t> rows;
-    for (int h = 0; h < shape.num_kv_heads; ++h) {
-      for (int slot = 0; slot < shape.page_size; ++slot) rows.push_back(shape.row(page, h, slot));
-    }
-    return rows;
-  };
+  auto rows_of = [&](int32_t page) { return RowsOfPages(shape, {page}); };
   WriteBoth(*dev, **host, rows_of(0), rng);  // K and V granule 0
   ASSERT_EQ(emu::MappedBytes(), size_t{2 * kGranule});
   emu::LimitDeviceMemory(3 * kGranule);
@@ -371,18 +364,14 @@ TEST_P(PagedStoreEmuTest, MappingFailures) {
   EXPECT_EQ(backend_->MemoryFigures().session_pages_bytes, 2 * kGranule);
   EXPECT_FALSE(dev->lost());
   WriteBoth(*dev, **host, rows_of(1), rng);  // in granule 0: no memory needed
-  std::vector<uint8_t> gk(shape.k_page_bytes()), gv(shape.v_page_bytes());
-  std::vector<uint8_t> wk(shape.k_page_bytes()), wv(shape.v_page_bytes());
-  ASSERT_TRUE(dev->ReadPage(1, gk.data(), gv.data()).ok());
-  ASSERT_TRUE((*host)->ReadPage(1, wk.data(), wv.data()).ok());
-  EXPECT_EQ(gk, wk);
-  EXPECT_EQ(gv, wv);
+  ExpectSamePage(*dev, **host, 1);
 
   emu::InjectStickyError(cudaErrorIllegalAddress);
   s = dev->WriteRows(k.data(), v.data(), rows_of(150));
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   EXPECT_NE(s.message().find("CUDA_ERROR_ILLEGAL_ADDRESS"), std::string::npos) << s;
   EXPECT_NE(s.message().find("device fault"), std::string::npos) << s;
+  std::vector<uint8_t> gk(shape.k_page_bytes()), gv(shape.v_page_bytes());
   EXPECT_EQ(dev->ReadPage(0, gk.data(), gv.data()).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(dev->lost());
   dev.reset();
