@@ -3,7 +3,8 @@
 # 14's benchmark; figures in tests/bench/DECODE.md). Each round runs, one after another:
 # paged_decode_bench (STREAM triad and copy; the decode kernel for float16, bfloat16 and float32
 # caches, over K/V in small and in huge memory pages, each step followed by a triad so that
-# every ratio is of two runs seconds apart; STREAM again) and decode_torch.py (PyTorch over a
+# every ratio is of two runs seconds apart, and the same page runs read without arithmetic;
+# STREAM again) and decode_torch.py (PyTorch over a
 # dense cache of the same shape). The machine is shared: rounds repeat the whole set so the
 # spread shows, and the summary gives each round's ratios and their spread.
 # Usage: tests/bench/decode_bench.sh [BUILD_DIR] [THREADS] [ROUNDS] [REPS]
@@ -55,8 +56,9 @@ for line in open(sys.argv[1]):
         cur["torch"][kv["dtype"].lower()] = (float(kv["gbps_median"]), kv["mode"])
 print("\nsummary: K/V GB/s of the kernel (median step) against the triad run between its steps;")
 print("ratio = median over the steps of kernel/triad, best = best step / best triad, per_cpu = each")
-print("side's GB/s over its share of the cores; load = load average at the start and end")
-print("round dtype     pages  kernel GB/s  triad GB/s  ratio  best  per_cpu  cpu_share  torch GB/s (mode)        kernel/torch  load")
+print("side's GB/s over its share of the cores; pattern = the same page runs read with no arithmetic")
+print("(k/pat: median of kernel/pattern per step); load = load average at the start and end")
+print("round dtype     pages  kernel GB/s  triad GB/s  ratio  best  per_cpu  cpu_share  pattern GB/s  k/pat  torch GB/s (mode)        kernel/torch  load")
 spread = {}
 for i, r in enumerate(rounds, 1):
     for d in r["decode"]:
@@ -69,6 +71,7 @@ for i, r in enumerate(rounds, 1):
         spread.setdefault((dt, pages), []).append(ratio)
         print(f"{i:5d} {dt:9s} {pages:5s}  {g:11.2f}  {float(d['triad_gbps_median']):10.2f}  {ratio:5.2f}"
               f"  {float(d['ratio_best']):4.2f}  {float(d['ratio_per_cpu']):7.2f}  {float(d['cpu_share']):9.2f}"
+              f"  {float(d['pattern_gbps_median']):12.2f}  {float(d['kernel_over_pattern']):5.2f}"
               f"  {tor:24s} {vs:12s}  {r['load'].split()[0]} -> {r.get('load_end', '?').split()[0]}")
 print("\nspread of the ratio (median kernel/triad) over the rounds")
 for (dt, pages), v in spread.items():

@@ -13,10 +13,17 @@
 //    of every sequence, read once per step. The K/V pool is allocated once per kind of memory
 //    page in --pages (small: 4 KiB; huge: 2 MiB-aligned with MADV_HUGEPAGE, as the session
 //    pool does), same contents and page table.
-// The machine is shared, so the runs interleave: a round is one step of each kind, then one
-// triad; --reps rounds after a warm-up one. Per kind: the median and the best step; the ratio to
-// the triad as the median of the rounds' ratios (each of two runs seconds apart), as best / best,
-// and per CPU-second (each side's GB/s divided by the share of the cores it got).
+// 3. The kernel's reads alone ("pattern"): the same page runs the step reads (per sequence and
+//    kv head, the K run and the V run of each page in key order: --page_size x D elements each,
+//    scattered through the pool), summed as integers with no other arithmetic, the next page's
+//    runs prefetched one page ahead (the best of 0, 1, 2 and 4 ahead measured with a scratch
+//    reader, DECODE.md). What memory gives this access pattern, the ceiling of any kernel that
+//    reads these pages; scattered runs of 4 KiB read much slower than STREAM's long streams.
+// The machine is shared, so the runs interleave: a round is one step of each kind, one pattern
+// read of each kind, then one triad; --reps rounds after a warm-up one. Per kind: the median and
+// the best step; the ratio to the triad as the median of the rounds' ratios (each of two runs
+// seconds apart), as best / best, and per CPU-second (each side's GB/s divided by the share of the
+// cores it got).
 //
 // Output: one line per figure, "name key=value ...", for decode_bench.sh to collect; the first
 // line names the machine and its load average, the last the load average again.
@@ -56,7 +63,7 @@ struct Flags {
   int num_heads = 32;
   int num_kv_heads = 8;
   int head_dim = 128;
-  int page_size = 16;
+  int page_size = 64;  // the server's default (--session_page_tokens)
   std::string dtypes = "float16,bfloat16,float32";
   std::string pages = "small,huge";  // K/V and STREAM arrays in 4 KiB pages, 2 MiB pages or both
   bool scatter = true;  // pages in a random order (false: each sequence's pages in order)
@@ -240,8 +247,54 @@ void Stream(const Flags& f, StreamArrays& arrays, int threads) {
   std::fflush(stdout);
 }
 
+// Reads every sequence's K and V page runs of each kv head in key order (what the decode step
+// reads, in its order, without its arithmetic), the next page's runs prefetched one page ahead;
+// (sequence, kv head) pairs split evenly over `threads` threads. Returns a sum of what was read,
+// so that nothing is optimised away.
+uint64_t ReadPattern(int threads, const char* k, const char* v, const std::vector<int32_t>& table,
+                     int seqs, int pages_per_seq, int num_kv_heads, int64_t run_bytes) {
+  // 16-byte vectors of integers (GCC's vector extension): two loads per cycle keep far ahead of
+  // memory without per-ISA code here.
+  using U64x2 = uint64_t __attribute__((vector_size(16)));
+  const int64_t page_bytes = run_bytes * num_kv_heads;
+  std::vector<uint64_t> sums(threads);
+  std::vector<std::thread> pool;
+  const int64_t n = int64_t{seqs} * num_kv_heads;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      U64x2 acc[4] = {};
+      for (int64_t w = n * t / threads; w < n * (t + 1) / threads; ++w) {
+        const int64_t s = w / num_kv_heads;
+        const int64_t head = w % num_kv_heads;
+        const int32_t* row = table.data() + s * pages_per_seq;
+        for (int pg = 0; pg < pages_per_seq; ++pg) {
+          // The next page's run of the same array, one line per line read (a burst of
+          // prefetches would fill the core's miss buffers).
+          const int64_t at = row[pg] * page_bytes + head * run_bytes;
+          const int64_t next =
+              pg + 1 < pages_per_seq ? row[pg + 1] * page_bytes + head * run_bytes : -1;
+          for (const char* base : {k, v}) {
+            for (int64_t b = 0; b + 64 <= run_bytes; b += 64) {
+              if (next >= 0) __builtin_prefetch(base + next + b, 0, 1);
+              for (int x = 0; x < 4; ++x) {
+                U64x2 word;
+                std::memcpy(&word, base + at + b + 16 * x, sizeof(word));
+                acc[x] += word;
+              }
+            }
+          }
+        }
+      }
+      const U64x2 total = acc[0] + acc[1] + acc[2] + acc[3];
+      sums[static_cast<size_t>(t)] = total[0] + total[1];
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  return std::accumulate(sums.begin(), sums.end(), uint64_t{0});
+}
+
 // The decode step over K/V in small pages and/or in huge pages (same contents, same page
-// table), each run alternating with the triad.
+// table), and the pattern read of each, each round ending with the triad.
 void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dtype) {
   const int pages_per_seq = (f.context + f.page_size - 1) / f.page_size;
   const int num_pages = f.seqs * pages_per_seq;
@@ -315,6 +368,14 @@ void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dty
       if (!backend.PagedAttention(pi).ok()) std::abort();
     });
   }
+  const int64_t run_bytes = int64_t{f.page_size} * f.head_dim * esize;
+  uint64_t pattern_sum = 0;
+  for (size_t i = 0; i < kinds.size(); ++i) {
+    fns.push_back([&, i] {
+      pattern_sum += ReadPattern(backend.num_threads(), ks[i].get(), vs[i].get(), table, f.seqs,
+                                 pages_per_seq, f.num_kv_heads, run_bytes);
+    });
+  }
   fns.push_back([&] { arrays.Triad(); });
   std::vector<Side> sides;
   RoundRobin(f.reps, fns, &sides);
@@ -326,24 +387,31 @@ void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dty
   const double t_gbps = t_gb / Median(triad.seconds);
   for (size_t i = 0; i < kinds.size(); ++i) {
     const Side& kernel = sides[i];
-    std::vector<double> ratios;
+    const Side& pattern = sides[kinds.size() + i];
+    std::vector<double> ratios, pattern_ratios;
     for (int r = 0; r < f.reps; ++r) {
       ratios.push_back((gb / kernel.seconds[r]) / (t_gb / triad.seconds[r]));
+      pattern_ratios.push_back(pattern.seconds[r] / kernel.seconds[r]);
     }
     const double k_gbps = gb / Median(kernel.seconds);
     std::printf(
         "decode dtype=%s isa=%s threads=%d seqs=%d context=%d hq=%d hkv=%d d=%d page=%d "
         "pages=%s huge_share=%.2f kv_gb=%.3f ms_median=%.2f ms_best=%.2f gbps_median=%.2f "
         "gbps_best=%.2f cpu_share=%.2f triad_gbps_median=%.2f triad_gbps_best=%.2f "
-        "triad_cpu_share=%.2f ratio_median=%.2f ratio_best=%.2f ratio_per_cpu=%.2f\n",
+        "triad_cpu_share=%.2f ratio_median=%.2f ratio_best=%.2f ratio_per_cpu=%.2f "
+        "pattern_gbps_median=%.2f pattern_gbps_best=%.2f pattern_cpu_share=%.2f "
+        "pattern_over_triad=%.2f kernel_over_pattern=%.2f\n",
         std::string(DTypeName(dtype)).c_str(), backend.paged_kernel_name(), threads, f.seqs,
         f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, PagesName(kinds[i]),
         HugeShare(ks[i].get(), elems * esize), gb, 1e3 * Median(kernel.seconds),
         1e3 * kernel.Best(), k_gbps, gb / kernel.Best(), kernel.Share(threads), t_gbps,
         t_gb / triad.Best(), triad.Share(threads), Median(ratios),
         (gb / kernel.Best()) / (t_gb / triad.Best()),
-        (k_gbps / kernel.Share(threads)) / (t_gbps / triad.Share(threads)));
+        (k_gbps / kernel.Share(threads)) / (t_gbps / triad.Share(threads)),
+        gb / Median(pattern.seconds), gb / pattern.Best(), pattern.Share(threads),
+        (gb / Median(pattern.seconds)) / t_gbps, Median(pattern_ratios));
   }
+  if (pattern_sum == 1) std::printf("\n");  // keeps the reads
   std::fflush(stdout);
 }
 
