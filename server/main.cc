@@ -108,7 +108,7 @@ ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdo
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 ABSL_FLAG(int64_t, session_pool_bytes, kDefaults.sessions.pool_bytes,
           "bytes of the decode sessions' paged KV pool (K and V of every session): host memory, "
-          "or GPU memory with --backend=cuda (allocated whole for each head layout in use)");
+          "or GPU memory with --backend=cuda (mapped by the granule under the pages in use)");
 ABSL_FLAG(int, session_page_tokens, kDefaults.sessions.page_tokens,
           "tokens per page of the session KV pool (1..4096)");
 ABSL_FLAG(std::string, session_when_full,
