@@ -16,9 +16,9 @@
 // 3. The kernel's reads alone ("pattern"): the same page runs the step reads (per sequence and
 //    kv head, the K run and the V run of each page in key order: --page_size x D elements each,
 //    scattered through the pool), summed as integers with no other arithmetic, the next page's
-//    runs prefetched one page ahead (the best of 0, 1, 2 and 4 ahead measured with a scratch
-//    reader, DECODE.md). What memory gives this access pattern, the ceiling of any kernel that
-//    reads these pages; scattered runs of 4 KiB read much slower than STREAM's long streams.
+//    runs prefetched one page ahead (of 0, 1, 2 and 4 runs ahead, one was the best for a
+//    scratch reader, DECODE.md). What memory gives this access pattern to a plain reader; not a
+//    bound: the kernel's own prefetch runs further ahead and can beat it.
 // The machine is shared, so the runs interleave: a round is one step of each kind, one pattern
 // read of each kind, then one triad; --reps rounds after a warm-up one. Per kind: the median and
 // the best step; the ratio to the triad as the median of the rounds' ratios (each of two runs
