@@ -30,6 +30,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -252,45 +253,39 @@ void Stream(const Flags& f, StreamArrays& arrays, int threads) {
 // (sequence, kv head) pairs split evenly over `threads` threads. Returns a sum of what was read,
 // so that nothing is optimised away.
 uint64_t ReadPattern(int threads, const char* k, const char* v, const std::vector<int32_t>& table,
-                     int seqs, int pages_per_seq, int num_kv_heads, int64_t run_bytes) {
+                     int pages_per_seq, int num_kv_heads, int64_t run_bytes, int64_t pairs) {
   // 16-byte vectors of integers (GCC's vector extension): two loads per cycle keep far ahead of
   // memory without per-ISA code here.
   using U64x2 = uint64_t __attribute__((vector_size(16)));
   const int64_t page_bytes = run_bytes * num_kv_heads;
-  std::vector<uint64_t> sums(threads);
-  std::vector<std::thread> pool;
-  const int64_t n = int64_t{seqs} * num_kv_heads;
-  for (int t = 0; t < threads; ++t) {
-    pool.emplace_back([&, t] {
-      U64x2 acc[4] = {};
-      for (int64_t w = n * t / threads; w < n * (t + 1) / threads; ++w) {
-        const int64_t s = w / num_kv_heads;
-        const int64_t head = w % num_kv_heads;
-        const int32_t* row = table.data() + s * pages_per_seq;
-        for (int pg = 0; pg < pages_per_seq; ++pg) {
-          // The next page's run of the same array, one line per line read (a burst of
-          // prefetches would fill the core's miss buffers).
-          const int64_t at = row[pg] * page_bytes + head * run_bytes;
-          const int64_t next =
-              pg + 1 < pages_per_seq ? row[pg + 1] * page_bytes + head * run_bytes : -1;
-          for (const char* base : {k, v}) {
-            for (int64_t b = 0; b + 64 <= run_bytes; b += 64) {
-              if (next >= 0) __builtin_prefetch(base + next + b, 0, 1);
-              for (int x = 0; x < 4; ++x) {
-                U64x2 word;
-                std::memcpy(&word, base + at + b + 16 * x, sizeof(word));
-                acc[x] += word;
-              }
+  std::atomic<uint64_t> sum{0};
+  Parallel(threads, pairs, [&](int64_t w0, int64_t w1) {
+    U64x2 acc[4] = {};
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t head = w % num_kv_heads;
+      const int32_t* row = table.data() + w / num_kv_heads * pages_per_seq;
+      for (int pg = 0; pg < pages_per_seq; ++pg) {
+        // The next page's run of the same array, one line per line read (a burst of
+        // prefetches would fill the core's miss buffers).
+        const int64_t at = row[pg] * page_bytes + head * run_bytes;
+        const int64_t next =
+            pg + 1 < pages_per_seq ? row[pg + 1] * page_bytes + head * run_bytes : -1;
+        for (const char* base : {k, v}) {
+          for (int64_t b = 0; b + 64 <= run_bytes; b += 64) {
+            if (next >= 0) __builtin_prefetch(base + next + b, 0, 1);
+            for (int x = 0; x < 4; ++x) {
+              U64x2 word;
+              std::memcpy(&word, base + at + b + 16 * x, sizeof(word));
+              acc[x] += word;
             }
           }
         }
       }
-      const U64x2 total = acc[0] + acc[1] + acc[2] + acc[3];
-      sums[static_cast<size_t>(t)] = total[0] + total[1];
-    });
-  }
-  for (std::thread& th : pool) th.join();
-  return std::accumulate(sums.begin(), sums.end(), uint64_t{0});
+    }
+    const U64x2 total = acc[0] + acc[1] + acc[2] + acc[3];
+    sum.fetch_add(total[0] + total[1], std::memory_order_relaxed);
+  });
+  return sum.load();
 }
 
 // The decode step over K/V in small pages and/or in huge pages (same contents, same page
@@ -372,8 +367,9 @@ void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dty
   uint64_t pattern_sum = 0;
   for (size_t i = 0; i < kinds.size(); ++i) {
     fns.push_back([&, i] {
-      pattern_sum += ReadPattern(backend.num_threads(), ks[i].get(), vs[i].get(), table, f.seqs,
-                                 pages_per_seq, f.num_kv_heads, run_bytes);
+      pattern_sum +=
+          ReadPattern(backend.num_threads(), ks[i].get(), vs[i].get(), table, pages_per_seq,
+                      f.num_kv_heads, run_bytes, int64_t{f.seqs} * f.num_kv_heads);
     });
   }
   fns.push_back([&] { arrays.Triad(); });

@@ -63,35 +63,51 @@ struct Side {
   }
 };
 
+// A CUDA backend on the emulated device.
+absl::StatusOr<std::unique_ptr<kernels::cuda::CudaBackend>> EmulatedCudaBackend() {
+  kernels::cuda::CudaBackendOptions cuda_options;
+  cuda_options.num_streams = 2;
+  return kernels::cuda::CudaBackend::Create(cuda_options);
+}
+
+// The sessions' settings of these tests: pages of 4 tokens, prefills in chunks of 3 (as the
+// server computes them), pages on `backend` (nullptr: host pages).
+server::sessions::SessionOptions Options(kernels::Backend* backend, int64_t pool_bytes) {
+  server::sessions::SessionOptions options;
+  options.page_tokens = 4;
+  options.prefill_chunk_tokens = 3;
+  options.pool_bytes = pool_bytes;
+  options.backend = backend;
+  return options;
+}
+
+// A raw session of the tests' head layout.
+server::sessions::SessionSpec Spec(kernels::DType cache_dtype) {
+  server::sessions::SessionSpec spec;
+  spec.num_heads = kHq;
+  spec.num_kv_heads = kHkv;
+  spec.head_dim = kD;
+  spec.v_head_dim = kDv;
+  spec.cache_dtype = cache_dtype;
+  return spec;
+}
+
 class SessionEmuTest : public testing::TestWithParam<kernels::DType> {
  protected:
   void SetUp() override {
-    kernels::cuda::CudaBackendOptions cuda_options;
-    cuda_options.num_streams = 2;
-    auto cuda = kernels::cuda::CudaBackend::Create(cuda_options);
+    auto cuda = EmulatedCudaBackend();
     ASSERT_TRUE(cuda.ok()) << cuda.status();
     cuda_ = cuda->get();
     device_.backend = std::move(*cuda);
     host_.backend = std::make_unique<kernels::ReferenceBackend>();
-
-    server::sessions::SessionOptions options;
-    options.page_tokens = 4;
-    options.prefill_chunk_tokens = 3;  // prefills in chunks, as the server computes them
-    options.pool_bytes = 64 << 10;
-    options.backend = device_.backend.get();
-    device_.manager = SessionManager::Create(options, nullptr).value();
-    options.backend = nullptr;  // host pages
-    host_.manager = SessionManager::Create(options, nullptr).value();
+    device_.manager =
+        SessionManager::Create(Options(device_.backend.get(), 64 << 10), nullptr).value();
+    host_.manager = SessionManager::Create(Options(nullptr, 64 << 10), nullptr).value();
   }
 
   // The same session on both sides.
   std::pair<std::string, std::string> Create() {
-    server::sessions::SessionSpec spec;
-    spec.num_heads = kHq;
-    spec.num_kv_heads = kHkv;
-    spec.head_dim = kD;
-    spec.v_head_dim = kDv;
-    spec.cache_dtype = GetParam();
+    const server::sessions::SessionSpec spec = Spec(GetParam());
     return {device_.manager->Create(spec).value().id, host_.manager->Create(spec).value().id};
   }
 
@@ -145,29 +161,16 @@ TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
 // layout the device holds one granule (64 KiB on the emulated device) of K and one of V per
 // layout, not the pool per layout (as when every store was allocated whole: 8 MiB here).
 TEST(SessionEmuLayoutsTest, LayoutsShareThePoolOnTheDevice) {
-  kernels::cuda::CudaBackendOptions cuda_options;
-  cuda_options.num_streams = 2;
-  auto cuda = kernels::cuda::CudaBackend::Create(cuda_options);
+  auto cuda = EmulatedCudaBackend();
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   kernels::cuda::CudaBackend* backend = cuda->get();
   Side side;
   side.backend = std::move(*cuda);
-  server::sessions::SessionOptions options;
-  options.page_tokens = 4;
-  options.prefill_chunk_tokens = 3;
-  options.pool_bytes = 4 << 20;
-  options.backend = side.backend.get();
-  side.manager = SessionManager::Create(options, nullptr).value();
+  side.manager = SessionManager::Create(Options(side.backend.get(), 4 << 20), nullptr).value();
 
   std::vector<std::string> ids;
   for (const kernels::DType dtype : {kernels::DType::kFloat16, kernels::DType::kFloat32}) {
-    server::sessions::SessionSpec spec;
-    spec.num_heads = kHq;
-    spec.num_kv_heads = kHkv;
-    spec.head_dim = kD;
-    spec.v_head_dim = kDv;
-    spec.cache_dtype = dtype;
-    ids.push_back(side.manager->Create(spec).value().id);
+    ids.push_back(side.manager->Create(Spec(dtype)).value().id);
   }
   const Tokens t(6, 3);
   for (const std::string& id : ids) side.Extend(id, t, 0, 6);  // two pages each
