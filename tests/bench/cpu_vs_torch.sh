@@ -11,13 +11,7 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build-cpu}
 THREADS=${2:-$(nproc)}
 
-if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  echo "cpu_vs_torch: installing python3-torch" >&2
-  SUDO=""
-  if [[ $(id -u) -ne 0 ]]; then SUDO=sudo; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq python3-torch
-fi
+"$ROOT/tests/bench/ensure_torch.sh" cpu_vs_torch
 if [[ ! -x $BUILD/tests/bench/cpu_backend_bench ]]; then
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DATTNSERVE_CUDA=OFF
 fi

@@ -10,7 +10,8 @@
 # Usage: tests/bench/decode_bench.sh [BUILD_DIR] [THREADS] [ROUNDS] [REPS]
 #   BUILD_DIR defaults to build (configured with ATTNSERVE_BUILD_BENCHMARKS=ON and built here
 #   when the binary is missing); THREADS to the number of CPUs; ROUNDS 3; REPS (timed steps per
-#   figure) 5. DECODE_BENCH_LOG=path keeps the raw output there.
+#   figure) 5. DECODE_BENCH_LOG=path keeps the raw output there. Installs Debian's python3-torch
+#   when missing.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${1:-$ROOT/build}
@@ -18,6 +19,7 @@ THREADS=${2:-$(nproc)}
 ROUNDS=${3:-3}
 REPS=${4:-5}
 
+"$ROOT/tests/bench/ensure_torch.sh" decode_bench
 if [[ ! -x $BUILD/tests/bench/paged_decode_bench ]]; then
   cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DATTNSERVE_BUILD_BENCHMARKS=ON >&2

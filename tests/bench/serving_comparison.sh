@@ -30,10 +30,7 @@ stubs=$build/python/attnserve_pb
 for f in "$bench" "$echo_server" "$server" "$stubs/attnserve/v1/attention_pb2.py"; do
   [[ -e $f ]] || { echo "missing $f: build attnserve, attnserve-bench, attnserve-bench-echo, attnserve_python_stubs"; exit 2; }
 done
-if ! /usr/bin/python3 -c "import torch" 2> /dev/null; then
-  echo "installing python3-torch (apt)"
-  apt-get install -y -q python3-torch > /dev/null
-fi
+"$root/tests/bench/ensure_torch.sh" serving_comparison
 
 tmp=$(mktemp -d)
 pids=()
