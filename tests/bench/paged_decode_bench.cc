@@ -19,6 +19,10 @@
 //    runs prefetched one page ahead (of 0, 1, 2 and 4 runs ahead, one was the best for a
 //    scratch reader, DECODE.md). What memory gives this access pattern to a plain reader; not a
 //    bound: the kernel's own prefetch runs further ahead and can beat it.
+// 4. The kernel's arithmetic alone (--cached_pages=N): every page table entry taken modulo N, so
+//    that all the sequences read the same N pages, which stay in the caches when N pages of K
+//    and V fit them (N = 8: 2 MiB at the defaults in float16). The same bytes are counted; the
+//    rate is then what the kernel computes per second, its ceiling whatever memory does.
 // The machine is shared, so the runs interleave: a round is one step of each kind, one pattern
 // read of each kind, then one triad; --reps rounds after a warm-up one. Per kind: the median and
 // the best step; the ratio to the triad as the median of the rounds' ratios (each of two runs
@@ -67,7 +71,8 @@ struct Flags {
   int page_size = 64;  // the server's default (--session_page_tokens)
   std::string dtypes = "float16,bfloat16,float32";
   std::string pages = "small,huge";  // K/V and STREAM arrays in 4 KiB pages, 2 MiB pages or both
-  bool scatter = true;  // pages in a random order (false: each sequence's pages in order)
+  bool scatter = true;   // pages in a random order (false: each sequence's pages in order)
+  int cached_pages = 0;  // > 0: every sequence reads pages [0, cached_pages) (item 4 above)
 };
 
 double Seconds() {
@@ -336,6 +341,9 @@ void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dty
   std::vector<int32_t> table(num_pages);
   std::iota(table.begin(), table.end(), 0);
   if (f.scatter) std::shuffle(table.begin(), table.end(), std::mt19937(7));
+  if (f.cached_pages > 0) {
+    for (int32_t& page : table) page %= f.cached_pages;
+  }
   std::vector<int32_t> kv_lens(f.seqs, f.context), q_lens(f.seqs, 1), q_offsets(f.seqs);
   std::iota(q_offsets.begin(), q_offsets.end(), 0);
   std::vector<float> qf(int64_t{f.seqs} * f.num_heads * f.head_dim);
@@ -392,16 +400,17 @@ void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dty
     const double k_gbps = gb / Median(kernel.seconds);
     std::printf(
         "decode dtype=%s isa=%s threads=%d seqs=%d context=%d hq=%d hkv=%d d=%d page=%d "
-        "pages=%s huge_share=%.2f kv_gb=%.3f ms_median=%.2f ms_best=%.2f gbps_median=%.2f "
+        "cached_pages=%d pages=%s huge_share=%.2f kv_gb=%.3f ms_median=%.2f ms_best=%.2f "
+        "gbps_median=%.2f "
         "gbps_best=%.2f cpu_share=%.2f triad_gbps_median=%.2f triad_gbps_best=%.2f "
         "triad_cpu_share=%.2f ratio_median=%.2f ratio_best=%.2f ratio_per_cpu=%.2f "
         "pattern_gbps_median=%.2f pattern_gbps_best=%.2f pattern_cpu_share=%.2f "
         "pattern_over_triad=%.2f kernel_over_pattern=%.2f\n",
         std::string(DTypeName(dtype)).c_str(), backend.paged_kernel_name(), threads, f.seqs,
-        f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, PagesName(kinds[i]),
-        HugeShare(ks[i].get(), elems * esize), gb, 1e3 * Median(kernel.seconds),
-        1e3 * kernel.Best(), k_gbps, gb / kernel.Best(), kernel.Share(threads), t_gbps,
-        t_gb / triad.Best(), triad.Share(threads), Median(ratios),
+        f.context, f.num_heads, f.num_kv_heads, f.head_dim, f.page_size, f.cached_pages,
+        PagesName(kinds[i]), HugeShare(ks[i].get(), elems * esize), gb,
+        1e3 * Median(kernel.seconds), 1e3 * kernel.Best(), k_gbps, gb / kernel.Best(),
+        kernel.Share(threads), t_gbps, t_gb / triad.Best(), triad.Share(threads), Median(ratios),
         (gb / kernel.Best()) / (t_gb / triad.Best()),
         (k_gbps / kernel.Share(threads)) / (t_gbps / triad.Share(threads)),
         gb / Median(pattern.seconds), gb / pattern.Best(), pattern.Share(threads),
@@ -442,6 +451,8 @@ int Main(int argc, char** argv) {
       f.page_size = std::stoi(v);
     } else if (ParseFlag(argv[i], "--scatter", &v)) {
       f.scatter = v != "0" && v != "false";
+    } else if (ParseFlag(argv[i], "--cached_pages", &v)) {
+      f.cached_pages = std::stoi(v);
     } else if (ParseFlag(argv[i], "--dtypes", &v)) {
       f.dtypes = v;
     } else if (ParseFlag(argv[i], "--pages", &v)) {
