@@ -53,7 +53,8 @@ TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenc
   for (int i = 0; i < 64; ++i) {
     callers.emplace_back([&, i] { responses[i] = client_->Attend(cases[i].request); });
   }
-  ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 64));
+  // EXPECT, not ASSERT: returning here would destroy the joinable caller threads.
+  EXPECT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 64));
   gate_->Open();
   for (auto& t : callers) t.join();
   blocker.join();
@@ -98,7 +99,8 @@ void ExpectBatchInvariance(BatchingServiceTest* t, testing::GatedBackend* gate, 
   for (int i = 8; i < 15; ++i) {
     callers.emplace_back([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); });
   }
-  ASSERT_TRUE(t->AwaitMetric("attnserve_queued_requests", {}, 16));
+  // EXPECT, not ASSERT: returning here would destroy the joinable caller threads.
+  EXPECT_TRUE(t->AwaitMetric("attnserve_queued_requests", {}, 16));
   gate->Open();
   for (auto& c : callers) c.join();
   blocker.join();
