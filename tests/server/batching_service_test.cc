@@ -25,9 +25,11 @@ using ::testing::HasSubstr;
 using testing::MakeAttendCase;
 using testing::MaxAbsError;
 using testing::MetricSample;
+using testing::TestThread;
 
-// Start(), Block(), Metric(), Dropped(), Await() and AwaitMetric() are
-// tests/testing/gated_server.h's.
+// Start(), Spawn(), Block(), Metric(), Dropped(), Await() and AwaitMetric() are
+// tests/testing/gated_server.h's. Threads are TestThreads: a failed ASSERT that returns while they
+// run opens the gate and joins them, so that the failure is reported, not a std::terminate.
 class BatchingServiceTest : public testing::GatedServerTest {};
 
 TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenceResults) {
@@ -48,13 +50,12 @@ TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenc
   // All 64 queued behind a parked batch before any is computed, so that batches form whatever
   // the machine's timing (left to arrive on their own, the callers of a slowed run, under
   // ThreadSanitizer say, could each find the batch thread idle and go alone).
-  std::thread blocker = Block();
-  std::vector<std::thread> callers;
+  TestThread blocker = Block();
+  std::vector<TestThread> callers;
   for (int i = 0; i < 64; ++i) {
-    callers.emplace_back([&, i] { responses[i] = client_->Attend(cases[i].request); });
+    callers.push_back(Spawn([&, i] { responses[i] = client_->Attend(cases[i].request); }));
   }
-  // EXPECT, not ASSERT: returning here would destroy the joinable caller threads.
-  EXPECT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 64));
+  ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 64));
   gate_->Open();
   for (auto& t : callers) t.join();
   blocker.join();
@@ -84,23 +85,24 @@ void ExpectBatchInvariance(BatchingServiceTest* t, testing::GatedBackend* gate, 
   ASSERT_EQ(alone->timing().batch_size(), 1);
 
   // Hold the batch thread, queue the probe among 15 companions of its signature, release.
-  std::thread blocker = t->Block();
+  TestThread blocker = t->Block();
   std::vector<AttendCase> companions;
   for (int i = 0; i < 15; ++i) {
     companions.push_back(MakeAttendCase(v1::DTYPE_FLOAT32, {1 + i % 3, 4, 2, 3 + i, 20 - i, 32, 32},
                                         i % 2 == 0, false, 100 + i));
   }
-  std::vector<std::thread> callers;
+  std::vector<TestThread> callers;
   absl::StatusOr<v1::AttendResponse> batched = absl::UnknownError("unset");
   for (int i = 0; i < 8; ++i) {
-    callers.emplace_back([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); });
+    callers.push_back(
+        t->Spawn([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); }));
   }
-  callers.emplace_back([&] { batched = client->Attend(probe.request); });
+  callers.push_back(t->Spawn([&] { batched = client->Attend(probe.request); }));
   for (int i = 8; i < 15; ++i) {
-    callers.emplace_back([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); });
+    callers.push_back(
+        t->Spawn([&, i] { EXPECT_TRUE(client->Attend(companions[i].request).ok()); }));
   }
-  // EXPECT, not ASSERT: returning here would destroy the joinable caller threads.
-  EXPECT_TRUE(t->AwaitMetric("attnserve_queued_requests", {}, 16));
+  ASSERT_TRUE(t->AwaitMetric("attnserve_queued_requests", {}, 16));
   gate->Open();
   for (auto& c : callers) c.join();
   blocker.join();
@@ -131,7 +133,7 @@ TEST_F(BatchingServiceTest, OutputBitsAreTheSameBatchedOrAloneOnTheDefaultBacken
 
 TEST_F(BatchingServiceTest, ADeadlineThatPassesInTheQueueIsAnsweredWithoutComputing) {
   Start({});
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
   auto r = client_->Attend(c.request, absl::Milliseconds(200));
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
@@ -154,10 +156,10 @@ TEST_F(BatchingServiceTest, ADeadlineThatPassesInTheQueueIsAnsweredWithoutComput
 
 TEST_F(BatchingServiceTest, ACancelledCallLeavesTheQueueAtOnce) {
   Start({});
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   auto stub = v1::AttentionService::NewStub(client_->channel().shared_from_this());
   grpc::ClientContext context;
-  std::thread caller([&] {
+  TestThread caller = Spawn([&] {
     v1::AttendResponse response;
     AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
     EXPECT_EQ(stub->Attend(&context, c.request, &response).error_code(),
@@ -177,11 +179,11 @@ TEST_F(BatchingServiceTest, AFullQueueAnswersUnavailableAtOnceAndRecovers) {
   server::ServerOptions options;
   options.batching.batcher.max_queued_requests = 2;
   Start(options);
-  std::thread blocker = Block();
-  std::vector<std::thread> queued;
+  TestThread blocker = Block();
+  std::vector<TestThread> queued;
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
   for (int i = 0; i < 2; ++i) {
-    queued.emplace_back([&] { EXPECT_TRUE(client_->Attend(c.request).ok()); });
+    queued.push_back(Spawn([&] { EXPECT_TRUE(client_->Attend(c.request).ok()); }));
   }
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 2));
   // The gate is closed: only an answer that does not wait for the queue can arrive.
@@ -197,17 +199,17 @@ TEST_F(BatchingServiceTest, AFullQueueAnswersUnavailableAtOnceAndRecovers) {
 
 TEST_F(BatchingServiceTest, ShutdownFinishesTheRunningBatchAndAnswersTheQueueUnavailable) {
   Start({});
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   std::vector<absl::Status> results(3);
-  std::vector<std::thread> queued;
+  std::vector<TestThread> queued;
   for (int i = 0; i < 3; ++i) {
-    queued.emplace_back([&, i] {
+    queued.push_back(Spawn([&, i] {
       AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false, i + 1);
       results[i] = client_->Attend(c.request).status();
-    });
+    }));
   }
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 3));
-  std::thread shutdown([&] { host_->Shutdown(absl::Milliseconds(200)); });
+  TestThread shutdown = Spawn([&] { host_->Shutdown(absl::Milliseconds(200)); });
   // The grace period ends with the running batch still held at the gate: the queue is answered
   // UNAVAILABLE (an event to wait for, not a time: a busy machine may start the thread late).
   ASSERT_TRUE(AwaitMetric("attnserve_requests_dropped_total", {"reason=\"shutdown\""}, 3));
@@ -233,7 +235,7 @@ TEST_F(BatchingServiceTest, StreamAnswersEveryRequestWithItsIdAndKeepsGoingAfter
     cases.push_back(
         MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 1, 3 + i % 4, 6, 8, 8}, i % 2 == 1, false, i + 1));
   }
-  std::thread writer([&] {
+  TestThread writer = Spawn([&] {
     for (int i = 0; i < 20; ++i) {
       v1::AttentionStreamRequest request;
       request.set_request_id(1000 + i);
@@ -277,14 +279,14 @@ TEST_F(BatchingServiceTest, WithBatchingOffEveryBatchHoldsOneRequest) {
   server::ServerOptions options;
   options.batching.enabled = false;
   Start(options);
-  std::vector<std::thread> callers;
+  std::vector<TestThread> callers;
   for (int i = 0; i < 8; ++i) {
-    callers.emplace_back([&, i] {
+    callers.push_back(Spawn([&, i] {
       AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false, i + 1);
       auto r = client_->Attend(c.request);
       ASSERT_TRUE(r.ok());
       EXPECT_EQ(r->timing().batch_size(), 1);
-    });
+    }));
   }
   for (auto& t : callers) t.join();
   auto info = client_->GetServerInfo();

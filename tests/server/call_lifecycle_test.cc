@@ -34,6 +34,7 @@ using testing::AttendCase;
 using ::testing::HasSubstr;
 using testing::MakeAttendCase;
 using testing::MetricSample;
+using testing::TestThread;
 
 constexpr char kStreamMethod[] = "/attnserve.v1.AttentionService/AttentionStream";
 constexpr char kAttendMethod[] = "/attnserve.v1.AttentionService/Attend";
@@ -74,7 +75,9 @@ v1::AttentionStreamRequest StreamItem(uint64_t id, uint32_t seed) {
   return request;
 }
 
-// Block(), Metric(), Dropped() and AwaitMetric() are tests/testing/gated_server.h's.
+// Spawn(), Block(), Metric(), Dropped() and AwaitMetric() are tests/testing/gated_server.h's.
+// Threads are TestThreads: a failed ASSERT that returns while they run opens the gate and joins
+// them, so that the failure is reported, not a std::terminate.
 class CallLifecycleTest : public testing::GatedServerTest {
  public:
   void Start(server::ServerOptions options = {}) {
@@ -94,7 +97,7 @@ TEST_F(CallLifecycleTest, AResultReadyAfterTheDeadlineIsCountedAsDeadlineExceede
   const int calls_before = static_cast<int>(gate_->batch_sizes().size());  // the warm-up's
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
   absl::Status seen;
-  std::thread caller([&] { seen = client_->Attend(c.request, absl::Seconds(1)).status(); });
+  TestThread caller = Spawn([&] { seen = client_->Attend(c.request, absl::Seconds(1)).status(); });
   gate_->AwaitCalls(calls_before + 1);  // computing: past the queue, held in the backend
   // The server received the call before now, so its deadline (receipt + the 1 s the call
   // carried, rounded up by at most a unit of the timeout header) is before `bound`. Waiting
@@ -136,9 +139,9 @@ TEST_F(CallLifecycleTest, RefusalsBeforeTheQueueAreCountedByReason) {
   server::ServerOptions options;
   options.batching.batcher.max_queued_requests = 1;
   Start(options);
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
-  std::thread queued([&] { EXPECT_TRUE(client_->Attend(c.request).ok()); });
+  TestThread queued = Spawn([&] { EXPECT_TRUE(client_->Attend(c.request).ok()); });
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 1));
   // Same connection, so no fair-share room is made: refused, counted at once (not at a scrape).
   EXPECT_EQ(client_->Attend(c.request).status().code(), absl::StatusCode::kUnavailable);
@@ -153,22 +156,22 @@ TEST_F(CallLifecycleTest, AFloodingConnectionCannotKeepAnotherOutOfTheQueue) {
   server::ServerOptions options;
   options.batching.batcher.max_queued_requests = 4;
   Start(options);
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   auto flooder = v1::AttentionService::NewStub(OwnConnection(target_));
   auto polite = v1::AttentionService::NewStub(OwnConnection(target_));
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
   std::vector<grpc::Status> flood(4);
-  std::vector<std::thread> flooding;
+  std::vector<TestThread> flooding;
   for (int i = 0; i < 4; ++i) {
-    flooding.emplace_back([&, i] {
+    flooding.push_back(Spawn([&, i] {
       grpc::ClientContext context;
       v1::AttendResponse response;
       flood[i] = flooder->Attend(&context, c.request, &response);
-    });
+    }));
   }
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 4));  // the flooder filled it
   grpc::Status polite_status;
-  std::thread polite_caller([&] {
+  TestThread polite_caller = Spawn([&] {
     grpc::ClientContext context;
     v1::AttendResponse response;
     polite_status = polite->Attend(&context, c.request, &response);
@@ -193,7 +196,7 @@ TEST_F(CallLifecycleTest, AFloodingConnectionCannotKeepAnotherOutOfTheQueue) {
 
 TEST_F(CallLifecycleTest, CancellingAStreamTakesItsRequestsOutOfTheQueueAtOnce) {
   Start();
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   grpc::ClientContext context;
   auto stream = stub_->AttentionStream(&context);
   for (uint64_t id = 1; id <= 3; ++id) ASSERT_TRUE(stream->Write(StreamItem(id, id)));
@@ -210,7 +213,7 @@ TEST_F(CallLifecycleTest, CancellingAStreamTakesItsRequestsOutOfTheQueueAtOnce) 
 
 TEST_F(CallLifecycleTest, ADuplicateInFlightRequestIdIsRefusedAndTheStreamGoesOn) {
   Start();
-  std::thread blocker = Block();
+  TestThread blocker = Block();
   grpc::ClientContext context;
   auto stream = stub_->AttentionStream(&context);
   ASSERT_TRUE(stream->Write(StreamItem(7, 1)));  // queued behind the blocker
@@ -358,7 +361,7 @@ TEST_F(CallLifecycleTest, CallsOverAConnectionsStreamLimitWaitInTheClientNotTheS
   server::ServerOptions options;
   options.max_concurrent_streams = 2;
   Start(options);
-  std::thread blocker = Block();  // on client_'s connection
+  TestThread blocker = Block();  // on client_'s connection
   auto channel = OwnConnection(target_);
   auto stub = v1::AttentionService::NewStub(channel);
   {
@@ -368,13 +371,13 @@ TEST_F(CallLifecycleTest, CallsOverAConnectionsStreamLimitWaitInTheClientNotTheS
     ASSERT_TRUE(stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
   }
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 4, 4, 8, 8}, false, false);
-  std::vector<std::thread> held;
+  std::vector<TestThread> held;
   for (int i = 0; i < 2; ++i) {
-    held.emplace_back([&] {
+    held.push_back(Spawn([&] {
       grpc::ClientContext context;
       v1::AttendResponse response;
       EXPECT_TRUE(stub->Attend(&context, c.request, &response).ok());
-    });
+    }));
   }
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 2));
   // Both of the connection's streams are taken: a third call cannot reach the server, whatever

@@ -6,6 +6,7 @@
 #define ATTNSERVE_TESTS_TESTING_GATED_SERVER_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,6 +20,29 @@
 #include "tests/testing/requests.h"
 
 namespace attnserve::testing {
+
+// A thread of a gated-server test, joined like a std::thread. One destroyed while still joinable
+// (an ASSERT returned from the test early) first opens the gate, so that no call of its can stay
+// parked in the backend, then joins: the failed assertion is reported with its message, where a
+// joinable std::thread would end the test binary in std::terminate.
+class TestThread {
+ public:
+  TestThread(GatedBackend* gate, std::function<void()> body)
+      : gate_(gate), thread_(std::move(body)) {}
+  TestThread(TestThread&&) noexcept = default;
+  TestThread& operator=(TestThread&&) = delete;
+  ~TestThread() {
+    if (!thread_.joinable()) return;
+    if (gate_ != nullptr) gate_->Open();
+    thread_.join();
+  }
+
+  void join() { thread_.join(); }
+
+ private:
+  GatedBackend* gate_;  // nullptr when the test computes on a backend of its own
+  std::thread thread_;
+};
 
 class GatedServerTest : public ::testing::Test {
  public:
@@ -43,13 +67,16 @@ class GatedServerTest : public ::testing::Test {
     host_.reset();
   }
 
+  // Starts `body` on a thread that opens the gate before joining when the test returns early.
+  TestThread Spawn(std::function<void()> body) { return TestThread(gate_, std::move(body)); }
+
   // Closes the gate and parks a request of its own signature in the backend, so the one batch
   // thread is busy and everything sent afterwards stays queued. Returns the blocker's thread
   // (join it after opening the gate).
-  std::thread Block() {
+  TestThread Block() {
     gate_->Close();
     const int calls_before = static_cast<int>(gate_->batch_sizes().size());
-    std::thread blocker([this] {
+    TestThread blocker = Spawn([this] {
       AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 1, 1, 2, 2, 4, 4}, false, false, 99);
       EXPECT_TRUE(client_->Attend(c.request).ok());
     });
