@@ -64,13 +64,15 @@ struct SessionOptions {
   // ---- Affect behaviour ----
   // Bytes of the KV pool (K and V of every session). Default: 1 GiB. REQUIRES: > 0.
   int64_t pool_bytes = int64_t{1} << 30;
-  // Tokens per page. Default: 64. REQUIRES: 1..4096.
-  // 64, not the 16 common on GPUs: a decode step reads a page as one run per kv head (page_tokens
-  // x D elements: 16 KiB of FLOAT16 at D = 128 instead of 4 KiB), and the CPU decode kernel read
-  // 16-bit caches about 1.4x faster with pages of 64 tokens than of 16, side by side
-  // (tests/bench/DECODE.md). The cost: a session's last page is half empty on average, 32 tokens
-  // of K and V per session.
-  int page_tokens = 64;
+  // Tokens per page. Default: 128. REQUIRES: 1..4096.
+  // Not the 16 common on GPUs: a decode step reads a page as one run per kv head (page_tokens x D
+  // elements: 32 KiB of FLOAT16 at D = 128), and scattered runs read slower the shorter they are.
+  // Side by side (tests/bench/DECODE.md), the CPU decode kernel read 16-bit caches about 1.4x
+  // faster with pages of 64 tokens than of 16, and 128 against 64 was 5-20% faster on two of
+  // three machines and no slower on the third. The cost: a session's last page is half empty on
+  // average, 64 tokens of K and V per session (256 KiB at 8 kv heads of 128 FLOAT16), and a fork
+  // copies up to a page at the first write to a shared last page.
+  int page_tokens = 128;
   // When an extend needs pages the pool does not have. Default: evict LRU idle sessions.
   WhenFull when_full = WhenFull::kEvictLru;
   // A session unused this long is lost (expired); the longest a session may ask for.

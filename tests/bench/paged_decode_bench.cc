@@ -21,7 +21,7 @@
 //    bound: the kernel's own prefetch runs further ahead and can beat it.
 // 4. The kernel's arithmetic alone (--cached_pages=N): every page table entry taken modulo N, so
 //    that all the sequences read the same N pages, which stay in the caches when N pages of K
-//    and V fit them (N = 8: 2 MiB at the defaults in float16). The same bytes are counted; the
+//    and V fit them (N = 8: 4 MiB at the defaults in float16). The same bytes are counted; the
 //    rate is then what the kernel computes per second, its ceiling whatever memory does.
 // The machine is shared, so the runs interleave: a round is one step of each kind, one pattern
 // read of each kind, then one triad; --reps rounds after a warm-up one. Per kind: the median and
@@ -68,7 +68,7 @@ struct Flags {
   int num_heads = 32;
   int num_kv_heads = 8;
   int head_dim = 128;
-  int page_size = 64;  // the server's default (--session_page_tokens)
+  int page_size = 128;  // the server's default (--session_page_tokens)
   std::string dtypes = "float16,bfloat16,float32";
   std::string pages = "small,huge";  // K/V and STREAM arrays in 4 KiB pages, 2 MiB pages or both
   bool scatter = true;   // pages in a random order (false: each sequence's pages in order)
