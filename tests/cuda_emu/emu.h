@@ -7,13 +7,16 @@
 // PTX ISA's fragment tables. This header gives the CUDA keywords and built-ins the kernel bodies
 // use (__global__, threadIdx, __syncthreads, __shfl_xor_sync, ...), and the launch.
 //
-// Execution model: a launch runs its blocks one at a time; a block runs one OS thread per CUDA
-// thread. __syncthreads is a mutex/condition-variable barrier over the block's live threads (so
-// ThreadSanitizer sees exactly the happens-before edges CUDA promises, no more); warp
-// collectives meet at a per-warp barrier and exchange values through a double-buffered slot
-// array, and each checks that all 32 lanes are live and issued the same operation. Misuse
-// (a collective with exited or diverging lanes, an out-of-range or misaligned shared address, a
-// deadlock) prints a message and aborts the process.
+// Execution model: a launch runs its blocks one at a time; a block runs one fiber per CUDA
+// thread, all on the launching OS thread. A fiber runs until it waits at a barrier or a warp
+// collective (or returns); the scheduler then switches to another runnable one, in a
+// pseudo-random order that changes every round. __syncthreads is a barrier over the block's live
+// threads; warp collectives meet at a per-warp barrier and exchange values through a
+// double-buffered slot array, and the last lane to arrive checks that all 32 lanes are live and
+// issued the same operation. Under ThreadSanitizer each fiber is a thread of its own and the
+// barriers are its only happens-before edges, exactly those CUDA promises. Misuse (a collective
+// with exited or diverging lanes, an out-of-range or misaligned shared address, a deadlock)
+// prints a message and aborts the process.
 #ifndef ATTNSERVE_TESTS_CUDA_EMU_EMU_H_
 #define ATTNSERVE_TESTS_CUDA_EMU_EMU_H_
 
@@ -39,7 +42,7 @@ struct dim3 {
 struct uint3 {
   unsigned x = 0, y = 0, z = 0;
 };
-// Per emulated thread (every OS thread runs one CUDA thread at a time).
+// Per emulated thread: the scheduler sets threadIdx whenever it switches to a fiber.
 extern thread_local uint3 threadIdx;
 extern thread_local uint3 blockIdx;
 extern thread_local dim3 blockDim;
@@ -79,14 +82,17 @@ size_t SharedSize();
 unsigned char* SharedAt(uint32_t addr, int bytes, int align, const char* what);
 
 // Warp collectives. Each lane passes its own operand words; after all 32 lanes arrived (with
-// the same op), `all` holds every lane's words.
+// the same op), `all` holds every lane's words, or, with `combine`, what the last lane to arrive
+// made of them: combine(all) runs once per collective, before any lane returns, and may
+// overwrite every lane's slot with that lane's result (an mma computes the warp's product once
+// instead of once per lane).
 inline constexpr int kSlotWords = 10;
 struct Slot {
   int op = 0;
   uint32_t w[kSlotWords] = {};
 };
 // Returns a pointer to the 32 slots of this collective (valid until this lane's next call).
-const Slot* WarpExchange(const Slot& mine);
+const Slot* WarpExchange(const Slot& mine, void (*combine)(Slot* all) = nullptr);
 int LaneId();
 
 // Operation ids of the collectives (the slot's op).

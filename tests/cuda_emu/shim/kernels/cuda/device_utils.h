@@ -87,13 +87,11 @@ inline float Decode(uint16_t bits, ComputeType type) {
 //   C/D (16x8, c0..c3): c0,c1 at (g, 2t + {0,1}), c2,c3 at (g + 8, 2t + {0,1}).
 // Products are exact in float64 and summed in float64, rounded to float32 once: the hardware's
 // accumulation order and rounding are not specified, so the tests' tolerances must cover both.
-inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, ComputeType type) {
-  emu::Slot s;
-  s.op = type == ComputeType::kFloat16 ? emu::kOpMmaF16 : emu::kOpMmaBF16;
-  for (int i = 0; i < 4; ++i) s.w[i] = a[i];
-  s.w[4] = b0;
-  s.w[5] = b1;
-  const emu::Slot* all = emu::WarpExchange(s);
+// Slot words: a in 0-3, b in 4-5, the lane's accumulators c in 6-9; the warp's product is made
+// once (MmaCombine, by the last lane to arrive) and each lane's d comes back in words 0-3.
+inline void MmaCombine(emu::Slot* all) {
+  const ComputeType type =
+      all[0].op == emu::kOpMmaF16 ? ComputeType::kFloat16 : ComputeType::kBFloat16;
   double am[16][16];
   double bm[16][8];
   for (int lane = 0; lane < 32; ++lane) {
@@ -110,15 +108,31 @@ inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
       bm[2 * t + 8 + h][g] = Decode(half(w[5]), type);
     }
   }
-  const int g = emu::LaneId() / 4;
-  const int t = emu::LaneId() % 4;
-  for (int e = 0; e < 4; ++e) {
-    const int row = g + (e >= 2 ? 8 : 0);
-    const int col = 2 * t + (e & 1);
-    double acc = d[e];
-    for (int k = 0; k < 16; ++k) acc += am[row][k] * bm[k][col];
-    d[e] = static_cast<float>(acc);
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane / 4;
+    const int t = lane % 4;
+    for (int e = 0; e < 4; ++e) {
+      const int row = g + (e >= 2 ? 8 : 0);
+      const int col = 2 * t + (e & 1);
+      float c;
+      std::memcpy(&c, &all[lane].w[6 + e], 4);
+      double acc = c;
+      for (int k = 0; k < 16; ++k) acc += am[row][k] * bm[k][col];
+      const float d = static_cast<float>(acc);
+      std::memcpy(&all[lane].w[e], &d, 4);
+    }
   }
+}
+
+inline void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1, ComputeType type) {
+  emu::Slot s;
+  s.op = type == ComputeType::kFloat16 ? emu::kOpMmaF16 : emu::kOpMmaBF16;
+  for (int i = 0; i < 4; ++i) s.w[i] = a[i];
+  s.w[4] = b0;
+  s.w[5] = b1;
+  std::memcpy(&s.w[6], d, sizeof(d));
+  const emu::Slot* all = emu::WarpExchange(s, &MmaCombine);
+  std::memcpy(d, all[emu::LaneId()].w, sizeof(d));
 }
 
 }  // namespace emu_impl
