@@ -1,6 +1,6 @@
 // The batcher's options, its counters, and the validation Batcher::Create() runs.
 //
-// What each knob trades (for the README's tuning section):
+// What each knob trades (for docs/operations.md, "Tuning the batcher"):
 //   max_batch_requests, max_batch_tokens  Bigger batches amortise per-call overhead and fill
 //       wide hardware better, but a batch finishes only when its slowest item does, so a big
 //       batch adds latency to the small requests in it.
