@@ -28,6 +28,16 @@ foreach(t test_python_client test_python_client_async test_sessions_client)
     ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_SEED_VECTORS_DIR=${ATTNSERVE_SEED_VECTORS_DIR};PYTHONDONTWRITEBYTECODE=1")
 endforeach()
 
+# Client-side adaptive throttling with a fake clock, fake stubs and an in-process grpc server: no
+# attnserve process. tests/testing/throttle_cases.json is shared with the Node.js client's test.
+add_test(NAME python_test_throttle
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} test_throttle)
+set_tests_properties(python_test_throttle PROPERTIES
+  LABELS "python;client;unit"
+  TIMEOUT 120
+  FIXTURES_REQUIRED python_package
+  ENVIRONMENT "ATTNSERVE_THROTTLE_CASES=${ATTNSERVE_ROOT}/tests/testing/throttle_cases.json;PYTHONDONTWRITEBYTECODE=1")
+
 # Decode sessions against live servers (two for routing), attnserve-cli session and
 # attnserve-bench --rpc=decode included.
 add_test(NAME python_test_sessions_live
