@@ -56,7 +56,8 @@ set(PY_README_EXPECT
   "--expect=load-module=4 (2, 5, 32) (2, 4, 5, 7)"
   "--expect=asyncio=8 (1, 4, 8, 16)"
   "--expect=stream=99 5 module: no module 'no-such-module'"
-  "--expect=sessions=20 (1, 8, 64) 21")
+  "--expect=sessions=20 (1, 8, 64) 21"
+  "--expect=throttle=(1, 1) 0.0")
 add_test(NAME python_readme_examples
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
           --readme=client/python/README.md --copy=client/python ${PY_README_EXPECT}
