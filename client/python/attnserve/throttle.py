@@ -216,7 +216,8 @@ class ThrottledError(grpc.aio.AioRpcError):
 
     def __init__(self, details: str):
         super().__init__(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(),
-                         details=details, debug_error_string=details)
+                         details=details,
+                         debug_error_string="rejected by the client's throttle, never sent")
 
 
 def make_throttle(throttle: Union[ThrottleOptions, Throttle, bool, None]) -> Optional[Throttle]:
