@@ -153,6 +153,27 @@ class OptionsTest(unittest.TestCase):
         self.assertFalse(attnserve.is_session_lost(e))
 
 
+class ThreadsTest(unittest.TestCase):
+    def test_one_throttle_for_many_threads(self):
+        # Client is thread-safe, so its throttle must be: no count is lost between threads.
+        throttle = Throttle(clock=FakeClock(), rand=lambda: 0.0)
+        codes = (grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.UNAVAILABLE)
+        rejected = [0] * 8
+
+        def work(i):
+            for n in range(2000):
+                throttle.record(codes[(i + n) % 3])
+                rejected[i] += throttle.check() is not None
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        recorded_ok = sum(1 for i in range(8) for n in range(2000) if (i + n) % 3 == 0)
+        self.assertGreater(sum(rejected), 0)
+        self.assertEqual(throttle.counts(), (16000 + sum(rejected), recorded_ok))
+
+
 class FakeError(grpc.RpcError):
     """What grpc raises for a failed call, as far as the client looks."""
 
