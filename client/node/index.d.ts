@@ -236,6 +236,52 @@ export interface ListSessionsResult {
   usage: SessionPoolUsage;
 }
 
+/**
+ * Client-side adaptive throttling (Google's SRE book): a compute call is rejected locally with
+ * probability max(0, (requests - k * accepts) / (requests + 1)) over the last windowSeconds.
+ */
+export interface ThrottleOptions {
+  /** Default true. */
+  enabled?: boolean;
+  /** At least 1; default 2 (lower sheds sooner). */
+  k?: number;
+  /** The window the counts cover, whole seconds; default 30. */
+  windowSeconds?: number;
+}
+
+/** For tests: a fake clock and fake random draws. */
+export interface ThrottleHooks {
+  /** Milliseconds, monotonic; default performance.now(). */
+  clock?: () => number;
+  /** Uniform in [0, 1); default Math.random. */
+  rand?: () => number;
+}
+
+/** One client's counts and decisions (or several clients', when shared). */
+export class Throttle {
+  constructor(options?: ThrottleOptions, hooks?: ThrottleHooks);
+  /** The options, defaults filled in. */
+  readonly options: Readonly<Required<ThrottleOptions>>;
+  /** Before a compute call: null to send it, or why it is rejected (counted as a request). */
+  check(): string | null;
+  /** A sent call's answer: its grpc.status code and its grpc-retry-pushback-ms value, if any. */
+  record(code: number, pushback?: string | Buffer | null): void;
+  /** The probability that a call made now is rejected by the ratio. */
+  probability(): number;
+  /** The window's counts now. */
+  counts(): { requests: number; accepts: number };
+}
+
+/** A call rejected by the client's throttle, nothing sent: grpc-js's error fields. */
+export class ThrottledError extends Error {
+  constructor(details: string);
+  /** grpc.status.UNAVAILABLE. */
+  code: number;
+  /** Why, e.g. "throttled by the client: the server accepted 0 of the last 3 calls ...". */
+  details: string;
+  metadata: grpc.Metadata;
+}
+
 export interface ClientOptions {
   /** Default: insecure. */
   credentials?: grpc.ChannelCredentials;
@@ -244,6 +290,11 @@ export interface ClientOptions {
   channelOptions?: grpc.ChannelOptions;
   /** Default: round_robin when the target lists addresses (a list, "ipv4:", "ipv6:", "dns:"). */
   loadBalancing?: 'round_robin' | 'pick_first';
+  /**
+   * Client-side adaptive throttling of the compute calls: default on (k 2, 30 s); options, a
+   * Throttle of your own, or false (or null) for none.
+   */
+  throttle?: ThrottleOptions | Throttle | boolean | null;
 }
 
 export class Client {
@@ -257,6 +308,8 @@ export class Client {
   readonly replicas: string[];
   /** The channel's target ("ipv4:a,b" for a list of replicas). */
   readonly target: string;
+  /** The client's throttle; null when off. */
+  readonly throttle: Throttle | null;
   /** q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] -> output [B, Hq, Lq, Dv]. */
   attend(q: TensorInput | TensorMessage, k: TensorInput | TensorMessage,
          v: TensorInput | TensorMessage, options?: AttentionOptions): Promise<Result>;

@@ -15,10 +15,16 @@
 // Several replicas: new Client(['10.0.0.1:50051', '10.0.0.2:50051']) balances stateless calls
 // over them (round_robin) and sends every call naming a decode session to the replica its id
 // "<owner>/<instance>/<number>" names (see Client).
+//
+// Client-side adaptive throttling (throttle.js), on by default: when the server refuses most
+// calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls reject at once with a
+// ThrottledError (code UNAVAILABLE) instead of adding to its load; { throttle: false } turns it
+// off.
 'use strict';
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
+const { Throttle, ThrottledError, makeThrottle, pushbackValue } = require('./throttle');
 
 const PROTO_ROOT = path.join(__dirname, 'proto');
 const PROTO_FILE = path.join(PROTO_ROOT, 'attnserve', 'v1', 'attention.proto');
@@ -37,6 +43,11 @@ function v1() {
 }
 
 const DTYPES = { float32: 'DTYPE_FLOAT32', float16: 'DTYPE_FLOAT16', bfloat16: 'DTYPE_BFLOAT16' };
+
+// The compute calls, which go through the client's throttle. The others (server info, modules,
+// creating, forking, describing, listing and closing sessions) must stay usable under overload:
+// neither throttled nor counted.
+const THROTTLED = new Set(['Attend', 'MultiHeadAttention', 'ExtendSession', 'ExtendSessions']);
 
 // float32 -> float16 bits, rounded to nearest even (the server's conversion); NaN stays NaN.
 const f32 = new Float32Array(1);
@@ -364,18 +375,27 @@ class AttentionStream {
  * error (err.code: a grpc.status value, err.details: the server's message naming field and
  * value). With several replicas, a call naming a session whose owner is none of them rejects
  * with a RangeError before anything is sent.
+ *
+ * The compute calls (attend, multiHeadAttention, extendSession, extendSessions) go through the
+ * client's throttle (throttle.js): a call it rejects rejects with a ThrottledError (code
+ * UNAVAILABLE) before anything is sent. Streams are neither throttled nor counted.
  */
 class Client {
   /**
    * @param {string|string[]} target
    * @param {{credentials?: object, timeoutMs?: number, channelOptions?: object,
-   *   loadBalancing?: string}} [options]
+   *   loadBalancing?: string, throttle?: object|boolean|null}} [options]
    *   credentials: grpc.credentials (default insecure); timeoutMs: per call (default 60000);
    *   channelOptions: grpc-js channel options; loadBalancing: 'round_robin' or 'pick_first'
-   *   (default: round_robin when the target lists addresses: a list, "ipv4:", "ipv6:", "dns:").
+   *   (default: round_robin when the target lists addresses: a list, "ipv4:", "ipv6:", "dns:");
+   *   throttle: client-side adaptive throttling, { enabled, k, windowSeconds } (default: on,
+   *   k 2, 30 s), a Throttle (e.g. one shared by several clients), or false for none. One per
+   *   client, whatever the number of replicas.
    */
   constructor(target, options = {}) {
     const Service = v1().AttentionService;
+    /** The client's Throttle, or null. Before the channels: a bad option opens nothing. */
+    this.throttle = makeThrottle(options.throttle);
     /** The replicas' addresses, in the order given; [] for a client of one target. */
     this.replicas = [];
     if (typeof target !== 'string') {
@@ -403,9 +423,18 @@ class Client {
   }
 
   unary(method, request, timeoutMs, stub = this.stub) {
+    const throttle = THROTTLED.has(method) ? this.throttle : null;
+    if (throttle) {
+      const reason = throttle.check();
+      if (reason !== null) return Promise.reject(new ThrottledError(reason));
+    }
     const deadline = new Date(Date.now() + (timeoutMs ?? this.timeoutMs));
     return new Promise((resolve, reject) => {
-      stub[method](request, { deadline }, (err, r) => (err ? reject(err) : resolve(r)));
+      stub[method](request, { deadline }, (err, r) => {
+        if (throttle && err) throttle.record(err.code, pushbackValue(err.metadata));
+        else if (throttle) throttle.record(grpc.status.OK);
+        return err ? reject(err) : resolve(r);
+      });
     });
   }
 
@@ -625,7 +654,7 @@ function streamCallOptions(options) {
 }
 
 module.exports = {
-  Client, AttentionStream, StepError, attendRequest, multiHeadRequest, extendRequest,
-  extendSessionsRequest, sessionOwner, sessionLostReason, toTensor, fromTensor, v1, PROTO_FILE,
-  grpc,
+  Client, AttentionStream, StepError, Throttle, ThrottledError, attendRequest, multiHeadRequest,
+  extendRequest, extendSessionsRequest, sessionOwner, sessionLostReason, toTensor, fromTensor, v1,
+  PROTO_FILE, grpc,
 };

@@ -3,10 +3,12 @@
 # empty folder (its npm-shrinkwrap.json pins @grpc/grpc-js, @grpc/proto-loader and everything
 # under them), and attend_test.js run there against a live attnserve; types_check.ts compiled
 # against the installed index.d.ts with the package's pinned TypeScript, and codec_test.js
-# checks its float16/bfloat16 conversions against NumPy's; routing_test.js then gives a client
-# two more servers and checks decode sessions are routed to their owners. Checks first that the
-# package's copy of the proto is the repository's, its version is the server's, and its lock
-# file names no registry (no "resolved" URLs: npm fetches from whatever registry it is set to).
+# checks its float16/bfloat16 conversions against NumPy's, throttle_test.js its client-side
+# throttling (tests/testing/throttle_cases.json, fake stubs, an in-process grpc-js server);
+# routing_test.js then gives a client two more servers and checks decode sessions are routed to
+# their owners. Checks first that the package's copy of the proto is the repository's, its
+# version is the server's, and its lock file names no registry (no "resolved" URLs: npm fetches
+# from whatever registry it is set to).
 #   node_test.sh SERVER_BINARY WORK_DIR VERSION
 # Exits 77 (skipped) when node or npm is not installed.
 set -euo pipefail
@@ -43,7 +45,7 @@ mkdir -p "$work/app"
 tarball=$(cd "$work" && npm pack "$package" --pack-destination "$work" | tail -n 1)
 echo "packed $tarball"
 contents=$(tar -tzf "$work/$tarball")
-for f in package/index.js package/index.d.ts package/npm-shrinkwrap.json \
+for f in package/index.js package/index.d.ts package/throttle.js package/npm-shrinkwrap.json \
          package/proto/attnserve/v1/attention.proto; do
   grep -qx "$f" <<< "$contents" || { echo "$tarball lacks $f"; exit 1; }
 done
@@ -94,6 +96,10 @@ mkdir -p "$work/codec"
 /usr/bin/python3 "$here/codec_vectors.py" "$work/codec"
 cp "$here/codec_test.js" "$work/app/"
 (cd "$work/app" && node codec_test.js "$work/codec")
+
+# Client-side throttling, with no attnserve process: the cases the Python client passes too.
+cp "$here/throttle_test.js" "$root/tests/testing/throttle_cases.json" "$work/app/"
+(cd "$work/app" && node throttle_test.js throttle_cases.json)
 
 tmp=$(mktemp -d)
 pids=()

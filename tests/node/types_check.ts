@@ -73,5 +73,22 @@ async function replicas(): Promise<void> {
   console.log(page.sessions.length, page.nextPageToken, used);
   client.close();
 }
+// Client-side throttling: tuned, off, a Throttle of one's own with a fake clock and draws.
+function throttling(): void {
+  const tuned = new attnserve.Client('localhost:50051',
+    { throttle: { k: 1.5, windowSeconds: 10 } });
+  const off = new attnserve.Client('localhost:50051', { throttle: false });
+  const t = new attnserve.Throttle({ enabled: true }, { clock: () => 0, rand: () => 0.5 });
+  const shared = new attnserve.Client('localhost:50051', { throttle: t });
+  const p: number = tuned.throttle ? tuned.throttle.probability() : 0;
+  const { requests, accepts } = t.counts();
+  const reason: string | null = t.check();
+  t.record(attnserve.grpc.status.UNAVAILABLE, '250');
+  const k: number = t.options.k;
+  const err = new attnserve.ThrottledError('why');
+  const code: number = err.code;
+  console.log(p, requests, accepts, reason, k, code, err.details, off.throttle, shared.throttle);
+}
 main();
 replicas();
+throttling();

@@ -28,6 +28,16 @@ foreach(t test_python_client test_python_client_async test_sessions_client)
     ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_SEED_VECTORS_DIR=${ATTNSERVE_SEED_VECTORS_DIR};PYTHONDONTWRITEBYTECODE=1")
 endforeach()
 
+# Client-side adaptive throttling with a fake clock, fake stubs and an in-process grpc server: no
+# attnserve process. tests/testing/throttle_cases.json is shared with the Node.js client's test.
+add_test(NAME python_test_throttle
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} test_throttle)
+set_tests_properties(python_test_throttle PROPERTIES
+  LABELS "python;client;unit"
+  TIMEOUT 120
+  FIXTURES_REQUIRED python_package
+  ENVIRONMENT "ATTNSERVE_THROTTLE_CASES=${ATTNSERVE_ROOT}/tests/testing/throttle_cases.json;PYTHONDONTWRITEBYTECODE=1")
+
 # Decode sessions against live servers (two for routing), attnserve-cli session and
 # attnserve-bench --rpc=decode included.
 add_test(NAME python_test_sessions_live
@@ -46,7 +56,8 @@ set(PY_README_EXPECT
   "--expect=load-module=4 (2, 5, 32) (2, 4, 5, 7)"
   "--expect=asyncio=8 (1, 4, 8, 16)"
   "--expect=stream=99 5 module: no module 'no-such-module'"
-  "--expect=sessions=20 (1, 8, 64) 21")
+  "--expect=sessions=20 (1, 8, 64) 21"
+  "--expect=throttle=(1, 1) 0.0")
 add_test(NAME python_readme_examples
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
           --readme=client/python/README.md --copy=client/python ${PY_README_EXPECT}

@@ -21,6 +21,11 @@ importable, and come out with Client(..., torch_out=True). float32, float16 and 
   for AsyncClient. layout() describes a raw session's heads; is_session_lost() recognises the
   FAILED_PRECONDITION "session lost (...)" of an evicted, expired or restarted session. A
   client given a list of addresses routes each session to the replica its id names.
+- Client-side adaptive throttling (attnserve.throttle), on by default: when the server refuses
+  most calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls fail at once with
+  ThrottledError (a grpc.RpcError, code UNAVAILABLE) instead of adding to its load.
+  Client(..., throttle=ThrottleOptions(k=..., window_seconds=...)) tunes it, throttle=None
+  turns it off; client.throttle.probability() and counts() say where it stands.
 - to_tensor / from_tensor: arrays <-> attnserve.v1.Tensor.
 - export_state_dict, write_safetensors, read_safetensors: a PyTorch module's weights as
   safetensors bytes ready for load_module.
@@ -47,6 +52,7 @@ from attnserve.sessions import (Session, AsyncSession, SessionResult, StepError,
                                 session_result)
 from attnserve.safetensors import (write_safetensors, read_safetensors, export_state_dict,
                                    REFERENCE_NAMES)
+from attnserve.throttle import Throttle, ThrottleOptions, ThrottledError
 
 __all__ = ["__version__", "pb", "pb_grpc", "Client", "AsyncClient", "Result", "RetryPolicy",
            "attend_request", "multi_head_request", "stream_request", "to_tensor",
@@ -54,4 +60,4 @@ __all__ = ["__version__", "pb", "pb_grpc", "Client", "AsyncClient", "Result", "R
            "export_state_dict", "REFERENCE_NAMES", "Session", "AsyncSession", "SessionResult",
            "StepError", "ExtendAlreadyApplied", "is_session_lost", "session_lost_reason",
            "session_owner", "layout", "create_session_request", "extend_request",
-           "session_result"]
+           "session_result", "Throttle", "ThrottleOptions", "ThrottledError"]

@@ -8,6 +8,10 @@ channel's service config.
 
 Decode sessions (create_session, extend_sessions, list_sessions; attnserve.sessions): given a
 list of addresses, a client routes each session's calls to the address its id names.
+
+Client-side adaptive throttling (attnserve.throttle; on by default, throttle=None turns it off):
+when the server refuses most calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls are
+rejected locally with ThrottledError, a grpc.RpcError with code() UNAVAILABLE.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ from attnserve.v1 import attention_pb2_grpc as pb_grpc
 from attnserve.tensors import ArrayLike, to_tensor, from_tensor
 from attnserve import sessions as _s
 from attnserve.sessions import Session, AsyncSession, SessionResult, Step
+from attnserve.throttle import (Throttle, ThrottleOptions, ThrottledError, make_throttle,
+                                pushback_value)
 
 # A request of a stream: AttendRequest, MultiHeadAttentionRequest, or a session's
 # ExtendSessionRequest / ExtendSessionsRequest.
@@ -212,7 +218,8 @@ class _Base:
                  client_cert: Union[bytes, str, None] = None,
                  client_key: Union[bytes, str, None] = None, server_name: Optional[str] = None,
                  token: Optional[str] = None, retry: Optional[RetryPolicy] = None,
-                 load_balancing: Optional[str] = None, torch_out: bool = False):
+                 load_balancing: Optional[str] = None, torch_out: bool = False,
+                 throttle: Union[ThrottleOptions, Throttle, bool, None] = ThrottleOptions()):
         """target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2"; or a list of
         "host:port" replicas: stateless calls are balanced over them (round_robin; IP literals
         only, as in "ipv4:"), and decode sessions are routed to the replica their id names.
@@ -222,6 +229,12 @@ class _Base:
         bearer token. retry: a RetryPolicy, or None (the default, as in the C++ client) for no
         retries. load_balancing: "round_robin" or "pick_first" (default: round_robin when the
         target lists addresses). torch_out: results as torch tensors instead of numpy arrays.
+
+        throttle: client-side adaptive throttling of the compute calls (attend,
+        multi_head_attention, sessions' extend and extend_sessions; attnserve.throttle): a
+        ThrottleOptions (the default, ThrottleOptions(): on, k=2.0, window_seconds=30), a
+        Throttle (e.g. one shared by several clients), or None (or False) for none. One per
+        client, whatever the number of replicas.
         """
         replicas: List[str] = []
         if not isinstance(target, str):
@@ -233,6 +246,8 @@ class _Base:
             load_balancing = "round_robin"
         self.timeout = timeout
         self.torch_out = torch_out
+        # Before the channels: a bad option fails before anything is opened.
+        self.throttle: Optional[Throttle] = make_throttle(throttle)
         self._creds, self._options = _channel_args(
             target, tls=tls, root_certs=root_certs, client_cert=client_cert,
             client_key=client_key, server_name=server_name, token=token, retry=retry,
@@ -289,6 +304,24 @@ class _Base:
         return {"timeout": self.timeout if timeout is None else timeout,
                 "metadata": self._metadata}
 
+    def _admit(self) -> None:
+        """Raises ThrottledError when the throttle rejects a compute call now."""
+        if self.throttle is not None:
+            reason = self.throttle.check()
+            if reason is not None:
+                raise ThrottledError(reason)
+
+    def _record(self, error: Optional[grpc.RpcError]) -> None:
+        """A sent compute call's outcome: None for a success, else its error."""
+        if self.throttle is None:
+            return
+        if error is None:
+            self.throttle.record(grpc.StatusCode.OK)
+            return
+        code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+        self.throttle.record(code, pushback_value(trailers))
+
 
 class Client(_Base):
     """Blocking client of one target. Thread-safe; use as a context manager or call close().
@@ -309,12 +342,24 @@ class Client(_Base):
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _throttled(self, rpc, request, timeout):
+        """rpc(request), a compute call, through the throttle. A call interrupted without an
+        answer (KeyboardInterrupt) is not counted."""
+        self._admit()
+        try:
+            response = rpc(request, **self._kw(timeout))
+        except grpc.RpcError as e:
+            self._record(e)
+            raise
+        self._record(None)
+        return response
+
     def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
                timeout: Optional[float] = None, **options: Any) -> Result:
         """Attention on projected tensors q [B, Hq, Lq, D], k [B, Hkv, Lk, D],
         v [B, Hkv, Lk, Dv]. options: causal, mask, key_lengths, scale, return_weights, dtype
         (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
-        response = self.stub.Attend(attend_request(q, k, v, **options), **self._kw(timeout))
+        response = self._throttled(self.stub.Attend, attend_request(q, k, v, **options), timeout)
         return _result(response, self.torch_out)
 
     def multi_head_attention(self, module: str, query: ArrayLike,
@@ -323,8 +368,9 @@ class Client(_Base):
         """The registered module `module` ("demo" is built in) on query [B, Lq, d_model] and
         key/value [B, Lk, d_model], or self-attention without them. options as attend's.
         Returns a Result with output [B, Lq, d_model], weights [B, h, Lq, Lk]."""
-        response = self.stub.MultiHeadAttention(
-            multi_head_request(module, query, key, value, **options), **self._kw(timeout))
+        response = self._throttled(self.stub.MultiHeadAttention,
+                                   multi_head_request(module, query, key, value, **options),
+                                   timeout)
         return _result(response, self.torch_out)
 
     def load_module(self, name: str, weights: Weights, *, num_heads: int = 0,
@@ -381,7 +427,7 @@ class Client(_Base):
         responses = []
         for stub, _, request in groups:
             try:
-                responses.append(stub.ExtendSessions(request, **self._kw(timeout)))
+                responses.append(self._throttled(stub.ExtendSessions, request, timeout))
             except grpc.RpcError as e:
                 if len(groups) == 1:
                     raise
@@ -437,11 +483,23 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
+    async def _throttled(self, rpc, request, timeout):
+        """Client._throttled as a coroutine. A call cancelled without an answer (its task
+        cancelled) is not counted."""
+        self._admit()
+        try:
+            response = await rpc(request, **self._kw(timeout))
+        except grpc.RpcError as e:
+            self._record(e)
+            raise
+        self._record(None)
+        return response
+
     async def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
                      timeout: Optional[float] = None, **options: Any) -> Result:
         """Client.attend as a coroutine."""
-        response = await self.stub.Attend(attend_request(q, k, v, **options),
-                                          **self._kw(timeout))
+        response = await self._throttled(self.stub.Attend, attend_request(q, k, v, **options),
+                                         timeout)
         return _result(response, self.torch_out)
 
     async def multi_head_attention(self, module: str, query: ArrayLike,
@@ -449,8 +507,9 @@ class AsyncClient(_Base):
                                    value: Optional[ArrayLike] = None, *,
                                    timeout: Optional[float] = None, **options: Any) -> Result:
         """Client.multi_head_attention as a coroutine."""
-        response = await self.stub.MultiHeadAttention(
-            multi_head_request(module, query, key, value, **options), **self._kw(timeout))
+        response = await self._throttled(
+            self.stub.MultiHeadAttention,
+            multi_head_request(module, query, key, value, **options), timeout)
         return _result(response, self.torch_out)
 
     async def load_module(self, name: str, weights: Weights, *, num_heads: int = 0,
@@ -498,7 +557,8 @@ class AsyncClient(_Base):
         import asyncio
         groups = _s._group_steps(self, steps)
         responses = await asyncio.gather(
-            *(stub.ExtendSessions(request, **self._kw(timeout)) for stub, _, request in groups),
+            *(self._throttled(stub.ExtendSessions, request, timeout)
+              for stub, _, request in groups),
             return_exceptions=True)
         for r in responses:
             if isinstance(r, BaseException) and (len(groups) == 1

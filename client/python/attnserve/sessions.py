@@ -10,6 +10,8 @@ Codes (grpc.RpcError): FAILED_PRECONDITION "session lost (evicted|expired|restar
 a lost session (is_session_lost; create a new session and prefill again), ABORTED for an extend
 while another of the same session is in flight or a length other than expected, NOT_FOUND for
 an id the server never issued or already closed, RESOURCE_EXHAUSTED when the pool is full.
+Extends go through the client's throttle (attnserve.throttle): UNAVAILABLE ThrottledError when
+it rejects one, before anything is sent.
 
 Several replicas: a session id "<owner>/<instance>/<number>" names the replica holding it. A
 client given a list of addresses sends create_session to the next address in turn and every
@@ -213,8 +215,8 @@ class Session(_SessionBase):
         self._check_open()
         request = self.request(q, k, v, input=input, return_lse=return_lse, dtype=dtype)
         try:
-            response = self._client._session_stub(self.id).ExtendSession(
-                request, **self._client._kw(timeout))
+            response = self._client._throttled(self._client._session_stub(self.id).ExtendSession,
+                                               request, timeout)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.ABORTED:
                 self._check_applied(request, e, timeout)
@@ -278,8 +280,8 @@ class AsyncSession(_SessionBase):
         self._check_open()
         request = self.request(q, k, v, input=input, return_lse=return_lse, dtype=dtype)
         try:
-            response = await self._client._session_stub(self.id).ExtendSession(
-                request, **self._client._kw(timeout))
+            response = await self._client._throttled(
+                self._client._session_stub(self.id).ExtendSession, request, timeout)
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.ABORTED:
                 try:
