@@ -64,9 +64,11 @@ struct AsyncCall {
   std::shared_ptr<const Request> request;
   Response response;
   Client::Callback<Response> done;
+  std::function<void(const grpc::ClientContext&, const grpc::Status&)> record;  // may be empty
 
   void Complete(const grpc::Status& status) {
     std::unique_ptr<AsyncCall> self(this);
+    if (record) record(context, status);
     if (status.ok()) {
       done(std::move(response));
     } else {
@@ -162,6 +164,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(const std::string& target
     return absl::InvalidArgumentError(
         absl::StrCat("retry.max_attempts must be at least 1; was ", options.retry.max_attempts));
   }
+  if (absl::Status s = ValidateThrottleOptions(options.throttle); !s.ok()) return s;
   std::vector<std::shared_ptr<grpc::Channel>> channels;
   for (int i = 0; i < options.channels; ++i) channels.push_back(MakeChannel(target, options, i));
   return std::unique_ptr<Client>(new Client(std::move(channels), options));
@@ -190,8 +193,32 @@ Client::Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& opti
     : Client(std::vector<std::shared_ptr<grpc::Channel>>{std::move(channel)}, options) {}
 
 Client::Client(std::vector<std::shared_ptr<grpc::Channel>> channels, const ClientOptions& options)
-    : channels_(std::move(channels)), options_(options) {
+    : channels_(std::move(channels)),
+      options_(options),
+      throttle_status_(ValidateThrottleOptions(options.throttle)) {
   for (const auto& c : channels_) stubs_.push_back(v1::AttentionService::NewStub(c));
+  if (throttle_status_.ok() && options_.throttle.enabled) {
+    throttle_ = *Throttle::Create(options_.throttle);
+  }
+}
+
+absl::Status Client::Admit() {
+  if (!throttle_status_.ok()) return throttle_status_;
+  if (throttle_ == nullptr) return absl::OkStatus();
+  if (std::optional<std::string> why = throttle_->Check()) return absl::UnavailableError(*why);
+  return absl::OkStatus();
+}
+
+void Client::Record(const grpc::ClientContext& context, const grpc::Status& status) {
+  if (throttle_ == nullptr) return;
+  std::string_view pushback;
+  if (!status.ok()) {
+    const auto& trailers = context.GetServerTrailingMetadata();
+    if (auto it = trailers.find(kPushbackKey); it != trailers.end()) {
+      pushback = std::string_view(it->second.data(), it->second.size());
+    }
+  }
+  throttle_->Record(static_cast<absl::StatusCode>(status.error_code()), pushback);
 }
 
 Client::~Client() = default;
@@ -211,20 +238,25 @@ void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const
   }
 }
 
-#define ATTNSERVE_CLIENT_METHOD(Rpc)                                             \
+// `throttled`: the call passes the throttle (Admit) and its answer is counted (Record).
+#define ATTNSERVE_CLIENT_METHOD(Rpc, throttled)                                  \
   absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request, \
                                                 absl::Duration timeout) {        \
+    if (throttled) {                                                             \
+      if (absl::Status s = Admit(); !s.ok()) return s;                           \
+    }                                                                            \
     grpc::ClientContext context;                                                 \
     Prepare(&context, timeout);                                                  \
     v1::Rpc##Response response;                                                  \
     grpc::Status status = NextStub().Rpc(&context, request, &response);          \
+    if (throttled) Record(context, status);                                      \
     if (!status.ok()) return FromGrpc(status);                                   \
     return response;                                                             \
   }
-ATTNSERVE_CLIENT_METHOD(Attend)
-ATTNSERVE_CLIENT_METHOD(MultiHeadAttention)
-ATTNSERVE_CLIENT_METHOD(LoadModule)
-ATTNSERVE_CLIENT_METHOD(UnloadModule)
+ATTNSERVE_CLIENT_METHOD(Attend, true)
+ATTNSERVE_CLIENT_METHOD(MultiHeadAttention, true)
+ATTNSERVE_CLIENT_METHOD(LoadModule, false)
+ATTNSERVE_CLIENT_METHOD(UnloadModule, false)
 #undef ATTNSERVE_CLIENT_METHOD
 
 absl::StatusOr<v1::ListModulesResponse> Client::ListModules(absl::Duration timeout) {
@@ -252,9 +284,14 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Duration t
   }                                                                                                \
   void Client::Rpc##Async(std::shared_ptr<const v1::Rpc##Request> request,                         \
                           Callback<v1::Rpc##Response> done, absl::Duration timeout) {              \
+    if (absl::Status s = Admit(); !s.ok()) {                                                       \
+      done(s);                                                                                     \
+      return;                                                                                      \
+    }                                                                                              \
     auto* call = new AsyncCall<v1::Rpc##Request, v1::Rpc##Response>;                               \
     call->request = std::move(request);                                                            \
     call->done = std::move(done);                                                                  \
+    call->record = [this](const grpc::ClientContext& c, const grpc::Status& s) { Record(c, s); };  \
     Prepare(&call->context, timeout);                                                              \
     NextStub().async()->Rpc(&call->context, call->request.get(), &call->response,                  \
                             [call](grpc::Status s) { call->Complete(s); });                        \
@@ -333,22 +370,26 @@ absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
       "address clients reach it by"));
 }
 
-#define ATTNSERVE_SESSION_METHOD(Rpc)                                                     \
+#define ATTNSERVE_SESSION_METHOD(Rpc, throttled)                                          \
   absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,          \
                                                 absl::Duration timeout) {                 \
     absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id()); \
     if (!stub.ok()) return stub.status();                                                 \
+    if (throttled) {                                                                      \
+      if (absl::Status s = Admit(); !s.ok()) return s;                                    \
+    }                                                                                     \
     grpc::ClientContext context;                                                          \
     Prepare(&context, timeout);                                                           \
     v1::Rpc##Response response;                                                           \
     grpc::Status status = (*stub)->Rpc(&context, request, &response);                     \
+    if (throttled) Record(context, status);                                               \
     if (!status.ok()) return FromGrpc(status);                                            \
     return response;                                                                      \
   }
-ATTNSERVE_SESSION_METHOD(ExtendSession)
-ATTNSERVE_SESSION_METHOD(ForkSession)
-ATTNSERVE_SESSION_METHOD(CloseSession)
-ATTNSERVE_SESSION_METHOD(GetSession)
+ATTNSERVE_SESSION_METHOD(ExtendSession, true)
+ATTNSERVE_SESSION_METHOD(ForkSession, false)
+ATTNSERVE_SESSION_METHOD(CloseSession, false)
+ATTNSERVE_SESSION_METHOD(GetSession, false)
 #undef ATTNSERVE_SESSION_METHOD
 
 absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
@@ -402,22 +443,34 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
     *group->request.add_steps() = request.steps(i);
   }
   if (groups.size() <= 1) {  // one replica (or no steps: the server answers INVALID_ARGUMENT)
+    if (absl::Status s = Admit(); !s.ok()) return s;
     grpc::ClientContext context;
     Prepare(&context, timeout);
     v1::ExtendSessionsResponse response;
     v1::AttentionService::Stub* stub = groups.empty() ? &NextStub() : groups[0]->stub;
     grpc::Status status = stub->ExtendSessions(&context, request, &response);
+    Record(context, status);
     if (!status.ok()) return FromGrpc(status);
     return response;
   }
+  // Each replica's call passes the throttle on its own; a rejected one gives its steps the
+  // rejection's code and message, as a failed call would.
   Mutex mu;
   CondVar cv;
   size_t pending = groups.size();
   for (auto& g : groups) {
-    Prepare(&g->context, timeout);
     Group* group = g.get();
+    if (absl::Status s = Admit(); !s.ok()) {
+      MutexLock lock(&mu);
+      group->status =
+          grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+      --pending;
+      continue;
+    }
+    Prepare(&group->context, timeout);
     group->stub->async()->ExtendSessions(&group->context, &group->request, &group->response,
                                          [&, group](grpc::Status s) {
+                                           Record(group->context, s);
                                            MutexLock lock(&mu);
                                            group->status = std::move(s);
                                            if (--pending == 0) cv.NotifyAll();
@@ -453,9 +506,14 @@ void Client::ExtendSessionAsync(std::shared_ptr<const v1::ExtendSessionRequest> 
     done(stub.status());
     return;
   }
+  if (absl::Status s = Admit(); !s.ok()) {
+    done(s);
+    return;
+  }
   auto* call = new AsyncCall<v1::ExtendSessionRequest, v1::ExtendSessionResponse>;
   call->request = std::move(request);
   call->done = std::move(done);
+  call->record = [this](const grpc::ClientContext& c, const grpc::Status& s) { Record(c, s); };
   Prepare(&call->context, timeout);
   (*stub)->async()->ExtendSession(&call->context, call->request.get(), &call->response,
                                   [call](grpc::Status s) { call->Complete(s); });

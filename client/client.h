@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "client/throttle.h"
 #include "grpcpp/channel.h"
 
 namespace attnserve {
@@ -80,6 +81,13 @@ struct ClientOptions {
   // A complete gRPC service config (JSON) to use instead of the one built from `retry` and
   // `load_balancing`. Empty: built from them.
   std::string service_config_json;
+  // Client-side adaptive throttling (client/throttle.h) of the compute calls: Attend,
+  // MultiHeadAttention, ExtendSession and ExtendSessions, sync and async. A call it rejects
+  // fails UNAVAILABLE at once, before anything is sent. Control calls (server info, modules,
+  // creating, describing, forking, listing and closing sessions) and streams are neither
+  // throttled nor counted. Default: on, k = 2, a 30 s window; `throttle.enabled = false` turns
+  // it off (attnserve-bench does by default, to measure the server's own refusals).
+  ThrottleOptions throttle;
 
   // --- Security ---
   // TLS. Off by default. When on, tls_root_certs (PEM) verifies the server (empty: the
@@ -212,6 +220,8 @@ class Client {
 
   // The first channel (all share the same target and options).
   grpc::Channel& channel() { return *channels_[0]; }
+  // The throttle of the compute calls; null when ClientOptions::throttle is off.
+  Throttle* throttle() { return throttle_.get(); }
 
  private:
   Client(std::vector<std::shared_ptr<grpc::Channel>> channels, const ClientOptions& options);
@@ -224,6 +234,11 @@ class Client {
   // The next replica in turn (CreateSession), with its address; NextStub() and "" when the
   // client has no replicas.
   std::pair<v1::AttentionService::Stub*, std::string> NextReplica();
+  // Before a throttled call: OK to send it, else the error to answer instead (the throttle's
+  // rejection, or its options' error for a client made with a channel and bad options).
+  absl::Status Admit();
+  // A throttled call's answer, with its trailing metadata (the pushback).
+  void Record(const grpc::ClientContext& context, const grpc::Status& status);
 
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::AttentionService::Stub>> stubs_;
@@ -234,6 +249,8 @@ class Client {
   std::vector<std::unique_ptr<v1::AttentionService::Stub>> replica_stubs_;
   std::atomic<uint64_t> next_replica_{0};
   ClientOptions options_;
+  absl::Status throttle_status_;  // ValidateThrottleOptions(options_.throttle)
+  std::unique_ptr<Throttle> throttle_;
   friend class AttentionStream;
 };
 

@@ -88,6 +88,10 @@ ABSL_FLAG(std::string, progress, "auto",
 ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA of the server's certificate (turns TLS on)");
 ABSL_FLAG(std::string, auth_token_file, "", "file holding a bearer token");
 ABSL_FLAG(bool, retries, false, "let gRPC retry UNAVAILABLE (off: errors are counted as such)");
+ABSL_FLAG(bool, throttle, false,
+          "client-side adaptive throttling as the client libraries do by default (k 2, 30 s "
+          "window, client/throttle.h); off: every call reaches the server, whose own refusals "
+          "are measured. Rejections count as THROTTLED_BY_CLIENT");
 
 namespace {
 
@@ -267,6 +271,7 @@ int main(int argc, char** argv) {
   copts.channels = std::max(1, absl::GetFlag(FLAGS_connections));
   copts.timeout = load.timeout;
   if (absl::GetFlag(FLAGS_retries)) copts.retry.max_attempts = 4;
+  copts.throttle.enabled = absl::GetFlag(FLAGS_throttle);
   if (absl::StartsWith(absl::GetFlag(FLAGS_target), "ipv4:") ||
       absl::StartsWith(absl::GetFlag(FLAGS_target), "ipv6:") ||
       absl::StartsWith(absl::GetFlag(FLAGS_target), "dns:")) {

@@ -38,6 +38,12 @@ void SleepUntilNs(int64_t t) {
   if (t > now) std::this_thread::sleep_for(std::chrono::nanoseconds(t - now));
 }
 
+// A call's Sample::code: its canonical code, or kThrottledCode when the client's own throttle
+// rejected it.
+int SampleCode(const absl::Status& status) {
+  return IsThrottledByClient(status) ? kThrottledCode : static_cast<int>(status.code());
+}
+
 void FillTiming(const v1::Timing& t, Sample* s) {
   s->queued_us = t.queued_us();
   s->compute_us = t.compute_us();
@@ -162,7 +168,7 @@ class Driver::DecodePool {
           s.intended_ns = shared->intended_ns;
           s.completed_ns = NowNs();
           s.latency_us = (s.completed_ns - shared->intended_ns) / 1e3;
-          s.code = static_cast<int>(r.status().code());
+          s.code = SampleCode(r.status());
           s.item = shared->item;
           if (r.ok()) {
             FillTiming(r->timing(), &s);
@@ -262,14 +268,14 @@ void Driver::Issue(size_t item, int64_t intended_ns, Done done) {
     client_.AttendAsync(
         p.attend,
         [finish](absl::StatusOr<v1::AttendResponse> r) {
-          finish(static_cast<int>(r.status().code()), r.ok() ? &r->timing() : nullptr);
+          finish(SampleCode(r.status()), r.ok() ? &r->timing() : nullptr);
         },
         options_.timeout);
   } else {
     client_.MultiHeadAttentionAsync(
         p.mha,
         [finish](absl::StatusOr<v1::MultiHeadAttentionResponse> r) {
-          finish(static_cast<int>(r.status().code()), r.ok() ? &r->timing() : nullptr);
+          finish(SampleCode(r.status()), r.ok() ? &r->timing() : nullptr);
         },
         options_.timeout);
   }

@@ -18,7 +18,8 @@ namespace attnserve::bench {
 // time, even when the client was late; closed loop: the actual send) to the completion.
 struct Sample {
   double latency_us = 0;
-  int code = 0;           // canonical gRPC code; 0 = OK
+  int code = 0;           // canonical gRPC code; 0 = OK; kThrottledCode: the client's own
+                          // throttle rejected it (--throttle), never sent
   int64_t queued_us = 0;  // the server's Timing (OK responses only)
   int64_t compute_us = 0;
   int64_t server_us = 0;
@@ -117,7 +118,11 @@ struct PhaseReport {
   TimeSeries series;               // t_s counted from the first phase's start
 };
 
-// The canonical name of a gRPC code ("OK", "UNAVAILABLE", ...).
+// Sample::code of a call the client's throttle rejected (client/throttle.h): counted apart from
+// the server's UNAVAILABLE, as "THROTTLED_BY_CLIENT".
+inline constexpr int kThrottledCode = 100;
+
+// The canonical name of a gRPC code ("OK", "UNAVAILABLE", ...), or "THROTTLED_BY_CLIENT".
 std::string CodeName(int code);
 
 // Summarises one phase. `tokens`/`flops` give each workload item's worth.
