@@ -3,26 +3,31 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/batching/pushback.h"
 
 namespace attnserve::server {
 
 absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
   int64_t ahead;
-  absl::Duration wait;
+  absl::Duration wait, interval;
   {
     MutexLock lock(&mu_);
     // A busy period starts: the idle time before it is no interval between answers.
     if (in_flight_ == 0) last_ = now;
     ahead = in_flight_;
+    interval = interval_;
     wait = (in_flight_ + 1) * interval_;
     if (in_flight_ == 0 || wait <= kTimeoutShare * (deadline - now)) {
       ++in_flight_;
       return absl::OkStatus();
     }
   }
-  return absl::DeadlineExceededError(absl::StrCat(
-      "the server would answer in about ", absl::FormatDuration(wait), " (", ahead,
-      " calls ahead), too close to the deadline; refused before the request was read"));
+  // The retry pushback: about when the calls ahead will have been answered.
+  return batching::WithPushback(
+      absl::DeadlineExceededError(absl::StrCat(
+          "the server would answer in about ", absl::FormatDuration(wait), " (", ahead,
+          " calls ahead), too close to the deadline; refused before the request was read")),
+      wait - interval);
 }
 
 void AdmissionGate::Done(absl::Time now) {

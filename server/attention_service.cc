@@ -12,6 +12,7 @@
 #include "base/mutex.h"
 #include "base/strings.h"
 #include "server/attention_stream.h"
+#include "server/batching/pushback.h"
 #include "server/request_builder.h"
 
 namespace attnserve::server {
@@ -161,6 +162,11 @@ class WorkThread {
 grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServerContext* context) {
   if (const std::string reason = sessions::SessionManager::LostReason(status); !reason.empty()) {
     context->AddTrailingMetadata("attnserve-session-lost", reason);
+  }
+  // gRFC A6's retry pushback: gRPC's retry policy and the bundled clients' throttles wait this
+  // long before their next call.
+  if (const std::optional<int64_t> ms = batching::PushbackMs(status)) {
+    context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(*ms));
   }
   return ToGrpcStatus(status);
 }

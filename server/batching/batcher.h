@@ -28,7 +28,9 @@
 //   The optional `why` says which (DropReason, batch_queue.h), so that counters need not parse
 //   codes. A full queue first tries to make room by fair share (batch_policy.h): the newest task
 //   of the heaviest owner is then rejected (UNAVAILABLE, DropReason::kFairShare) and the new
-//   task admitted.
+//   task admitted. The refusals a wait can help (a full queue, the byte budget, a fair-share
+//   shed, a queue that would outlast the deadline; not Shutdown()) carry a retry pushback
+//   (pushback.h): the cost model's estimate of the queue ahead divided by num_batch_threads.
 //
 //   Every task the batcher takes goes to exactly one of the two callbacks, exactly once:
 //     process_batch(key, batch)  a non-empty batch, all of `key`, at most max_batch_requests
@@ -103,6 +105,7 @@
 #include "server/batching/batcher_options.h"
 #include "server/batching/clock.h"
 #include "server/batching/cost_model.h"
+#include "server/batching/pushback.h"
 
 namespace attnserve::batching {
 
@@ -162,7 +165,7 @@ class Batcher {
     }
     Admission admission;
     int64_t queued_requests = 0, queued_bytes = 0, queued_tokens = 0;
-    absl::Duration needed;
+    absl::Duration needed, drain;
     std::optional<QueuedTask<Task>> shed;
     bool slot_free = true;
     {
@@ -213,13 +216,18 @@ class Batcher {
         queued_requests = policy_.queued_requests();
         queued_bytes = policy_.queued_bytes();
       }
+      // How long the queue ahead takes to drain: the refused caller's retry pushback.
+      if (admission != Admission::kOk) {
+        drain = cost_model_->Estimate(policy_.queued_tokens()) / num_threads_;
+      }
     }
     if (shed.has_value()) {
       // Outside the lock. The shed task belongs to another owner than the caller's.
       reject_(std::move(shed->task),
-              absl::UnavailableError(
-                  "the batch queue is full and shared fairly between connections; this "
-                  "connection held more than its share; retry with backoff"),
+              WithPushback(absl::UnavailableError(
+                               "the batch queue is full and shared fairly between connections; "
+                               "this connection held more than its share; retry with backoff"),
+                           drain),
               DropReason::kFairShare);
     }
     if (admission == Admission::kOk) {
@@ -236,19 +244,24 @@ class Batcher {
     switch (admission) {
       case Admission::kQueueFull:
         *why = DropReason::kQueueFull;
-        return absl::UnavailableError(absl::StrCat("batch queue full: ", queued_requests,
-                                                   " requests queued (max_queued_requests ",
-                                                   max_queued_requests_, "); retry with backoff"));
+        return WithPushback(
+            absl::UnavailableError(absl::StrCat("batch queue full: ", queued_requests,
+                                                " requests queued (max_queued_requests ",
+                                                max_queued_requests_, "); retry with backoff")),
+            drain);
       case Admission::kOverByteBudget:
         *why = DropReason::kQueueBytes;
-        return absl::UnavailableError(absl::StrCat(
-            "batch queue memory over budget: ", queued_bytes, " bytes queued + ", queued.bytes,
-            " > max_queued_bytes ", max_queued_bytes_, "; retry with backoff"));
+        return WithPushback(
+            absl::UnavailableError(absl::StrCat(
+                "batch queue memory over budget: ", queued_bytes, " bytes queued + ", queued.bytes,
+                " > max_queued_bytes ", max_queued_bytes_, "; retry with backoff")),
+            drain);
       case Admission::kUnmeetable:
-        return absl::DeadlineExceededError(
-            absl::StrCat("the queue ahead (", queued_requests, " requests, ", queued_tokens,
-                         " tokens) needs about ", absl::FormatDuration(needed),
-                         ", longer than the deadline allows; refused without queueing"));
+        return WithPushback(absl::DeadlineExceededError(absl::StrCat(
+                                "the queue ahead (", queued_requests, " requests, ", queued_tokens,
+                                " tokens) needs about ", absl::FormatDuration(needed),
+                                ", longer than the deadline allows; refused without queueing")),
+                            drain);
       default:
         *why = DropReason::kTooLarge;
         return absl::ResourceExhaustedError(absl::StrCat(

@@ -3,6 +3,7 @@
 #include "server/admission.h"
 
 #include "gtest/gtest.h"
+#include "server/batching/pushback.h"
 
 namespace attnserve::server {
 namespace {
@@ -36,7 +37,8 @@ TEST(AdmissionGateTest, RefusesWhenTheCallsAheadOutlastTheShareOfItsTimeout) {
   absl::Status refused = gate.Admit(At(20), At(99));
   EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(refused.message().find("3 calls ahead"), std::string::npos) << refused.message();
-  EXPECT_EQ(gate.in_flight(), 3);  // a refused call is not in flight
+  EXPECT_EQ(batching::PushbackMs(refused), 30);  // the 3 calls ahead, 10 ms apart
+  EXPECT_EQ(gate.in_flight(), 3);                // a refused call is not in flight
   EXPECT_TRUE(gate.Admit(At(20), At(100)).ok());
   EXPECT_EQ(gate.in_flight(), 4);
 }

@@ -187,9 +187,17 @@ TEST_F(BatchingServiceTest, AFullQueueAnswersUnavailableAtOnceAndRecovers) {
   }
   ASSERT_TRUE(AwaitMetric("attnserve_queued_requests", {}, 2));
   // The gate is closed: only an answer that does not wait for the queue can arrive.
-  auto refused = client_->Attend(c.request);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
-  EXPECT_THAT(refused.status().message(), HasSubstr("retry with backoff"));
+  // Through a stub, to read the trailers: the refusal asks for a retry pushback (gRFC A6).
+  auto stub = v1::AttentionService::NewStub(client_->channel().shared_from_this());
+  grpc::ClientContext context;
+  v1::AttendResponse response;
+  const grpc::Status refused = stub->Attend(&context, c.request, &response);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(refused.error_message(), HasSubstr("retry with backoff"));
+  const auto& trailers = context.GetServerTrailingMetadata();
+  const auto pushback = trailers.find("grpc-retry-pushback-ms");
+  ASSERT_NE(pushback, trailers.end());
+  EXPECT_GE(std::stoll(std::string(pushback->second.data(), pushback->second.size())), 1);
   EXPECT_TRUE(AwaitMetric("attnserve_requests_dropped_total", {"reason=\"queue_full\""}, 1));
   gate_->Open();
   for (auto& t : queued) t.join();

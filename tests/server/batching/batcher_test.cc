@@ -293,8 +293,10 @@ TEST_F(BatcherTest, AFullQueueShedsTheHeaviestOwnersNewestTaskForALighterOwner) 
   for (uint64_t owner : {1, 2}) {
     auto refused = owned(7, owner);
     DropReason why = DropReason::kInvalid;
-    EXPECT_EQ(batcher_->Schedule("a", &refused, &why).code(), absl::StatusCode::kUnavailable);
+    const absl::Status status = batcher_->Schedule("a", &refused, &why);
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
     EXPECT_EQ(why, DropReason::kQueueFull);
+    EXPECT_GE(PushbackMs(status).value_or(0), 1) << "a full queue asks for a pushback";
     ASSERT_NE(refused, nullptr);
   }
   const BatcherStats stats = batcher_->stats();
@@ -323,6 +325,7 @@ TEST_F(BatcherTest, ATaskThatTheQueueAheadWouldMakeLateIsRefusedAtArrival) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(status.message(), HasSubstr("refused without queueing"));
   EXPECT_EQ(why, DropReason::kUnmeetable);
+  EXPECT_EQ(PushbackMs(status), 6);  // the 6 tokens ahead, at 1 ms each: the queue's drain
   ASSERT_NE(late, nullptr);
   Add("k", Task(3, 1, 1, t0_ + absl::Milliseconds(8)));  // 7 ms fit in 8
   EXPECT_EQ(batcher_->stats().refused_unmeetable, 1);
@@ -402,7 +405,10 @@ TEST_F(BatcherTest, ShutdownDrainsQueuedWorkWithoutWaitingForTheDelay) {
   EXPECT_EQ(recorder_.batches().size(), 2u);
   EXPECT_TRUE(recorder_.rejects().empty());
   auto late = Task(3);
-  EXPECT_EQ(batcher_->Schedule("a", &late).code(), absl::StatusCode::kUnavailable);
+  const absl::Status refused = batcher_->Schedule("a", &late);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  // A drain sends callers elsewhere at once: no pushback.
+  EXPECT_EQ(PushbackMs(refused), std::nullopt);
   ASSERT_NE(late, nullptr);
   const BatcherStats stats = batcher_->stats();
   EXPECT_EQ(stats.processed, 2);
