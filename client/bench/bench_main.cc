@@ -7,6 +7,7 @@
 //   attnserve-bench --mode=closed --steps=1,2,4,8,16 --json=-                   # JSON on stdout
 //   attnserve-bench --mode=open --ramp=50:400:8 --json=run.json --html=run.html  # with charts
 //   attnserve-bench --html_from=run.json --html=run.html                 # redraw a saved run
+//   attnserve-bench --sweep_from=sweep.json --html=sweep.html   # a request-size sweep's page
 //   attnserve-bench --rpc=decode --sessions=16 --prefill=4096 --decode_steps=64
 //       --shapes=1,32,1,128 --kv_heads=8            # decode: 16 sessions x 64 steps each
 //
@@ -83,6 +84,10 @@ ABSL_FLAG(std::string, html, "",
           "write a self-contained HTML report with charts to this file (drawn from the JSON)");
 ABSL_FLAG(std::string, html_from, "",
           "redraw a saved JSON report (from --json) as --html, without running anything");
+ABSL_FLAG(std::string, sweep_from, "",
+          "draw a request-size sweep (JSON from tests/bench/serving_sweep.py: each server's CPU "
+          "per call beside the backend's and the echo server's, across request sizes) as the "
+          "--html page, without running anything (a bad file: exit 2 naming the field)");
 ABSL_FLAG(std::string, progress, "auto",
           "live progress line: auto (when stdout is a tty), on, off");
 ABSL_FLAG(std::string, tls_ca_file, "", "PEM CA of the server's certificate (turns TLS on)");
@@ -131,6 +136,17 @@ int RedrawHtml(const std::string& from, const std::string& to) {
   return 0;
 }
 
+// --sweep_from: the request-size sweep at `from` drawn as HTML into `to`.
+int DrawSweep(const std::string& from, const std::string& to) {
+  if (to.empty()) return Usage("--sweep_from needs --html=FILE to write to");
+  std::string text;
+  if (!ReadFile(from, &text)) return Usage("cannot read --sweep_from " + from);
+  auto sweep = bench::ParseSweep(text);
+  if (!sweep.ok()) return Usage(from + ": " + std::string(sweep.status().message()));
+  if (!WriteOutput(to, bench::SweepToHtml(*sweep))) return Usage("cannot write " + to);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,6 +167,12 @@ int main(int argc, char** argv) {
   // --- Flags to options ---
   bench::LoadOptions load;
   bench::WorkloadOptions work;
+  if (const std::string from = absl::GetFlag(FLAGS_sweep_from); !from.empty()) {
+    if (!absl::GetFlag(FLAGS_html_from).empty()) {
+      return Usage("give --sweep_from or --html_from, not both");
+    }
+    return DrawSweep(from, absl::GetFlag(FLAGS_html));  // nothing to run
+  }
   if (const std::string from = absl::GetFlag(FLAGS_html_from); !from.empty()) {
     return RedrawHtml(from, absl::GetFlag(FLAGS_html));  // nothing to run
   }

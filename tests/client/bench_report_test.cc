@@ -1,6 +1,8 @@
 // attnserve-bench's run document: JSON written and read back, errors for files that are not
 // reports, and the HTML page drawn from it (every chart present, every text escaped, nothing
-// fetched, the same page whether drawn live or from the saved JSON).
+// fetched, the same page whether drawn live or from the saved JSON). Then the page of a
+// request-size sweep (--sweep_from): its charts, sentence and table, and the errors that name a
+// bad field.
 #include <string>
 #include <vector>
 
@@ -219,6 +221,312 @@ TEST(ReportHtmlTest, NoPhasesStillDrawsEveryChart) {
   EXPECT_EQ(Count(html, "<svg class=\"chart\""), 4);
   EXPECT_EQ(Count(html, "no data"), 4);
   EXPECT_THAT(html, HasSubstr("not recorded"));
+}
+
+// --- Request-size sweeps ---
+
+using Json = nlohmann::ordered_json;
+
+Json SweepServerJson(int64_t ok, int64_t errors, double req_per_s, double cpu_us, double faults,
+                     double p50_ms) {
+  return {{"ok", ok},
+          {"errors", errors},
+          {"req_per_s", req_per_s},
+          {"cpu_us_per_call", cpu_us},
+          {"faults_per_call", faults},
+          {"p50_ms", p50_ms},
+          {"p99_ms", 2 * p50_ms}};
+}
+
+Json SweepPointJson(const std::string& rpc, const std::string& shape, int64_t request_bytes,
+                    int64_t response_bytes, int callers, double backend_cpu_us, Json servers,
+                    Json overhead) {
+  return {{"rpc", rpc},
+          {"shape", shape},
+          {"request_bytes", request_bytes},
+          {"response_bytes", response_bytes},
+          {"callers", callers},
+          {"backend_cpu_us", backend_cpu_us},
+          {"servers", std::move(servers)},
+          {"overhead", std::move(overhead)}};
+}
+
+// Three groups, in the file out of the page's order: mha/1; attend/1 at two sizes, larger
+// first, the baseline missing at the small one; attend/8 without the echo server (no overhead).
+Json SweepDoc() {
+  Json doc = {
+      {"kind", "attnserve-serving-sweep"},
+      {"title", "Serving overhead across request sizes"},
+      {"command", "python3 tests/bench/serving_sweep.py --duration_s=4"},
+      {"machine", {{"cpu", "Intel(R) Xeon(R) Processor"}, {"cores", 2}}},
+      {"settings", {{"duration_s", 4}, {"allocator", "jemalloc"}, {"target_overhead", 1.25}}},
+      {"servers", {"attnserve", "echo", "a0c8747"}}};
+  doc["points"] = Json::array();
+  // 900 / (500 + 200) = 1.29
+  doc["points"].push_back(
+      SweepPointJson("mha", "1,128", 262144, 262144, 1, 500,
+                     {{"attnserve", SweepServerJson(5000, 0, 1000, 900, 0.2, 0.9)},
+                      {"echo", SweepServerJson(9000, 0, 4000, 200, 0.1, 0.3)},
+                      {"a0c8747", SweepServerJson(5000, 0, 1000, 850, 0.2, 0.9)}},
+                     1.29));
+  // 1100.2 / (290.1 + 480) = 1.43; the baseline's 1000 / 770.1 = 1.30.
+  doc["points"].push_back(
+      SweepPointJson("attend", "1,8,128,64", 786432, 262144, 1, 290.1,
+                     {{"attnserve", SweepServerJson(4000, 0, 800.5, 1100.2, 0.7, 1.1)},
+                      {"echo", SweepServerJson(6000, 0, 1300, 480, 0.5, 0.7)},
+                      {"a0c8747", SweepServerJson(3900, 2, 790, 1000, 0.6, 1.2)}},
+                     1.43));
+  // 150 / (40 + 90) = 1.15
+  doc["points"].push_back(
+      SweepPointJson("attend", "1,8,16,64", 98304, 32768, 1, 40,
+                     {{"attnserve", SweepServerJson(9000, 0, 3000, 150, 0.05, 0.3)},
+                      {"echo", SweepServerJson(9500, 0, 6000, 90, 0.04, 0.2)},
+                      {"a0c8747", nullptr}},
+                     1.15));
+  doc["points"].push_back(
+      SweepPointJson("attend", "1,8,128,64", 786432, 262144, 8, 290.1,
+                     {{"attnserve", SweepServerJson(8000, 0, 1800, 1000, 0.7, 4.0)},
+                      {"a0c8747", SweepServerJson(8000, 0, 1700, 990, 0.6, 4.2)}},
+                     nullptr));
+  return doc;
+}
+
+std::string SweepPage(const Json& doc) { return SweepToHtml(ParseSweep(doc.dump()).value()); }
+
+// The n-th <svg> element of the page (0-based).
+std::string NthSvg(const std::string& html, int n) {
+  size_t at = html.find("<svg");
+  for (int i = 0; i < n && at != std::string::npos; ++i) at = html.find("<svg", at + 1);
+  if (at == std::string::npos) return "";
+  return html.substr(at, html.find("</svg>", at) - at);
+}
+
+TEST(SweepTest, ReadsEveryField) {
+  const Sweep s = ParseSweep(SweepDoc().dump()).value();
+  EXPECT_EQ(s.title, "Serving overhead across request sizes");
+  EXPECT_EQ(s.target_overhead, 1.25);
+  EXPECT_THAT(s.servers, ElementsAre("attnserve", "echo", "a0c8747"));
+  ASSERT_EQ(s.points.size(), 4u);
+  const SweepPoint& p = s.points[1];
+  EXPECT_EQ(p.rpc, "attend");
+  EXPECT_EQ(p.shape, "1,8,128,64");
+  EXPECT_EQ(p.request_bytes, 786432);
+  EXPECT_EQ(p.response_bytes, 262144);
+  EXPECT_EQ(p.callers, 1);
+  EXPECT_EQ(p.backend_cpu_us, 290.1);
+  EXPECT_EQ(p.overhead, 1.43);
+  ASSERT_EQ(p.servers.size(), 3u);
+  const SweepServer& b = p.servers.at("a0c8747");
+  EXPECT_EQ(b.ok, 3900);
+  EXPECT_EQ(b.errors, 2);
+  EXPECT_EQ(b.req_per_s, 790);
+  EXPECT_EQ(b.cpu_us_per_call, 1000);
+  EXPECT_EQ(b.faults_per_call, 0.6);
+  EXPECT_EQ(b.p50_ms, 1.2);
+  EXPECT_EQ(b.p99_ms, 2.4);
+  // A null entry is a server not measured there; a missing overhead is none.
+  EXPECT_EQ(s.points[2].servers.count("a0c8747"), 0u);
+  EXPECT_EQ(s.points[3].servers.count("echo"), 0u);
+  EXPECT_FALSE(s.points[3].overhead.has_value());
+  // A measured value may be null (no call succeeded).
+  Json doc = SweepDoc();
+  doc["points"][0]["servers"]["echo"]["p50_ms"] = nullptr;
+  EXPECT_FALSE(ParseSweep(doc.dump()).value().points[0].servers.at("echo").p50_ms.has_value());
+}
+
+TEST(SweepHtmlTest, ChartsSentenceAndTable) {
+  const std::string html = SweepPage(SweepDoc());
+  EXPECT_EQ(html.rfind("<!DOCTYPE html>", 0), 0u);
+  EXPECT_THAT(html, HasSubstr("<h1>Serving overhead across request sizes</h1>"));
+  // CPU, overhead and faults charts for each of the three groups, in attend/1, attend/8, mha/1
+  // order whatever the file's.
+  EXPECT_EQ(Count(html, "<svg class=\"chart\""), 9);
+  EXPECT_EQ(Count(html, "</svg>"), 9);
+  const size_t a1 = html.find("<h2>attend, 1 caller</h2>");
+  const size_t a8 = html.find("<h2>attend, 8 callers</h2>");
+  const size_t m1 = html.find("<h2>mha, 1 caller</h2>");
+  ASSERT_NE(a1, std::string::npos);
+  ASSERT_NE(a8, std::string::npos);
+  ASSERT_NE(m1, std::string::npos);
+  EXPECT_LT(a1, a8);
+  EXPECT_LT(a8, m1);
+  EXPECT_THAT(html, HasSubstr("aria-label=\"CPU per call against request size: attend, 1 "
+                              "caller\""));
+  // The worst point over every group, and how many are over the target (3 have a ratio).
+  EXPECT_THAT(html, HasSubstr("<p class=\"worst\">Worst overhead 1.43 at attend [1,8,128,64] "
+                              "(768 KiB), 1 caller; 2 of 3 points above the target 1.25.</p>"));
+  // attend/1, CPU: attnserve, echo, backend and backend + echo at both sizes, the baseline at
+  // one.
+  const std::string cpu = NthSvg(html, 0);
+  EXPECT_EQ(Count(cpu, "<circle"), 2 + 2 + 1 + 2 + 2);
+  EXPECT_EQ(Count(cpu, "stroke-dasharray"), 1);  // backend + echo
+  EXPECT_THAT(cpu, HasSubstr(">backend + echo</text>"));
+  EXPECT_THAT(cpu, HasSubstr(">a0c8747</text>"));
+  // attend/1, overhead: the sweep's ratios labelled, the baseline's worked out, the target line.
+  const std::string overhead = NthSvg(html, 1);
+  EXPECT_EQ(Count(overhead, "<circle"), 2 + 1 + 2);
+  EXPECT_THAT(overhead, HasSubstr(">1.15</text>"));
+  EXPECT_THAT(overhead, HasSubstr(">1.43</text>"));
+  EXPECT_THAT(overhead, HasSubstr(">a0c8747 / (backend + echo)</text>"));
+  EXPECT_THAT(overhead, HasSubstr(">target 1.25</text>"));
+  EXPECT_EQ(Count(overhead, "stroke-dasharray"), 1);
+  // Faults between 0.04 and 0.7: a linear axis from 0.
+  EXPECT_THAT(html, HasSubstr("for the call); linear scale.</figcaption>"));
+  // The table: every server's figures, the errors and the ratios over the target marked.
+  EXPECT_THAT(html,
+              HasSubstr("<tr><td class=\"key\">1,8,128,64</td><td>768 KiB</td><td>256 KiB</td>"
+                        "<td>800.5</td><td>1100.2</td><td>0.70</td><td>1.100</td><td>0</td>"
+                        "<td>1300.0</td><td>480.0</td><td>0.50</td><td>0.700</td><td>0</td>"
+                        "<td>790.0</td><td>1000.0</td><td>0.60</td><td>1.200</td>"
+                        "<td class=\"over\">2</td><td>290.1</td><td class=\"over\">1.43</td>"
+                        "<td class=\"over\">1.30</td></tr>"));
+  EXPECT_THAT(html,
+              HasSubstr("<tr><td class=\"key\">1,8,16,64</td><td>96 KiB</td><td>32 KiB</td>"
+                        "<td>3000.0</td><td>150.0</td><td>0.05</td><td>0.300</td><td>0</td>"));
+  EXPECT_THAT(html, HasSubstr("<td colspan=\"5\" class=\"missing\">not measured</td>"
+                              "<td>40.0</td><td>1.15</td><td>n/a</td></tr>"));
+  // The machine, the command, the settings.
+  EXPECT_THAT(html, HasSubstr("<td class=\"key\">cpu</td><td class=\"key\">Intel(R) Xeon(R) "
+                              "Processor</td>"));
+  EXPECT_THAT(html, HasSubstr("<td class=\"key\">target_overhead</td><td class=\"key\">1.25</td>"));
+  EXPECT_THAT(html, HasSubstr("<pre class=\"command\">python3 tests/bench/serving_sweep.py "
+                              "--duration_s=4</pre>"));
+  // Self-contained: nothing to fetch, nothing to run.
+  EXPECT_THAT(html, Not(HasSubstr("http")));
+  EXPECT_THAT(html, Not(HasSubstr("src=")));
+  EXPECT_THAT(html, Not(HasSubstr("<script>")));
+  EXPECT_THAT(html, HasSubstr("<script type=\"application/json\" id=\"attnserve-sweep-data\">"));
+}
+
+TEST(SweepHtmlTest, SaysWhatIsMissing) {
+  const std::string html = SweepPage(SweepDoc());
+  EXPECT_THAT(html, HasSubstr("Not measured: a0c8747 at [1,8,16,64] (96 KiB).</p>"));
+  EXPECT_THAT(html, HasSubstr("Not measured: echo at any size.</p>"));
+  // attend/8 has no echo server: no backend + echo line, no overhead, the baseline's ratio
+  // neither.
+  const std::string cpu = NthSvg(html, 3);
+  EXPECT_EQ(Count(cpu, "<circle"), 3);
+  EXPECT_THAT(cpu, Not(HasSubstr("backend + echo")));
+  const std::string overhead = NthSvg(html, 4);
+  EXPECT_EQ(Count(overhead, "<circle"), 2);  // the target line's ends only
+  EXPECT_THAT(html, HasSubstr("<td>290.1</td><td>n/a</td><td>n/a</td></tr>"));
+  // No point with a ratio at all.
+  Json doc = SweepDoc();
+  for (Json& p : doc["points"]) p["overhead"] = nullptr;
+  EXPECT_THAT(SweepPage(doc), HasSubstr("<p class=\"worst\">No overhead ratio: attnserve and the "
+                                        "echo server were not both measured at any point"));
+}
+
+TEST(SweepHtmlTest, FaultsOverDecadesOnALogAxisWithoutZeros) {
+  Json doc = SweepDoc();
+  doc["points"][1]["servers"]["attnserve"]["faults_per_call"] = 300;
+  doc["points"][2]["servers"]["attnserve"]["faults_per_call"] = 0;
+  const std::string html = SweepPage(doc);
+  const std::string faults = NthSvg(html, 2);
+  // attnserve's 0 left out: its 300, echo's 0.04 and 0.5, the baseline's 0.6.
+  EXPECT_EQ(Count(faults, "<circle"), 4);
+  EXPECT_THAT(faults, HasSubstr(">faults per call (log scale)</text>"));
+  EXPECT_THAT(html, HasSubstr("for the call); log scale: points at 0 are not drawn."));
+}
+
+TEST(SweepHtmlTest, TextFromTheFileIsEscaped) {
+  Json doc = SweepDoc();
+  doc["title"] = "<script>alert('x')</script>&";
+  doc["servers"][2] = "<i>base</i>";
+  for (Json& p : doc["points"]) {
+    if (p["servers"].contains("a0c8747")) {
+      p["servers"]["<i>base</i>"] = p["servers"]["a0c8747"];
+      p["servers"].erase("a0c8747");
+    }
+  }
+  doc["points"][0]["shape"] = "<b>1</b>";
+  const std::string html = SweepPage(doc);
+  EXPECT_THAT(html, Not(HasSubstr("<script>alert")));
+  EXPECT_THAT(html, Not(HasSubstr("<i>")));
+  EXPECT_THAT(html, Not(HasSubstr("<b>")));
+  EXPECT_THAT(html,
+              HasSubstr("<title>&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;</title>"));
+  EXPECT_THAT(html, HasSubstr("<h1>&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;&amp;</h1>"));
+  EXPECT_THAT(html, HasSubstr("<th colspan=\"5\">&lt;i&gt;base&lt;/i&gt;</th>"));
+  EXPECT_THAT(html, HasSubstr("<td class=\"key\">&lt;b&gt;1&lt;/b&gt;</td>"));
+  // The embedded document: every "<" as \u003c, one "</script>", and it reads back.
+  const size_t data = html.find("id=\"attnserve-sweep-data\">");
+  ASSERT_NE(data, std::string::npos);
+  const std::string tail = html.substr(data);
+  EXPECT_EQ(Count(tail, "</script>"), 1);
+  EXPECT_THAT(tail, HasSubstr("\\u003cscript>alert('x')\\u003c/script>&"));
+  const size_t open = tail.find('>') + 1;
+  const Sweep back = ParseSweep(tail.substr(open, tail.find("</script>") - open)).value();
+  EXPECT_EQ(back.title, "<script>alert('x')</script>&");
+  EXPECT_EQ(back.points.size(), 4u);
+  EXPECT_EQ(back.document, ParseSweep(doc.dump()).value().document);
+}
+
+TEST(SweepTest, BadFilesNameTheField) {
+  auto error = [](const Json& doc) {
+    const absl::StatusOr<Sweep> s = ParseSweep(doc.dump());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.status().message());
+  };
+  Json doc = SweepDoc();
+  doc["points"][1]["servers"]["echo"].erase("cpu_us_per_call");
+  EXPECT_EQ(error(doc), "points[1].servers.echo.cpu_us_per_call: missing");
+  doc = SweepDoc();
+  doc["kind"] = "attnserve-bench-run";
+  EXPECT_EQ(error(doc), "kind: expected \"attnserve-serving-sweep\", got \"attnserve-bench-run\"");
+  doc = SweepDoc();
+  doc.erase("kind");
+  EXPECT_EQ(error(doc), "kind: missing");
+  doc = SweepDoc();
+  doc["points"] = Json::array();
+  EXPECT_EQ(error(doc), "points: empty: nothing was measured");
+  doc = SweepDoc();
+  doc.erase("points");
+  EXPECT_EQ(error(doc), "points: missing");
+  doc = SweepDoc();
+  doc["points"][2]["callers"] = 0;
+  EXPECT_EQ(error(doc), "points[2].callers: must be at least 1; got 0");
+  doc = SweepDoc();
+  doc["points"][0]["request_bytes"] = "256 KiB";
+  EXPECT_EQ(error(doc), "points[0].request_bytes: expected an integer, got a string");
+  doc = SweepDoc();
+  doc["points"][0]["request_bytes"] = 1.5;
+  EXPECT_EQ(error(doc), "points[0].request_bytes: expected an integer, got 1.5");
+  doc = SweepDoc();
+  doc["points"][3]["backend_cpu_us"] = -1;
+  EXPECT_EQ(error(doc), "points[3].backend_cpu_us: must be at least 0; got -1");
+  doc = SweepDoc();
+  doc["points"][1]["servers"]["mystery"] = doc["points"][1]["servers"]["echo"];
+  EXPECT_EQ(error(doc), "points[1].servers.mystery: not one of the top-level \"servers\"");
+  doc = SweepDoc();
+  doc["points"][1]["servers"]["echo"] = 3;
+  EXPECT_EQ(error(doc), "points[1].servers.echo: expected an object (or null), got a number");
+  doc = SweepDoc();
+  doc["points"][1]["overhead"] = "high";
+  EXPECT_EQ(error(doc), "points[1].overhead: expected a number, got a string");
+  doc = SweepDoc();
+  doc["points"][1] = 7;
+  EXPECT_EQ(error(doc), "points[1]: expected an object, got a number");
+  doc = SweepDoc();
+  doc["settings"].erase("target_overhead");
+  EXPECT_EQ(error(doc), "settings.target_overhead: missing");
+  doc = SweepDoc();
+  doc["servers"] = Json::array();
+  EXPECT_EQ(error(doc), "servers: empty (the first entry is the server under test)");
+  doc = SweepDoc();
+  doc["servers"][2] = "echo";
+  EXPECT_EQ(error(doc), "servers[2]: \"echo\" listed twice");
+  doc = SweepDoc();
+  doc["points"][0]["servers"]["echo"]["p99_ms"] = 1e-300;
+  EXPECT_EQ(error(doc), "points[0].servers.echo.p99_ms: out of range (0 or 1e-9 to 1e12): 1e-300");
+  doc = SweepDoc();
+  doc["title"] = 5;
+  EXPECT_EQ(error(doc), "title: expected a string, got a number");
+  // Not a sweep at all.
+  EXPECT_THAT(ParseSweep("{\"kind\": ").status().message(), HasSubstr("not valid JSON (at byte"));
+  EXPECT_EQ(ParseSweep("[1]").status().message(), "the sweep is not a JSON object (got an array)");
+  EXPECT_THAT(ParseSweep(ToJson(Sample())).status().message(),
+              "kind: missing (a run of attnserve-bench? redraw that with --html_from)");
 }
 
 TEST(MachineTest, DescribesThisMachine) {
