@@ -55,7 +55,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config ca-certificates binutils \
       libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev \
       libabsl-dev libssl-dev zlib1g-dev libc-ares-dev libre2-dev \
-      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev \
+      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev libjemalloc-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY . /src
 RUN JOBS=${JOBS} /src/deploy/docker/build-from-source.sh /src /opt/attnserve -DATTNSERVE_CUDA=OFF
@@ -75,7 +75,7 @@ RUN apt-get update \
       build-essential cmake ninja-build pkg-config ca-certificates binutils \
       libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev \
       libabsl-dev libssl-dev zlib1g-dev libc-ares-dev libre2-dev \
-      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev \
+      prometheus-cpp-dev nlohmann-json3-dev libopenblas-dev libdnnl-dev libjemalloc-dev \
  && rm -rf /var/lib/apt/lists/*
 COPY . /src
 RUN JOBS=${JOBS} /src/deploy/docker/build-from-source.sh /src /opt/attnserve \

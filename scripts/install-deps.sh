@@ -10,6 +10,8 @@ PACKAGES=(
   # RPC stack
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libssl-dev zlib1g-dev libc-ares-dev libre2-dev
+  # the servers' allocator (base/malloc_conf.cc)
+  libjemalloc-dev
   # metrics
   prometheus-cpp-dev
   # promtool and a real Prometheus server for the metrics tests

@@ -25,17 +25,11 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
   UnaryReactor(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
       : caller_(context, dispatcher) {}
   const Caller* caller() const { return &caller_; }
-  // The call moves this many bytes (request and response): see OnDone.
-  void set_bytes(size_t bytes) { bytes_ = bytes; }
   void OnCancel() override { caller_.Cancel(); }
-  void OnDone() override {
-    if (bytes_ >= kTrimAfterBytes) TrimAfterLargeCall();
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   Caller caller_;
-  size_t bytes_ = 0;
 };
 
 }  // namespace
@@ -71,7 +65,6 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   // The call's answer, once: response() and OK, or the status alone.
   void Respond(const absl::Status& status) {
     if (admitted_ != nullptr) admitted_->Done(absl::Now());
-    bytes_ += response_.Length();
     if (status.ok()) {
       StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
@@ -93,17 +86,13 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
       caller_.Cancel();
       call->Finish(absl::CancelledError("the call ended before its request message arrived"));
     } else {
-      bytes_ = request_.Length();
       serve_(std::move(call), request_);
       request_.Clear();  // parsed: the job holds its own copy
     }
     if (read_done) read_done();
   }
   void OnCancel() override { caller_.Cancel(); }
-  void OnDone() override {
-    if (bytes_ >= kTrimAfterBytes) TrimAfterLargeCall();
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   grpc::CallbackServerContext* const context_;
@@ -113,7 +102,6 @@ class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, 
   absl::AnyInvocable<void()> read_done_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
-  size_t bytes_ = 0;  // request and response: see OnDone
   AdmissionGate* admitted_ = nullptr;
 };
 
@@ -319,7 +307,6 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
                              return BuildExtendsJob(r, *sessions_, options_.limits);
                            });
                      }));
-  ReturnLargeBlocksToTheSystem();
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
 

@@ -203,7 +203,6 @@ void AttentionStreamReactor::OnWriteDone(bool ok) {
   Actions actions;
   {
     MutexLock lock(&mu_);
-    if (writes_.front().Length() >= kTrimAfterBytes) TrimAfterLargeCall();
     writes_.pop_front();
     writing_ = false;
     // A failed write means the call is over (cancelled or broken): drop what is left; the

@@ -1,7 +1,5 @@
 #include "server/call.h"
 
-#include <malloc.h>
-
 #include <algorithm>
 #include <chrono>
 #include <string>
@@ -18,12 +16,6 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& context) {
   if (deadline == std::chrono::system_clock::time_point::max()) return absl::InfiniteFuture();
   return absl::FromChrono(deadline);
 }
-
-namespace {
-std::atomic<bool> trim_pending{false};
-}  // namespace
-
-void TrimAfterLargeCall() { trim_pending.store(true, std::memory_order_release); }
 
 absl::Duration DeadlineSkew(absl::Time arrival, absl::Time deadline) {
   return std::clamp((deadline - arrival) / 2, absl::Milliseconds(50), absl::Seconds(1));
@@ -49,10 +41,6 @@ Call::Call(metrics::Metrics* metrics, metrics::Rpc rpc, const Caller* caller, Re
       arrival_(absl::Now()),
       respond_(std::move(respond)) {
   metrics_->RequestStarted();
-  if (trim_pending.load(std::memory_order_relaxed) &&
-      trim_pending.exchange(false, std::memory_order_acq_rel)) {
-    malloc_trim(0);
-  }
 }
 
 Call::~Call() {

@@ -94,14 +94,6 @@ class Call {
   std::atomic<bool> finished_{false};
 };
 
-// A request arrives in many small pieces (gRPC's slices), which land in the allocator's heaps
-// and stay there, free, after the call: one 250 MiB request left the process 160-220 MiB larger
-// for good. After a call of kTrimAfterBytes or more, TrimAfterLargeCall() asks for the free
-// heap pages to be handed back (malloc_trim) when the next call arrives: by then gRPC has freed
-// the large call's buffers, which it does only after the reactor's OnDone.
-inline constexpr size_t kTrimAfterBytes = size_t{32} << 20;
-void TrimAfterLargeCall();
-
 // A client's deadline reaches the server as a timeout (grpc-timeout), which the server turns into
 // a deadline of its own when the header arrives: later than the client's by the header's transit
 // and the timeout's rounding up. At its own deadline the client cancels the call, and that cancel

@@ -34,6 +34,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "base/allocator.h"
 #include "base/file.h"
 #include "base/flags_usage.h"
 #include "server/server_host.h"
@@ -285,6 +286,7 @@ int Run() {
     std::fprintf(stderr, "attnserve: cannot start: %s\n", host.status().ToString().c_str());
     return 1;
   }
+  std::fprintf(stderr, "attnserve: allocator %s\n", attnserve::AllocatorDescription().c_str());
   std::vector<std::string> modules;
   for (const auto& m : (*host)->modules().List()) modules.push_back(m->name);
   std::fprintf(stderr,

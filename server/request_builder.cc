@@ -1,7 +1,5 @@
 #include "server/request_builder.h"
 
-#include <malloc.h>
-
 #include <cmath>
 #include <limits>
 
@@ -686,14 +684,6 @@ void ReleaseBuffers(Job* job) {
     for (std::vector<float>* v : {&item->out, &item->lse}) std::vector<float>().swap(*v);
   }
   job->request.reset();
-}
-
-void ReturnLargeBlocksToTheSystem() {
-  static const bool done = [] {
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    return true;
-  }();
-  (void)done;
 }
 
 void WriteTiming(const JobTiming& timing, absl::Time now, v1::Timing* out) {

@@ -81,11 +81,6 @@ void FillResponse(Job& job, absl::Time now, Response* response) {
 // being encoded does not hold its data twice over.
 void ReleaseBuffers(Job* job);
 
-// Makes the allocator hand large blocks (1 MiB and up) back to the system when they are freed:
-// glibc otherwise raises its mmap threshold after the first large free (up to 32 MiB), after
-// which large tensors come from heaps that keep their pages. Process-wide; idempotent.
-void ReturnLargeBlocksToTheSystem();
-
 }  // namespace attnserve::server
 
 #endif  // ATTNSERVE_SERVER_REQUEST_BUILDER_H_

@@ -17,6 +17,7 @@
 #include "absl/flags/parse.h"
 #include "absl/synchronization/mutex.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "base/allocator.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 
@@ -137,6 +138,8 @@ int main(int argc, char** argv) {
                  absl::GetFlag(FLAGS_listen).c_str());
     return 1;
   }
+  std::fprintf(stderr, "attnserve-bench-echo: allocator %s\n",
+               attnserve::AllocatorDescription().c_str());
   if (const std::string f = absl::GetFlag(FLAGS_port_file); !f.empty()) {
     std::ofstream(f + ".tmp") << port;
     std::rename((f + ".tmp").c_str(), f.c_str());

@@ -13,17 +13,18 @@ class LiveServer:
     name one, /metrics listens on a free loopback port (127.0.0.1:0), so that servers of tests
     run in parallel do not collide on the default 0.0.0.0:9464 (the last of a repeated flag
     wins). `wrapper` is a command line the server's is appended to (it must exec the server, so
-    that `process` stays the server).
+    that `process` stays the server). `env`: variables set for the server on top of the test's.
     """
 
-    def __init__(self, *flags, wrapper=()):
+    def __init__(self, *flags, wrapper=(), env=None):
         self._dir = tempfile.TemporaryDirectory()
         self._port_file = os.path.join(self._dir.name, "port")
         self._log = open(os.path.join(self._dir.name, "log"), "w+")
         self.process = subprocess.Popen(
             [*wrapper, os.environ["ATTNSERVE_BIN"], "--listen=127.0.0.1:0",
              "--metrics_address=127.0.0.1:0", f"--port_file={self._port_file}", *flags],
-            stdout=self._log, stderr=subprocess.STDOUT)
+            stdout=self._log, stderr=subprocess.STDOUT,
+            env=None if env is None else {**os.environ, **env})
         try:
             self.port = self._wait_for_port(timeout_s=60)
         except BaseException:
