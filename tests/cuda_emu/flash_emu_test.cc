@@ -5,8 +5,8 @@
 // packs, D != Dv, and the NaN rule (attention_params.h). Each case runs with cp.async landing
 // at issue and at the wait (emu::CpAsyncMode).
 //
-// The launches mirror flash_fwd_launch_template.h (which uses <<<>>> and so is not compiled
-// here): block shape, dynamic shared memory and grid from the same traits and helpers.
+// The launches are flash_emu_kernels.cc's: this file holds the cases and includes no kernel
+// body, so that each mutant (make_mutant.sh) links it as it is and compiles only the kernels.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -21,139 +21,17 @@
 
 #include "gtest/gtest.h"
 #include "kernels/attention_params.h"
-#include "kernels/cuda/flash_decode_kernel.h"
 #include "kernels/cuda/flash_decode_shape.h"
-#include "kernels/cuda/flash_fwd_generic_kernel.h"
-#include "kernels/cuda/flash_fwd_kernel.h"
 #include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/kernel_traits.h"
 #include "kernels/reference.h"
 #include "tests/cuda_emu/attention_case.h"
 #include "tests/cuda_emu/emu.h"
+#include "tests/cuda_emu/flash_emu_kernels.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
-
-// The tensor-core kernel's instantiations (kTensorCoreHeadDims), the generic and the decode
-// kernel.
-enum class Kernel {
-  kHdim32,
-  kHdim64,
-  kHdim96,
-  kHdim128,
-  kHdim160,
-  kHdim192,
-  kHdim256,
-  kGeneric,
-  kDecode
-};
-// The padded head dim of a tensor-core kernel; 0 for the others.
-int TensorCoreDim(Kernel k) {
-  return k < Kernel::kGeneric ? kTensorCoreHeadDims[static_cast<int>(k)] : 0;
-}
-std::string KernelName(Kernel k) {
-  if (k == Kernel::kGeneric) return "generic";
-  if (k == Kernel::kDecode) return "decode";
-  return "hdim" + std::to_string(TensorCoreDim(k));
-}
-
-template <typename Traits>
-void LaunchTensorCore(const FlashFwdParams& p) {
-  const int num_m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
-  if (num_m_blocks == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
-  const int64_t blocks = FlashGridBlocks(num_m_blocks, p.num_seqs, p.num_heads);
-  ASSERT_LE(blocks, kMaxGridX);
-  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(Traits::kNThreads), Traits::kSmemBytes,
-              [&] { FlashFwdKernel<Traits>(p, num_m_blocks); });
-}
-
-template <typename Element>
-void LaunchGeneric(const FlashFwdParams& p) {
-  const int blocks_per_seq = (p.max_seqlen_q + kGenericWarps - 1) / kGenericWarps;
-  if (blocks_per_seq == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
-  const size_t smem = kGenericWarps * p.head_dim * sizeof(float);
-  const int64_t blocks = FlashGridBlocks(blocks_per_seq, p.num_seqs, p.num_heads);
-  ASSERT_LE(blocks, kMaxGridX);
-  emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(kGenericWarps * 32), smem,
-              [&] { FlashFwdGenericKernel<Element>(p, blocks_per_seq); });
-}
-
-// The decode path's two kernels, as flash_decode.cu launches them; the workspace is exact-size
-// and NaN-filled, so a slot read before it is written shows.
-template <typename Element, int kGroup>
-void LaunchDecodeGroup(const FlashFwdParams& p) {
-  int max_k = 0;
-  for (int s = 0; s < p.num_seqs; ++s) {
-    max_k = std::max(max_k, p.cu_seqlens_k[s + 1] - p.cu_seqlens_k[s]);
-  }
-  const int max_splits = DecodeSplits(max_k);
-  if (max_splits == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
-  const size_t n =
-      size_t(p.num_seqs) * p.num_kv_heads * max_splits * DecodeSlotFloats(kGroup, p.v_head_dim);
-  std::unique_ptr<float[]> ws(new float[n]);
-  std::fill(ws.get(), ws.get() + n, kNaN);
-  const int64_t split_blocks = int64_t{p.num_seqs} * p.num_kv_heads * max_splits;
-  emu::Launch(dim3(static_cast<unsigned>(split_blocks)), dim3(kDecodeWarps * 32),
-              DecodeSplitSmemBytes(kGroup, p.head_dim, p.v_head_dim),
-              [&] { FlashDecodeSplitKernel<Element, kGroup>(p, max_splits, ws.get()); });
-  emu::Launch(dim3(static_cast<unsigned>(p.num_seqs * p.num_heads)), dim3(kDecodeMaxVHeadDim), 0,
-              [&] { FlashDecodeCombineKernel<kGroup>(p, max_splits, ws.get()); });
-}
-
-template <typename Element>
-void LaunchDecode(const FlashFwdParams& p) {
-  ASSERT_LE(p.max_seqlen_q, 1);
-  ASSERT_LE(p.v_head_dim, kDecodeMaxVHeadDim);
-  switch (p.num_heads / p.num_kv_heads) {
-    case 1:
-      return LaunchDecodeGroup<Element, 1>(p);
-    case 2:
-      return LaunchDecodeGroup<Element, 2>(p);
-    case 4:
-      return LaunchDecodeGroup<Element, 4>(p);
-    case 8:
-      return LaunchDecodeGroup<Element, 8>(p);
-  }
-  FAIL() << "group size not supported by the decode path";
-}
-
-template <int kHeadDim>
-void LaunchTensorCoreDim(ComputeType type, const FlashFwdParams& p) {
-  // The same check as the dispatch's TensorCoreHeadDim (flash_fwd_dispatch.cc): both head dims
-  // multiples of 8 that fit the padded width.
-  ASSERT_TRUE(p.head_dim % 8 == 0 && p.v_head_dim % 8 == 0 && p.head_dim <= kHeadDim &&
-              p.v_head_dim <= kHeadDim);
-  if (type == ComputeType::kFloat16) {
-    LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kFloat16>>(p);
-  } else {
-    LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kBFloat16>>(p);
-  }
-}
-
-void LaunchKernel(Kernel kernel, ComputeType type, const FlashFwdParams& p) {
-  const bool f16 = type == ComputeType::kFloat16;
-  switch (kernel) {
-    case Kernel::kDecode:
-      return f16 ? LaunchDecode<__half>(p) : LaunchDecode<__nv_bfloat16>(p);
-    case Kernel::kGeneric:
-      return f16 ? LaunchGeneric<__half>(p) : LaunchGeneric<__nv_bfloat16>(p);
-    case Kernel::kHdim32:
-      return LaunchTensorCoreDim<32>(type, p);
-    case Kernel::kHdim64:
-      return LaunchTensorCoreDim<64>(type, p);
-    case Kernel::kHdim96:
-      return LaunchTensorCoreDim<96>(type, p);
-    case Kernel::kHdim128:
-      return LaunchTensorCoreDim<128>(type, p);
-    case Kernel::kHdim160:
-      return LaunchTensorCoreDim<160>(type, p);
-    case Kernel::kHdim192:
-      return LaunchTensorCoreDim<192>(type, p);
-    case Kernel::kHdim256:
-      return LaunchTensorCoreDim<256>(type, p);
-  }
-}
 
 // P.V on the tensor-core paths (2^-11 relative in fp16, 2^-8 in bf16); the generic kernel keeps
 // P in float32.

@@ -12,7 +12,8 @@
 // sequence's last key) is NaN, so a read through a wrong page or past kv_len shows as NaN in the
 // output. Page table entries past a sequence's pages are -1. The workspace starts NaN.
 //
-// The launches mirror paged_attention.cu (which uses <<<>>> and is not compiled here).
+// The launches are paged_emu_kernels.cc's, which mirror paged_attention.cu (which uses <<<>>> and
+// is not compiled here); this file includes no kernel body, so that each mutant links it as it is.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -26,14 +27,13 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/cuda/paged_attention_kernel.h"
 #include "kernels/cuda/paged_attention_shape.h"
-#include "kernels/cuda/paged_scatter_kernel.h"
 #include "kernels/dtype.h"
 #include "kernels/page_store.h"
 #include "kernels/paged_attention_params.h"
 #include "kernels/reference.h"
 #include "tests/cuda_emu/emu.h"
+#include "tests/cuda_emu/paged_emu_kernels.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
@@ -87,40 +87,6 @@ struct Result {
   std::vector<int> q_offsets;
   Reference64 ref;  // out [total_q, H, Dv], weights = lse [total_q, H]
 };
-
-template <typename Element, int kOut>
-void LaunchPagedT(const PagedAttentionParams& p, int max_q, int max_kv) {
-  const int max_splits = PagedSplits(max_kv);
-  const int row_blocks = PagedRowBlocks(max_q, p.num_heads / p.num_kv_heads);
-  const int64_t combine_blocks = int64_t{p.num_seqs} * p.num_kv_heads * row_blocks;
-  const size_t ws_floats =
-      static_cast<size_t>(PagedWorkspaceBytes(p.total_q, p.num_heads, max_kv, p.v_head_dim) / 4);
-  std::unique_ptr<float[]> ws(new float[ws_floats]);
-  std::fill(ws.get(), ws.get() + ws_floats, kNaN);
-  emu::Launch(dim3(static_cast<unsigned>(combine_blocks * max_splits)), dim3(kPagedWarps * 32),
-              PagedSplitSmemBytes(p.head_dim, p.v_head_dim), [&] {
-                PagedAttentionSplitKernel<Element, kOut>(p, row_blocks, max_splits, ws.get());
-              });
-  emu::Launch(dim3(static_cast<unsigned>(combine_blocks)), dim3(kPagedWarps * 32), 0,
-              [&] { PagedAttentionCombineKernel<Element>(p, row_blocks, max_splits, ws.get()); });
-}
-
-template <typename Element>
-void LaunchPagedWidth(const PagedAttentionParams& p, int max_q, int max_kv) {
-  if (PagedOutPerLane(p.v_head_dim) == 4) return LaunchPagedT<Element, 4>(p, max_q, max_kv);
-  LaunchPagedT<Element, 8>(p, max_q, max_kv);
-}
-
-void LaunchPaged(const PagedAttentionParams& p, int max_q, int max_kv) {
-  switch (p.dtype) {
-    case DType::kFloat16:
-      return LaunchPagedWidth<__half>(p, max_q, max_kv);
-    case DType::kBFloat16:
-      return LaunchPagedWidth<__nv_bfloat16>(p, max_q, max_kv);
-    default:
-      return LaunchPagedWidth<float>(p, max_q, max_kv);
-  }
-}
 
 Result RunPaged(const PagedCase& c, DType dtype) {
   const int S = static_cast<int>(c.seqs.size());
@@ -460,17 +426,16 @@ void CheckScatter(DType dtype, unsigned blocks_cap) {
   }
   const int64_t words = n * (D + Dv);
   const unsigned blocks = std::min<unsigned>(
-      blocks_cap, static_cast<unsigned>((words + kPagedScatterThreads - 1) / kPagedScatterThreads));
+      blocks_cap,
+      static_cast<unsigned>((words + PagedScatterThreads() - 1) / PagedScatterThreads()));
   // Exact-size buffers (ASan sees a write past the pages or a read past the rows).
   std::unique_ptr<Word[]> k_pages(new Word[k_words]), v_pages(new Word[v_words]);
   std::fill_n(k_pages.get(), k_words, fill);
   std::fill_n(v_pages.get(), v_words, fill);
   std::unique_ptr<int64_t[]> rows_dev(new int64_t[rows.size()]);
   std::copy(rows.begin(), rows.end(), rows_dev.get());
-  emu::Launch(dim3(blocks), dim3(kPagedScatterThreads), 0, [&] {
-    PagedScatterRowsKernel<Word>(k_src.data(), v_src.data(), rows_dev.get(), n, D, Dv,
-                                 k_pages.get(), v_pages.get());
-  });
+  LaunchPagedScatter<Word>(k_src.data(), v_src.data(), rows_dev.get(), n, D, Dv, k_pages.get(),
+                           v_pages.get(), blocks);
   size_t bad = 0;
   for (size_t e = 0; e < k_words; ++e) {
     if (k_pages[e] != k_want[e] && ++bad <= 5) ADD_FAILURE() << "K element " << e;

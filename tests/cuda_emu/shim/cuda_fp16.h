@@ -1,5 +1,5 @@
 // Shim of CUDA's cuda_fp16.h for the host emulation (tests/cuda_emu/README.md): __half and the
-// conversions the kernels use, round to nearest even (GCC's _Float16 arithmetic conversions).
+// conversions the kernels use, round to nearest even (the compiler's own half conversions).
 #ifndef ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_FP16_H_
 #define ATTNSERVE_TESTS_CUDA_EMU_SHIM_CUDA_FP16_H_
 
@@ -11,18 +11,29 @@
 struct __half {
   uint16_t x;
 };
+
+namespace emu {
+// The compiler's IEEE half, converted to and from float by round to nearest even: _Float16 where
+// the compiler has it (GCC; clang from 15 on x86), else clang's storage-only __fp16, which converts
+// the same way (F16C, or compiler-rt's __truncsfhf2) but may only be a local variable.
+#if defined(__FLT16_MAX__) || !defined(__clang__)
+using HostHalf = _Float16;
+#else
+using HostHalf = __fp16;
+#endif
+}  // namespace emu
 struct __half2 {
   __half x, y;
 };
 
 inline __half __float2half_rn(float f) {
-  const _Float16 h = static_cast<_Float16>(f);
+  const emu::HostHalf h = static_cast<emu::HostHalf>(f);
   __half r;
   std::memcpy(&r.x, &h, 2);
   return r;
 }
 inline float __half2float(__half h) {
-  _Float16 v;
+  emu::HostHalf v;
   std::memcpy(&v, &h.x, 2);
   return static_cast<float>(v);
 }
