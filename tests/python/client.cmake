@@ -9,13 +9,13 @@ add_test(NAME python_package_sources
   COMMAND ${CMAKE_COMMAND} -E env PROTOC=$<TARGET_FILE:protobuf::protoc>
           GRPC_PYTHON_PLUGIN=${PY_GRPC_PYTHON_PLUGIN} ATTNSERVE_VERSION=${PROJECT_VERSION}
           ${ATTNSERVE_ROOT}/client/python/update_stubs.sh --check)
-set_tests_properties(python_package_sources PROPERTIES LABELS "python;client" TIMEOUT 60)
+set_tests_properties(python_package_sources PROPERTIES LABELS "python;client;unit" TIMEOUT 60)
 
 # The wheel, built from a copy of client/python and installed into a fresh virtual environment.
 add_test(NAME python_package_install
   COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh install ${PY_PACKAGE_WORK})
 set_tests_properties(python_package_install PROPERTIES
-  LABELS "python;client" TIMEOUT 300 FIXTURES_SETUP python_package)
+  LABELS "python;client;integration" TIMEOUT 300 FIXTURES_SETUP python_package)
 
 # The client tests with that environment's python, from a folder outside the source tree.
 foreach(t test_python_client test_python_client_async test_sessions_client)
@@ -49,27 +49,22 @@ set_tests_properties(python_test_sessions_live PROPERTIES
   ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_CLI=$<TARGET_FILE:attnserve-cli>;ATTNSERVE_BENCH=$<TARGET_FILE:attnserve-bench>;PYTHONDONTWRITEBYTECODE=1")
 
 # The examples of client/python/README.md and of README.md's Python sections, run as written
-# (from `pip install ./client/python` in a fresh venv) against a live server.
-set(PY_README_EXPECT
-  "--expect=install=Successfully installed attnserve-${PROJECT_VERSION}"
-  "--expect=first-call=(1, 10, 64)"
-  "--expect=load-module=4 (2, 5, 32) (2, 4, 5, 7)"
-  "--expect=asyncio=8 (1, 4, 8, 16)"
-  "--expect=stream=99 5 module: no module 'no-such-module'"
-  "--expect=sessions=20 (1, 8, 64) 21"
-  "--expect=throttle=(1, 1) 0.0")
+# (from `pip install ./client/python` in a fresh venv each) against one live server.
 add_test(NAME python_readme_examples
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
-          --readme=client/python/README.md --copy=client/python ${PY_README_EXPECT}
-          ${CMAKE_CURRENT_BINARY_DIR}/readme-package)
-add_test(NAME python_readme_top_examples
-  COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py
-          --readme=README.md --prefix=python- --copy=client/python
+          --readme=client/python/README.md --readme=README.md:python- --copy=client/python
+          "--expect=install=Successfully installed attnserve-${PROJECT_VERSION}"
+          "--expect=first-call=(1, 10, 64)"
+          "--expect=load-module=4 (2, 5, 32) (2, 4, 5, 7)"
+          "--expect=asyncio=8 (1, 4, 8, 16)"
+          "--expect=stream=99 5 module: no module 'no-such-module'"
+          "--expect=sessions=20 (1, 8, 64) 21"
+          "--expect=throttle=(1, 1) 0.0"
           "--expect=python-install=Successfully installed attnserve-${PROJECT_VERSION}"
           "--expect=python-first-call=(1, 10, 64)"
           "--expect=python-reflection=AAAAQAAAQEA="
-          ${CMAKE_CURRENT_BINARY_DIR}/readme-top)
-set_tests_properties(python_readme_examples python_readme_top_examples PROPERTIES
+          ${CMAKE_CURRENT_BINARY_DIR}/readme-examples)
+set_tests_properties(python_readme_examples PROPERTIES
   LABELS "python;client;integration"
   TIMEOUT 300
   ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>")
@@ -79,4 +74,4 @@ set_tests_properties(python_readme_examples python_readme_top_examples PROPERTIE
 add_test(NAME readme_quoted_examples
   COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/readme_examples.py --readme=README.md
           --quotes)
-set_tests_properties(readme_quoted_examples PROPERTIES LABELS "client" TIMEOUT 60)
+set_tests_properties(readme_quoted_examples PROPERTIES LABELS "client;unit" TIMEOUT 60)

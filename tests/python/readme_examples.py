@@ -9,10 +9,13 @@ order in a fresh sandbox folder holding copies of the repository folders named b
 - js blocks with node, as a file in the sandbox (so require() finds sandbox/node_modules).
 In every block the address "localhost:50051" is replaced by the live server's; nothing else is
 changed. --expect NAME=TEXT requires the example NAME and TEXT in its output; an example
-without an --expect, or an --expect without its example, fails the run; --prefix P considers
-only the examples whose names start with P (a README's section for one language).
+without an --expect, or an --expect without its example, fails the run; a --readme given as
+PATH:P considers only the examples of PATH whose names start with P (a README's section for one
+language). Several --readme run against one server, each in a sandbox of its own (WORK/1, ...),
+in the order given: one test per language covers its package's README and the top one's section.
 
-    readme_examples.py --readme README.md [--prefix P] --copy client/python --expect NAME=TEXT WORK
+    readme_examples.py --readme client/python/README.md --readme README.md:python- \
+        --copy client/python --expect NAME=TEXT WORK
 Environment: ATTNSERVE_BIN (the server binary). Exits 77 (skipped) for js examples without node.
 
     readme_examples.py --readme README.md --quotes
@@ -89,31 +92,35 @@ def check_quotes(readme):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--readme", required=True)
+    parser.add_argument("--readme", action="append", required=True,
+                        help="PATH or PATH:PREFIX; repeatable")
     parser.add_argument("--copy", action="append", default=[])
     parser.add_argument("--expect", action="append", default=[])
-    parser.add_argument("--prefix", default="", help="only the examples whose names start so")
     parser.add_argument("--quotes", action="store_true", help="check the quoted examples")
     parser.add_argument("work", nargs="?")
     args = parser.parse_args()
     if args.quotes:
-        return check_quotes(os.path.join(ROOT, args.readme))
+        return max(check_quotes(os.path.join(ROOT, r)) for r in args.readme)
     expect = dict(e.split("=", 1) for e in args.expect)
-    found = [e for e in examples(os.path.join(ROOT, args.readme))
-             if e[0].startswith(args.prefix)]
-    names = [n for n, _, _ in found]
+    runs = []  # (sandbox, examples)
+    for i, spec in enumerate(args.readme, 1):
+        path, _, prefix = spec.partition(":")
+        runs.append((os.path.join(os.path.abspath(args.work), str(i)),
+                     [e for e in examples(os.path.join(ROOT, path)) if e[0].startswith(prefix)]))
+    names = [n for _, found in runs for n, _, _ in found]
     if sorted(names) != sorted(expect):
         raise SystemExit(f"{args.readme}: examples {names}, expected {sorted(expect)}")
 
-    if any(language == "js" for _, language, _ in found) and not (
+    if any(language == "js" for _, found in runs for _, language, _ in found) and not (
             shutil.which("node") and shutil.which("npm")):
         print("node or npm not installed: skipped")
         return 77
-    sandbox = os.path.abspath(args.work)
-    shutil.rmtree(sandbox, ignore_errors=True)
-    os.makedirs(sandbox)
-    for rel in args.copy:
-        shutil.copytree(os.path.join(ROOT, rel), os.path.join(sandbox, rel), ignore=LEFT_BEHIND)
+    shutil.rmtree(os.path.abspath(args.work), ignore_errors=True)
+    for sandbox, _ in runs:
+        os.makedirs(sandbox)
+        for rel in args.copy:
+            shutil.copytree(os.path.join(ROOT, rel), os.path.join(sandbox, rel),
+                            ignore=LEFT_BEHIND)
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PYTHON", "PIP_", "VIRTUAL_ENV", "NODE_PATH"))}
     env.update(PATH="/usr/bin:/bin:" + env.get("PATH", ""), PIP_NO_INDEX="1",
@@ -125,7 +132,10 @@ def main():
     server = LiveServer()
     failed = False
     try:
-        for name, language, text in found:
+        for sandbox, name, language, text in ((sandbox, *e) for sandbox, found in runs
+                                              for e in found):
+            if failed:
+                break
             text = text.replace("localhost:50051", server.target)
             if language == "sh":
                 command = ["bash", "-euo", "pipefail", "-c", text]
@@ -143,9 +153,7 @@ def main():
             ok = r.returncode == 0 and expect[name] in r.stdout
             print(f"--- {name} ({language}): exit {r.returncode}, "
                   f"{'ok' if ok else 'FAILED, expected ' + repr(expect[name])}\n{r.stdout}")
-            if not ok:
-                failed = True
-                break
+            failed = not ok
     finally:
         server.stop()
     return 1 if failed else 0
