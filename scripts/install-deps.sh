@@ -7,6 +7,10 @@ set -euo pipefail
 PACKAGES=(
   # toolchain
   build-essential cmake ninja-build pkg-config git ca-certificates clang-format
+  # the sanitizer leg's compiler (scripts/test-sanitizers.sh) and its runtimes (ASan, libFuzzer)
+  clang libclang-rt-dev
+  # a compiler cache: a second build of the same sources on a machine is mostly hits
+  ccache
   # RPC stack
   libgrpc++-dev libgrpc-dev protobuf-compiler protobuf-compiler-grpc libprotobuf-dev
   libabsl-dev libssl-dev zlib1g-dev libc-ares-dev libre2-dev

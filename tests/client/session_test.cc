@@ -25,8 +25,14 @@ using ::testing::HasSubstr;
 // first extend is applied but answered UNAVAILABLE (a response lost on the way back).
 class FakeSessions final : public v1::AttentionService::Service {
  public:
-  void set_owner(std::string owner) { owner_ = std::move(owner); }
-  void set_owner_override(std::string owner) { override_ = std::move(owner); }
+  void set_owner(std::string owner) {
+    MutexLock lock(&mu_);
+    owner_ = std::move(owner);
+  }
+  void set_owner_override(std::string owner) {
+    MutexLock lock(&mu_);
+    override_ = std::move(owner);
+  }
   bool lose_first_response = false;
 
   grpc::Status CreateSession(grpc::ServerContext*, const v1::CreateSessionRequest* request,
@@ -143,7 +149,8 @@ class FakeSessions final : public v1::AttentionService::Service {
 
  private:
   grpc::Status ExtendLocked(const v1::ExtendSessionRequest& request,
-                            v1::ExtendSessionResponse* response) {
+                            v1::ExtendSessionResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     expected_.push_back(request.has_expected_length() ? request.expected_length() : -1);
     auto it = lengths_.find(request.session_id());
     if (it == lengths_.end()) {
