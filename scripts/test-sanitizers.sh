@@ -40,8 +40,8 @@ run_clang() {
   local rc=0
   ctest --preset clang -L "^(unit|emulation)$" -LE "python|node" \
     -E "FlashEmuTest.*hdim(32|96|128|160|192|256)" || rc=$?
-  ctest --preset clang -R "^client_install_find_package$" || rc=$?
   cost build-clang
+  ctest --preset clang -R "^client_install_find_package$" || rc=$?
   ((rc == 0)) || exit "$rc"
 
   # A bounded run of each fuzz target, starting from its corpus (read only: new inputs go to a
@@ -78,7 +78,7 @@ run_clang() {
 run_tsan() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
   cmake --preset tsan
-  cmake --build --preset tsan --target batcher_test server_test session_test kv_pool_test \
+  cmake --build --preset tsan --target attnserve batcher_test server_test session_test kv_pool_test \
     flash_emu_test paged_attention_emu_test flash_launch_emu_test naive_attention_emu_test \
     elementwise_emu_test linear_emu_test
   local rc=0
