@@ -78,12 +78,18 @@ void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, cons
   }
 }
 
-// The packed K and V of one call, 64-byte aligned. Up to kKeepBytes stay with the calling
-// thread for its next call: a fresh buffer of a few MiB per call costs page faults (measured:
-// about 15% of the bf16 attention at (4, 1024, 512, 8)); larger ones are returned at once.
-class PackBuffer {
+// A buffer for one call, 64-byte aligned. Up to kKeepBytes stay with the calling thread for its
+// next call: a fresh buffer of a few MiB per call costs page faults (measured: about 15% of the
+// bf16 attention at (4, 1024, 512, 8); and the allocator returns a large block's pages soon after
+// it is freed, so a buffer freed and allocated again each call is faulted in each call: 2,300
+// faults per MultiHeadAttention of 48 x 256 tokens on the demo module before its intermediates
+// were kept); larger ones are returned at once. One buffer per thread and `Use` (the packed K and
+// V of attention, the intermediates of a multi-head call, which calls attention), held only for
+// the call.
+template <typename Use>
+class KeptBuffer {
  public:
-  explicit PackBuffer(int64_t bytes) : bytes_(bytes) {
+  explicit KeptBuffer(int64_t bytes) : bytes_(bytes) {
     if (bytes == 0) return;
     if (bytes <= kKeepBytes) {
       if (kept_.size < bytes) {
@@ -96,11 +102,11 @@ class PackBuffer {
       data_ = Allocate(bytes);
     }
   }
-  ~PackBuffer() {
+  ~KeptBuffer() {
     if (bytes_ > kKeepBytes) Free(data_);
   }
-  PackBuffer(const PackBuffer&) = delete;
-  PackBuffer& operator=(const PackBuffer&) = delete;
+  KeptBuffer(const KeptBuffer&) = delete;
+  KeptBuffer& operator=(const KeptBuffer&) = delete;
   char* data() const { return data_; }
 
  private:
@@ -120,7 +126,10 @@ class PackBuffer {
   const int64_t bytes_;
   char* data_ = nullptr;
 };
-thread_local PackBuffer::Kept PackBuffer::kept_;
+template <typename Use>
+thread_local typename KeptBuffer<Use>::Kept KeptBuffer<Use>::kept_;
+using PackBuffer = KeptBuffer<struct PackUse>;
+using MultiHeadBuffer = KeptBuffer<struct MultiHeadUse>;
 
 }  // namespace
 
@@ -298,14 +307,32 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionParams> batch) {
 absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
   // Per-request intermediates: the projected Q, K, V in [B, L, h, d_k] layout (attention reads
   // the heads through strides; bfloat16 on the 16-bit path, else float32) and the concatenated
-  // heads (float32).
+  // heads (float32), all in one MultiHeadBuffer, each part 64-byte aligned.
   // Left uninitialised: every element is written before it is read.
   struct Buffers {
-    std::unique_ptr<char[]> qkv;      // self-attention: [B·L, 3·d_model]; else Q [B·Lq, d_model]
-    std::unique_ptr<char[]> kv;       // cross-attention: K and V, [B·Lk, 2·d_model]
-    std::unique_ptr<float[]> concat;  // [B·Lq, d_model]
+    int64_t qkv = 0;     // self-attention: [B·L, 3·d_model]; else Q [B·Lq, d_model]
+    int64_t kv = 0;      // cross-attention: K and V, [B·Lk, 2·d_model]
+    int64_t concat = 0;  // [B·Lq, d_model] float32
   };
   std::vector<Buffers> buffers(batch.size());
+  int64_t total = 0;
+  auto take = [&total](int64_t bytes) {
+    const int64_t at = total;
+    total += (bytes + 63) / 64 * 64;
+    return at;
+  };
+  for (size_t r = 0; r < batch.size(); ++r) {
+    const MultiHeadParams& p = batch[r];
+    const int64_t dm = p.module->d_model;
+    const int64_t esize = ComputesInBf16(p.input_dtype) ? 2 : 4;
+    const int64_t q_rows = int64_t{p.batch} * p.q_len;
+    const int64_t kv_rows = int64_t{p.batch} * p.kv_len;
+    buffers[r].qkv = take(q_rows * (p.self_attention ? 3 : 1) * dm * esize);
+    if (!p.self_attention) buffers[r].kv = take(kv_rows * 2 * dm * esize);
+    buffers[r].concat = take(q_rows * dm * 4);
+  }
+  MultiHeadBuffer intermediates(total);
+  char* const base = intermediates.data();
   std::vector<AttentionParams> attention(batch.size());
   std::vector<GemmTask> projections;
   std::vector<GemmTask> outputs;
@@ -327,8 +354,7 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
     qkv.dtype = proj_type;
     if (p.self_attention) {
       // One GEMM for Q, K and V: w_qkv is [3·d_model, d_model], the rows of W_q, W_k, W_v.
-      buf.qkv = std::make_unique_for_overwrite<char[]>(q_rows * 3 * dm * esize);
-      char* y = buf.qkv.get();
+      char* y = base + buf.qkv;
       AddGemm(p.query, t, dm, q_rows, dm, w.w_qkv.data(), w16, w.b_qkv.data(), 3 * dm, y, proj_type,
               3 * dm, &projections);
       qkv.q = y;
@@ -336,10 +362,8 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
       qkv.v = y + 2 * dm * esize;
       qkv.q_ld = qkv.k_ld = qkv.v_ld = 3 * dm;
     } else {
-      buf.qkv = std::make_unique_for_overwrite<char[]>(q_rows * dm * esize);
-      buf.kv = std::make_unique_for_overwrite<char[]>(kv_rows * 2 * dm * esize);
-      char* yq = buf.qkv.get();
-      char* ykv = buf.kv.get();
+      char* yq = base + buf.qkv;
+      char* ykv = base + buf.kv;
       AddGemm(p.query, t, dm, q_rows, dm, w.w_q(), w16, w.b_q(), dm, yq, proj_type, dm,
               &projections);
       if (p.key == p.value) {
@@ -358,9 +382,9 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
       qkv.v = ykv + dm * esize;
       qkv.k_ld = qkv.v_ld = 2 * dm;
     }
-    buf.concat = std::make_unique_for_overwrite<float[]>(q_rows * dm);
-    attention[r] = HeadAttentionParams(p, qkv, buf.concat.get(), dm);
-    AddGemm(buf.concat.get(), DType::kFloat32, dm, q_rows, dm, w.w_o.data(),
+    float* concat = reinterpret_cast<float*>(base + buf.concat);
+    attention[r] = HeadAttentionParams(p, qkv, concat, dm);
+    AddGemm(concat, DType::kFloat32, dm, q_rows, dm, w.w_o.data(),
             bf16 ? w.w_o_bf16().data() : nullptr, w.b_o.data(), dm, p.out, DType::kFloat32, dm,
             &outputs);
   }

@@ -14,6 +14,8 @@ For Attend and MultiHeadAttention requests from about 1 KiB to 16 MiB, with 1 an
                          allocator as attnserve) under the same load;
   overhead               server / (backend + echo): 1.0 when serving adds nothing to receiving
                          and answering the bytes and computing the attention.
+After the sweep every server idles --idle_s seconds (30 by default) and its RSS then is given
+beside its RSS when fresh (started, one tiny call answered): memory the load left behind.
 With --baseline=BINARY a second attnserve (e.g. a build of an older commit) runs the same loads
 beside it, for figures taken side by side in one run.
 
@@ -59,6 +61,14 @@ def cpu_and_faults(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / HZ, int(fields[7]) + int(fields[9])
+
+
+def rss_mib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
 
 
 def machine():
@@ -111,6 +121,7 @@ def main():
     ap.add_argument("--json")
     ap.add_argument("--html")
     ap.add_argument("--notes", default="")
+    ap.add_argument("--idle_s", type=float, default=30)
     args = ap.parse_args()
     build = os.path.abspath(args.build)
     server_bin = args.server or f"{build}/server/attnserve"
@@ -133,6 +144,12 @@ def main():
         servers.append(Server(args.baseline_name, [args.baseline] + flags, tmp))
     servers.append(Server("echo", [echo], tmp))
     names = [s.name for s in servers]
+    fresh = {}
+    for s in servers:
+        subprocess.run([bench, f"--target={s.target}", "--rpc=attend", "--shapes=1,1,1,8",
+                        "--mode=closed", "--requests=1", "--warmup_s=0", "--progress=off"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        fresh[s.name] = rss_mib(s.process.pid)
     allocator = next((line.split("allocator ", 1)[1].strip() for line in open(servers[0].log.name)
                       if "allocator " in line), "?")
     print(f"machine: {machine()}\nattnserve allocator: {allocator}\n", flush=True)
@@ -182,6 +199,12 @@ def main():
                     print(f"{rpc:6s} {shape:10s} {point['request_bytes']:>9d} B  c={n}  backend "
                           f"{point['backend_cpu_us']:8.1f}us  {row}  overhead "
                           f"{point['overhead']:.2f}", flush=True)
+        time.sleep(args.idle_s)
+        idle = {s.name: {"fresh_mib": fresh[s.name], "after_idle_mib": rss_mib(s.process.pid)}
+                for s in servers}
+        for name, r in idle.items():
+            print(f"{name}: RSS fresh {r['fresh_mib']:.0f} MiB, {args.idle_s:g} s after the load "
+                  f"{r['after_idle_mib']:.0f} MiB ({r['after_idle_mib'] / r['fresh_mib']:.2f}x)")
     finally:
         for s in servers:
             s.stop()
@@ -190,7 +213,7 @@ def main():
               "command": " ".join(shlex.quote(a) for a in sys.argv),
               "machine": {**machine(), "notes": args.notes},
               "settings": {"duration_s": args.duration_s, "allocator": allocator,
-                           "target_overhead": 1.25},
+                           "target_overhead": 1.25, "idle_s": args.idle_s, "rss": idle},
               "servers": names, "points": points}
     worst = max(points, key=lambda p: p["overhead"])
     print(f"\nworst overhead {worst['overhead']:.2f}: {worst['rpc']} [{worst['shape']}], "
