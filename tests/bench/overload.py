@@ -9,7 +9,8 @@ the demo module at L = 64, 16 KiB):
      call with a --deadline_ms deadline; the capacity is the best OK/s of a run in which no call
      failed (a rate measured while calls fail their deadlines is not a capacity);
   2. open loop at each of --overloads x capacity for --overload_s seconds, --deadline_ms
-     deadlines, once with raw callers (every call reaches the server) and once with throttling
+     deadlines, each on a fresh server (a phase that swamps the server must not leave its
+     backlog to the next), once with raw callers (every call reaches the server) and once with throttling
      callers (attnserve-bench --throttle: the clients' adaptive throttling, client/throttle.h,
      honouring the server's retry pushback): goodput (OK per second, all within their deadline)
      as a fraction of capacity, counts by code as the callers saw them (THROTTLED_BY_CLIENT:
@@ -17,8 +18,8 @@ the demo module at L = 64, 16 KiB):
      /metrics) beside them;
   3. after each open-loop phase: time from the end of the load to the first OK of lone calls
      sent one after another (each with a 1 s deadline);
-  4. server RSS: idle (before the load), peak during the overload (sampled every 100 ms) and
-     after it; and at the end the time SIGTERM takes.
+  4. server RSS: fresh, after the capacity runs, peak during each overload phase (sampled every
+     100 ms); and the time SIGTERM takes after each phase.
 
   sudo /usr/bin/python3 tests/bench/overload.py --build=build [--server=PATH] [--json=OUT]
 
@@ -67,13 +68,13 @@ class Cgroup:
                 time.sleep(0.1)
 
 
-def counts_by_code(metrics_port):
-    """attnserve_requests_total of Attend, by code, as the server counts them."""
+def counts_by_code(metrics_port, rpc):
+    """attnserve_requests_total of `rpc`, by code, as the server counts them."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
         text = r.read().decode()
     out = {}
     for labels, value in re.findall(r'^attnserve_requests_total\{([^}]*)\} (\S+)$', text, re.M):
-        if 'rpc="Attend"' not in labels:
+        if f'rpc="{rpc}"' not in labels:
             continue
         code = re.search(r'code="([^"]+)"', labels).group(1)
         out[code] = out.get(code, 0) + int(float(value))
@@ -84,6 +85,7 @@ CASES = {
     "attend": ["--rpc=attend", "--shapes=1,8,128,64"],
     "tiny": ["--rpc=mha", "--module=demo", "--shapes=1,64"],
 }
+RPC_NAMES = {"attend": "Attend", "tiny": "MultiHeadAttention"}
 
 
 def main():
@@ -106,7 +108,7 @@ def main():
     report = {"server": server_bin, "cpu_quota": args.cpu_quota,
               "deadline_ms": args.deadline_ms, "server_flags": args.server_flags, "cases": {}}
     for case in args.cases.split(","):
-        report["cases"][case] = run_case(args, bench, server_bin, CASES[case])
+        report["cases"][case] = run_case(args, bench, server_bin, CASES[case], RPC_NAMES[case])
     print(f"server {server_bin}, cgroup cpu quota {args.cpu_quota} core, {args.deadline_ms} ms "
           f"deadlines, {args.server_flags}")
     for case, r in report["cases"].items():
@@ -124,119 +126,134 @@ def main():
                   f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s  {o['client_codes']} | "
                   f"{o['server_codes_incl_lone_calls']}")
         print(f"  RSS fresh {r['rss_idle_mb']:.0f} MB, after the capacity runs "
-              f"{r['rss_after_capacity_mb']:.0f} MB, after the load {r['rss_after_mb']:.0f} MB; "
-              f"SIGTERM exit after {r['sigterm_exit_s']} s (code {r.get('exit_code')})")
+              f"{r['rss_after_capacity_mb']:.0f} MB; each open-loop phase on a fresh server, "
+              f"SIGTERM after it: " + ", ".join(f"{o['sigterm_exit_s']} s (code {o['exit_code']})"
+                                                for o in r["overload"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
 
 
-def run_case(args, bench, server_bin, case_flags):
-    tmp = tempfile.TemporaryDirectory()
-    cgroup = Cgroup(args.cpu_quota)
-    port_file = os.path.join(tmp.name, "port")
-    log = open(os.path.join(tmp.name, "server.log"), "w+")
-    # The shell joins the cgroup, then becomes the server: every thread it starts is inside.
-    server = subprocess.Popen(
-        ["/bin/sh", "-c", f'echo $$ > {cgroup.path}/cgroup.procs && exec "$0" "$@"', server_bin,
-         "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0", f"--port_file={port_file}",
-         "--backend=cpu", *args.server_flags.split()],
-        stdout=log, stderr=subprocess.STDOUT)
-    report = {}
-    try:
+class Server:
+    """attnserve in its own cgroup v1 cpu group limited to `cores`."""
+
+    def __init__(self, server_bin, cores, flags):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.cgroup = Cgroup(cores)
+        port_file = os.path.join(self.tmp.name, "port")
+        self.log = open(os.path.join(self.tmp.name, "server.log"), "w+")
+        # The shell joins the cgroup, then becomes the server: every thread it starts is inside.
+        self.process = subprocess.Popen(
+            ["/bin/sh", "-c", f'echo $$ > {self.cgroup.path}/cgroup.procs && exec "$0" "$@"',
+             server_bin, "--listen=127.0.0.1:0", "--metrics_address=127.0.0.1:0",
+             f"--port_file={port_file}", "--backend=cpu", *flags],
+            stdout=self.log, stderr=subprocess.STDOUT)
         for _ in range(1200):
-            if os.path.exists(port_file) or server.poll() is not None:
+            if os.path.exists(port_file) or self.process.poll() is not None:
                 break
             time.sleep(0.05)
-        log.seek(0)
-        text = log.read()
-        target = f"127.0.0.1:{int(open(port_file).read())}"
-        metrics_port = int(re.search(r"metrics on port (\d+)", text).group(1))
+        self.log.seek(0)
+        self.target = f"127.0.0.1:{int(open(port_file).read())}"
+        self.metrics_port = int(re.search(r"metrics on port (\d+)", self.log.read()).group(1))
+        time.sleep(1)
+        self.rss_fresh_mb = rss_mb(self.process.pid)
 
-        def run_bench(name, *flags):
-            out = os.path.join(tmp.name, name + ".json")
-            subprocess.run([bench, f"--target={target}", *case_flags, "--progress=off",
-                            f"--json={out}", *flags], stdout=subprocess.DEVNULL, check=False)
-            with open(out) as f:
-                return json.load(f)["phases"][0]
-
-        def first_lone_ok(stopped_at):
-            """Seconds from `stopped_at` to the first OK of one-at-a-time calls."""
-            while time.monotonic() - stopped_at < 300:
-                p = run_bench("lone", "--mode=closed", "--concurrency=1", "--requests=1",
-                              "--warmup_s=0", "--timeout_ms=1000")
-                if p["ok"] == 1:
-                    return time.monotonic() - stopped_at
-            return float("inf")
-
-        time.sleep(2)
-        report["rss_idle_mb"] = rss_mb(server.pid)
-        runs = []
-        for n in [int(x) for x in args.concurrencies.split(",")]:
-            cap = run_bench(f"capacity{n}", "--mode=closed", f"--concurrency={n}",
-                            "--warmup_s=2", f"--duration_s={args.capacity_s}",
-                            f"--timeout_ms={args.deadline_ms}")
-            runs.append({"concurrency": n, "ok_per_s": cap["ok"] / cap["elapsed_s"],
-                         "sent": cap["sent"], "ok": cap["ok"], "failed": cap["sent"] - cap["ok"],
-                         "errors": cap["errors"], "p99_ms": cap["latency_ms"]["p99"]})
-        report["capacity_runs"] = runs
-        clean = [r for r in runs if r["failed"] == 0]
-        best = max(clean or runs, key=lambda r: r["ok_per_s"])
-        report["capacity"] = capacity = best["ok_per_s"]
-        report["capacity_from"] = (f"{best['concurrency']} callers, no call failed" if clean else
-                                   f"{best['concurrency']} callers; EVERY run had failed calls")
-        report["rss_after_capacity_mb"] = rss_mb(server.pid)
-        report["overload"] = []
-        for factor in [float(x) for x in args.overloads.split(",")]:
-            for throttle in args.throttling.split(","):
-                before = counts_by_code(metrics_port)
-                peak = [0.0]
-                done = threading.Event()
-
-                def sample():
-                    while not done.is_set():
-                        peak[0] = max(peak[0], rss_mb(server.pid))
-                        time.sleep(0.1)
-                sampler = threading.Thread(target=sample)
-                sampler.start()
-                rate = factor * capacity
-                p = run_bench(f"open{factor:g}{throttle}", "--mode=open", f"--rate={rate:.0f}",
-                              "--warmup_s=0", f"--duration_s={args.overload_s}",
-                              f"--timeout_ms={args.deadline_ms}",
-                              f"--throttle={'true' if throttle == 'on' else 'false'}")
-                stopped = time.monotonic()
-                rss_at_end = rss_mb(server.pid)
-                lone = first_lone_ok(stopped)
-                done.set()
-                sampler.join()
-                after = counts_by_code(metrics_port)
-                server_counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
-                server_counts = {k: v for k, v in server_counts.items() if v}
-                goodput = p["ok"] / args.overload_s
-                report["overload"].append({
-                    "factor": factor, "throttle": throttle, "rate": rate, "sent": p["sent"],
-                    "client_codes": dict(p["errors"], OK=p["ok"]),
-                    "server_codes_incl_lone_calls": server_counts,
-                    "goodput_ok_per_s": goodput, "goodput_fraction": goodput / capacity,
-                    "p99_ms": p["latency_ms"]["p99"], "rss_peak_mb": max(peak[0], rss_at_end),
-                    "rss_at_end_mb": rss_at_end, "first_lone_ok_s": lone})
-        time.sleep(2)
-        report["rss_after_mb"] = rss_mb(server.pid)
+    def stop(self):
+        """SIGTERM; seconds until the process exited (or ">60") and its exit code."""
         t = time.monotonic()
-        server.send_signal(signal.SIGTERM)
+        self.process.send_signal(signal.SIGTERM)
         try:
-            server.wait(timeout=60)
-            report["sigterm_exit_s"] = round(time.monotonic() - t, 2)
-            report["exit_code"] = server.returncode
+            self.process.wait(timeout=60)
+            took = round(time.monotonic() - t, 2)
         except subprocess.TimeoutExpired:
-            report["sigterm_exit_s"] = ">60"
-    finally:
-        if server.poll() is None:
-            server.kill()
-            server.wait()
-        cgroup.close()
-        log.close()
-        tmp.cleanup()
+            self.process.kill()
+            self.process.wait()
+            took = ">60"
+        self.cgroup.close()
+        self.log.close()
+        self.tmp.cleanup()
+        return took, self.process.returncode
+
+
+def run_case(args, bench, server_bin, case_flags, rpc_name):
+    """The capacity on one server, then each open-loop phase on a fresh one: a phase that swamps
+    the server must not leave its backlog to the next."""
+    tmp = tempfile.TemporaryDirectory()
+    flags = args.server_flags.split()
+
+    def run_bench(server, name, *bench_flags):
+        out = os.path.join(tmp.name, name + ".json")
+        subprocess.run([bench, f"--target={server.target}", *case_flags, "--progress=off",
+                        f"--json={out}", *bench_flags], stdout=subprocess.DEVNULL, check=False)
+        with open(out) as f:
+            return json.load(f)["phases"][0]
+
+    def first_lone_ok(server, stopped_at):
+        """Seconds from `stopped_at` to the first OK of one-at-a-time calls."""
+        while time.monotonic() - stopped_at < 300:
+            p = run_bench(server, "lone", "--mode=closed", "--concurrency=1", "--requests=1",
+                          "--warmup_s=0", "--timeout_ms=1000")
+            if p["ok"] == 1:
+                return time.monotonic() - stopped_at
+        return float("inf")
+
+    report = {}
+    server = Server(server_bin, args.cpu_quota, flags)
+    report["rss_idle_mb"] = server.rss_fresh_mb
+    runs = []
+    for n in [int(x) for x in args.concurrencies.split(",")]:
+        cap = run_bench(server, f"capacity{n}", "--mode=closed", f"--concurrency={n}",
+                        "--warmup_s=2", f"--duration_s={args.capacity_s}",
+                        f"--timeout_ms={args.deadline_ms}")
+        runs.append({"concurrency": n, "ok_per_s": cap["ok"] / cap["elapsed_s"],
+                     "sent": cap["sent"], "ok": cap["ok"], "failed": cap["sent"] - cap["ok"],
+                     "errors": cap["errors"], "p99_ms": cap["latency_ms"]["p99"]})
+    report["capacity_runs"] = runs
+    clean = [r for r in runs if r["failed"] == 0]
+    best = max(clean or runs, key=lambda r: r["ok_per_s"])
+    report["capacity"] = capacity = best["ok_per_s"]
+    report["capacity_from"] = (f"{best['concurrency']} callers, no call failed" if clean else
+                               f"{best['concurrency']} callers; EVERY run had failed calls")
+    report["rss_after_capacity_mb"] = rss_mb(server.process.pid)
+    report["sigterm_exit_s"], report["exit_code"] = server.stop()
+    report["overload"] = []
+    for factor in [float(x) for x in args.overloads.split(",")]:
+        for throttle in args.throttling.split(","):
+            server = Server(server_bin, args.cpu_quota, flags)
+            before = counts_by_code(server.metrics_port, rpc_name)
+            peak = [0.0]
+            done = threading.Event()
+
+            def sample():
+                while not done.is_set():
+                    peak[0] = max(peak[0], rss_mb(server.process.pid))
+                    time.sleep(0.1)
+            sampler = threading.Thread(target=sample)
+            sampler.start()
+            rate = factor * capacity
+            p = run_bench(server, f"open{factor:g}{throttle}", "--mode=open",
+                          f"--rate={rate:.0f}", "--warmup_s=0", f"--duration_s={args.overload_s}",
+                          f"--timeout_ms={args.deadline_ms}",
+                          f"--throttle={'true' if throttle == 'on' else 'false'}")
+            stopped = time.monotonic()
+            rss_at_end = rss_mb(server.process.pid)
+            lone = first_lone_ok(server, stopped)
+            done.set()
+            sampler.join()
+            after = counts_by_code(server.metrics_port, rpc_name)
+            server_counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
+            server_counts = {k: v for k, v in server_counts.items() if v}
+            goodput = p["ok"] / args.overload_s
+            exit_s, code = server.stop()
+            report["overload"].append({
+                "factor": factor, "throttle": throttle, "rate": rate, "sent": p["sent"],
+                "client_codes": dict(p["errors"], OK=p["ok"]),
+                "server_codes_incl_lone_calls": server_counts,
+                "goodput_ok_per_s": goodput, "goodput_fraction": goodput / capacity,
+                "p99_ms": p["latency_ms"]["p99"], "rss_fresh_mb": server.rss_fresh_mb,
+                "rss_peak_mb": max(peak[0], rss_at_end), "rss_at_end_mb": rss_at_end,
+                "first_lone_ok_s": lone, "sigterm_exit_s": exit_s, "exit_code": code})
+    tmp.cleanup()
     return report
 
 
