@@ -18,11 +18,22 @@ bool Read(MallctlFn mallctl, const char* name, T* value) {
   return mallctl(name, value, &size, nullptr, 0) == 0 && size == sizeof(T);
 }
 
+MallctlFn Mallctl() {
+  // Looked up rather than linked: the binaries without jemalloc have no mallctl.
+  static const auto mallctl = reinterpret_cast<MallctlFn>(dlsym(RTLD_DEFAULT, "mallctl"));
+  return mallctl;
+}
+
 }  // namespace
 
+bool AllocatorReleaseFreeMemory() {
+  const MallctlFn mallctl = Mallctl();
+  // MALLCTL_ARENAS_ALL (4096): every arena.
+  return mallctl != nullptr && mallctl("arena.4096.purge", nullptr, nullptr, nullptr, 0) == 0;
+}
+
 std::string AllocatorDescription() {
-  // Looked up rather than linked: the binaries without jemalloc have no mallctl.
-  const auto mallctl = reinterpret_cast<MallctlFn>(dlsym(RTLD_DEFAULT, "mallctl"));
+  const MallctlFn mallctl = Mallctl();
   const char* version = nullptr;
   if (mallctl == nullptr || !Read(mallctl, "version", &version)) {
     return "malloc of the C library or a sanitizer";

@@ -15,6 +15,11 @@ namespace attnserve {
 // or a sanitizer"). Reads jemalloc's settings through mallctl, found at run time.
 std::string AllocatorDescription();
 
+// Hands the allocator's free pages back to the system now (jemalloc: every arena purged); false
+// where malloc is not jemalloc's. For an idle server (server/idle_release.h): jemalloc's own
+// decay returns them over about 10 s anyway.
+bool AllocatorReleaseFreeMemory();
+
 }  // namespace attnserve
 
 #endif  // ATTNSERVE_BASE_ALLOCATOR_H_

@@ -1,6 +1,6 @@
 // The one mutex type of attnserve: a mutex, its scoped lock and a condition variable, under
 // Abseil's thread-safety annotations, so that clang's -Wthread-safety checks every guarded
-// member (scripts/test-clang.sh builds with it and -Werror).
+// member (scripts/test-sanitizers.sh's clang build has it with -Werror).
 //
 // Typical use:
 //

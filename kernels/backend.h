@@ -72,6 +72,11 @@ class Backend {
   // Memory for the pages of one layout, where this backend's PagedAttention reads them best
   // (page_store.h). The default is host memory (NewHostPageStore).
   virtual absl::StatusOr<std::unique_ptr<PageStore>> NewPageStore(const PageStoreShape& shape);
+  // Gives back the memory this backend keeps between calls for its next one (per-thread scratch)
+  // and no call is using now; returns the bytes freed. The server calls it once it has been
+  // idle for a while (server/server_host.cc). Thread-safe, also while calls run: they keep
+  // theirs. The default keeps nothing.
+  virtual int64_t ReleaseIdleMemory() { return 0; }
 };
 
 }  // namespace attnserve::kernels

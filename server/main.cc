@@ -105,6 +105,9 @@ ABSL_FLAG(int, max_concurrent_streams, kDefaults.max_concurrent_streams,
 ABSL_FLAG(int64_t, transport_memory_bytes, kDefaults.transport_memory_bytes,
           "memory gRPC may use for its buffers over all connections (it stops reading sockets "
           "beyond); 0 = unbounded");
+ABSL_FLAG(int64_t, idle_release_ms, absl::ToInt64Milliseconds(kDefaults.idle_release),
+          "once no call has been open or arrived for this long, memory kept between calls goes "
+          "back to the system; 0 = never");
 ABSL_FLAG(int64_t, shutdown_grace_ms, absl::ToInt64Milliseconds(kDefaults.shutdown_grace),
           "on SIGTERM/SIGINT, time to finish queued work before answering it UNAVAILABLE");
 ABSL_FLAG(int64_t, session_pool_bytes, kDefaults.sessions.pool_bytes,
@@ -217,6 +220,7 @@ int Run() {
   options.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   options.transport_memory_bytes = absl::GetFlag(FLAGS_transport_memory_bytes);
   options.shutdown_grace = absl::Milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms));
+  options.idle_release = absl::Milliseconds(absl::GetFlag(FLAGS_idle_release_ms));
   options.sessions.pool_bytes = absl::GetFlag(FLAGS_session_pool_bytes);
   options.sessions.page_tokens = absl::GetFlag(FLAGS_session_page_tokens);
   if (const std::string when = absl::GetFlag(FLAGS_session_when_full); when == "refuse") {

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/allocator.h"
 #include "base/file.h"
 #include "grpc/grpc.h"
 #include "grpc/support/time.h"
@@ -34,6 +35,12 @@ class OpenCalls {
   void Opened() {
     MutexLock lock(&mu_);
     ++open_;
+    ++opened_;
+  }
+  // Calls open now and calls ever opened (for the IdleReleaser).
+  IdleReleaser::Activity activity() {
+    MutexLock lock(&mu_);
+    return {open_, opened_};
   }
   void Closed() {
     bool none;
@@ -64,6 +71,7 @@ class OpenCalls {
  private:
   Mutex mu_;
   int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t opened_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   CondVar changed_;
 };
@@ -298,6 +306,15 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (host->server_ == nullptr || host->port_ == 0) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on '", options.listen_address, "' (address in use?)"));
+  }
+  if (options.idle_release > absl::ZeroDuration()) {
+    ServerHost* h = host.get();
+    host->idle_releaser_ = std::make_unique<IdleReleaser>(
+        options.idle_release, &host->idle_clock_, [h] { return h->open_calls_->activity(); },
+        [h] {
+          h->backend_->ReleaseIdleMemory();
+          AllocatorReleaseFreeMemory();
+        });
   }
   if (options.sessions.owner.empty()) {
     // Session ids name the replica: the address it listens on, or the hostname for a wildcard.

@@ -16,6 +16,7 @@
 #include "server/attention_service.h"
 #include "server/backend_factory.h"
 #include "server/dispatcher.h"
+#include "server/idle_release.h"
 #include "server/limits.h"
 #include "server/metrics/metrics.h"
 #include "server/module_registry.h"
@@ -82,6 +83,10 @@ struct ServerOptions {
   // listening host:port, the hostname for a wildcard address). max_sessions is a flag of its
   // own (--max_sessions); max_session_tokens is set from limits.max_sequence_length.
   sessions::SessionOptions sessions;
+  // Once no call has been open or arrived for this long, the memory kept between calls (the
+  // backend's per-thread scratch, the allocator's free pages) goes back to the system
+  // (server/idle_release.h). Zero: never. Default: 2 s.
+  absl::Duration idle_release = absl::Seconds(2);
   // Register the built-in "demo" module.
   bool demo_module = true;
   std::vector<ModuleSpec> modules;
@@ -140,6 +145,8 @@ class ServerHost {
   std::unique_ptr<AttentionService> service_;
   std::shared_ptr<OpenCalls> open_calls_;  // shared with gRPC's interceptor factory
   std::unique_ptr<grpc::Server> server_;
+  batching::RealClock idle_clock_;
+  std::unique_ptr<IdleReleaser> idle_releaser_;  // reads open_calls_ and backend_: goes first
   int port_ = 0;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -78,76 +78,7 @@ void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, cons
   }
 }
 
-// A buffer for one call, 64-byte aligned. Up to kKeepBytes stay with the calling thread for its
-// next call: a fresh buffer of a few MiB per call costs page faults (measured: about 15% of the
-// bf16 attention at (4, 1024, 512, 8); and the allocator returns a large block's pages soon after
-// it is freed, so a buffer freed and allocated again each call is faulted in each call: 2,300
-// faults per MultiHeadAttention of 48 x 256 tokens on the demo module before its intermediates
-// were kept); larger ones are returned at once. One buffer per thread and `Use` (the packed K and
-// V of attention, the intermediates of a multi-head call, which calls attention), held only for
-// the call.
-template <typename Use>
-class KeptBuffer {
- public:
-  explicit KeptBuffer(int64_t bytes) : bytes_(bytes) {
-    if (bytes == 0) return;
-    if (bytes <= kKeepBytes) {
-      if (kept_.size < bytes) {
-        Free(kept_.data);
-        kept_.data = Allocate(bytes);
-        kept_.size = bytes;
-      }
-      data_ = kept_.data;
-    } else {
-      data_ = Allocate(bytes);
-    }
-  }
-  ~KeptBuffer() {
-    if (bytes_ > kKeepBytes) Free(data_);
-  }
-  KeptBuffer(const KeptBuffer&) = delete;
-  KeptBuffer& operator=(const KeptBuffer&) = delete;
-  char* data() const { return data_; }
-
- private:
-  static constexpr int64_t kKeepBytes = int64_t{64} << 20;
-  static char* Allocate(int64_t n) {
-    return static_cast<char*>(::operator new[](static_cast<size_t>(n), std::align_val_t{64}));
-  }
-  static void Free(char* p) {
-    if (p != nullptr) ::operator delete[](p, std::align_val_t{64});
-  }
-  struct Kept {
-    char* data = nullptr;
-    int64_t size = 0;
-    ~Kept() { Free(data); }
-  };
-  static thread_local Kept kept_;
-  const int64_t bytes_;
-  char* data_ = nullptr;
-};
-template <typename Use>
-thread_local typename KeptBuffer<Use>::Kept KeptBuffer<Use>::kept_;
-using PackBuffer = KeptBuffer<struct PackUse>;
-using MultiHeadBuffer = KeptBuffer<struct MultiHeadUse>;
-
 }  // namespace
-
-float* ThreadScratch(int64_t floats) {
-  struct Buffer {
-    float* data = nullptr;
-    int64_t size = 0;
-    ~Buffer() { ::operator delete[](data, std::align_val_t{64}); }
-  };
-  thread_local Buffer buffer;
-  if (buffer.size < floats) {
-    ::operator delete[](buffer.data, std::align_val_t{64});
-    buffer.data = static_cast<float*>(
-        ::operator new[](static_cast<size_t>(floats) * sizeof(float), std::align_val_t{64}));
-    buffer.size = floats;
-  }
-  return buffer.data;
-}
 
 namespace {
 
@@ -250,7 +181,7 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
     pack_offset[item] = pack_bytes;
     pack_bytes += int64_t{p.batch} * p.num_kv_heads * bf16_kernel_->packed_bytes(p);
   }
-  PackBuffer packed(pack_bytes);
+  ScratchBuffer packed(ScratchUse::kPackedKv, pack_bytes);
   auto packed_of = [&](int item, int b, int kvh) -> char* {
     const AttentionParams& p = batch[item];
     return packed.data() + pack_offset[item] +
@@ -289,12 +220,13 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
     const AttentionTask& task = tasks[t];
     const AttentionParams& p = batch[task.item];
     if (task.packed != nullptr) {
-      void* scratch =
-          ThreadScratch((bf16_kernel_->scratch_bytes(p.head_dim, p.v_head_dim) + 3) / 4);
-      bf16_kernel_->run(p, task.b, task.h, task.i0, task.packed, scratch);
+      ScratchBuffer scratch(ScratchUse::kTask,
+                            bf16_kernel_->scratch_bytes(p.head_dim, p.v_head_dim));
+      bf16_kernel_->run(p, task.b, task.h, task.i0, task.packed, scratch.data());
     } else {
-      float* scratch = ThreadScratch(kernel_.scratch_floats(p.head_dim, p.v_head_dim));
-      kernel_.run(p, task.b, task.h, task.i0, scratch);
+      ScratchBuffer scratch(ScratchUse::kTask,
+                            kernel_.scratch_floats(p.head_dim, p.v_head_dim) * int64_t{4});
+      kernel_.run(p, task.b, task.h, task.i0, scratch.floats());
     }
   });
 }
@@ -304,10 +236,13 @@ absl::Status CpuBackend::Attend(absl::Span<const AttentionParams> batch) {
   return absl::OkStatus();
 }
 
+int64_t CpuBackend::ReleaseIdleMemory() { return ReleaseIdleScratch(); }
+
 absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
   // Per-request intermediates: the projected Q, K, V in [B, L, h, d_k] layout (attention reads
   // the heads through strides; bfloat16 on the 16-bit path, else float32) and the concatenated
-  // heads (float32), all in one MultiHeadBuffer, each part 64-byte aligned.
+  // heads (float32), all in the thread's kMultiHead scratch (scratch.h), each part 64-byte
+  // aligned.
   // Left uninitialised: every element is written before it is read.
   struct Buffers {
     int64_t qkv = 0;     // self-attention: [B·L, 3·d_model]; else Q [B·Lq, d_model]
@@ -331,7 +266,7 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
     if (!p.self_attention) buffers[r].kv = take(kv_rows * 2 * dm * esize);
     buffers[r].concat = take(q_rows * dm * 4);
   }
-  MultiHeadBuffer intermediates(total);
+  ScratchBuffer intermediates(ScratchUse::kMultiHead, total);
   char* const base = intermediates.data();
   std::vector<AttentionParams> attention(batch.size());
   std::vector<GemmTask> projections;
@@ -401,7 +336,8 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
                      g.y, g.y_type, g.ldy);
           return;
         }
-        uint16_t* x16 = reinterpret_cast<uint16_t*>(ThreadScratch((g.rows * g.k + 1) / 2));
+        ScratchBuffer scratch(ScratchUse::kTask, g.rows * g.k * 2);
+        uint16_t* x16 = reinterpret_cast<uint16_t*>(scratch.data());
         for (int64_t r = 0; r < g.rows; ++r) {
           bf16_kernel_->to_bf16(g.x_type, x + r * g.ldx * x_size, g.k, x16 + r * g.k);
         }
@@ -414,7 +350,8 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
         return;
       }
       // 16-bit inputs: this chunk's rows widened (exactly) into the thread's scratch.
-      float* xf = ThreadScratch(g.rows * g.k);
+      ScratchBuffer scratch(ScratchUse::kTask, g.rows * g.k * int64_t{4});
+      float* xf = scratch.floats();
       for (int64_t r = 0; r < g.rows; ++r)
         ToFloat32(g.x_type, x + r * g.ldx * x_size, g.k, xf + r * g.k);
       Linear(xf, g.k, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);

@@ -94,6 +94,9 @@ class CpuBackend final : public Backend {
   absl::Status PagedAttention(const PagedAttentionParams& p) override;
 
   std::string float32_precision() const override;
+  // The threads' kept scratch (scratch.h: packed K and V, multi-head intermediates, task
+  // buffers).
+  int64_t ReleaseIdleMemory() override;
 
   int num_threads() const { return pool_.num_threads(); }
   Isa isa() const { return kernel_.isa; }

@@ -104,13 +104,14 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
 
   pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     const PagedTask& task = tasks[t];
-    k.run(p, task, ThreadScratch(k.scratch_floats(p, task.rows)));
+    ScratchBuffer scratch(ScratchUse::kTask, k.scratch_floats(p, task.rows) * int64_t{4});
+    k.run(p, task, scratch.floats());
   });
   if (!combines.empty()) {
     pool_.ParallelFor(static_cast<int64_t>(combines.size()), [&](int64_t t) {
       const CombineTask& c = combines[t];
-      k.combine(p, c.seq, c.kv_head, c.partials,
-                ThreadScratch(k.scratch_floats(p, p.q_lens[c.seq])));
+      ScratchBuffer scratch(ScratchUse::kTask, k.scratch_floats(p, p.q_lens[c.seq]) * int64_t{4});
+      k.combine(p, c.seq, c.kv_head, c.partials, scratch.floats());
     });
   }
   return absl::OkStatus();
