@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
 
@@ -37,6 +40,43 @@ std::vector<std::string> PluginCandidates() {
 #endif
   return paths;
 }
+
+// "sleep:US": the CPU backend's answers, each batch taking at least US microseconds per request
+// (slept after the compute). For tests and load experiments that need a slow server whose
+// compute time does not depend on the machine: no CPU quota, no float64 reference burning the
+// cores the load generator needs.
+class SleepBackend final : public kernels::Backend {
+ public:
+  SleepBackend(std::unique_ptr<kernels::Backend> inner, absl::Duration per_request)
+      : inner_(std::move(inner)), per_request_(per_request) {}
+  std::string name() const override { return "sleep"; }
+  std::vector<kernels::DeviceInfo> devices() const override { return inner_->devices(); }
+  std::string float32_precision() const override { return inner_->float32_precision(); }
+  absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
+    const absl::Time start = absl::Now();
+    absl::Status s = inner_->Attend(batch);
+    absl::SleepFor(start + per_request_ * static_cast<double>(batch.size()) - absl::Now());
+    return s;
+  }
+  absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> batch) override {
+    const absl::Time start = absl::Now();
+    absl::Status s = inner_->MultiHead(batch);
+    absl::SleepFor(start + per_request_ * static_cast<double>(batch.size()) - absl::Now());
+    return s;
+  }
+  absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
+    return inner_->PagedAttention(p);
+  }
+  absl::StatusOr<std::unique_ptr<kernels::PageStore>> NewPageStore(
+      const kernels::PageStoreShape& shape) override {
+    return inner_->NewPageStore(shape);
+  }
+  int64_t ReleaseIdleMemory() override { return inner_->ReleaseIdleMemory(); }
+
+ private:
+  const std::unique_ptr<kernels::Backend> inner_;
+  const absl::Duration per_request_;
+};
 
 }  // namespace
 
@@ -72,6 +112,16 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
         "--cpu_float32_precision must be fp32 or bf16; was '", cpu_float32_precision, "'"));
   }
   if (name == "reference") return std::make_unique<kernels::ReferenceBackend>();
+  if (absl::StartsWith(name, "sleep:")) {
+    int64_t us = 0;
+    if (!absl::SimpleAtoi(name.substr(6), &us) || us < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--backend=sleep:US needs a whole number of microseconds >= 0; was '", name, "'"));
+    }
+    auto cpu = MakeBackend("cpu", threads, cpu_float32_precision);
+    if (!cpu.ok()) return cpu.status();
+    return std::make_unique<SleepBackend>(*std::move(cpu), absl::Microseconds(us));
+  }
   if (name == "cuda") return LoadCudaBackend();
   if (name == "auto") {
     auto cuda = LoadCudaBackend();
@@ -88,7 +138,7 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
     return std::unique_ptr<kernels::Backend>(*std::move(cpu));
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("--backend must be auto, cuda, cpu or reference; was '", name, "'"));
+      absl::StrCat("--backend must be auto, cuda, cpu, reference or sleep:US; was '", name, "'"));
 }
 
 }  // namespace attnserve::server

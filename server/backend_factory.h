@@ -16,6 +16,9 @@ namespace attnserve::server {
 //   "cuda"       the CUDA backend, loaded from its plugin (libattnserve_cuda.so); UNAVAILABLE
 //                when the plugin, the CUDA libraries or a device are missing
 //   "auto"       "cuda" when it loads, else "cpu" (saying why on stderr, once)
+//   "sleep:US"   "cpu"'s answers, each batch taking at least US microseconds per request: a slow
+//                server whose compute time does not depend on the machine, for tests and load
+//                experiments (not for serving)
 // INVALID_ARGUMENT for any other name.
 // `cpu_float32_precision` ("fp32" or "bf16", else INVALID_ARGUMENT) is how the CPU backend
 // computes FLOAT32 and FLOAT16 requests (CpuBackendOptions::float32_as_bf16).

@@ -51,7 +51,8 @@ ABSL_FLAG(std::string, port_file, "",
           "if set, the bound port is written to this file once the server is SERVING");
 ABSL_FLAG(
     std::string, backend, kDefaults.backend,
-    "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu or reference");
+    "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu, reference, or "
+    "sleep:US (cpu's answers, each batch at least US microseconds per request: for tests)");
 ABSL_FLAG(int, backend_threads, kDefaults.backend_threads,
           "threads of the CPU backend; 0 = one per core");
 ABSL_FLAG(std::string, cpu_float32_precision, kDefaults.cpu_float32_precision,
