@@ -57,8 +57,13 @@ struct PagedAttentionParams {
   int page_size = 0;     // tokens per page
   int max_pages_per_seq = 0;
 
-  // The cache: element type of k_pages and v_pages (and of q).
+  // The cache: element type of k_pages and v_pages.
   DType dtype = DType::kFloat32;
+  // The element type of q: FLOAT32, or `dtype`. Only keys and values are rounded to the cache's
+  // type; queries are not (a caller's float32 queries stay float32 over a 16-bit cache, and the
+  // scores accumulate in float32 either way). q in `dtype` is for queries already exactly in it
+  // (a 16-bit request on a cache of its own type), where a kernel may take a 16-bit dot product.
+  DType q_dtype = DType::kFloat32;
   const void* k_pages = nullptr;
   const void* v_pages = nullptr;
   // The store k_pages and v_pages belong to (its k_base(), v_base()), or nullptr for host
@@ -73,7 +78,7 @@ struct PagedAttentionParams {
   const int32_t* q_offsets = nullptr;
   int total_q = 0;  // sum of q_lens
 
-  // q [total_q, num_heads, head_dim] in `dtype`; outputs in float32.
+  // q [total_q, num_heads, head_dim] in `q_dtype`; outputs in float32.
   const void* q = nullptr;
   float* out = nullptr;  // [total_q, num_heads, v_head_dim]
   float* lse = nullptr;  // [total_q, num_heads], or nullptr when not wanted

@@ -278,7 +278,7 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
           const int64_t k0 = p.k_offset(pages[j / p.page_size], kvh, j % p.page_size);
           double dot = 0;
           for (int d = 0; d < p.head_dim; ++d) {
-            dot += Element(p.dtype, p.q, (t * p.num_heads + h) * p.head_dim + d) *
+            dot += Element(p.q_dtype, p.q, (t * p.num_heads + h) * p.head_dim + d) *
                    Element(p.dtype, p.k_pages, k0 + d);
           }
           scores[j] = static_cast<double>(p.scale) * dot;

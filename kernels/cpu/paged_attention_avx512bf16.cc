@@ -1,10 +1,10 @@
 // The paged attention kernel for AVX-512 with AVX512_BF16: as paged_attention_avx512.cc, except
-// that the scores of BFLOAT16 caches are VDPBF16PS dot products. Compiled with per-file flags;
-// reached only through kAvx512Bf16PagedAttentionKernel when the backend's 16-bit path is on
-// (cpu_backend.h: BFLOAT16 requests take it when the CPU has one).
-// GCC 12's own intrinsics (see attention_avx512.cc): the _mm512_undefined_ps placeholders of
-// VSHUFF32X4 and VPERMILPS, which it calls "used uninitialized" once Reduce4 is inlined into the
-// score loop; clang has no such warning group.
+// that the scores of BFLOAT16 caches over bfloat16 queries are VDPBF16PS dot products. Compiled
+// with per-file flags; reached only through kAvx512Bf16PagedAttentionKernel when the backend's
+// 16-bit path is on (cpu_backend.h: BFLOAT16 requests take it when the CPU has one). GCC 12's own
+// intrinsics (see attention_avx512.cc): the _mm512_undefined_ps placeholders of VSHUFF32X4 and
+// VPERMILPS, which it calls "used uninitialized" once Reduce4 is inlined into the score loop; clang
+// has no such warning group.
 #if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"

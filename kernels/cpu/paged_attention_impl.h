@@ -347,14 +347,15 @@ void ScoreRowsBf16Tail(int rows, const uint16_t* q, int dq, int d, const uint16_
   }
 }
 
-// True when the scores of a cache of type T take the bfloat16 dot product.
+// True when the scores of a cache of type T can take the bfloat16 dot product: used when the
+// queries are bfloat16 too (q_dtype), never by rounding float32 queries (they stay float32).
 template <DType T>
-constexpr bool UseBf16Dot() {
+constexpr bool CanBf16Dot() {
   return T == DType::kBFloat16 && PVec::kBf16Dot;
 }
 
-// Elements per query row in the scratch when UseBf16Dot (bfloat16, padded to whole pairs of
-// vectors): at most 2 · dp, so it fits the float32 query area.
+// Elements per query row in the scratch with the bfloat16 dot product (bfloat16, padded to whole
+// pairs of vectors): at most 2 · dp, so it fits the float32 query area.
 template <class Vec>
 int Bf16QueryStride(int d) {
   return static_cast<int>(RoundUp(d, Vec::kPairWidth));
@@ -415,7 +416,7 @@ void PvRun(bool tail, const float* s, int64_t s_off, const void* v, int dv, int 
 // k_pf and v_pf span the task's keys (this split's and the later splits' of the task): the
 // scores prefetch this split's values, the sum over values prefetches the next split's keys, so
 // a task of many splits streams K and V without a break.
-template <DType T>
+template <DType T, bool kDotBf16>
 void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq, int kv_head,
                   int row0, int rows, int split, const Scratch& sc, const State& out,
                   Prefetcher& k_pf, Prefetcher& v_pf) {
@@ -446,7 +447,7 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
       for (int i = 0; i < sh.n; i += PVec::kScoreRows) {
         const int rows_now = MinInt(PVec::kScoreRows, sh.n - i);
         float* s = sc.s + int64_t{i} * kSplit + (j + c - k0);
-        if constexpr (UseBf16Dot<T>()) {
+        if constexpr (kDotBf16) {
           const int dq = Bf16QueryStride<PVec>(p.head_dim);
           ScoreRowsBf16Tail<PVec, PVec::kScoreRows>(
               rows_now, reinterpret_cast<const uint16_t*>(sc.q) + int64_t{i} * dq, dq, p.head_dim,
@@ -643,19 +644,21 @@ void Finish(const PagedAttentionParams& p, const Shape& sh, int seq, const Seq& 
 // ---------------------------------------------------------------------------------------------
 // Entry points.
 
-template <DType T>
+template <DType T, bool kDotBf16>
 void RunTyped(const PagedAttentionParams& p, const PagedTask& task, float* scratch) {
   const Shape sh = ShapeOf(p, task.rows);
   const Seq sq = SeqOf(p, task.seq);
   const Scratch sc = Carve(scratch, sh);
 
-  // The queries of the task's row-heads, widened to float32 and zero-padded to dp (or, for the
-  // bfloat16 dot product, as they are, zero-padded to whole pairs of vectors).
+  // The queries of the task's row-heads (in q_dtype: float32 or T), widened to float32 and
+  // zero-padded to dp (or, for the bfloat16 dot product, as they are, zero-padded to whole pairs
+  // of vectors).
+  const bool q32 = p.q_dtype == DType::kFloat32;
   for (int i = 0; i < sh.n; ++i) {
     const int64_t t = p.q_offsets[task.seq] + task.row0 + i / sh.group;
     const int64_t h = int64_t{task.kv_head} * sh.group + i % sh.group;
     const int64_t src = (t * p.num_heads + h) * p.head_dim;
-    if constexpr (UseBf16Dot<T>()) {
+    if constexpr (kDotBf16) {
       const int dq = Bf16QueryStride<PVec>(p.head_dim);
       uint16_t* q16 = reinterpret_cast<uint16_t*>(sc.q) + int64_t{i} * dq;
       std::memcpy(q16, static_cast<const uint16_t*>(p.q) + src, sizeof(uint16_t) * p.head_dim);
@@ -663,7 +666,9 @@ void RunTyped(const PagedAttentionParams& p, const PagedTask& task, float* scrat
       continue;
     }
     for (int c = 0; c < sh.dp; c += kW) {
-      PVec::Store(sc.q + int64_t{i} * sh.dp + c, LoadSome<T>(p.q, src + c, p.head_dim - c));
+      PVec::Store(sc.q + int64_t{i} * sh.dp + c,
+                  q32 ? LoadSome<DType::kFloat32>(p.q, src + c, p.head_dim - c)
+                      : LoadSome<T>(p.q, src + c, p.head_dim - c));
     }
   }
 
@@ -681,14 +686,16 @@ void RunTyped(const PagedAttentionParams& p, const PagedTask& task, float* scrat
 
   if (task.partial != nullptr) {
     for (int split = first; split < last; ++split) {
-      ComputeSplit<T>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc,
-                      StateAt(task.partial + (split - first) * StateFloats(sh), sh), k_pf, v_pf);
+      ComputeSplit<T, kDotBf16>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc,
+                                StateAt(task.partial + (split - first) * StateFloats(sh), sh), k_pf,
+                                v_pf);
     }
     return;
   }
   ResetState(sh, sc.run);
   for (int split = 0; split < last; ++split) {
-    ComputeSplit<T>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc, sc.split, k_pf, v_pf);
+    ComputeSplit<T, kDotBf16>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc, sc.split,
+                              k_pf, v_pf);
     for (int i = 0; i < sh.n; ++i) {
       if (Reaches(sq, task.row0 + i / sh.group, split)) FoldRow(sh, sc.run, sc.split, i);
     }
@@ -724,11 +731,15 @@ int64_t PartialFloats(const PagedAttentionParams& p, int rows) {
 void Run(const PagedAttentionParams& p, const PagedTask& task, float* scratch) {
   switch (p.dtype) {
     case DType::kFloat32:
-      return RunTyped<DType::kFloat32>(p, task, scratch);
+      return RunTyped<DType::kFloat32, false>(p, task, scratch);
     case DType::kFloat16:
-      return RunTyped<DType::kFloat16>(p, task, scratch);
+      return RunTyped<DType::kFloat16, false>(p, task, scratch);
     case DType::kBFloat16:
-      return RunTyped<DType::kBFloat16>(p, task, scratch);
+      if constexpr (CanBf16Dot<DType::kBFloat16>()) {
+        if (p.q_dtype == DType::kBFloat16)
+          return RunTyped<DType::kBFloat16, true>(p, task, scratch);
+      }
+      return RunTyped<DType::kBFloat16, false>(p, task, scratch);
     case DType::kBool:  // not a cache type (REQUIRES a valid p)
       break;
   }

@@ -75,8 +75,9 @@ struct PagedAttentionKernel {
 extern const PagedAttentionKernel kGenericPagedAttentionKernel;
 extern const PagedAttentionKernel kAvx2PagedAttentionKernel;
 extern const PagedAttentionKernel kAvx512PagedAttentionKernel;
-// kAvx512's, with the scores of BFLOAT16 caches by AVX512_BF16's VDPBF16PS (other cache types:
-// the same bits as kAvx512PagedAttentionKernel). Also REQUIRES CpuSupports(Bf16Isa::kAvx512Bf16).
+// kAvx512's, with the scores of BFLOAT16 caches over bfloat16 queries (q_dtype BFLOAT16) by
+// AVX512_BF16's VDPBF16PS (float32 queries, and other cache types: the same bits as
+// kAvx512PagedAttentionKernel). Also REQUIRES CpuSupports(Bf16Isa::kAvx512Bf16).
 extern const PagedAttentionKernel kAvx512Bf16PagedAttentionKernel;
 
 }  // namespace attnserve::kernels::cpu

@@ -1220,7 +1220,7 @@ absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParam
   const size_t esize = DTypeSize(p.dtype);
   const size_t k_page_bytes = static_cast<size_t>(p.k_page_stride()) * esize;
   const size_t v_page_bytes = static_cast<size_t>(p.v_page_stride()) * esize;
-  const size_t q_bytes = size_t(p.total_q) * p.num_heads * p.head_dim * esize;
+  const size_t q_bytes = size_t(p.total_q) * p.num_heads * p.head_dim * DTypeSize(p.q_dtype);
   const size_t out_bytes = size_t(p.total_q) * p.num_heads * p.v_head_dim * sizeof(float);
   const size_t lse_bytes = size_t(p.total_q) * p.num_heads * sizeof(float);
   const size_t table_bytes = (table.size() + 3 * size_t(S)) * sizeof(int32_t);

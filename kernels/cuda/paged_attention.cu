@@ -88,7 +88,8 @@ GpuStatus PagedScatterRows(DType dtype, const void* k_rows, const void* v_rows, 
 
 bool PagedAttentionSupported(const PagedAttentionParams& p) {
   const bool dtype_ok =
-      p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16;
+      (p.dtype == DType::kFloat32 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16) &&
+      (p.q_dtype == DType::kFloat32 || p.q_dtype == p.dtype);
   return dtype_ok && p.num_kv_heads >= 1 && p.num_heads % p.num_kv_heads == 0 && p.head_dim >= 1 &&
          p.head_dim <= kPagedMaxHeadDim && p.v_head_dim >= 1 && p.v_head_dim <= kPagedMaxVHeadDim &&
          p.page_size >= 1;

@@ -122,8 +122,10 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
       const int row = blk.row0 + r;
       const int head = blk.kv_head * group + row % group;
       const int64_t token = q_token0 + row / group;
-      x = detail::ToFloat(
-              static_cast<const Element*>(p.q)[(token * p.num_heads + head) * p.head_dim + d]) *
+      const int64_t at = (token * p.num_heads + head) * p.head_dim + d;
+      // q in float32 or in the cache's type (q_dtype): queries are not rounded to the cache's.
+      x = (p.q_dtype == DType::kFloat32 ? static_cast<const float*>(p.q)[at]
+                                        : detail::ToFloat(static_cast<const Element*>(p.q)[at])) *
           scale_log2;
     }
     q_s[idx] = x;

@@ -606,9 +606,10 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     }
   }
 
-  // Per item, at its first chunk: the queries in the cache dtype (kept for the later chunks),
-  // and the new K and V written into its pages. The pages written are the item's own (fresh, or
-  // a last page no other session holds).
+  // Per item, at its first chunk: the queries as sent (kept for the later chunks: in the cache
+  // dtype when they are exactly in it, else in float32; only K and V are rounded to the cache's
+  // type, as the proto says), and the new K and V written into its pages. The pages written are the
+  // item's own (fresh, or a last page no other session holds).
   std::vector<float> tmp;
   for (size_t i = 0; i < items.size(); ++i) {
     ExtendItem& item = *items[i];
@@ -652,8 +653,10 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
       k = projected.data() + L * d;
       v = projected.data() + 2 * L * d;
     }
-    item.queries.resize(static_cast<size_t>(L) * s.num_heads * l.head_dim * esize);
-    Convert(src_type, q, cache, item.queries.data(), L * s.num_heads * l.head_dim, &tmp);
+    item.q_dtype = src_type == cache ? cache : kernels::DType::kFloat32;
+    item.queries.resize(static_cast<size_t>(L) * s.num_heads * l.head_dim *
+                        kernels::DTypeSize(item.q_dtype));
+    Convert(src_type, q, item.q_dtype, item.queries.data(), L * s.num_heads * l.head_dim, &tmp);
     item.attention.assign(static_cast<size_t>(L) * s.num_heads * l.v_head_dim, 0.0f);
     item.lse.assign(item.return_lse ? static_cast<size_t>(L) * s.num_heads : 0, 0.0f);
     // The new K and V in the cache dtype, row t * Hkv + h of the request going to the row of
@@ -676,11 +679,11 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     if (!item.status.ok()) item.status = StoreFailure(item.status, store, *backend, s.id);
   }
 
-  // One PagedAttention call per (layout, query heads, scale): the sequences of a call share
-  // them. Every row's bits depend on its own sequence alone (paged_attention_params.h). An item
-  // computes its next chunk: rows [done_rows, done_rows + rows) of its new tokens, attending to
-  // the cache up to its last row (chunk boundaries depend on the item alone).
-  std::map<std::tuple<const Arena*, int, uint32_t>, std::vector<size_t>> groups;
+  // One PagedAttention call per (layout, query heads, scale, query dtype): the sequences of a
+  // call share them. Every row's bits depend on its own sequence alone (paged_attention_params.h).
+  // An item computes its next chunk: rows [done_rows, done_rows + rows) of its new tokens,
+  // attending to the cache up to its last row (chunk boundaries depend on the item alone).
+  std::map<std::tuple<const Arena*, int, uint32_t, kernels::DType>, std::vector<size_t>> groups;
   std::vector<int64_t> rows_now(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) {
     const ExtendItem& item = *items[i];
@@ -689,13 +692,14 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     const Session& s = *item.lease.session_;
     uint32_t scale_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-    groups[{s.arena, s.num_heads, scale_bits}].push_back(i);
+    groups[{s.arena, s.num_heads, scale_bits, item.q_dtype}].push_back(i);
   }
   for (const auto& [key, members] : groups) {
     const Session& first = *items[members.front()]->lease.session_;
     const Arena& arena = *first.arena;
     const PageLayout& l = arena.layout();
-    const size_t esize = kernels::DTypeSize(l.dtype);
+    const kernels::DType q_dtype = std::get<3>(key);
+    const size_t q_esize = kernels::DTypeSize(q_dtype);
     kernels::PagedAttentionParams p;
     p.num_seqs = static_cast<int>(members.size());
     p.num_heads = first.num_heads;
@@ -704,6 +708,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     p.v_head_dim = l.v_head_dim;
     p.page_size = static_cast<int>(page_tokens);
     p.dtype = l.dtype;
+    p.q_dtype = q_dtype;
     p.store = arena.store();
     p.k_pages = arena.store()->k_base();
     p.v_pages = arena.store()->v_base();
@@ -717,14 +722,14 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     p.max_pages_per_seq = max_pages;
     std::vector<int32_t> table(static_cast<size_t>(p.num_seqs) * max_pages, 0);
     std::vector<int32_t> kv_lens, q_lens, q_offsets;
-    std::vector<uint8_t> q(static_cast<size_t>(total_q) * p.num_heads * p.head_dim * esize);
+    std::vector<uint8_t> q(static_cast<size_t>(total_q) * p.num_heads * p.head_dim * q_esize);
     int64_t offset = 0;
     for (size_t j = 0; j < members.size(); ++j) {
       const ExtendItem& item = *items[members[j]];
       const std::vector<int32_t>& t = item.lease.new_table_;
       std::copy(t.begin(), t.end(), table.begin() + static_cast<int64_t>(j) * max_pages);
       const int64_t rows = rows_now[members[j]];
-      const int64_t row_bytes = int64_t{p.num_heads} * p.head_dim * static_cast<int64_t>(esize);
+      const int64_t row_bytes = int64_t{p.num_heads} * p.head_dim * static_cast<int64_t>(q_esize);
       kv_lens.push_back(static_cast<int32_t>(item.lease.session_->length + item.done_rows + rows));
       q_lens.push_back(static_cast<int32_t>(rows));
       q_offsets.push_back(static_cast<int32_t>(offset));

@@ -183,9 +183,12 @@ struct ExtendItem {
   int64_t length_after = 0;
 
   // Progress of a prefill computed in chunks (SessionOptions::prefill_chunk_tokens).
-  bool written = false;          // pages reserved, K and V cached, queries converted
-  int64_t done_rows = 0;         // new tokens whose attention is computed
-  std::vector<uint8_t> queries;  // [L, Hq, D] in the cache dtype
+  bool written = false;   // pages reserved, K and V cached, queries converted
+  int64_t done_rows = 0;  // new tokens whose attention is computed
+  // [L, Hq, D] in q_dtype: the cache dtype when the request's queries are exactly in it (a
+  // 16-bit request on a cache of its type), else float32. Never rounded to the cache's type.
+  std::vector<uint8_t> queries;
+  kernels::DType q_dtype = kernels::DType::kFloat32;
   std::vector<float> attention;  // [L, Hq, Dv], filled chunk by chunk
   // True when Compute has more chunks to do (the caller queues the item again).
   bool pending() const { return status.ok() && written && done_rows < new_tokens; }

@@ -306,6 +306,7 @@ void Decode(const Flags& f, CpuBackend& backend, StreamArrays& arrays, DType dty
   p.page_size = f.page_size;
   p.max_pages_per_seq = pages_per_seq;
   p.dtype = dtype;
+  p.q_dtype = dtype;
   p.total_q = f.seqs;
   p.scale = 1.0f / std::sqrt(static_cast<float>(f.head_dim));
   const int esize = static_cast<int>(DTypeSize(dtype));

@@ -67,6 +67,8 @@ struct PagedCase {
   // Column 0 of every key of sequence 0, kv head 0, made positive: with q_poison = -Inf every
   // allowed score of the poisoned row is -Inf (rule 2).
   bool k_col0_positive = false;
+  // Queries in float32 (q_dtype FLOAT32) instead of in the cache's dtype.
+  bool float32_queries = false;
 };
 
 // Exact-size storage of `n` elements of `dtype`.
@@ -127,9 +129,10 @@ Result RunPaged(const PagedCase& c, DType dtype) {
   p.page_size = P;
   p.max_pages_per_seq = max_pages_per_seq;
   p.dtype = dtype;
+  p.q_dtype = c.float32_queries ? DType::kFloat32 : dtype;
   Buffer k(dtype, size_t(num_pages) * p.k_page_stride());
   Buffer v(dtype, size_t(num_pages) * p.v_page_stride());
-  Buffer q(dtype, size_t(total_q) * H * D);
+  Buffer q(p.q_dtype, size_t(total_q) * H * D);
   for (size_t i = 0; i < k.n; ++i) k.Set(i, kNaN);  // owned by no sequence until written
   for (size_t i = 0; i < v.n; ++i) v.Set(i, kNaN);
   for (int s = 0; s < S; ++s) {
@@ -275,6 +278,18 @@ TEST_P(PagedAttentionEmuTest, PrefillChunks) {
   c.head_dim = 40;
   c.v_head_dim = 72;
   c.page_size = 1;
+  Check(c);
+}
+
+// Float32 queries over the cache (q_dtype FLOAT32): used as they are, not rounded to the
+// cache's type (the reference reads them as they are; rounding them misses it by about one
+// rounding of q, some 1e-3 for 16-bit caches, against the tolerance of 2e-5), for a decode step
+// and a prefill chunk.
+TEST_P(PagedAttentionEmuTest, Float32QueriesAreNotRounded) {
+  PagedCase c;
+  c.name = "float32_queries";
+  c.seqs = {{1, 300, 41}, {9, 40, 42}};
+  c.float32_queries = true;
   Check(c);
 }
 

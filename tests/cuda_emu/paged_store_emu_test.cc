@@ -282,6 +282,7 @@ TEST_P(PagedStoreEmuTest, AttentionReadsThePagesInPlace) {
   p.page_size = P;
   p.max_pages_per_seq = max_pages;
   p.dtype = dtype;
+  p.q_dtype = dtype;
   p.page_table = table.data();
   p.kv_lens = kv_lens.data();
   p.q_lens = q_lens.data();
@@ -419,6 +420,7 @@ TEST_P(PagedStoreEmuTest, LostAfterADeviceReset) {
   p.page_size = shape.page_size;
   p.max_pages_per_seq = 1;
   p.dtype = shape.dtype;
+  p.q_dtype = shape.dtype;
   p.store = old_store.get();
   p.k_pages = old_store->k_base();
   p.v_pages = old_store->v_base();

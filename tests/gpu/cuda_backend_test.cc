@@ -253,6 +253,7 @@ PagedPool MakePagedPool(DType dtype, const std::vector<std::array<int, 3>>& seqs
   p.head_dim = p.v_head_dim = 128;
   p.page_size = 16;
   p.dtype = dtype;
+  p.q_dtype = dtype;
   int pages = 0, max_pages = 0;
   for (const auto& s : seqs) {
     const int n = (s[1] + p.page_size - 1) / p.page_size;

@@ -10,11 +10,13 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "base/mutex.h"
 #include "gmock/gmock.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
 #include "server/batching/fake_clock.h"
 #include "server/server_host.h"
@@ -310,6 +312,121 @@ TEST_F(SessionTest, HalfPrecisionCachesEqualAnAttendInTheSameDtype) {
     // The same inputs, both computed in float64 and rounded once: within one rounding of the
     // dtype (values are below 1: 2^-8 for bfloat16).
     EXPECT_LE(MaxAbsDiff(got, want), dtype == v1::DTYPE_BFLOAT16 ? 1.0 / 256 : 1e-3);
+  }
+}
+
+// Only keys and values are rounded to the cache's dtype (the proto's CreateSessionRequest):
+// for every cache dtype and every request dtype, prefills and steps (across page and chunk
+// boundaries) agree with a float64 causal attention over the queries as sent and K and V
+// rounded to the request's and then the cache's type, within float32 arithmetic (2e-5 for
+// float32 outputs and every lse) plus, for 16-bit outputs, one rounding of the output. The
+// server once rounded the queries to the cache's type too: off by up to 8e-4 (FLOAT16 cache) or
+// 4e-3 (BFLOAT16) on float32 queries, far outside these bounds. On the reference backend (the
+// server's conversions alone) and the CPU backend (its kernels at this CPU's instruction set;
+// D = 40 is not a whole number of the bfloat16 dot product's pairs).
+TEST_F(SessionTest, OnlyKeysAndValuesAreRoundedToTheCacheDtype) {
+  const v1::Dtype dtypes[] = {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16};
+  auto type_of = [](v1::Dtype d) {
+    return d == v1::DTYPE_FLOAT32   ? kernels::DType::kFloat32
+           : d == v1::DTYPE_FLOAT16 ? kernels::DType::kFloat16
+                                    : kernels::DType::kBFloat16;
+  };
+  // x as a value of type t (rounded to nearest even, as the server rounds).
+  auto round_to = [](kernels::DType t, std::vector<float> x) {
+    if (t == kernels::DType::kFloat32) return x;
+    std::vector<uint16_t> bits(x.size());
+    kernels::FromFloat32(t, x.data(), x.size(), bits.data());
+    kernels::ToFloat32(t, bits.data(), x.size(), x.data());
+    return x;
+  };
+  auto encode = [&](const v1::Tensor& f32, v1::Dtype d) {
+    return d == v1::DTYPE_FLOAT32 ? f32 : Encode(f32, d);
+  };
+  auto decode = [](const v1::Tensor& t) {
+    return t.dtype() == v1::DTYPE_FLOAT32 ? Floats(t) : Decode(t);
+  };
+  constexpr int kHq = 4, kHkv = 2, kD = 40, kDv = 24;
+  const Sequence seq(kHq, kHkv, kD, kDv, 11, 77);
+  for (const bool cpu : {false, true}) {
+    SCOPED_TRACE(cpu ? "cpu backend" : "reference backend");
+    if (host_ != nullptr) TearDown();
+    if (cpu) {
+      auto backend = kernels::cpu::CpuBackend::Create({});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      Start(SmallPages(), *std::move(backend));
+    } else {
+      Start(SmallPages());
+    }
+    for (const v1::Dtype cache : dtypes) {
+      for (const v1::Dtype wire : dtypes) {
+        SCOPED_TRACE(
+            absl::StrCat("cache ", v1::Dtype_Name(cache), ", request ", v1::Dtype_Name(wire)));
+        v1::CreateSessionRequest create;
+        create.mutable_layout()->set_num_heads(kHq);
+        create.mutable_layout()->set_num_kv_heads(kHkv);
+        create.mutable_layout()->set_head_dim(kD);
+        create.mutable_layout()->set_v_head_dim(kDv);
+        create.set_cache_dtype(cache);
+        v1::CreateSessionResponse created;
+        grpc::ClientContext context;
+        ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
+        std::vector<float> out, lse;
+        for (const auto& [from, to] :
+             std::vector<std::pair<int64_t, int64_t>>{{0, 5}, {5, 6}, {6, 11}}) {
+          v1::ExtendSessionRequest r = seq.Extend(created.session().session_id(), from, to);
+          *r.mutable_query() = encode(r.query(), wire);
+          *r.mutable_key() = encode(r.key(), wire);
+          *r.mutable_value() = encode(r.value(), wire);
+          r.set_return_lse(true);
+          v1::ExtendSessionResponse response;
+          const grpc::Status st = Extend(r, &response);
+          ASSERT_TRUE(st.ok()) << st.error_message();
+          ASSERT_EQ(response.output().dtype(), wire);
+          const std::vector<float> o = decode(response.output());
+          const std::vector<float> e = Floats(response.lse());
+          out.insert(out.end(), o.begin(), o.end());
+          lse.insert(lse.end(), e.begin(), e.end());
+        }
+        // The float64 expectation: q as sent; k and v rounded to the request's type, then to
+        // the cache's.
+        const std::vector<float> q = round_to(type_of(wire), seq.q);
+        const std::vector<float> k = round_to(type_of(cache), round_to(type_of(wire), seq.k));
+        const std::vector<float> v = round_to(type_of(cache), round_to(type_of(wire), seq.v));
+        // The unit roundoff of the output type (rounding x moves it by at most |x| times it).
+        const double roundoff = wire == v1::DTYPE_FLOAT32   ? 0.0
+                                : wire == v1::DTYPE_FLOAT16 ? std::ldexp(1.0, -11)
+                                                            : std::ldexp(1.0, -8);
+        double worst_out = 0, worst_lse = 0;
+        for (int64_t t = 0; t < seq.t; ++t) {
+          for (int h = 0; h < kHq; ++h) {
+            const int g = h / (kHq / kHkv);
+            std::vector<double> w(static_cast<size_t>(t + 1));
+            double max_score = -INFINITY;
+            for (int64_t j = 0; j <= t; ++j) {
+              double dot = 0;
+              for (int c = 0; c < kD; ++c) {
+                dot += double{q[(t * kHq + h) * kD + c]} * k[(j * kHkv + g) * kD + c];
+              }
+              w[j] = dot / std::sqrt(double{kD});
+              max_score = std::max(max_score, w[j]);
+            }
+            double sum = 0;
+            for (double& x : w) sum += x = std::exp(x - max_score);
+            worst_lse =
+                std::max(worst_lse, std::abs(lse[t * kHq + h] - (max_score + std::log(sum))));
+            for (int c = 0; c < kDv; ++c) {
+              double want = 0;
+              for (int64_t j = 0; j <= t; ++j) want += w[j] / sum * v[(j * kHkv + g) * kDv + c];
+              const double got = out[(t * kHq + h) * kDv + c];
+              // Beyond the float32 arithmetic's 2e-5: one rounding of the output.
+              worst_out = std::max(worst_out, std::abs(got - want) - std::abs(want) * roundoff);
+            }
+          }
+        }
+        EXPECT_LE(worst_out, 2e-5);
+        EXPECT_LE(worst_lse, 2e-5);
+      }
+    }
   }
 }
 
