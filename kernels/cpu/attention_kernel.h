@@ -1,5 +1,5 @@
 // The ISA-neutral interface of the fused attention kernel (the "launch" side of the split
-// body / launch / instantiation, see STYLE.md 9).
+// body / launch / instantiation, as FlashAttention splits its CUDA kernels).
 //
 // One task computes one block of kQueryBlock query rows of one (batch entry, query head) of an
 // AttentionParams. The body is attention_kernel_impl.h, compiled once per instruction set in its

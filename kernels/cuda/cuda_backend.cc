@@ -294,10 +294,11 @@ std::vector<DeviceInfo> CudaBackend::devices() const {
 std::string CudaBackend::PrecisionPolicy() const {
   return absl::StrCat(
       "cuda: attention operands ", ComputeTypeName(options_.float32_compute),
-      " for FLOAT32 requests (FLOAT16/BFLOAT16 in their own type once the wire dtype reaches "
-      "the backend), float32 accumulation and softmax, probabilities rounded to the operand "
-      "type, float32 output; error <= 2x a cuBLAS attention in the same operand type; "
-      "projections TF32 tensor cores with float32 accumulation and bias");
+      " for FLOAT32 requests (FLOAT16/BFLOAT16 requests in their own type), float32 "
+      "accumulation and softmax, probabilities rounded to the operand type, float32 output; "
+      "error <= 2x a cuBLAS attention in the same operand type; session queries as sent, keys "
+      "and values in the cache dtype, float32 scores; projections TF32 tensor cores with float32 "
+      "accumulation and bias");
 }
 
 CudaMemoryFigures CudaBackend::MemoryFigures() const {

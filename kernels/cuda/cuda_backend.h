@@ -1,8 +1,9 @@
 // The CUDA backend: kernels::Backend on one NVIDIA GPU (sm_80 or newer).
 //
-// A call copies each item's float32 host inputs into pinned staging, then to the device (the
-// copy of one tensor overlaps the packing of the next), converts them to the 16-bit operand
-// type, runs the fused attention kernel (flash_fwd.h), and copies float32 outputs back.
+// A call copies each item's host inputs, in their input_dtype, into pinned staging, then to the
+// device (the copy of one tensor overlaps the packing of the next); float32 inputs are converted
+// there to the 16-bit operand type (16-bit inputs are already in theirs); it runs the fused
+// attention kernel (flash_fwd.h) and copies float32 outputs back.
 // Consecutive items that share heads, head dims, causality and scale and have no mask and no
 // weights are packed into one variable-length launch (cumulative sequence offsets); each
 // (sequence, head, query block) is computed by one thread block over all of its keys in a fixed
@@ -13,13 +14,17 @@
 //
 // Precision (PrecisionPolicy() returns this as one line, for GetServerInfo):
 //   attention  q, k, v rounded to the operand type (bfloat16 by default for FLOAT32 requests,
-//              see CudaBackendOptions::float32_compute), products accumulated in float32,
+//              see CudaBackendOptions::float32_compute; FLOAT16 and BFLOAT16 requests in their
+//              own type, exactly), products accumulated in float32,
 //              softmax in float32, probabilities rounded to the operand type before P.V,
 //              output float32. Expected error against the float64 reference: relative
 //              Frobenius error about 2^-9 (bf16) or 2^-12 (fp16) times a small factor; the
 //              tests bound it by 2 x the error of a plain cuBLAS attention in the same
 //              operand type, + 1e-5.
 //   projections TF32 tensor cores (10-bit mantissa operands), float32 accumulation and bias.
+//   sessions   (PagedAttention) the queries as the server passes them (float32, or the cache
+//              dtype when the request sent them in it), keys and values in the cache dtype,
+//              scores and softmax in float32.
 //
 // Session pages (decode sessions, kernels/page_store.h): NewPageStore gives each head layout the
 // paged kernels take a CudaPageStore: device addresses for its whole capacity (capacity x page
@@ -70,7 +75,8 @@ std::vector<std::string> CudaDeviceNames();
 
 struct CudaBackendOptions {
   // Affects results.
-  // The operand type of FLOAT32 requests (AttentionParams carries no wire dtype yet).
+  // The operand type of FLOAT32 requests (FLOAT16 and BFLOAT16 requests compute in their own
+  // type: AttentionParams::input_dtype).
   // bfloat16 keeps float32's range (no overflow on any finite input) at 8 bits of mantissa;
   // float16 has 11 bits but overflows above 65504. Default: kBFloat16.
   ComputeType float32_compute = ComputeType::kBFloat16;
@@ -129,8 +135,8 @@ class CudaBackend final : public Backend {
   // device lacks them. REQUIRES: the store is destroyed before this backend.
   absl::StatusOr<std::unique_ptr<PageStore>> NewPageStore(const PageStoreShape& shape) override;
 
-  // Attend with an explicit operand type for every item: what FLOAT16 / BFLOAT16 requests use
-  // once AttentionParams carries the wire dtype (their float32 copies convert back exactly).
+  // Attend and MultiHead with one operand type for every item: Attend and MultiHead cut a batch
+  // into runs of one input_dtype and call these with its type (benchmarks call them directly).
   absl::Status AttendAs(absl::Span<const AttentionParams> batch, ComputeType type);
   absl::Status MultiHeadAs(absl::Span<const MultiHeadParams> batch, ComputeType type);
 

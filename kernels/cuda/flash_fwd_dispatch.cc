@@ -64,7 +64,8 @@ const char* FlashPathName(FlashPath path) {
   return "?";
 }
 
-// A switch on the padded head dim, then the type (two levels, STYLE.md 9).
+// A switch on the padded head dim, then the type (two levels, as FlashAttention's
+// static_switch.h dispatch).
 template <ComputeType kType>
 GpuStatus RunTensorCore(const FlashFwdParams& p, cudaStream_t stream) {
   switch (TensorCoreHeadDim(p)) {
