@@ -20,8 +20,9 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "attnserve/v1/attention.grpc.pb.h"
 #include "base/mutex.h"
-#include "client/client.h"
+#include "grpcpp/client_context.h"
 #include "grpcpp/support/client_callback.h"
 
 namespace attnserve {

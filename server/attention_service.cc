@@ -12,8 +12,9 @@
 #include "base/mutex.h"
 #include "base/strings.h"
 #include "server/attention_stream.h"
-#include "server/batching/pushback.h"
+#include "server/auth.h"
 #include "server/request_builder.h"
+#include "server/wire.h"
 
 namespace attnserve::server {
 namespace {
@@ -147,115 +148,6 @@ class WorkThread {
   std::thread thread_;  // last: starts after the members it reads
 };
 
-grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServerContext* context) {
-  if (const std::string reason = sessions::SessionManager::LostReason(status); !reason.empty()) {
-    context->AddTrailingMetadata("attnserve-session-lost", reason);
-  }
-  // gRFC A6's retry pushback: gRPC's retry policy and the bundled clients' throttles wait this
-  // long before their next call.
-  if (const std::optional<int64_t> ms = batching::PushbackMs(status)) {
-    context->AddTrailingMetadata("grpc-retry-pushback-ms", std::to_string(*ms));
-  }
-  return ToGrpcStatus(status);
-}
-
-grpc::Status ToGrpcStatus(const absl::Status& status) {
-  if (status.ok()) return grpc::Status::OK;
-  // Bounded: a client's 8 KiB metadata limit must see the real error (base/strings.h).
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), BoundMessage(status.message()));
-}
-
-bool ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message* message) {
-  grpc::ByteBuffer copy(bytes);  // shares the slices; Deserialize consumes its argument
-  return grpc::SerializationTraits<google::protobuf::Message>::Deserialize(&copy, message).ok();
-}
-
-void SerializeMessage(const google::protobuf::Message& message, grpc::ByteBuffer* bytes) {
-  bool own_buffer = false;
-  grpc::SerializationTraits<google::protobuf::Message>::Serialize(message, bytes, &own_buffer)
-      .IgnoreError();
-}
-
-namespace {
-
-// Appends a protobuf varint.
-void AppendVarint(uint64_t value, std::string* out) {
-  while (value >= 0x80) {
-    out->push_back(static_cast<char>((value & 0x7F) | 0x80));
-    value >>= 7;
-  }
-  out->push_back(static_cast<char>(value));
-}
-
-// A length-delimited field's tag (wire type 2).
-char LengthDelimitedTag(int field_number) { return static_cast<char>((field_number << 3) | 2); }
-
-}  // namespace
-
-template <typename Response>
-void SerializeResponse(Job* job, absl::Time now, grpc::ByteBuffer* bytes) {
-  static_assert(Response::kOutputFieldNumber < 16 && v1::Tensor::kDataFieldNumber < 16,
-                "one-byte tags");
-  if (job->dtype != kernels::DType::kFloat32) {
-    Response response;
-    FillResponse(*job, now, &response);
-    ReleaseBuffers(job);
-    SerializeMessage(response, bytes);
-    return;
-  }
-  // Everything but the output's data, as protobuf writes it...
-  Response response;
-  if (!job->weights_shape.empty()) {
-    WriteTensor(job->dtype, job->weights, job->weights_shape, response.mutable_weights());
-  }
-  WriteTiming(job->timing, now, response.mutable_timing());
-  v1::Tensor head;  // the output's dtype and shape
-  head.set_dtype(v1::DTYPE_FLOAT32);
-  for (int64_t d : job->out_shape) head.add_shape(d);
-  auto* data = new std::vector<float>(std::move(job->out));
-  ReleaseBuffers(job);
-  const size_t data_bytes = data->size() * sizeof(float);
-  std::string wire = response.SerializeAsString();
-  // ...then the output field by hand: tag, length, dtype and shape, then the data field's tag
-  // and length, whose bytes follow as the second slice.
-  std::string data_prefix;
-  data_prefix.push_back(LengthDelimitedTag(v1::Tensor::kDataFieldNumber));
-  AppendVarint(data_bytes, &data_prefix);
-  const std::string head_bytes = head.SerializeAsString();
-  wire.push_back(LengthDelimitedTag(Response::kOutputFieldNumber));
-  AppendVarint(head_bytes.size() + data_prefix.size() + data_bytes, &wire);
-  wire += head_bytes;
-  wire += data_prefix;
-  const grpc::Slice slices[2] = {
-      grpc::Slice(wire),
-      grpc::Slice(
-          data->data(), data_bytes,
-          [](void* buffer) { delete static_cast<std::vector<float>*>(buffer); }, data)};
-  grpc::ByteBuffer(slices, 2).Swap(bytes);
-}
-
-template void SerializeResponse<v1::AttendResponse>(Job*, absl::Time, grpc::ByteBuffer*);
-template void SerializeResponse<v1::MultiHeadAttentionResponse>(Job*, absl::Time,
-                                                                grpc::ByteBuffer*);
-
-absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& auth_token) {
-  if (auth_token.empty()) return absl::OkStatus();
-  const auto& metadata = context.client_metadata();
-  auto it = metadata.find("authorization");
-  if (it == metadata.end()) {
-    return absl::UnauthenticatedError("this server requires 'authorization: Bearer <token>'");
-  }
-  const std::string expected = "Bearer " + auth_token;
-  const grpc::string_ref& got = it->second;
-  // Compare in constant time, so the answer's timing says nothing about the token.
-  unsigned char diff = got.size() == expected.size() ? 0 : 1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    diff |= static_cast<unsigned char>(got.data()[i] ^ expected[i % expected.size()]);
-  }
-  if (diff != 0) return absl::UnauthenticatedError("the bearer token is not valid");
-  return absl::OkStatus();
-}
-
 void FillModuleInfo(const Module& module, v1::ModuleInfo* info) {
   info->set_name(module.name);
   info->set_d_model(module.weights.d_model);
@@ -384,7 +276,6 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
         (*job)->request = std::move(request);
         (*job)->timing.arrival = call->arrival();
         (*job)->call = std::move(call);
-        (*job)->dispatcher = dispatcher_;
         if (!HasWork(**job)) {
           (*job)->Finish(absl::OkStatus());  // every step failed validation: answered
           return;

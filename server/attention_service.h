@@ -149,29 +149,6 @@ class AttentionService final : public AttentionServiceBase {
   std::unique_ptr<WorkThread> loader_;
 };
 
-// OK, or UNAUTHENTICATED when `auth_token` is set and the call does not carry it.
-absl::Status Authorize(const grpc::CallbackServerContext& context, const std::string& auth_token);
-
-// Parses a message from the bytes of a raw method; false when they are not one.
-bool ParseMessage(const grpc::ByteBuffer& bytes, google::protobuf::Message* message);
-// Serialises a message for a raw method.
-void SerializeMessage(const google::protobuf::Message& message, grpc::ByteBuffer* bytes);
-
-// Serialises the response of a computed Attend or MultiHeadAttention job (what FillResponse
-// writes) for a raw method, moving a float32 output once: its bytes are not copied into the
-// message and again into the ByteBuffer, but handed to gRPC as a slice of their own that owns the
-// job's output buffer (job->out is left empty). The output comes last on the wire, which
-// protobuf parsers accept in any order. Other dtypes: FillResponse, then SerializeMessage.
-template <typename Response>
-void SerializeResponse(Job* job, absl::Time now, grpc::ByteBuffer* bytes);
-
-// absl::Status -> grpc::Status (the canonical codes share their numbers).
-grpc::Status ToGrpcStatus(const absl::Status& status);
-
-// A unary call's status, with the trailing metadata "attnserve-session-lost: <reason>" added to
-// `context` when the status says a session was lost.
-grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServerContext* context);
-
 // Fills a ModuleInfo from a loaded module.
 void FillModuleInfo(const Module& module, v1::ModuleInfo* info);
 

@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/strings.h"
-#include "server/attention_service.h"
 #include "server/request_builder.h"
+#include "server/wire.h"
 
 namespace attnserve::server {
 namespace {
@@ -179,7 +179,6 @@ void AttentionStreamReactor::Handle() {
   (*job)->request = std::move(owned);
   (*job)->timing.arrival = call->arrival();
   (*job)->call = std::move(call);
-  (*job)->dispatcher = context_.dispatcher;
   if (!HasWork(**job)) return (*job)->Finish(absl::OkStatus());
   context_.dispatcher->Submit(*std::move(job));
 }

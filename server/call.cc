@@ -7,7 +7,6 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "server/dispatcher.h"
 
 namespace attnserve::server {
 
@@ -21,17 +20,17 @@ absl::Duration DeadlineSkew(absl::Time arrival, absl::Time deadline) {
   return std::clamp((deadline - arrival) / 2, absl::Milliseconds(50), absl::Seconds(1));
 }
 
-Caller::Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
+Caller::Caller(const grpc::CallbackServerContext& context, CancellationListener* listener)
     : deadline_(DeadlineOf(context)),
       connection_(absl::HashOf(context.peer())),
-      dispatcher_(dispatcher) {}
+      listener_(listener) {}
 
-Caller::Caller(absl::Time deadline, uint64_t connection, Dispatcher* dispatcher)
-    : deadline_(deadline), connection_(connection), dispatcher_(dispatcher) {}
+Caller::Caller(absl::Time deadline, uint64_t connection, CancellationListener* listener)
+    : deadline_(deadline), connection_(connection), listener_(listener) {}
 
 void Caller::Cancel() {
   if (cancelled_.exchange(true, std::memory_order_acq_rel)) return;
-  if (dispatcher_ != nullptr) dispatcher_->NotifyCancelled();
+  if (listener_ != nullptr) listener_->NotifyCancelled();
 }
 
 Call::Call(metrics::Metrics* metrics, metrics::Rpc rpc, const Caller* caller, Responder respond)

@@ -30,17 +30,26 @@
 
 namespace attnserve::server {
 
-class Dispatcher;
 struct Job;
+
+// What hears of a caller's cancellation: the dispatcher (dispatcher.h), so that the caller's
+// queued requests leave at once. NotifyCancelled never blocks.
+class CancellationListener {
+ public:
+  virtual void NotifyCancelled() = 0;
+
+ protected:
+  ~CancellationListener() = default;
+};
 
 // Thread-safe.
 class Caller {
  public:
-  // `context` is read here only (deadline, peer). `dispatcher` (may be null for calls that never
-  // queue) hears of cancellations; it outlives the caller.
-  Caller(const grpc::CallbackServerContext& context, Dispatcher* dispatcher);
+  // `context` is read here only (deadline, peer). `listener` (the dispatcher; may be null for
+  // calls that never queue) hears of cancellations; it outlives the caller.
+  Caller(const grpc::CallbackServerContext& context, CancellationListener* listener);
   // A caller without a gRPC call (tests): the given deadline and connection.
-  Caller(absl::Time deadline, uint64_t connection, Dispatcher* dispatcher);
+  Caller(absl::Time deadline, uint64_t connection, CancellationListener* listener);
 
   absl::Time deadline() const { return deadline_; }
   // A hash of the peer address: requests of one connection share one fair share of the queue.
@@ -54,7 +63,7 @@ class Caller {
  private:
   const absl::Time deadline_;
   const uint64_t connection_;
-  Dispatcher* const dispatcher_;
+  CancellationListener* const listener_;
   std::atomic<bool> cancelled_{false};
 };
 

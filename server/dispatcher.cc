@@ -20,7 +20,10 @@ absl::StatusOr<std::unique_ptr<BatchingDispatcher>> BatchingDispatcher::Create(
   d->executor_ = executor;
   auto batcher = Batcher::Create(
       batcher_options,
-      [executor](const std::string&, Batcher::Batch batch) { executor->Run(std::move(batch)); },
+      // A prefill's next chunk is queued again here, behind what arrived meanwhile.
+      [d = d.get()](const std::string&, Batcher::Batch batch) {
+        for (auto& job : d->executor_->Run(std::move(batch))) d->Submit(std::move(job));
+      },
       [](std::unique_ptr<Job> job, absl::Status status, batching::DropReason why) {
         job->Finish(std::move(status), ToMetrics(why));
       });

@@ -21,7 +21,7 @@
 namespace attnserve::server {
 
 // Thread-safe.
-class Dispatcher {
+class Dispatcher : public CancellationListener {
  public:
   virtual ~Dispatcher() = default;
 
@@ -34,7 +34,7 @@ class Dispatcher {
   virtual void Submit(std::unique_ptr<Job> job) = 0;
 
   // A queued job's caller has cancelled: drop cancelled jobs from the queue soon. Never blocks.
-  virtual void NotifyCancelled() = 0;
+  void NotifyCancelled() override = 0;
 
   // Stops accepting, computes what is queued for up to `grace`, answers what is left
   // UNAVAILABLE and joins the threads. Idempotent.

@@ -3,11 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/dispatcher.h"
 
 namespace attnserve::server {
 
-void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
+std::vector<std::unique_ptr<Job>> Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
   if (!batch.empty() && batch.front()->kind == JobKind::kSessionExtend) {
     const absl::Time start = absl::Now();
     for (auto& job : batch) {
@@ -17,6 +16,7 @@ void Executor::Run(std::vector<std::unique_ptr<Job>> batch) {
     return RunExtends(std::move(batch), start);
   }
   Answer(Compute(std::move(batch)));
+  return {};
 }
 
 Executor::Computed Executor::Compute(std::vector<std::unique_ptr<Job>> batch) {
@@ -76,7 +76,9 @@ void Executor::Answer(Computed computed) {
   }
 }
 
-void Executor::RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time start) {
+std::vector<std::unique_ptr<Job>> Executor::RunExtends(std::vector<std::unique_ptr<Job>> live,
+                                                       absl::Time start) {
+  std::vector<std::unique_ptr<Job>> next_chunk;
   std::vector<sessions::ExtendItem*> items;
   sessions::SessionManager* manager = live.front()->session_manager;
   for (const auto& job : live) {
@@ -107,16 +109,17 @@ void Executor::RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time sta
             std::min(item->new_tokens - item->done_rows, manager->options().prefill_chunk_tokens);
       }
     }
-    if (pending_tokens > 0 && deliverable && job->dispatcher != nullptr) {
+    if (pending_tokens > 0 && deliverable) {
       // A prefill's next chunk queues behind what arrived meanwhile (decode steps first).
       job->tokens = pending_tokens;
-      job->dispatcher->Submit(std::move(job));
+      next_chunk.push_back(std::move(job));
       continue;
     }
     for (auto& item : job->session_items) item->lease.End(deliverable && item->status.ok());
     job->Finish(job->session_batch ? absl::OkStatus() : job->session_items.front()->status);
     job.reset();
   }
+  return next_chunk;
 }
 
 }  // namespace attnserve::server

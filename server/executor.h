@@ -22,8 +22,10 @@ class Executor {
   // Computes `batch` (jobs of one signature, so one kind) with one backend call, fills each
   // job's timing and calls Finish on every job: OK, or the backend's error for all of them.
   // (The batcher has already dropped jobs that were cancelled or expired.) Records queue time,
-  // batch size, compute time and floating-point operations in the metrics.
-  void Run(std::vector<std::unique_ptr<Job>> batch);
+  // batch size, compute time and floating-point operations in the metrics. Returns the session
+  // extends whose prefill has another chunk to compute, unanswered, their `tokens` set to that
+  // chunk's: the caller (the dispatcher) queues them again.
+  [[nodiscard]] std::vector<std::unique_ptr<Job>> Run(std::vector<std::unique_ptr<Job>> batch);
 
   // Run() in two steps, for a caller that computes on its own thread and answers once it has
   // let others compute (Batcher::RunNowOrSchedule): Compute() records the metrics and fills the
@@ -38,7 +40,8 @@ class Executor {
  private:
   // Session extends (JobKind::kSessionExtend): computed by their SessionManager, committed or
   // rolled back, answered.
-  void RunExtends(std::vector<std::unique_ptr<Job>> live, absl::Time start);
+  std::vector<std::unique_ptr<Job>> RunExtends(std::vector<std::unique_ptr<Job>> live,
+                                               absl::Time start);
 
   kernels::Backend* backend_;
   metrics::Metrics* metrics_;

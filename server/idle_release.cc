@@ -36,7 +36,11 @@ void IdleReleaser::Run() {
   bool released = true;  // a fresh server holds nothing worth releasing
   MutexLock lock(&mu_);
   while (!stopping_) {
-    clock_->WaitUntil(&mu_, &cv_, clock_->Now() + period);
+    // A look happens only once `period` has passed on the clock: WaitUntil may return early
+    // (spuriously, or a FakeClock's poll), and a look before its time would see a call that
+    // arrived since the last look one period too soon.
+    const absl::Time next = clock_->Now() + period;
+    while (!stopping_ && clock_->Now() < next) clock_->WaitUntil(&mu_, &cv_, next);
     if (stopping_) break;
     const Activity now = activity_();
     const absl::Time t = clock_->Now();

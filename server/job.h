@@ -67,8 +67,6 @@ struct Job {
   std::vector<std::unique_ptr<sessions::ExtendItem>> session_items;
   bool session_batch = false;
   sessions::SessionManager* session_manager = nullptr;
-  // Where the next chunk of a prefill computed in chunks is queued (set by the service).
-  Dispatcher* dispatcher = nullptr;
 
   // Shapes of the outputs, for the response.
   std::vector<int64_t> out_shape;

@@ -23,6 +23,7 @@
 #include "server/batching/cost_model.h"
 #include "server/call.h"
 #include "server/server_host.h"
+#include "server/wire.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/gated_server.h"
 #include "tests/testing/requests.h"

@@ -15,6 +15,7 @@
 #include "server/attention_service.h"
 #include "server/request_builder.h"
 #include "server/server_host.h"
+#include "server/wire.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/requests.h"
 #include "tests/testing/seed_vectors.h"
