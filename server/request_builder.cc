@@ -1,6 +1,9 @@
 #include "server/request_builder.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <initializer_list>
 #include <limits>
 
 #include "absl/container/flat_hash_set.h"
@@ -446,6 +449,71 @@ absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRe
 namespace {
 
 // Validates one extend against its session and takes the session's lease.
+// The index of the first NaN or infinity among the `n` elements of a float tensor's bytes, or
+// -1. Blocks of 256 elements are tested without a branch (vectorised), and only a block that
+// holds one is searched.
+int64_t FirstNonFinite(kernels::DType dtype, const std::string& bytes, int64_t n) {
+  const char* data = bytes.data();
+  const auto scan = [&](auto zero, uint32_t exponent) -> int64_t {
+    using Bits = decltype(zero);
+    const auto bad = [&](int64_t i) {
+      Bits b;
+      std::memcpy(&b, data + i * sizeof(Bits), sizeof(Bits));
+      return (b & exponent) == exponent;
+    };
+    constexpr int64_t kBlock = 256;
+    for (int64_t begin = 0; begin < n; begin += kBlock) {
+      const int64_t end = std::min(n, begin + kBlock);
+      bool any = false;
+      for (int64_t i = begin; i < end; ++i) any |= bad(i);
+      if (!any) continue;
+      for (int64_t i = begin; i < end; ++i) {
+        if (bad(i)) return i;
+      }
+    }
+    return -1;
+  };
+  switch (dtype) {
+    case kernels::DType::kFloat32:
+      return scan(uint32_t{0}, 0x7f800000u);
+    case kernels::DType::kFloat16:
+      return scan(uint16_t{0}, 0x7c00u);
+    case kernels::DType::kBFloat16:
+      return scan(uint16_t{0}, 0x7f80u);
+    case kernels::DType::kBool:
+      break;
+  }
+  return -1;
+}
+
+// Keys and values (or a module session's inputs, whose projections they become) stay in the
+// cache: a NaN or an infinity there would make every later step of the session NaN. Refused,
+// naming the element. `dims` names the tensor's dimensions, for the message.
+absl::Status CheckCacheable(const v1::Tensor& t, absl::string_view field,
+                            std::initializer_list<absl::string_view> dims) {
+  const kernels::DType dtype = WireDType(t.dtype()).value();
+  int64_t n = 1;
+  for (int64_t d : t.shape()) n *= d;
+  const int64_t at = FirstNonFinite(dtype, t.data(), n);
+  if (at < 0) return absl::OkStatus();
+  float value;
+  kernels::ToFloat32(dtype, t.data().data() + at * kernels::DTypeSize(dtype), 1, &value);
+  std::string where;
+  int64_t rest = at;
+  std::vector<int64_t> index(t.shape_size());
+  for (int i = t.shape_size() - 1; i >= 0; --i) {
+    index[i] = rest % t.shape(i);
+    rest /= t.shape(i);
+  }
+  int i = 0;
+  for (absl::string_view d : dims) {
+    absl::StrAppend(&where, i == 0 ? "" : ", ", d, " ", index[i]);
+    ++i;
+  }
+  return Invalid(field, " must be finite: it is cached, and would make every later step of the ",
+                 "session NaN; was ", value, " at element ", at, " (", where, ")");
+}
+
 absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::SessionManager& manager,
                             const Limits& limits, sessions::ExtendItem* item) {
   if (r.session_id().empty()) return Invalid("session_id is required");
@@ -486,6 +554,7 @@ absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::Session
                                   item->module_name, "' (", item->module->d_model, "); was ",
                                   first.shape(1)));
     }
+    if (auto s = CheckCacheable(first, "input", {"token", "column"}); !s.ok()) return s;
     item->input = first.data().data();
     return absl::OkStatus();
   }
@@ -517,6 +586,8 @@ absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::Session
   if (auto s = dim(v, "value", 0, L, "new tokens, query.shape[0],"); !s.ok()) return s;
   if (auto s = dim(v, "value", 1, item->num_kv_heads, "num_kv_heads"); !s.ok()) return s;
   if (auto s = dim(v, "value", 2, item->v_head_dim, "v_head_dim"); !s.ok()) return s;
+  if (auto s = CheckCacheable(k, "key", {"token", "kv head", "column"}); !s.ok()) return s;
+  if (auto s = CheckCacheable(v, "value", {"token", "kv head", "column"}); !s.ok()) return s;
   item->q = q.data().data();
   item->k = k.data().data();
   item->v = v.data().data();

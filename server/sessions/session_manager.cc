@@ -147,6 +147,17 @@ std::string SessionManager::LostReason(const absl::Status& status) {
   return end == absl::string_view::npos ? "" : std::string(rest.substr(0, end));
 }
 
+bool SessionManager::IdOrder::operator()(const std::string& a, const std::string& b) const {
+  const size_t ca = a.rfind('/') + 1, cb = b.rfind('/') + 1;  // npos + 1 = 0: no slash
+  const absl::string_view pa(a.data(), ca), pb(b.data(), cb);
+  if (pa != pb) return pa < pb;
+  // Numbers without leading zeros (as issued) compare by length, then digit by digit; any other
+  // text after the last slash still orders strictly (by length, then text).
+  const size_t na = a.size() - ca, nb = b.size() - cb;
+  if (na != nb) return na < nb;
+  return absl::string_view(a).substr(ca) < absl::string_view(b).substr(cb);
+}
+
 absl::StatusOr<std::unique_ptr<SessionManager>> SessionManager::Create(
     const SessionOptions& options, metrics::Metrics* metrics) {
   if (options.idle_ttl <= absl::ZeroDuration()) {

@@ -276,7 +276,12 @@ class SessionManager {
   std::string owner_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
   uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // Ids in the order ListSessions pages through them: by their text up to the number, then by
+  // the number's value ("o/i/9" before "o/i/10").
+  struct IdOrder {
+    bool operator()(const std::string& a, const std::string& b) const;
+  };
+  std::map<std::string, std::shared_ptr<Session>, IdOrder> sessions_ ABSL_GUARDED_BY(mu_);
   // Least recently used first.
   std::list<Session*> lru_ ABSL_GUARDED_BY(mu_);
   int64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;

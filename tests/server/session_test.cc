@@ -506,6 +506,58 @@ TEST_F(SessionTest, ModuleSessionsEqualMultiHeadAttentionAndTheSeedVectors) {
   }
 }
 
+// Unloading a module leaves the sessions bound to it working on its weights (they hold them),
+// until they are closed or lost; new sessions cannot bind to it.
+TEST_F(SessionTest, AnUnloadedModulesSessionsKeepItsWeights) {
+  Start(SmallPages());
+  auto c = testing::LoadSeedCase("causal");
+  ASSERT_TRUE(c.ok()) << c.status();
+  v1::LoadModuleRequest load;
+  load.set_name("m");
+  load.set_safetensors(c->bytes);
+  v1::LoadModuleResponse loaded;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
+  }
+  const int64_t d = c->weights.d_model, t = c->q_len;
+  const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);
+  v1::CreateSessionRequest create;
+  create.set_module("m");
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  v1::CreateSessionResponse created;
+  {
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
+  }
+  auto extend = [&](int64_t from, int64_t to) {
+    v1::ExtendSessionRequest r;
+    r.set_session_id(created.session().session_id());
+    *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
+    v1::ExtendSessionResponse response;
+    const grpc::Status st = Extend(r, &response);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return Floats(response.output());
+  };
+  std::vector<float> got = extend(0, t / 2);
+  {
+    v1::UnloadModuleRequest unload;
+    unload.set_name("m");
+    v1::UnloadModuleResponse unloaded;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->UnloadModule(&context, unload, &unloaded).ok());
+  }
+  for (int64_t from = t / 2; from < t; ++from) {
+    const std::vector<float> out = extend(from, from + 1);
+    got.insert(got.end(), out.begin(), out.end());
+  }
+  const std::vector<float> torch(c->expected_output.begin(), c->expected_output.begin() + t * d);
+  EXPECT_LE(MaxAbsDiff(got, torch), 1e-4);
+  grpc::ClientContext context;
+  EXPECT_EQ(stub_->CreateSession(&context, create, &created).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(SessionTest, ForksDivergeWithoutTouchingTheParent) {
   Start(SmallPages());
   const Sequence a(2, 2, 4, 4, 12, 21);  // parent: tokens 0..5 then a's 6..11
@@ -638,6 +690,19 @@ TEST_F(SessionTest, PinnedSessionsAreNeverEvictedAndHoldAtMostTheirShare) {
   grpc::Status st = Extend(s.Extend(pinned, 8, 9), &response);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(st.error_message(), HasSubstr("--session_max_pinned_fraction"));
+  // A pinned fork counts the two pages it shares with its pinned parent again (the proto's
+  // ForkSessionRequest.pinned): over the share, refused; unpinned, it forks.
+  {
+    v1::ForkSessionRequest fork;
+    fork.set_session_id(pinned);
+    fork.set_pinned(true);
+    v1::ForkSessionResponse forked;
+    grpc::ClientContext context;
+    st = stub_->ForkSession(&context, fork, &forked);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(st.error_message(), HasSubstr("fork it unpinned"));
+  }
+  ASSERT_TRUE(Close(Fork(pinned)).ok());
   v1::CreateSessionRequest create;
   create.mutable_layout()->set_num_heads(1);
   create.mutable_layout()->set_num_kv_heads(1);
@@ -716,8 +781,20 @@ TEST_F(SessionTest, AnIdleSessionExpiresOnTheInjectedClock) {
   options.sessions.idle_ttl = absl::Seconds(10);
   Start(options);
   const std::string a = CreateRaw(1, 1, 4, 4), b = CreateRaw(1, 1, 4, 4);
+  // A TTL above the server's is capped to it, and said so.
+  v1::CreateSessionRequest long_ttl;
+  long_ttl.mutable_layout()->set_num_heads(1);
+  long_ttl.mutable_layout()->set_num_kv_heads(1);
+  long_ttl.mutable_layout()->set_head_dim(4);
+  long_ttl.set_cache_dtype(v1::DTYPE_FLOAT32);
+  long_ttl.set_idle_ttl_us(3'600'000'000);
+  v1::CreateSessionResponse created;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->CreateSession(&context, long_ttl, &created).ok());
+  EXPECT_EQ(created.session().idle_ttl_us(), 10'000'000);
   clock.Advance(absl::Seconds(6));
-  ASSERT_TRUE(Get(a).ok());  // refreshes a, not b
+  ASSERT_TRUE(Get(a).ok());          // describing is using: refreshes a
+  EXPECT_EQ(Usage().sessions(), 3);  // listing is not: b is not refreshed
   clock.Advance(absl::Seconds(6));
   EXPECT_TRUE(Get(a).ok());
   std::string lost;
@@ -727,8 +804,8 @@ TEST_F(SessionTest, AnIdleSessionExpiresOnTheInjectedClock) {
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(st.error_message(), HasSubstr("session lost (expired)"));
   EXPECT_EQ(lost, "expired");
-  EXPECT_EQ(Usage().sessions(), 1);
-  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"expired\""}), 1);
+  EXPECT_EQ(Usage().sessions(), 1);  // a; the capped one expired with b
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"expired\""}), 2);
 }
 
 TEST_F(SessionTest, AnIdOfAnotherInstanceIsLostRestartedAndBadIdsAreRefused) {
@@ -887,27 +964,27 @@ TEST_F(SessionTest, StreamItemsExtendSessions) {
 
 TEST_F(SessionTest, ListSessionsPagesThroughEverySessionByIdOnce) {
   Start(SmallPages());
-  std::set<std::string> created;
-  for (int i = 0; i < 5; ++i) created.insert(CreateRaw(1, 1, 4, 4));
+  // Twelve: ids numbered 1 to 12, which are listed in that order ("/10" after "/9", not after
+  // "/1" as text would have it), the order they were created in.
+  std::vector<std::string> created;
+  for (int i = 0; i < 12; ++i) created.push_back(CreateRaw(1, 1, 4, 4));
   std::vector<std::string> listed;
   std::string token;
   int pages = 0;
   do {
     v1::ListSessionsRequest r;
-    r.set_page_size(2);
+    r.set_page_size(5);
     r.set_page_token(token);
     v1::ListSessionsResponse response;
     grpc::ClientContext context;
     ASSERT_TRUE(stub_->ListSessions(&context, r, &response).ok());
     for (const auto& info : response.sessions()) listed.push_back(info.session_id());
-    EXPECT_EQ(response.usage().sessions(), 5);
+    EXPECT_EQ(response.usage().sessions(), 12);
     token = response.next_page_token();
     ++pages;
   } while (!token.empty() && pages < 10);
   EXPECT_EQ(pages, 3);
-  EXPECT_TRUE(std::is_sorted(listed.begin(), listed.end()));
-  EXPECT_EQ(std::set<std::string>(listed.begin(), listed.end()), created);
-  EXPECT_EQ(listed.size(), created.size());
+  EXPECT_EQ(listed, created);
   v1::ListSessionsRequest bad;
   bad.set_page_token("not-a-token");
   v1::ListSessionsResponse response;
@@ -957,6 +1034,51 @@ TEST_F(SessionTest, BadRequestsNameTheFieldAndTheValue) {
   EXPECT_EQ(info.length(), 0);
   const Sequence right(2, 1, 4, 4, 2, 1);
   EXPECT_TRUE(Extend(right.Extend(id, 0, 2), &response).ok());  // not left busy
+}
+
+// Keys and values stay in the cache, where a NaN or an infinity would make every later step NaN:
+// they are refused, naming the element, in every dtype, and nothing is appended. Queries are
+// not cached: a NaN query makes its own rows NaN (attention_params.h's NaN rule) and no others.
+TEST_F(SessionTest, NonFiniteKeysAndValuesAreRefusedAndNeverCached) {
+  Start(SmallPages());
+  const std::string id = CreateRaw(2, 1, 4, 4);
+  const Sequence s(2, 1, 4, 4, 4, 5);
+  for (const v1::Dtype dtype : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+    for (const bool in_value : {false, true}) {
+      for (const float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+        SCOPED_TRACE(absl::StrCat(v1::Dtype_Name(dtype), in_value ? " value " : " key ", bad));
+        Sequence poisoned = s;
+        // Token 2, kv head 0, column 3: element 2 * 4 + 3 = 11.
+        (in_value ? poisoned.v : poisoned.k)[11] = bad;
+        v1::ExtendSessionRequest r = poisoned.Extend(id, 0, 3);
+        if (dtype != v1::DTYPE_FLOAT32) {
+          *r.mutable_query() = Encode(r.query(), dtype);
+          *r.mutable_key() = Encode(r.key(), dtype);
+          *r.mutable_value() = Encode(r.value(), dtype);
+        }
+        v1::ExtendSessionResponse response;
+        const grpc::Status st = Extend(r, &response);
+        EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+        EXPECT_THAT(st.error_message(),
+                    HasSubstr(absl::StrCat(in_value ? "value" : "key", " must be finite")));
+        EXPECT_THAT(st.error_message(), HasSubstr("at element 11 (token 2, kv head 0, column 3)"));
+        v1::SessionInfo info;
+        ASSERT_TRUE(Get(id, &info).ok());
+        EXPECT_EQ(info.length(), 0);
+      }
+    }
+  }
+  Sequence nan_query = s;
+  nan_query.q[1 * 2 * 4 + 0] = std::nanf("");  // token 1, head 0
+  v1::ExtendSessionResponse response;
+  ASSERT_TRUE(Extend(nan_query.Extend(id, 0, 3), &response).ok());
+  const std::vector<float> out = Floats(response.output());  // [3, 2, 4]
+  for (size_t e = 0; e < out.size(); ++e) {
+    EXPECT_EQ(std::isnan(out[e]), e / 4 == 2) << e;  // row (token 1, head 0) only
+  }
+  // The cache holds no NaN: the next step's rows are all finite.
+  ASSERT_TRUE(Extend(s.Extend(id, 3, 4), &response).ok());
+  for (float x : Floats(response.output())) EXPECT_TRUE(std::isfinite(x));
 }
 
 // Thousands of create / extend / fork / extend / close cycles through the manager itself leave

@@ -149,7 +149,9 @@ class AttentionServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def UnloadModule(self, request, context):
-        """Removes a module. Requests already running with it finish normally.
+        """Removes a module. Requests already running with it finish normally. Sessions bound to it
+        keep its weights and go on extending (its memory is freed with the last of them); new
+        sessions cannot bind to it (CreateSession: NOT_FOUND).
         Errors: NOT_FOUND, PERMISSION_DENIED (as LoadModule).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -186,7 +188,10 @@ class AttentionServiceServicer(object):
         "):" and tells the caller to create a new session and prefill it again; the same reason is
         in the trailing metadata key "attnserve-session-lost" of unary calls. An id this server
         never issued, or one already closed, is NOT_FOUND; an id that is not well-formed is
-        INVALID_ARGUMENT.
+        INVALID_ARGUMENT. An id of this server's owner but of another instance is lost (restarted):
+        the server cannot tell a predecessor's id from one no process issued, and a predecessor's
+        is the only way a caller comes by one. An id of another owner is NOT_FOUND, naming the
+        replica it belongs to.
 
         Creates an empty session. Errors: INVALID_ARGUMENT (a bad layout or dtype), NOT_FOUND (the
         module is not loaded), RESOURCE_EXHAUSTED (limits.max_sessions reached; or pinning over
@@ -216,7 +221,8 @@ class AttentionServiceServicer(object):
     def ExtendSessions(self, request, context):
         """Many sessions' extends in one message, answered in one message (the disaggregated
         micro-batch: N sessions x 1 token), computed as one batch. Each item succeeds or fails on
-        its own (per-item code and message, as the stream's); a session may appear only once.
+        its own (per-item code and message, as the stream's); a session may appear only once: its
+        first item is computed, each later one fails INVALID_ARGUMENT naming its index.
         Errors of the call itself: UNAUTHENTICATED, INVALID_ARGUMENT (no items), UNAVAILABLE,
         DEADLINE_EXCEEDED.
         """
@@ -244,15 +250,19 @@ class AttentionServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def GetSession(self, request, context):
-        """One session's state. Errors: NOT_FOUND, FAILED_PRECONDITION (lost).
+        """One session's state. Describing a session counts as using it: its idle time restarts (the
+        answer reports the idle time before this call) and it becomes the most recently used.
+        Errors: NOT_FOUND, FAILED_PRECONDITION (lost).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
-        """The sessions of this server, by id, a page at a time, and the pool's usage. Never fails
-        except UNAUTHENTICATED and INVALID_ARGUMENT (a bad page_token).
+        """The sessions of this server, a page at a time, in the order of their ids' numbers (the
+        order they were created in: ".../9" before ".../10"), and the pool's usage. Listing does not
+        count as using a session. Never fails except UNAUTHENTICATED and INVALID_ARGUMENT (a bad
+        page_token).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
