@@ -62,6 +62,12 @@ class Backend {
   // unspecified and the caller fails the whole batch.
   virtual absl::Status Attend(absl::Span<const AttentionParams> batch) = 0;
   virtual absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) = 0;
+  // Computes every projection of `batch` (multi_head.h: the projections of module sessions,
+  // whose attention runs through PagedAttention), in the precision of this backend's MultiHead
+  // projections for the same input type. Batch invariant as Attend: a row's bits depend on its
+  // item alone. Same contract as Attend. The default is the reference (float64 arithmetic,
+  // rounded to float32 once).
+  virtual absl::Status Project(absl::Span<const ProjectionParams> batch);
   // Attention of the sequences' new queries over their paged KV caches (decode sessions;
   // paged_attention_params.h), writing p.out (and p.lse when non-null). The pages are in
   // p.store when it is set (a store of this backend's NewPageStore), else in host memory; every

@@ -85,6 +85,33 @@ struct MultiHeadParams {
   float scale = 1.0f;
 };
 
+// One projection with a module's weights (nn.Linear), as decode sessions bound to a module use
+// them: y = x · Wᵀ + b for the `rows` rows of x [rows, d_model] (element type x_type, row-major,
+// contiguous) into y [rows, n()] float32. kQkv: W_q, W_k and W_v stacked (w_qkv, n = 3·d_model):
+// each row of y holds the row's Q, then K, then V, projected by one GEMM. kOut: W_o (n =
+// d_model). Buffers belong to the caller and outlive the call.
+struct ProjectionParams {
+  enum class Weights { kQkv, kOut };
+  const MultiHeadWeights* module = nullptr;
+  Weights weights = Weights::kQkv;
+  const void* x = nullptr;
+  DType x_type = DType::kFloat32;  // kFloat32, kFloat16 or kBFloat16
+  int64_t rows = 0;
+  float* y = nullptr;
+  // The dtype of the request the projection serves: the precision is that of a MultiHead
+  // request of this input_dtype (a backend may compute BFLOAT16 requests' projections with
+  // bfloat16 operands, also the output projection, whose x is float32).
+  DType request_dtype = DType::kFloat32;
+
+  int n() const { return weights == Weights::kQkv ? 3 * module->d_model : module->d_model; }
+  const float* w() const {
+    return weights == Weights::kQkv ? module->w_qkv.data() : module->w_o.data();
+  }
+  const float* bias() const {
+    return weights == Weights::kQkv ? module->b_qkv.data() : module->b_o.data();
+  }
+};
+
 // Where a backend put the projected Q, K and V of a multi-head request: row-major [B·L, ·]
 // buffers of element type `dtype`, head t of a row at columns [t·d_k, (t+1)·d_k), with row
 // strides in elements (3·d_model for a fused QKV buffer, d_model or 2·d_model otherwise).

@@ -323,6 +323,17 @@ void ReferencePagedAttention(const PagedAttentionParams& p) {
   }
 }
 
+absl::Status Backend::Project(absl::Span<const ProjectionParams> batch) {
+  for (const ProjectionParams& p : batch) {
+    const int dm = p.module->d_model;
+    std::vector<float> x(static_cast<size_t>(p.rows) * dm);
+    ToFloat32(p.x_type, p.x, x.size(), x.data());
+    const std::vector<double> y = Linear(x.data(), p.rows, dm, p.w(), p.bias(), p.n());
+    for (size_t i = 0; i < y.size(); ++i) p.y[i] = static_cast<float>(y[i]);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Backend::PagedAttention(const PagedAttentionParams& p) {
   if (p.store != nullptr && p.store->on_device()) {
     return absl::InternalError(

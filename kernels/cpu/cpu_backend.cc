@@ -78,6 +78,43 @@ void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, cons
   }
 }
 
+// Runs projection tasks on the pool, one task per chunk of rows (GemmRowChunk). `bf16_kernel`
+// rounds inputs to bfloat16 for tasks with w16 set (REQUIRES it then).
+void RunGemms(ThreadPool& pool, const Bf16AttentionKernel* bf16_kernel,
+              const std::vector<GemmTask>& tasks) {
+  pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+    const GemmTask& g = tasks[t];
+    const size_t x_size = DTypeSize(g.x_type);
+    const char* x = static_cast<const char*>(g.x);
+    if (g.w16 != nullptr) {
+      // bfloat16 operands: x as it is when it is bfloat16, else rounded chunk-wise.
+      if (g.x_type == DType::kBFloat16) {
+        LinearBf16(reinterpret_cast<const uint16_t*>(x), g.ldx, g.rows, g.k, g.w16, g.bias, g.n,
+                   g.y, g.y_type, g.ldy);
+        return;
+      }
+      ScratchBuffer scratch(ScratchUse::kTask, g.rows * g.k * 2);
+      uint16_t* x16 = reinterpret_cast<uint16_t*>(scratch.data());
+      for (int64_t r = 0; r < g.rows; ++r) {
+        bf16_kernel->to_bf16(g.x_type, x + r * g.ldx * x_size, g.k, x16 + r * g.k);
+      }
+      LinearBf16(x16, g.k, g.rows, g.k, g.w16, g.bias, g.n, g.y, g.y_type, g.ldy);
+      return;
+    }
+    float* y = static_cast<float*>(g.y);
+    if (g.x_type == DType::kFloat32) {
+      Linear(reinterpret_cast<const float*>(x), g.ldx, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);
+      return;
+    }
+    // 16-bit inputs: this chunk's rows widened (exactly) into the thread's scratch.
+    ScratchBuffer scratch(ScratchUse::kTask, g.rows * g.k * int64_t{4});
+    float* xf = scratch.floats();
+    for (int64_t r = 0; r < g.rows; ++r)
+      ToFloat32(g.x_type, x + r * g.ldx * x_size, g.k, xf + r * g.k);
+    Linear(xf, g.k, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);
+  });
+}
+
 }  // namespace
 
 namespace {
@@ -324,42 +361,26 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
             &outputs);
   }
 
-  auto run_gemms = [&](const std::vector<GemmTask>& tasks) {
-    pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
-      const GemmTask& g = tasks[t];
-      const size_t x_size = DTypeSize(g.x_type);
-      const char* x = static_cast<const char*>(g.x);
-      if (g.w16 != nullptr) {
-        // bfloat16 operands: x as it is when it is bfloat16, else rounded chunk-wise.
-        if (g.x_type == DType::kBFloat16) {
-          LinearBf16(reinterpret_cast<const uint16_t*>(x), g.ldx, g.rows, g.k, g.w16, g.bias, g.n,
-                     g.y, g.y_type, g.ldy);
-          return;
-        }
-        ScratchBuffer scratch(ScratchUse::kTask, g.rows * g.k * 2);
-        uint16_t* x16 = reinterpret_cast<uint16_t*>(scratch.data());
-        for (int64_t r = 0; r < g.rows; ++r) {
-          bf16_kernel_->to_bf16(g.x_type, x + r * g.ldx * x_size, g.k, x16 + r * g.k);
-        }
-        LinearBf16(x16, g.k, g.rows, g.k, g.w16, g.bias, g.n, g.y, g.y_type, g.ldy);
-        return;
-      }
-      float* y = static_cast<float*>(g.y);
-      if (g.x_type == DType::kFloat32) {
-        Linear(reinterpret_cast<const float*>(x), g.ldx, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);
-        return;
-      }
-      // 16-bit inputs: this chunk's rows widened (exactly) into the thread's scratch.
-      ScratchBuffer scratch(ScratchUse::kTask, g.rows * g.k * int64_t{4});
-      float* xf = scratch.floats();
-      for (int64_t r = 0; r < g.rows; ++r)
-        ToFloat32(g.x_type, x + r * g.ldx * x_size, g.k, xf + r * g.k);
-      Linear(xf, g.k, g.rows, g.k, g.w, g.bias, g.n, y, g.ldy);
-    });
-  };
-  run_gemms(projections);
+  RunGemms(pool_, bf16_kernel_, projections);
   RunAttention(attention);
-  run_gemms(outputs);
+  RunGemms(pool_, bf16_kernel_, outputs);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Project(absl::Span<const ProjectionParams> batch) {
+  std::vector<GemmTask> tasks;
+  for (const ProjectionParams& p : batch) {
+    const MultiHeadWeights& w = *p.module;
+    const bool bf16 = ComputesInBf16(p.request_dtype);
+    const uint16_t* w16 = nullptr;
+    if (bf16) {
+      w16 = p.weights == ProjectionParams::Weights::kQkv ? w.w_qkv_bf16().data()
+                                                         : w.w_o_bf16().data();
+    }
+    AddGemm(p.x, p.x_type, w.d_model, p.rows, w.d_model, p.w(), w16, p.bias(), p.n(), p.y,
+            DType::kFloat32, p.n(), &tasks);
+  }
+  RunGemms(pool_, bf16_kernel_, tasks);
   return absl::OkStatus();
 }
 

@@ -86,6 +86,8 @@ class CpuBackend final : public Backend {
   std::vector<DeviceInfo> devices() const override;
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+  // On the pool, in chunks of rows fixed by each item's row count, as MultiHead's projections.
+  absl::Status Project(absl::Span<const ProjectionParams> batch) override;
   // Float32 arithmetic on the widened cache, vectorised for the backend's Isa
   // (paged_attention_kernel.h says how a row's bits are fixed), on the pool. With a 16-bit path
   // (bf16_isa not kNone) and Isa kAvx512, the scores of BFLOAT16 caches are AVX512_BF16 dot

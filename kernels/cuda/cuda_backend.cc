@@ -715,6 +715,62 @@ absl::Status CudaBackend::MultiHeadAs(absl::Span<const MultiHeadParams> batch, C
   return absl::OkStatus();
 }
 
+absl::Status CudaBackend::Project(absl::Span<const ProjectionParams> batch) {
+  if (batch.empty()) return absl::OkStatus();
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
+  Worker* w = AcquireWorker();
+  absl::Cleanup release = [&] { ReleaseWorker(w); };
+  for (const ProjectionParams& p : batch) {
+    absl::Status s = RunProjection(w, p);
+    if (!s.ok()) {
+      cudaStreamSynchronize(w->stream);
+      return MarkFaulted(std::move(s));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::RunProjection(Worker* w, const ProjectionParams& p) {
+  const int dm = p.module->d_model, n = p.n();
+  const int64_t rows = p.rows;
+  Layout host;
+  const size_t h_x = host.Add(rows * dm * sizeof(float));
+  const size_t h_y = host.Add(rows * n * sizeof(float));
+  absl::Status st = ReservePinned(w, host.size());
+  if (!st.ok()) return st;
+  Layout dev;
+  const size_t d_x = dev.Add(rows * dm * sizeof(float));
+  const size_t d_w = dev.Add(size_t(n) * dm * sizeof(float));
+  const size_t d_b = dev.Add(size_t(n) * sizeof(float));
+  const size_t d_y = dev.Add(rows * n * sizeof(float));
+  const size_t d_lt = dev.Add(kLtWorkspaceBytes);
+  st = ReserveDevice(w, dev.size());
+  if (!st.ok()) return st;
+  char* base = w->device;
+  cudaStream_t stream = w->stream;
+  auto h2d = [&](size_t dev_off, const void* src, size_t bytes, const char* what) {
+    return CudaCheck(cudaMemcpyAsync(base + dev_off, src, bytes, cudaMemcpyHostToDevice, stream),
+                     what);
+  };
+  // 16-bit inputs widened (exactly) while they are staged, as MultiHead's.
+  float* x = At<float>(w->pinned, h_x);
+  ToFloat32(p.x_type, p.x, rows * dm, x);
+  RETURN_IF_GPU_ERROR(h2d(d_x, x, rows * dm * sizeof(float), "copying projection inputs"));
+  RETURN_IF_GPU_ERROR(h2d(d_w, p.w(), size_t(n) * dm * sizeof(float), "copying weights"));
+  RETURN_IF_GPU_ERROR(h2d(d_b, p.bias(), size_t(n) * sizeof(float), "copying the bias"));
+  RETURN_IF_GPU_ERROR(LinearForward({At<float>(base, d_x), At<float>(base, d_w),
+                                     At<float>(base, d_b), At<float>(base, d_y), rows, dm, n},
+                                    w->lt, w->blas, At<void>(base, d_lt), kLtWorkspaceBytes,
+                                    stream));
+  float* y = At<float>(w->pinned, h_y);
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(y, At<float>(base, d_y), rows * n * sizeof(float),
+                                                cudaMemcpyDeviceToHost, stream),
+                                "copying projections back"));
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(stream), "projection"));
+  std::memcpy(p.y, y, rows * n * sizeof(float));
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type) {
   const MultiHeadWeights& m = *p.module;
   const int dm = m.d_model, h = m.num_heads, dk = m.head_dim();

@@ -120,6 +120,9 @@ class CudaBackend final : public Backend {
   std::string float32_precision() const override { return PrecisionPolicy(); }
   absl::Status Attend(absl::Span<const AttentionParams> batch) override;
   absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override;
+  // On the device, as MultiHead's projections (TF32 tensor cores, float32 accumulation and
+  // bias): the inputs staged in float32, one GEMM per item, y copied back.
+  absl::Status Project(absl::Span<const ProjectionParams> batch) override;
   // Pages in a store of this backend's (p.store->on_device()): the call stages only the
   // queries, the page table and the lengths, and the paged kernel (paged_attention.h) reads the
   // pages in device memory; FAILED_PRECONDITION when the store is lost(). Pages in host memory
@@ -167,6 +170,7 @@ class CudaBackend final : public Backend {
   absl::Status RunAttentionGroup(Worker* w, absl::Span<const AttentionParams> items,
                                  ComputeType type);
   absl::Status RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type);
+  absl::Status RunProjection(Worker* w, const ProjectionParams& p);
   absl::Status RunPagedAttention(Worker* w, const PagedAttentionParams& p);
 
   const CudaBackendOptions options_;

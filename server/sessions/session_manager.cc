@@ -11,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/cpu/projection.h"
 #include "kernels/paged_attention_params.h"
 #include "server/metrics/metrics.h"
 
@@ -83,6 +82,12 @@ absl::StatusOr<ParsedId> ParseId(absl::string_view id) {
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A failure of the backend itself, for an extend.
+absl::Status BackendFailure(const kernels::Backend& backend, const absl::Status& status) {
+  return absl::InternalError(
+      absl::StrCat("backend ", backend.name(), " failed: ", status.message()));
+}
+
 // Converts `n` elements from `from` to `to` (both float types).
 void Convert(kernels::DType from, const void* src, kernels::DType to, void* dst, int64_t n,
              std::vector<float>* tmp) {
@@ -93,6 +98,18 @@ void Convert(kernels::DType from, const void* src, kernels::DType to, void* dst,
   tmp->resize(static_cast<size_t>(n));
   kernels::ToFloat32(from, src, static_cast<size_t>(n), tmp->data());
   kernels::FromFloat32(to, tmp->data(), static_cast<size_t>(n), dst);
+}
+
+// Converts `rows` rows of `cols` elements, `src_ld` elements apart in src (0: contiguous), to
+// contiguous rows of `to` in dst.
+void ConvertRows(kernels::DType from, const void* src, int64_t src_ld, kernels::DType to, void* dst,
+                 int64_t rows, int64_t cols, std::vector<float>* tmp) {
+  if (src_ld == 0 || src_ld == cols) return Convert(from, src, to, dst, rows * cols, tmp);
+  const size_t in = kernels::DTypeSize(from), out = kernels::DTypeSize(to);
+  for (int64_t r = 0; r < rows; ++r) {
+    Convert(from, static_cast<const char*>(src) + r * src_ld * in, to,
+            static_cast<char*>(dst) + r * cols * out, cols, tmp);
+  }
 }
 
 // A failure of the pool's store (a device's) for session `id`: the session is lost when the
@@ -617,6 +634,32 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     }
   }
 
+  // Module items at their first chunk: Q, K and V projected by the backend, one GEMM per item
+  // (W_q, W_k, W_v stacked: row t of projected[i] is token t's Q, K, V), all items in one call.
+  std::vector<std::vector<float>> projected(items.size());
+  {
+    std::vector<kernels::ProjectionParams> batch;
+    std::vector<size_t> which;
+    for (size_t i = 0; i < items.size(); ++i) {
+      ExtendItem& item = *items[i];
+      if (!item.status.ok() || item.written || item.module == nullptr) continue;
+      projected[i].resize(static_cast<size_t>(item.new_tokens) * 3 * item.module->d_model);
+      batch.push_back({.module = item.module.get(),
+                       .weights = kernels::ProjectionParams::Weights::kQkv,
+                       .x = item.input,
+                       .x_type = item.wire_dtype,
+                       .rows = item.new_tokens,
+                       .y = projected[i].data(),
+                       .request_dtype = item.wire_dtype});
+      which.push_back(i);
+    }
+    if (!batch.empty()) {
+      if (absl::Status st = backend->Project(batch); !st.ok()) {
+        for (size_t i : which) items[i]->status = BackendFailure(*backend, st);
+      }
+    }
+  }
+
   // Per item, at its first chunk: the queries as sent (kept for the later chunks: in the cache
   // dtype when they are exactly in it, else in float32; only K and V are rounded to the cache's
   // type, as the proto says), and the new K and V written into its pages. The pages written are the
@@ -641,42 +684,31 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
         continue;
       }
     }
-    // Sources of q, k, v rows: the request's bytes (raw) or the projections (module).
-    kernels::DType src_type = item.wire_dtype;
-    const void* q = item.q;
-    const void* k = item.k;
-    const void* v = item.v;
-    std::vector<float> projected;
-    if (item.module != nullptr) {
-      const kernels::MultiHeadWeights& w = *item.module;
-      const int64_t d = w.d_model;
-      std::vector<float> x(static_cast<size_t>(L * d));
-      kernels::ToFloat32(item.wire_dtype, item.input, x.size(), x.data());
-      projected.resize(static_cast<size_t>(3 * L * d));
-      kernels::cpu::Linear(x.data(), d, L, w.d_model, w.w_q(), w.b_q(), w.d_model, projected.data(),
-                           d);
-      kernels::cpu::Linear(x.data(), d, L, w.d_model, w.w_k(), w.b_k(), w.d_model,
-                           projected.data() + L * d, d);
-      kernels::cpu::Linear(x.data(), d, L, w.d_model, w.w_v(), w.b_v(), w.d_model,
-                           projected.data() + 2 * L * d, d);
-      src_type = kernels::DType::kFloat32;
-      q = projected.data();
-      k = projected.data() + L * d;
-      v = projected.data() + 2 * L * d;
-    }
+    // Sources of q, k, v rows: the request's bytes (raw: [L, H, D] each, token t's rows
+    // contiguous) or the projections (module: token t's Q, K and V side by side).
+    const kernels::DType src_type =
+        item.module != nullptr ? kernels::DType::kFloat32 : item.wire_dtype;
+    const int64_t q_row = int64_t{s.num_heads} * l.head_dim;     // elements per token
+    const int64_t k_row = int64_t{l.num_kv_heads} * l.head_dim;  // (module: all d_model)
+    const int64_t v_row = int64_t{l.num_kv_heads} * l.v_head_dim;
+    const float* y = projected[i].data();
+    const void* q = item.module != nullptr ? y : item.q;
+    const void* k = item.module != nullptr ? y + q_row : item.k;
+    const void* v = item.module != nullptr ? y + q_row + k_row : item.v;
+    const int64_t src_ld = item.module != nullptr ? q_row + k_row + v_row : 0;  // 0: contiguous
     item.q_dtype = src_type == cache ? cache : kernels::DType::kFloat32;
-    item.queries.resize(static_cast<size_t>(L) * s.num_heads * l.head_dim *
-                        kernels::DTypeSize(item.q_dtype));
-    Convert(src_type, q, item.q_dtype, item.queries.data(), L * s.num_heads * l.head_dim, &tmp);
+    item.queries.resize(static_cast<size_t>(L * q_row) * kernels::DTypeSize(item.q_dtype));
+    ConvertRows(src_type, q, src_ld, item.q_dtype, item.queries.data(), L, q_row, &tmp);
     item.attention.assign(static_cast<size_t>(L) * s.num_heads * l.v_head_dim, 0.0f);
     item.lse.assign(item.return_lse ? static_cast<size_t>(L) * s.num_heads : 0, 0.0f);
     // The new K and V in the cache dtype, row t * Hkv + h of the request going to the row of
     // (its page, h, its slot) in the store: one WriteRows per item (one copy to a device).
     const int64_t rows = L * l.num_kv_heads;
-    std::vector<uint8_t> k_rows(static_cast<size_t>(rows * l.head_dim) * esize);
-    std::vector<uint8_t> v_rows(static_cast<size_t>(rows * l.v_head_dim) * esize);
-    Convert(src_type, k, cache, k_rows.data(), rows * l.head_dim, &tmp);
-    Convert(src_type, v, cache, v_rows.data(), rows * l.v_head_dim, &tmp);
+    std::vector<uint8_t> k_rows(static_cast<size_t>(L * k_row) * esize);
+    std::vector<uint8_t> v_rows(static_cast<size_t>(L * v_row) * esize);
+    ConvertRows(src_type, k, src_ld, cache, k_rows.data(), L, k_row, &tmp);
+    ConvertRows(src_type, v, src_ld, cache, v_rows.data(), L, v_row, &tmp);
+    std::vector<float>().swap(projected[i]);
     std::vector<int64_t> dst(static_cast<size_t>(rows));
     for (int64_t t = 0; t < L; ++t) {
       const int64_t pos = s.length + t;
@@ -695,6 +727,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
   // An item computes its next chunk: rows [done_rows, done_rows + rows) of its new tokens,
   // attending to the cache up to its last row (chunk boundaries depend on the item alone).
   std::map<std::tuple<const Arena*, int, uint32_t, kernels::DType>, std::vector<size_t>> groups;
+  std::vector<ExtendItem*> finished_modules;
   std::vector<int64_t> rows_now(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) {
     const ExtendItem& item = *items[i];
@@ -762,8 +795,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     for (size_t j = 0; j < members.size(); ++j) {
       ExtendItem& item = *items[members[j]];
       if (!status.ok()) {
-        item.status = absl::InternalError(
-            absl::StrCat("backend ", backend->name(), " failed: ", status.message()));
+        item.status = BackendFailure(*backend, status);
         continue;
       }
       const int64_t L = item.new_tokens;
@@ -777,18 +809,38 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
       }
       item.done_rows += rows;
       if (item.done_rows < L) continue;  // more chunks to come
-      if (item.module != nullptr) {
-        const kernels::MultiHeadWeights& w = *item.module;
-        item.out.resize(static_cast<size_t>(L) * w.d_model);
-        kernels::cpu::Linear(item.attention.data(), w.d_model, L, w.d_model, w.w_o.data(),
-                             w.b_o.data(), w.d_model, item.out.data(), w.d_model);
-        std::vector<float>().swap(item.attention);
-      } else {
-        item.out = std::move(item.attention);
-      }
       std::vector<uint8_t>().swap(item.queries);
+      if (item.module != nullptr) {
+        finished_modules.push_back(&item);  // W_o below, for all of them at once
+        continue;
+      }
+      item.out = std::move(item.attention);
       item.length_after = item.lease.session_->length + L;
       item.lease.computed_ = true;
+    }
+  }
+  // Module items whose attention is complete: the output projection (W_o), one backend call.
+  if (!finished_modules.empty()) {
+    std::vector<kernels::ProjectionParams> batch;
+    for (ExtendItem* item : finished_modules) {
+      item->out.resize(static_cast<size_t>(item->new_tokens) * item->module->d_model);
+      batch.push_back({.module = item->module.get(),
+                       .weights = kernels::ProjectionParams::Weights::kOut,
+                       .x = item->attention.data(),
+                       .x_type = kernels::DType::kFloat32,
+                       .rows = item->new_tokens,
+                       .y = item->out.data(),
+                       .request_dtype = item->wire_dtype});
+    }
+    const absl::Status status = backend->Project(batch);
+    for (ExtendItem* item : finished_modules) {
+      std::vector<float>().swap(item->attention);
+      if (!status.ok()) {
+        item->status = BackendFailure(*backend, status);
+        continue;
+      }
+      item->length_after = item->lease.session_->length + item->new_tokens;
+      item->lease.computed_ = true;
     }
   }
   if (metrics_ != nullptr) {

@@ -454,54 +454,65 @@ TEST_F(SessionTest, LogSumExpIsThatOfEachNewQuerysScores) {
   }
 }
 
+// On the reference backend and on the CPU backend (whose Project runs the projections on its
+// pool, in chunks of rows, as its MultiHead does).
 TEST_F(SessionTest, ModuleSessionsEqualMultiHeadAttentionAndTheSeedVectors) {
-  Start(SmallPages());
-  for (const std::string name : {"causal", "seed_demo"}) {
-    SCOPED_TRACE(name);
-    auto c = testing::LoadSeedCase(name);
-    ASSERT_TRUE(c.ok()) << c.status();
-    v1::LoadModuleRequest load;
-    load.set_name("seed_" + name);
-    load.set_safetensors(c->bytes);
-    v1::LoadModuleResponse loaded;
-    {
+  for (const bool cpu : {false, true}) {
+    if (host_ != nullptr) TearDown();
+    if (cpu) {
+      auto backend = kernels::cpu::CpuBackend::Create({});
+      ASSERT_TRUE(backend.ok()) << backend.status();
+      Start(SmallPages(), *std::move(backend));
+    } else {
+      Start(SmallPages());
+    }
+    for (const std::string name : {"causal", "seed_demo"}) {
+      SCOPED_TRACE(absl::StrCat(name, cpu ? " on the cpu backend" : " on the reference backend"));
+      auto c = testing::LoadSeedCase(name);
+      ASSERT_TRUE(c.ok()) << c.status();
+      v1::LoadModuleRequest load;
+      load.set_name("seed_" + name);
+      load.set_safetensors(c->bytes);
+      v1::LoadModuleResponse loaded;
+      {
+        grpc::ClientContext context;
+        ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
+      }
+      const int64_t d = c->weights.d_model, t = c->q_len;
+      const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);  // batch item 0
+      v1::CreateSessionRequest create;
+      create.set_module("seed_" + name);
+      create.set_cache_dtype(v1::DTYPE_FLOAT32);
+      v1::CreateSessionResponse created;
+      {
+        grpc::ClientContext context;
+        ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
+      }
+      std::vector<float> got;
+      for (int64_t from = 0; from < t;) {
+        const int64_t to = from == 0 ? t / 2 : from + 1;
+        v1::ExtendSessionRequest r;
+        r.set_session_id(created.session().session_id());
+        *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
+        v1::ExtendSessionResponse response;
+        ASSERT_TRUE(Extend(r, &response).ok());
+        const std::vector<float> out = Floats(response.output());
+        got.insert(got.end(), out.begin(), out.end());
+        from = to;
+      }
+      v1::MultiHeadAttentionRequest mha;
+      mha.set_module("seed_" + name);
+      *mha.mutable_query() = F32(input, {1, t, d});
+      mha.mutable_options()->set_causal(true);
+      v1::MultiHeadAttentionResponse expected;
       grpc::ClientContext context;
-      ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
-    }
-    const int64_t d = c->weights.d_model, t = c->q_len;
-    const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);  // batch item 0
-    v1::CreateSessionRequest create;
-    create.set_module("seed_" + name);
-    create.set_cache_dtype(v1::DTYPE_FLOAT32);
-    v1::CreateSessionResponse created;
-    {
-      grpc::ClientContext context;
-      ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
-    }
-    std::vector<float> got;
-    for (int64_t from = 0; from < t;) {
-      const int64_t to = from == 0 ? t / 2 : from + 1;
-      v1::ExtendSessionRequest r;
-      r.set_session_id(created.session().session_id());
-      *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
-      v1::ExtendSessionResponse response;
-      ASSERT_TRUE(Extend(r, &response).ok());
-      const std::vector<float> out = Floats(response.output());
-      got.insert(got.end(), out.begin(), out.end());
-      from = to;
-    }
-    v1::MultiHeadAttentionRequest mha;
-    mha.set_module("seed_" + name);
-    *mha.mutable_query() = F32(input, {1, t, d});
-    mha.mutable_options()->set_causal(true);
-    v1::MultiHeadAttentionResponse expected;
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->MultiHeadAttention(&context, mha, &expected).ok());
-    EXPECT_LE(MaxAbsDiff(got, Floats(expected.output())), 1e-4);
-    if (name == "causal") {  // its mask is the causal one: PyTorch's numbers
-      const std::vector<float> torch(c->expected_output.begin(),
-                                     c->expected_output.begin() + t * d);
-      EXPECT_LE(MaxAbsDiff(got, torch), 1e-4);
+      ASSERT_TRUE(stub_->MultiHeadAttention(&context, mha, &expected).ok());
+      EXPECT_LE(MaxAbsDiff(got, Floats(expected.output())), 1e-4);
+      if (name == "causal") {  // its mask is the causal one: PyTorch's numbers
+        const std::vector<float> torch(c->expected_output.begin(),
+                                       c->expected_output.begin() + t * d);
+        EXPECT_LE(MaxAbsDiff(got, torch), 1e-4);
+      }
     }
   }
 }

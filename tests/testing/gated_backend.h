@@ -62,6 +62,10 @@ class GatedBackend final : public kernels::Backend {
     Enter(static_cast<int>(batch.size()), rows);
     return inner_->MultiHead(batch);
   }
+  // Module sessions' projections: not gated (their extends are gated at PagedAttention).
+  absl::Status Project(absl::Span<const kernels::ProjectionParams> batch) override {
+    return inner_->Project(batch);
+  }
   // A batch of session steps: its size is the number of sequences.
   absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
     Enter(p.num_seqs, p.total_q);

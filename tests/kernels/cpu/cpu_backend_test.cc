@@ -595,6 +595,47 @@ TEST_P(CpuBackendIsaTest, MultiHeadIsBatchInvariant) {
   }
 }
 
+// Project (module sessions' projections): the float64 reference's values within float32 GEMM
+// error, for W_qkv (Q, K and V side by side in each row) and W_o; and the bits of an item do
+// not depend on its batch companions, its position or the thread count (600 rows: several row
+// chunks).
+TEST_P(CpuBackendIsaTest, ProjectMatchesReferenceAndIsBatchInvariant) {
+  const MultiHeadWeights w = RandomWeights(128, 4, 1);
+  const MultiHeadWeights w2 = RandomWeights(64, 2, 2);
+  const std::vector<float> x = RandomVector(600 * 128, 3);
+  const std::vector<float> other = RandomVector(50 * 64, 4);
+  using Weights = ProjectionParams::Weights;
+  auto params = [](const MultiHeadWeights& m, Weights which, const std::vector<float>& in,
+                   int64_t rows, std::vector<float>* out) {
+    ProjectionParams p{.module = &m, .weights = which, .x = in.data(), .rows = rows};
+    out->assign(rows * p.n(), NAN);
+    p.y = out->data();
+    return p;
+  };
+  for (const Weights which : {Weights::kQkv, Weights::kOut}) {
+    SCOPED_TRACE(which == Weights::kQkv ? "W_qkv" : "W_o");
+    std::vector<float> want, expected, out, out_other;
+    ReferenceBackend reference;
+    ASSERT_TRUE(reference.Project({params(w, which, x, 600, &want)}).ok());
+    ASSERT_TRUE(MakeBackend(GetParam(), 1)->Project({params(w, which, x, 600, &expected)}).ok());
+    double err = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      err = std::max(err, std::abs(double{expected[i]} - want[i]) / (1 + std::abs(want[i])));
+    }
+    EXPECT_LE(err, 1e-5);
+    for (int threads : {1, 2, 3}) {
+      std::unique_ptr<CpuBackend> backend = MakeBackend(GetParam(), threads);
+      for (int position = 0; position <= 1; ++position) {
+        SCOPED_TRACE(::testing::Message() << threads << " threads, position " << position);
+        std::vector<ProjectionParams> batch = {params(w2, which, other, 50, &out_other)};
+        batch.insert(batch.begin() + position, params(w, which, x, 600, &out));
+        ASSERT_TRUE(backend->Project(batch).ok());
+        ASSERT_EQ(std::memcmp(out.data(), expected.data(), out.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
 TEST_P(CpuBackendIsaTest, ConcurrentCallsAgree) {
   AttentionCase a({.batch = 2,
                    .num_heads = 4,
