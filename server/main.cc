@@ -268,8 +268,8 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   const pthread_t main_thread = pthread_self();
 
-  auto backend = attnserve::server::MakeBackend(options.backend, options.backend_threads,
-                                                options.cpu_float32_precision);
+  auto backend = attnserve::kernels::MakeBackend(options.backend, options.backend_threads,
+                                                 options.cpu_float32_precision);
   if (!backend.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", backend.status().ToString().c_str());
     return 2;

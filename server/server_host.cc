@@ -20,8 +20,8 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/server_interceptor.h"
+#include "kernels/backend_factory.h"
 #include "kernels/reference.h"
-#include "server/backend_factory.h"
 #include "server/version.h"
 
 namespace attnserve::server {
@@ -176,7 +176,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
                                                               metrics::Metrics* metrics) {
   auto backend =
-      MakeBackend(options.backend, options.backend_threads, options.cpu_float32_precision);
+      kernels::MakeBackend(options.backend, options.backend_threads, options.cpu_float32_precision);
   if (!backend.ok()) return backend.status();
   return Start(options, *std::move(backend), metrics);
 }

@@ -1,4 +1,4 @@
-// The CUDA backend as a plugin the server loads with dlopen (server/backend_factory.cc).
+// The CUDA backend as a plugin the server loads with dlopen (kernels/backend_factory.cc).
 //
 // Why a plugin: linked into the server, cuBLAS's large static TLS block would be carved out of
 // every thread's stack, and libraries that start threads with small stacks (civetweb, under the

@@ -3,7 +3,7 @@
 //
 // The requests are attnserve-bench's own (client/bench/workload.h, the same shapes, dtype and
 // seed), turned into jobs by the server's own request builder (server/request_builder.h) and
-// computed by the backend the server would make (server/backend_factory.h) one request per
+// computed by the backend the server would make (kernels/backend_factory.h) one request per
 // batch, as a server computes a lone caller's calls. Nothing else runs in the process, so its
 // CPU time over the timed calls is the backend's (its thread pool included).
 //
@@ -20,7 +20,7 @@
 #include "absl/flags/parse.h"
 #include "absl/time/clock.h"
 #include "client/bench/workload.h"
-#include "server/backend_factory.h"
+#include "kernels/backend_factory.h"
 #include "server/module_registry.h"
 #include "server/request_builder.h"
 
@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
   auto job = mha ? server::BuildMultiHeadJob(*request.mha, modules, limits)
                  : server::BuildAttendJob(*request.attend, limits);
   if (!job.ok()) return Fail(std::string(job.status().message()));
-  auto backend = server::MakeBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_threads));
+  auto backend =
+      attnserve::kernels::MakeBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_threads));
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
 
   auto call = [&]() -> absl::Status {

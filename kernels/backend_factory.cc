@@ -1,4 +1,4 @@
-#include "server/backend_factory.h"
+#include "kernels/backend_factory.h"
 
 #include <dlfcn.h>
 #include <unistd.h>
@@ -16,11 +16,11 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/reference.h"
 
-namespace attnserve::server {
+namespace attnserve::kernels {
 namespace {
 
 // The plugin's entry point (kernels/cuda/cuda_plugin.cc).
-using CreateFn = int (*)(kernels::Backend** backend, char* message, size_t message_size);
+using CreateFn = int (*)(Backend** backend, char* message, size_t message_size);
 
 std::string ExecutableDir() {
   std::vector<char> path(4096);
@@ -45,42 +45,44 @@ std::vector<std::string> PluginCandidates() {
 // (slept after the compute). For tests and load experiments that need a slow server whose
 // compute time does not depend on the machine: no CPU quota, no float64 reference burning the
 // cores the load generator needs.
-class SleepBackend final : public kernels::Backend {
+class SleepBackend final : public Backend {
  public:
-  SleepBackend(std::unique_ptr<kernels::Backend> inner, absl::Duration per_request)
+  SleepBackend(std::unique_ptr<Backend> inner, absl::Duration per_request)
       : inner_(std::move(inner)), per_request_(per_request) {}
   std::string name() const override { return "sleep"; }
-  std::vector<kernels::DeviceInfo> devices() const override { return inner_->devices(); }
+  std::vector<DeviceInfo> devices() const override { return inner_->devices(); }
   std::string float32_precision() const override { return inner_->float32_precision(); }
-  absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
+  absl::Status Attend(absl::Span<const AttentionParams> batch) override {
     const absl::Time start = absl::Now();
     absl::Status s = inner_->Attend(batch);
     absl::SleepFor(start + per_request_ * static_cast<double>(batch.size()) - absl::Now());
     return s;
   }
-  absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> batch) override {
+  absl::Status MultiHead(absl::Span<const MultiHeadParams> batch) override {
     const absl::Time start = absl::Now();
     absl::Status s = inner_->MultiHead(batch);
     absl::SleepFor(start + per_request_ * static_cast<double>(batch.size()) - absl::Now());
     return s;
   }
-  absl::Status PagedAttention(const kernels::PagedAttentionParams& p) override {
+  absl::Status Project(absl::Span<const ProjectionParams> batch) override {
+    return inner_->Project(batch);
+  }
+  absl::Status PagedAttention(const PagedAttentionParams& p) override {
     return inner_->PagedAttention(p);
   }
-  absl::StatusOr<std::unique_ptr<kernels::PageStore>> NewPageStore(
-      const kernels::PageStoreShape& shape) override {
+  absl::StatusOr<std::unique_ptr<PageStore>> NewPageStore(const PageStoreShape& shape) override {
     return inner_->NewPageStore(shape);
   }
   int64_t ReleaseIdleMemory() override { return inner_->ReleaseIdleMemory(); }
 
  private:
-  const std::unique_ptr<kernels::Backend> inner_;
+  const std::unique_ptr<Backend> inner_;
   const absl::Duration per_request_;
 };
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<kernels::Backend>> LoadCudaBackend() {
+absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend() {
   std::vector<std::string> errors;
   for (const std::string& path : PluginCandidates()) {
     if (access(path.c_str(), F_OK) != 0) {
@@ -95,23 +97,23 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> LoadCudaBackend() {
     }
     auto create = reinterpret_cast<CreateFn>(dlsym(handle, "attnserve_cuda_create_backend"));
     if (create == nullptr) return absl::InternalError(absl::StrCat(path, ": ", dlerror()));
-    kernels::Backend* backend = nullptr;
+    Backend* backend = nullptr;
     char message[512] = {0};
     const int code = create(&backend, message, sizeof message);
     if (code != 0) return absl::Status(static_cast<absl::StatusCode>(code), message);
-    return std::unique_ptr<kernels::Backend>(backend);
+    return std::unique_ptr<Backend>(backend);
   }
   return absl::UnavailableError(
       absl::StrCat("the CUDA backend plugin cannot be loaded (", absl::StrJoin(errors, "; "), ")"));
 }
 
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
-    absl::string_view name, int threads, absl::string_view cpu_float32_precision) {
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name, int threads,
+                                                     absl::string_view cpu_float32_precision) {
   if (cpu_float32_precision != "fp32" && cpu_float32_precision != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(
         "--cpu_float32_precision must be fp32 or bf16; was '", cpu_float32_precision, "'"));
   }
-  if (name == "reference") return std::make_unique<kernels::ReferenceBackend>();
+  if (name == "reference") return std::make_unique<ReferenceBackend>();
   if (absl::StartsWith(name, "sleep:")) {
     int64_t us = 0;
     if (!absl::SimpleAtoi(name.substr(6), &us) || us < 0) {
@@ -130,15 +132,15 @@ absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
                  std::string(cuda.status().message()).c_str());
   }
   if (name == "auto" || name == "cpu") {
-    kernels::cpu::CpuBackendOptions options;
+    cpu::CpuBackendOptions options;
     options.num_threads = threads;
     options.float32_as_bf16 = cpu_float32_precision == "bf16";
-    auto cpu = kernels::cpu::CpuBackend::Create(options);
+    auto cpu = cpu::CpuBackend::Create(options);
     if (!cpu.ok()) return cpu.status();
-    return std::unique_ptr<kernels::Backend>(*std::move(cpu));
+    return std::unique_ptr<Backend>(*std::move(cpu));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--backend must be auto, cuda, cpu, reference or sleep:US; was '", name, "'"));
 }
 
-}  // namespace attnserve::server
+}  // namespace attnserve::kernels

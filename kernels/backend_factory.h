@@ -1,6 +1,6 @@
 // Making the compute backend the server runs on, by name.
-#ifndef ATTNSERVE_SERVER_BACKEND_FACTORY_H_
-#define ATTNSERVE_SERVER_BACKEND_FACTORY_H_
+#ifndef ATTNSERVE_KERNELS_BACKEND_FACTORY_H_
+#define ATTNSERVE_KERNELS_BACKEND_FACTORY_H_
 
 #include <memory>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/backend.h"
 
-namespace attnserve::server {
+namespace attnserve::kernels {
 
 // The backend named by `name`:
 //   "reference"  the float64 reference path
@@ -22,13 +22,13 @@ namespace attnserve::server {
 // INVALID_ARGUMENT for any other name.
 // `cpu_float32_precision` ("fp32" or "bf16", else INVALID_ARGUMENT) is how the CPU backend
 // computes FLOAT32 and FLOAT16 requests (CpuBackendOptions::float32_as_bf16).
-absl::StatusOr<std::unique_ptr<kernels::Backend>> MakeBackend(
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(
     absl::string_view name, int threads, absl::string_view cpu_float32_precision = "fp32");
 
 // Loads the CUDA backend plugin: $ATTNSERVE_CUDA_PLUGIN if set, else libattnserve_cuda.so in
 // <binary>/../lib/attnserve/ (installed) or in the build tree it was built in.
-absl::StatusOr<std::unique_ptr<kernels::Backend>> LoadCudaBackend();
+absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend();
 
-}  // namespace attnserve::server
+}  // namespace attnserve::kernels
 
-#endif  // ATTNSERVE_SERVER_BACKEND_FACTORY_H_
+#endif  // ATTNSERVE_KERNELS_BACKEND_FACTORY_H_
