@@ -114,6 +114,15 @@ class SessionTest : public ::testing::Test {
     stub_ = v1::AttentionService::NewStub(grpc::CreateChannel(
         "127.0.0.1:" + std::to_string(host_->port()), grpc::InsecureChannelCredentials()));
   }
+  // A fresh server (the previous one stopped) on the reference backend, or on the CPU backend
+  // at this CPU's instruction set.
+  void Restart(server::ServerOptions options, bool cpu) {
+    if (host_ != nullptr) TearDown();
+    if (!cpu) return Start(options);
+    auto backend = kernels::cpu::CpuBackend::Create({});
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    Start(options, *std::move(backend));
+  }
   void TearDown() override {
     if (gate_ != nullptr) gate_->Open();
     host_.reset();
@@ -349,14 +358,7 @@ TEST_F(SessionTest, OnlyKeysAndValuesAreRoundedToTheCacheDtype) {
   const Sequence seq(kHq, kHkv, kD, kDv, 11, 77);
   for (const bool cpu : {false, true}) {
     SCOPED_TRACE(cpu ? "cpu backend" : "reference backend");
-    if (host_ != nullptr) TearDown();
-    if (cpu) {
-      auto backend = kernels::cpu::CpuBackend::Create({});
-      ASSERT_TRUE(backend.ok()) << backend.status();
-      Start(SmallPages(), *std::move(backend));
-    } else {
-      Start(SmallPages());
-    }
+    ASSERT_NO_FATAL_FAILURE(Restart(SmallPages(), cpu));
     for (const v1::Dtype cache : dtypes) {
       for (const v1::Dtype wire : dtypes) {
         SCOPED_TRACE(
@@ -458,14 +460,7 @@ TEST_F(SessionTest, LogSumExpIsThatOfEachNewQuerysScores) {
 // pool, in chunks of rows, as its MultiHead does).
 TEST_F(SessionTest, ModuleSessionsEqualMultiHeadAttentionAndTheSeedVectors) {
   for (const bool cpu : {false, true}) {
-    if (host_ != nullptr) TearDown();
-    if (cpu) {
-      auto backend = kernels::cpu::CpuBackend::Create({});
-      ASSERT_TRUE(backend.ok()) << backend.status();
-      Start(SmallPages(), *std::move(backend));
-    } else {
-      Start(SmallPages());
-    }
+    ASSERT_NO_FATAL_FAILURE(Restart(SmallPages(), cpu));
     for (const std::string name : {"causal", "seed_demo"}) {
       SCOPED_TRACE(absl::StrCat(name, cpu ? " on the cpu backend" : " on the reference backend"));
       auto c = testing::LoadSeedCase(name);
