@@ -3,7 +3,8 @@
 
     include_cycles_check.py ROOT FOLDER...
 
-A module is a header and its sources (`server/call.h`, `server/call.cc`: module `server/call`);
+A module is a header and its sources (`server/call.h`, `server/call.cc`: module `server/call`;
+a header `x_internal.h`, the private part of module x shared by its files, belongs to x);
 module A depends on module B when any file of A includes B's header by its repository path
 (`#include "server/dispatcher.h"`). A cycle (A needs B, B needs A, through any chain) means
 neither can be read, tested or changed alone: this fails naming each cycle's modules, and for
@@ -30,7 +31,8 @@ def modules(root, folders):
             for name in names:
                 if name.endswith(SUFFIXES):
                     rel = os.path.relpath(os.path.join(dirpath, name), root)
-                    files[rel] = os.path.splitext(rel)[0]
+                    module = os.path.splitext(rel)[0]
+                    files[rel] = module[:-len("_internal")] if module.endswith("_internal") else module
     return files
 
 

@@ -1,6 +1,6 @@
 // The one parameter struct of the CUDA attention kernels (FlashAttention's flash.h pattern):
 // device pointers, strides in elements (not bytes), dimensions and flags. The host code fills
-// it in one place (cuda_backend.cc, FlashParamsFor) from kernels::AttentionParams after the
+// it in one place (cuda_backend_internal.h, FlashParamsFor) from kernels::AttentionParams after the
 // inputs have been copied to the device; benchmarks and tests fill it for device buffers they
 // own. No CUDA headers here: plain C++ includes it too.
 //

@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/dtype.h"
+#include "kernels/multi_head.h"
 #include "kernels/reference.h"
 #include "tests/gpu/backend_problem.h"
 
@@ -185,6 +186,43 @@ TEST_P(CudaBackendTest, MultiHeadSelfAndCross) {
       const std::vector<float> fast = pr.out;
       ASSERT_TRUE(backend_->MultiHeadAs({pr.Params(true)}, GetParam()).ok());
       EXPECT_TRUE(WithinNaiveBound(fast, pr.out, ref.out)) << "self " << self << " heads " << heads;
+    }
+  }
+}
+
+// Project (module sessions' projections) on the device, TF32 as MultiHead's: within TF32's
+// rounding of the operands against the float64 reference (10-bit mantissas: about 2^-10
+// relative per product; d_model 512 products of |x| < 1 and weights of scale 1/sqrt(512)), for
+// W_qkv and W_o, float32 and bfloat16 inputs; an item's bits do not depend on its companions.
+TEST_P(CudaBackendTest, ProjectMatchesTheReferenceWithinTf32) {
+  std::mt19937 rng(10);
+  const MultiHeadWeights m = RandomModule(rng, 512, 8);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(300 * 512);
+  for (float& e : x) e = dist(rng);
+  std::vector<uint16_t> x16(x.size());
+  FromFloat32(DType::kBFloat16, x.data(), x.size(), x16.data());
+  using Weights = ProjectionParams::Weights;
+  for (const Weights which : {Weights::kQkv, Weights::kOut}) {
+    for (const DType type : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (which == Weights::kQkv ? "W_qkv " : "W_o ") << DTypeName(type));
+      auto params = [&](std::vector<float>* y, int64_t rows) {
+        ProjectionParams p{.module = &m, .weights = which, .rows = rows};
+        p.x = type == DType::kFloat32 ? static_cast<const void*>(x.data()) : x16.data();
+        p.x_type = type;
+        y->assign(rows * p.n(), NAN);
+        p.y = y->data();
+        return p;
+      };
+      std::vector<float> want, got, alone, other;
+      ReferenceBackend reference;
+      ASSERT_TRUE(reference.Project({params(&want, 300)}).ok());
+      ASSERT_TRUE(backend_->Project({params(&got, 300), params(&other, 7)}).ok());
+      const std::vector<double> want64(want.begin(), want.end());
+      EXPECT_LE(MaxAbsDiff(got, want64), 5e-3);
+      ASSERT_TRUE(backend_->Project({params(&alone, 300)}).ok());
+      EXPECT_EQ(std::memcmp(alone.data(), got.data(), got.size() * sizeof(float)), 0);
     }
   }
 }
