@@ -28,8 +28,9 @@ struct Session {
   bool pinned = false;
   absl::Duration ttl;
   absl::Time last_used;
-  bool busy = false;     // an extend holds a lease
-  bool removed = false;  // closed or lost while busy: freed when the lease ends
+  uint64_t expiry_stamp = 0;  // of its live entry in the expiry heap (older ones are stale)
+  bool busy = false;          // an extend holds a lease
+  bool removed = false;       // closed or lost while busy: freed when the lease ends
   std::string parent_id;
   std::list<Session*>::iterator lru;
 };
@@ -244,6 +245,22 @@ void SessionManager::SetOwner(std::string owner) {
 void SessionManager::TouchLocked(Session& s) {
   s.last_used = Now();
   lru_.splice(lru_.end(), lru_, s.lru);
+  ScheduleExpiryLocked(s);
+}
+
+void SessionManager::ScheduleExpiryLocked(Session& s) {
+  s.expiry_stamp = ++next_expiry_stamp_;
+  expiry_.push(Expiry{s.last_used + s.ttl, s.expiry_stamp, s.id});
+  // Every use pushes an entry and leaves the previous one stale: rebuilt from the sessions when
+  // stale ones outnumber live ones several times over (amortised O(1) a use).
+  if (expiry_.size() > 4 * sessions_.size() + 1024) {
+    std::vector<Expiry> live;
+    live.reserve(sessions_.size());
+    for (const auto& [id, session] : sessions_) {
+      live.push_back(Expiry{session->last_used + session->ttl, session->expiry_stamp, id});
+    }
+    expiry_ = decltype(expiry_)(std::greater<Expiry>(), std::move(live));
+  }
 }
 
 void SessionManager::FreePagesLocked(Session& s) {
@@ -277,12 +294,17 @@ void SessionManager::RemoveLocked(const std::shared_ptr<Session>& s,
 }
 
 void SessionManager::ExpireLocked() {
+  // The expiry heap's due entries only: O(log n) a session that expires, not a scan of all.
+  // A stale entry (the session was used since, or is gone) is dropped; so is a busy session's:
+  // its lease's end schedules it again.
   const absl::Time now = Now();
-  std::vector<std::shared_ptr<Session>> expired;
-  for (Session* s : lru_) {
-    if (!s->busy && now - s->last_used >= s->ttl) expired.push_back(sessions_.at(s->id));
+  while (!expiry_.empty() && expiry_.top().at <= now) {
+    const Expiry e = expiry_.top();
+    expiry_.pop();
+    auto it = sessions_.find(e.id);
+    if (it == sessions_.end() || it->second->expiry_stamp != e.stamp || it->second->busy) continue;
+    RemoveLocked(std::shared_ptr<Session>(it->second), "expired");
   }
-  for (const auto& s : expired) RemoveLocked(s, "expired");
 }
 
 void SessionManager::DropLostLocked() {
@@ -350,6 +372,7 @@ absl::StatusOr<SessionState> SessionManager::AddLocked(std::shared_ptr<Session> 
   }
   Session& ref = *s;
   sessions_.emplace(s->id, std::move(s));
+  ScheduleExpiryLocked(ref);
   SessionState st = StateLocked(ref);
   return st;
 }
@@ -616,6 +639,9 @@ void SessionManager::EndLease(Lease& lease, bool keep) {
   if (s.removed) {
     FreePagesLocked(s);
     pool_->Release(s.arena);
+  } else if (!commit) {
+    // ExpireLocked drops a busy session's due entry: not used, it still expires at its time.
+    ScheduleExpiryLocked(s);
   }
 }
 

@@ -32,10 +32,12 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <memory>
 #include <optional>
+#include <queue>
 #include <string>
 #include <vector>
 
@@ -259,6 +261,8 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Pushes s's expiry (last_used + ttl) as its live entry. REQUIRES: s is in sessions_.
+  void ScheduleExpiryLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionState StateLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SessionState> AddLocked(std::shared_ptr<Session> s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -284,6 +288,17 @@ class SessionManager {
   std::map<std::string, std::shared_ptr<Session>, IdOrder> sessions_ ABSL_GUARDED_BY(mu_);
   // Least recently used first.
   std::list<Session*> lru_ ABSL_GUARDED_BY(mu_);
+  // When each session expires (last use + TTL), soonest first; an entry is live while its stamp
+  // is its session's expiry_stamp (ScheduleExpiryLocked, ExpireLocked).
+  struct Expiry {
+    absl::Time at;
+    uint64_t stamp;
+    std::string id;
+    bool operator>(const Expiry& o) const { return at > o.at; }
+  };
+  std::priority_queue<Expiry, std::vector<Expiry>, std::greater<Expiry>> expiry_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_expiry_stamp_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_sessions_ ABSL_GUARDED_BY(mu_) = 0;
   // Lost ids and why, oldest first in lost_order_.

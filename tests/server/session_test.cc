@@ -1089,6 +1089,38 @@ TEST_F(SessionTest, NonFiniteKeysAndValuesAreRefusedAndNeverCached) {
 
 // Thousands of create / extend / fork / extend / close cycles through the manager itself leave
 // the pool empty: every page is accounted for.
+// Expiry by the expiry heap, on a fake clock: of 2,000 sessions, those used since expire later
+// and the others at their time, through many uses (which rebuild the heap of stale entries); a
+// busy session is not expired while its extend runs, and is once it rolls back past its time.
+TEST(SessionManagerTest, SessionsExpireAtTheirTimeAmongThousands) {
+  batching::FakeClock clock;
+  server::sessions::SessionOptions options;
+  options.page_tokens = 4;
+  options.pool_bytes = 1 << 20;
+  options.clock = &clock;
+  options.idle_ttl = absl::Seconds(10);
+  auto manager = server::sessions::SessionManager::Create(options, nullptr).value();
+  server::sessions::SessionSpec spec;
+  spec.num_heads = spec.num_kv_heads = 1;
+  spec.head_dim = spec.v_head_dim = 4;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2000; ++i) ids.push_back(manager->Create(spec).value().id);
+  clock.Advance(absl::Seconds(6));
+  for (int round = 0; round < 10; ++round) {  // 10,000 uses: the heap is rebuilt on the way
+    for (size_t i = 0; i < ids.size(); i += 2) ASSERT_TRUE(manager->Get(ids[i]).ok());
+  }
+  clock.Advance(absl::Seconds(5));  // t = 11 s: the unused ones are due (10 s)
+  EXPECT_EQ(manager->Usage().sessions, 1000);
+  EXPECT_EQ(manager->Get(ids[1]).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(manager->Get(ids[2]).ok());  // used at 6 s (and now): due at 21 s
+  server::sessions::ExtendItem item;
+  ASSERT_TRUE(manager->BeginExtend(ids[0], std::nullopt, 1, &item).ok());
+  clock.Advance(absl::Seconds(20));  // t = 31 s: every session is due; ids[0] is busy
+  EXPECT_EQ(manager->Usage().sessions, 1);
+  item.lease.End(false);  // rolled back: not a use, so it is due since 16 s
+  EXPECT_EQ(manager->Usage().sessions, 0);
+}
+
 TEST(SessionManagerTest, ThousandsOfCyclesLeakNoPage) {
   server::sessions::SessionOptions options;
   options.page_tokens = 4;
