@@ -31,10 +31,10 @@ class AdmissionGate {
   static constexpr double kWeight = 0.05;
   // Of the time left to a call's deadline, the share its expected wait may take. The rest is for
   // what the server does not see: the caller's deadline runs from before the call's headers were
-  // read, and the answer still has to travel. Under a 0.1-core quota a throttled server reads
-  // headers and sends answers up to 90 ms late: with the whole time left (1.0), half of the
-  // answers the server sent as OK reached their callers after the deadline, and goodput at 3x
-  // overload was 0.36 of capacity; with half, none were late and goodput was 0.92 (OVERLOAD.md).
+  // read, and the answer still has to travel, both late under a tight CPU quota. With the whole
+  // time left (1.0), many answers sent as OK reached their callers after their deadline; with
+  // half, none did, and goodput under overload was far higher (tests/bench/OVERLOAD.md has the
+  // figures and the command).
   static constexpr double kTimeoutShare = 0.5;
 
   // OK: admitted, and Done() must follow once. DEADLINE_EXCEEDED: (in_flight + 1) x interval

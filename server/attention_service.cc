@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <thread>
 
@@ -21,9 +23,9 @@ namespace {
 
 // A unary call's reactor: holds the call's Caller (deadline, cancellation as it happens, which
 // DefaultReactor cannot report) and deletes itself in OnDone. Its Call answers it.
-class UnaryReactor final : public grpc::ServerUnaryReactor {
+class AnswerNowReactor final : public grpc::ServerUnaryReactor {
  public:
-  UnaryReactor(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
+  AnswerNowReactor(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
       : caller_(context, dispatcher) {}
   const Caller* caller() const { return &caller_; }
   void OnCancel() override { caller_.Cancel(); }
@@ -32,6 +34,21 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
  private:
   Caller caller_;
 };
+
+// The index of rpc `name` in AttentionService, as the generated service numbers its methods
+// (their order in attention.proto). A name the proto lacks is a programming error, caught by
+// every test that starts a server: it aborts, naming it.
+int MethodIndex(const char* name) {
+  const google::protobuf::MethodDescriptor* m = v1::AttendRequest::descriptor()
+                                                    ->file()
+                                                    ->FindServiceByName("AttentionService")
+                                                    ->FindMethodByName(name);
+  if (m == nullptr) {
+    std::fprintf(stderr, "attnserve: AttentionService has no rpc %s\n", name);
+    std::abort();
+  }
+  return m->index();
+}
 
 }  // namespace
 
@@ -42,12 +59,13 @@ class UnaryReactor final : public grpc::ServerUnaryReactor {
 // of its bytes, not the whole request (768 KiB for an Attend of [1, 8, 128, 64] float32): under a
 // CPU quota, receiving the requests of refused calls was most of what overload cost (OVERLOAD.md).
 // Holds the call's Caller; deletes itself in OnDone.
-class UnaryCallReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+class StreamedUnaryReactor final
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   // Takes the call and its request's bytes (alive for the duration of the call only).
   using Serve = absl::AnyInvocable<void(std::unique_ptr<Call> call, const grpc::ByteBuffer& bytes)>;
 
-  UnaryCallReactor(grpc::CallbackServerContext* context, Dispatcher* dispatcher)
+  StreamedUnaryReactor(grpc::CallbackServerContext* context, Dispatcher* dispatcher)
       : context_(context), caller_(*context, dispatcher) {}
   const Caller* caller() const { return &caller_; }
   // Where the answer's message goes before Respond(OK).
@@ -168,44 +186,44 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
       info_(std::move(info)),
       loader_(std::make_unique<WorkThread>()) {
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
-  // served as a stream of one request and one response (UnaryCallReactor). Indices: the rpcs'
-  // order in attention.proto.
+  // served as a stream of one request and one response (StreamedUnaryReactor), marked by their
+  // index in the service (MethodIndex).
   using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
-  MarkMethodStreamed(0, new Handler([this](grpc::CallbackServerContext* context) {
-                       return Compute<v1::AttendRequest, v1::AttendResponse>(
-                           context, metrics::Rpc::kAttend, [this](const v1::AttendRequest& r) {
-                             return BuildAttendJob(r, options_.limits);
-                           });
-                     }));
   MarkMethodStreamed(
-      1, new Handler([this](grpc::CallbackServerContext* context) {
-        return Compute<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
+      MethodIndex("Attend"), new Handler([this](grpc::CallbackServerContext* context) {
+        return ServeStreamed<v1::AttendRequest, v1::AttendResponse>(
+            context, metrics::Rpc::kAttend,
+            [this](const v1::AttendRequest& r) { return BuildAttendJob(r, options_.limits); });
+      }));
+  MarkMethodStreamed(
+      MethodIndex("MultiHeadAttention"), new Handler([this](grpc::CallbackServerContext* context) {
+        return ServeStreamed<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
             context, metrics::Rpc::kMultiHeadAttention,
             [this](const v1::MultiHeadAttentionRequest& r) {
               return BuildMultiHeadJob(r, *modules_, options_.limits);
             });
       }));
-  MarkMethodStreamed(8, new Handler([this](grpc::CallbackServerContext* context) {
-                       return Compute<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
-                           context, metrics::Rpc::kExtendSession,
-                           [this](const v1::ExtendSessionRequest& r) {
-                             return BuildExtendJob(r, *sessions_, options_.limits);
-                           });
-                     }));
-  MarkMethodStreamed(9, new Handler([this](grpc::CallbackServerContext* context) {
-                       return Compute<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
-                           context, metrics::Rpc::kExtendSessions,
-                           [this](const v1::ExtendSessionsRequest& r) {
-                             return BuildExtendsJob(r, *sessions_, options_.limits);
-                           });
-                     }));
+  MarkMethodStreamed(
+      MethodIndex("ExtendSession"), new Handler([this](grpc::CallbackServerContext* context) {
+        return ServeStreamed<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
+            context, metrics::Rpc::kExtendSession, [this](const v1::ExtendSessionRequest& r) {
+              return BuildExtendJob(r, *sessions_, options_.limits);
+            });
+      }));
+  MarkMethodStreamed(
+      MethodIndex("ExtendSessions"), new Handler([this](grpc::CallbackServerContext* context) {
+        return ServeStreamed<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
+            context, metrics::Rpc::kExtendSessions, [this](const v1::ExtendSessionsRequest& r) {
+              return BuildExtendsJob(r, *sessions_, options_.limits);
+            });
+      }));
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
 
 template <typename Request, typename Response, typename Build>
-UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc,
-                                            Build build) {
-  auto* reactor = new UnaryCallReactor(context, dispatcher_);
+StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContext* context,
+                                                      metrics::Rpc rpc, Build build) {
+  auto* reactor = new StreamedUnaryReactor(context, dispatcher_);
   // Before the Call counts the arrival (attnserve_requests_in_flight): a drain that begins once
   // the call is counted waits for its read (AwaitReads). A call refused before its read ends it
   // on return; one that is read, once its request is handed over.
@@ -289,7 +307,7 @@ UnaryCallReactor* AttentionService::Compute(grpc::CallbackServerContext* context
 template <typename Body>
 grpc::ServerUnaryReactor* AttentionService::AnswerNow(grpc::CallbackServerContext* context,
                                                       metrics::Rpc rpc, Body body) {
-  auto* reactor = new UnaryReactor(*context, /*dispatcher=*/nullptr);
+  auto* reactor = new AnswerNowReactor(*context, /*dispatcher=*/nullptr);
   Call call(metrics_, rpc, reactor->caller(),
             [reactor, context](const absl::Status& status, Job*, absl::Time) {
               reactor->Finish(SessionAwareStatus(status, context));
@@ -340,7 +358,7 @@ AttentionService::~AttentionService() = default;
 grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerContext* context,
                                                        const v1::LoadModuleRequest* request,
                                                        v1::LoadModuleResponse* response) {
-  auto* reactor = new UnaryReactor(*context, /*dispatcher=*/nullptr);
+  auto* reactor = new AnswerNowReactor(*context, /*dispatcher=*/nullptr);
   auto call = std::make_unique<Call>(metrics_, metrics::Rpc::kLoadModule, reactor->caller(),
                                      [reactor](const absl::Status& status, Job*, absl::Time) {
                                        reactor->Finish(ToGrpcStatus(status));

@@ -49,8 +49,8 @@ using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule
                                                             v1::AttentionService::
                                                                 Service>>>>>>>>>>>>>>;
 
-class WorkThread;        // attention_service.cc
-class UnaryCallReactor;  // attention_service.cc
+class WorkThread;            // attention_service.cc
+class StreamedUnaryReactor;  // attention_service.cc
 
 // Thread-safe. Does not own its collaborators; they outlive it. Every request has one Call
 // (call.h) that owns its life; the handlers here only say how to respond.
@@ -120,7 +120,8 @@ class AttentionService final : public AttentionServiceBase {
   // the dispatcher whether the call can be served, before its request is read; then parse,
   // validate, queue; answered by the Call.
   template <typename Request, typename Response, typename Build>
-  UnaryCallReactor* Compute(grpc::CallbackServerContext* context, metrics::Rpc rpc, Build build);
+  StreamedUnaryReactor* ServeStreamed(grpc::CallbackServerContext* context, metrics::Rpc rpc,
+                                      Build build);
   // The other rpcs, answered on the handler's thread: authorise, then `body` fills the
   // response and returns the status.
   template <typename Body>

@@ -54,10 +54,10 @@ struct BatchingOptions {
   // Jobs of at most this many floating-point operations (Job::flops) are computed on the thread
   // that submits them (gRPC's), as a batch of one, when a batch thread would compute them at
   // once anyway (Batcher::RunNowOrSchedule: nothing queued, a batch thread free, no queue
-  // delay). For such jobs the two thread hops (to a batch thread and back) cost more than the
-  // arithmetic: tiny Attend calls took 52 us of server CPU and 2.5 context switches each
-  // through the batch thread, 40 us and 1.5 on the caller's thread (tests/bench/SERVING.md).
-  // The default, 1 MFLOP, is 10-30 us of one core. 0: every job goes through the batch threads.
+  // delay). For such jobs the two thread hops (to a batch thread and back) cost more server CPU
+  // and context switches than the arithmetic (measured in tests/bench/SERVING.md). The
+  // default, 1 MFLOP, is tens of microseconds of one core. 0: every job goes through the batch
+  // threads.
   // Sessions' extends always do. Default: 1e6. REQUIRES: >= 0.
   double inline_max_flops = 1e6;
 };

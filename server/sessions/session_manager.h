@@ -68,12 +68,11 @@ struct SessionOptions {
   int64_t pool_bytes = int64_t{1} << 30;
   // Tokens per page. Default: 128. REQUIRES: 1..4096.
   // Not the 16 common on GPUs: a decode step reads a page as one run per kv head (page_tokens x D
-  // elements: 32 KiB of FLOAT16 at D = 128), and scattered runs read slower the shorter they are.
-  // Side by side (tests/bench/DECODE.md), the CPU decode kernel read 16-bit caches about 1.4x
-  // faster with pages of 64 tokens than of 16, and 128 against 64 was faster on two of three
-  // machines (5-10% and 4-20%) and no slower on the third. The cost: a session's last page is half
-  // empty on average, 64 tokens of K and V per session (256 KiB at 8 kv heads of 128 FLOAT16), and
-  // a fork copies up to a page at the first write to a shared last page.
+  // elements: 32 KiB of FLOAT16 at D = 128), and scattered runs read slower the shorter they are:
+  // side by side, the CPU decode kernel read 16-bit caches faster with pages of 64 tokens than
+  // of 16, and with 128 than with 64 on most machines (tests/bench/DECODE.md has the figures).
+  // The cost: a session's last page is half empty on average (page_tokens / 2 tokens of K and V
+  // per session), and a fork copies up to a page at the first write to a shared last page.
   int page_tokens = 128;
   // When an extend needs pages the pool does not have. Default: evict LRU idle sessions.
   WhenFull when_full = WhenFull::kEvictLru;
