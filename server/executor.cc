@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "server/batching/batch_queue.h"
 
 namespace attnserve::server {
 
@@ -24,8 +25,9 @@ Executor::Computed Executor::Compute(std::vector<std::unique_ptr<Job>> batch) {
   Computed computed;
   std::vector<std::unique_ptr<Job>>& live = computed.jobs;
   live.reserve(batch.size());
-  // The batcher dropped what was cancelled or expired when it formed the batch (the one place
-  // that decides not to compute); whatever the deadline does from here on, Call::Finish counts.
+  // The batcher dropped what was cancelled or expired when it formed the batch (by
+  // batching::Undeliverable, the one rule); whatever the deadline does from here on,
+  // Call::Finish counts.
   for (auto& job : batch) {
     job->timing.compute_start = start;
     if (metrics_ != nullptr) metrics_->ObserveQueueTime(start - job->timing.arrival);
@@ -101,7 +103,7 @@ std::vector<std::unique_ptr<Job>> Executor::RunExtends(std::vector<std::unique_p
     job->timing.backend = backend_name;
     // An answer that can no longer reach its caller appends nothing: Call::Finish will answer
     // DEADLINE_EXCEEDED or CANCELLED, and the caller must be able to retry.
-    const bool deliverable = !job->IsCancelled() && job->deadline() > absl::Now();
+    const bool deliverable = !batching::Undeliverable(*job, absl::Now()).has_value();
     int64_t pending_tokens = 0;
     for (const auto& item : job->session_items) {
       if (item->pending()) {

@@ -66,6 +66,18 @@ enum class DropReason {
   kFairShare,   // UNAVAILABLE: shed from a full queue for a task of a lighter owner
 };
 
+// The one rule of whether a task's result can still reach its caller at `now`: nothing when it
+// can; else why not, a cancellation first (its caller is gone whatever the deadline). The
+// batcher asks it where it decides not to compute (Schedule, RunNowOrSchedule, batch formation)
+// and the executor where it decides not to commit a session's extend; Call::Finish then says
+// what the caller is told (server/call.h).
+template <BatchTask Task>
+std::optional<DropReason> Undeliverable(const Task& task, absl::Time now) {
+  if (task.IsCancelled()) return DropReason::kCancelled;
+  if (task.deadline() <= now) return DropReason::kExpired;
+  return std::nullopt;
+}
+
 template <BatchTask Task>
 struct DroppedTask {
   QueuedTask<Task> queued;
@@ -108,10 +120,8 @@ class BatchQueue {
     int64_t tokens = 0;
     while (!tasks_.empty()) {
       QueuedTask<Task>& front = tasks_.front();
-      if (front.task->IsCancelled()) {
-        dropped->push_back({std::move(front), DropReason::kCancelled});
-      } else if (front.deadline <= now) {
-        dropped->push_back({std::move(front), DropReason::kExpired});
+      if (const std::optional<DropReason> why_not = Undeliverable(*front.task, now)) {
+        dropped->push_back({std::move(front), *why_not});
       } else if (Fits(limits, static_cast<int>(batch->size()), tokens, front.tokens)) {
         tokens += front.tokens;
         batch->push_back(std::move(front));

@@ -146,22 +146,18 @@ class Batcher {
     if (why == nullptr) why = &ignored;
     *why = DropReason::kInvalid;
     if (task == nullptr || *task == nullptr) {
-      return Refuse(kInvalid, "Schedule needs a task; got null", why);
+      return RefuseInvalid("Schedule needs a task; got null", why);
     }
     const Task& t = **task;
     QueuedTask<Task> queued{nullptr, static_cast<int64_t>(t.num_tokens()),
                             static_cast<int64_t>(t.num_bytes()), t.deadline(), absl::Time()};
     if constexpr (requires { t.owner(); }) queued.owner = static_cast<uint64_t>(t.owner());
     if (queued.tokens < 0) {
-      return Refuse(kInvalid, absl::StrCat("task num_tokens() must be >= 0; was ", queued.tokens),
-                    why);
+      return RefuseInvalid(absl::StrCat("task num_tokens() must be >= 0; was ", queued.tokens),
+                           why);
     }
     if (queued.bytes < 0) {
-      return Refuse(kInvalid, absl::StrCat("task num_bytes() must be >= 0; was ", queued.bytes),
-                    why);
-    }
-    if (t.IsCancelled()) {
-      return Refuse(kCancelled, "the call was cancelled before it was queued", why);
+      return RefuseInvalid(absl::StrCat("task num_bytes() must be >= 0; was ", queued.bytes), why);
     }
     Admission admission;
     int64_t queued_requests = 0, queued_bytes = 0, queued_tokens = 0;
@@ -170,16 +166,20 @@ class Batcher {
     bool slot_free = true;
     {
       MutexLock lock(&mu_);
+      queued.enqueued = clock_->Now();
+      if (const std::optional<DropReason> why_not = Undeliverable(t, queued.enqueued)) {
+        *why = *why_not;
+        if (*why_not == DropReason::kCancelled) {
+          ++stats_.refused_cancelled;
+          return absl::CancelledError("the call was cancelled before it was queued");
+        }
+        ++stats_.refused_expired;
+        return absl::DeadlineExceededError("the deadline passed before the request was queued");
+      }
       if (draining_) {
         ++stats_.refused_shutdown;
         *why = DropReason::kShutdown;
         return absl::UnavailableError("the server is shutting down; retry on another replica");
-      }
-      queued.enqueued = clock_->Now();
-      if (queued.deadline <= queued.enqueued) {
-        ++stats_.refused_expired;
-        *why = DropReason::kExpired;
-        return absl::DeadlineExceededError("the deadline passed before the request was queued");
       }
       // Refused at arrival rather than left to expire in the queue: the queue ahead, at the
       // measured cost per token, would outlast the deadline.
@@ -290,16 +290,15 @@ class Batcher {
     const int64_t tokens = static_cast<int64_t>(t.num_tokens());
     const int64_t bytes = static_cast<int64_t>(t.num_bytes());
     // Every refusal is Schedule()'s, with its reasons and counters.
-    if (tokens < 0 || bytes < 0 || bytes > max_queued_bytes_ || t.IsCancelled()) {
-      return Schedule(key, task, why);
-    }
+    if (tokens < 0 || bytes < 0 || bytes > max_queued_bytes_) return Schedule(key, task, why);
     bool run_here;
     {
       MutexLock lock(&mu_);
       const absl::Time now = clock_->Now();
       // Where Schedule() would queue the task behind others, refuse it, or have a batch thread
       // wait for company, it does.
-      run_here = !draining_ && policy_.empty() && computing_ < num_threads_ && now < t.deadline() &&
+      run_here = !draining_ && policy_.empty() && computing_ < num_threads_ &&
+                 !Undeliverable(t, now).has_value() &&
                  (t.deadline() == absl::InfiniteFuture() ||
                   now + cost_model_->Estimate(tokens) / num_threads_ <= t.deadline());
       if (run_here) {
@@ -409,8 +408,6 @@ class Batcher {
   }
 
  private:
-  enum RefusalKind { kInvalid, kCancelled };
-
   Batcher(const BatcherOptions& options, ProcessBatchFn process_batch, RejectFn reject)
       : owned_clock_(options.clock == nullptr ? std::make_unique<RealClock>() : nullptr),
         clock_(options.clock == nullptr ? owned_clock_.get() : options.clock),
@@ -432,17 +429,11 @@ class Batcher {
     for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { Run(); });
   }
 
-  absl::Status Refuse(RefusalKind kind, absl::string_view message, DropReason* why)
-      ABSL_LOCKS_EXCLUDED(mu_) {
+  absl::Status RefuseInvalid(absl::string_view message, DropReason* why) ABSL_LOCKS_EXCLUDED(mu_) {
     MutexLock lock(&mu_);
-    if (kind == kInvalid) {
-      ++stats_.refused_invalid;
-      *why = DropReason::kInvalid;
-      return absl::InvalidArgumentError(message);
-    }
-    ++stats_.refused_cancelled;
-    *why = DropReason::kCancelled;
-    return absl::CancelledError(message);
+    ++stats_.refused_invalid;
+    *why = DropReason::kInvalid;
+    return absl::InvalidArgumentError(message);
   }
 
   // A batch thread: takes ready batches until Shutdown() stops it.
