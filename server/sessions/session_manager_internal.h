@@ -1,0 +1,58 @@
+// The parts of SessionManager shared by its files: session_manager.cc (the session table: ids,
+// TTL, LRU, lost ids, the pinned budget), session_lease.cc (an extend's lease: the reservation
+// of its pages as a transaction, committed or rolled back) and extend_runner.cc (Compute: the
+// new keys and values into the pages, the attention in chunks, the projections of module
+// sessions). Not for use outside server/sessions/.
+#ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
+#define ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "kernels/multi_head.h"
+#include "server/sessions/kv_pool.h"
+
+namespace attnserve::server::sessions {
+
+struct Session {
+  std::string id;
+  std::string module_name;
+  std::shared_ptr<const kernels::MultiHeadWeights> module;
+  int num_heads = 0;
+  Arena* arena = nullptr;
+  float scale = 1.0f;
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+  bool pinned = false;
+  absl::Duration ttl;
+  absl::Time last_used;
+  uint64_t expiry_stamp = 0;  // of its live entry in the expiry heap (older ones are stale)
+  bool busy = false;          // an extend holds a lease
+  bool removed = false;       // closed or lost while busy: freed when the lease ends
+  std::string parent_id;
+  std::list<Session*>::iterator lru;
+};
+
+// The loss reason of sessions whose pages were on a device the backend re-initialised.
+inline constexpr absl::string_view kDeviceReset = "device reset";
+
+// Ids: "<owner>/<instance>/<number>" (session_ids.cc).
+inline constexpr int kMaxIdChars = 256;
+// A fresh instance name for this process: a restarted server knows its predecessor's ids.
+std::string RandomInstance();
+struct ParsedId {
+  absl::string_view owner, instance;
+  uint64_t number = 0;
+};
+// The parts of a well-formed id; INVALID_ARGUMENT naming what is wrong otherwise.
+absl::StatusOr<ParsedId> ParseId(absl::string_view id);
+
+}  // namespace attnserve::server::sessions
+
+#endif  // ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
