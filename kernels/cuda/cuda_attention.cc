@@ -73,19 +73,15 @@ absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
 
 absl::Status CudaBackend::AttendAs(absl::Span<const AttentionParams> batch, ComputeType type) {
   if (batch.empty()) return absl::OkStatus();
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
-  Worker* w = AcquireWorker();
-  absl::Cleanup release = [&] { ReleaseWorker(w); };
-  for (const auto& [begin, end] :
-       PlanAttentionGroups(batch, options_.pinned_staging_bytes_per_stream)) {
-    absl::Status s = RunAttentionGroup(w, batch.subspan(begin, end - begin), type);
-    if (!s.ok()) {
-      // Leave the stream idle for the next call whatever happened.
-      cudaStreamSynchronize(w->stream);
-      return MarkFaulted(std::move(s));
+  return OnWorker([&](Worker* w) {
+    for (const auto& [begin, end] :
+         PlanAttentionGroups(batch, options_.pinned_staging_bytes_per_stream)) {
+      if (absl::Status s = RunAttentionGroup(w, batch.subspan(begin, end - begin), type); !s.ok()) {
+        return s;
+      }
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const AttentionParams> items,

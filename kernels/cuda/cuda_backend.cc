@@ -218,6 +218,19 @@ void CudaBackend::ReleaseWorker(Worker* w) {
   idle_changed_.NotifyAll();
 }
 
+absl::Status CudaBackend::OnWorker(absl::FunctionRef<absl::Status(Worker* w)> run) {
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
+  Worker* w = AcquireWorker();
+  absl::Cleanup release = [&] { ReleaseWorker(w); };
+  absl::Status s = run(w);
+  if (!s.ok()) {
+    // Leave the stream idle for the next call whatever happened.
+    cudaStreamSynchronize(w->stream);
+    return MarkFaulted(std::move(s));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaBackend::MarkFaulted(absl::Status s) {
   // CUDA and cuBLAS failures are INTERNAL; a full pool or staging (RESOURCE_EXHAUSTED) is no
   // fault, and must not cost the device-wide synchronisation below.

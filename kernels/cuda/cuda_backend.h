@@ -161,6 +161,9 @@ class CudaBackend final : public Backend {
   // re-initialises the device. Returns `s`, its message saying so when that is the case.
   // cudaDeviceReset resets the device for the whole process: one CudaBackend per device per
   // process (the server's case) is assumed.
+  // Runs `run` on a worker: the device set, a worker taken and given back. When `run` fails,
+  // its stream is drained and the failure goes through MarkFaulted.
+  absl::Status OnWorker(absl::FunctionRef<absl::Status(Worker* w)> run);
   absl::Status MarkFaulted(absl::Status s);
   void ResetDeviceLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Grow `w`'s device buffer / pinned staging to at least `bytes`, within the bounds.

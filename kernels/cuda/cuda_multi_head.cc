@@ -33,32 +33,22 @@ absl::Status CudaBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
 
 absl::Status CudaBackend::MultiHeadAs(absl::Span<const MultiHeadParams> batch, ComputeType type) {
   if (batch.empty()) return absl::OkStatus();
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
-  Worker* w = AcquireWorker();
-  absl::Cleanup release = [&] { ReleaseWorker(w); };
-  for (const MultiHeadParams& p : batch) {
-    absl::Status s = RunMultiHead(w, p, type);
-    if (!s.ok()) {
-      cudaStreamSynchronize(w->stream);
-      return MarkFaulted(std::move(s));
+  return OnWorker([&](Worker* w) {
+    for (const MultiHeadParams& p : batch) {
+      if (absl::Status s = RunMultiHead(w, p, type); !s.ok()) return s;
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CudaBackend::Project(absl::Span<const ProjectionParams> batch) {
   if (batch.empty()) return absl::OkStatus();
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
-  Worker* w = AcquireWorker();
-  absl::Cleanup release = [&] { ReleaseWorker(w); };
-  for (const ProjectionParams& p : batch) {
-    absl::Status s = RunProjection(w, p);
-    if (!s.ok()) {
-      cudaStreamSynchronize(w->stream);
-      return MarkFaulted(std::move(s));
+  return OnWorker([&](Worker* w) {
+    for (const ProjectionParams& p : batch) {
+      if (absl::Status s = RunProjection(w, p); !s.ok()) return s;
     }
-  }
-  return absl::OkStatus();
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CudaBackend::RunProjection(Worker* w, const ProjectionParams& p) {

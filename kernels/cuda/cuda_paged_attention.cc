@@ -44,17 +44,12 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
     return Backend::PagedAttention(p);  // the reference
   }
   if (p.num_seqs == 0 || p.total_q == 0) return absl::OkStatus();
-  RETURN_IF_GPU_ERROR(CudaCheck(cudaSetDevice(options_.device), "cudaSetDevice"));
-  Worker* w = AcquireWorker();
-  absl::Cleanup release = [&] { ReleaseWorker(w); };
-  // Checked while holding a worker: no reset can happen until it is released.
-  if (device_pages && p.store->lost()) return LostPagesError();
-  absl::Status s = RunPagedAttention(w, p);
-  if (!s.ok()) {
-    cudaStreamSynchronize(w->stream);
-    return MarkFaulted(std::move(s));
-  }
-  return absl::OkStatus();
+  return OnWorker([&](Worker* w) {
+    // Checked while holding a worker: no reset can happen until it is released. (Not a fault:
+    // MarkFaulted passes it through.)
+    if (device_pages && p.store->lost()) return LostPagesError();
+    return RunPagedAttention(w, p);
+  });
 }
 
 absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParams& p) {

@@ -145,36 +145,7 @@ TEST_P(BackendEmuTest, MultiHeadSelfAndCross) {
 // device's TF32 is checked by tests/gpu/); each item's bits alone and beside another item are
 // the same.
 TEST_P(BackendEmuTest, ProjectMatchesTheReference) {
-  std::mt19937 rng(9);
-  const MultiHeadWeights m = RandomModule(rng, 64, 4);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> x(37 * 64);
-  for (float& e : x) e = dist(rng);
-  std::vector<uint16_t> x16(x.size());
-  FromFloat32(DType::kBFloat16, x.data(), x.size(), x16.data());
-  using Weights = ProjectionParams::Weights;
-  for (const Weights which : {Weights::kQkv, Weights::kOut}) {
-    for (const DType type : {DType::kFloat32, DType::kBFloat16}) {
-      SCOPED_TRACE(::testing::Message()
-                   << (which == Weights::kQkv ? "W_qkv " : "W_o ") << DTypeName(type));
-      auto params = [&](std::vector<float>* y, int64_t rows) {
-        ProjectionParams p{.module = &m, .weights = which, .rows = rows};
-        p.x = type == DType::kFloat32 ? static_cast<const void*>(x.data()) : x16.data();
-        p.x_type = type;
-        y->assign(rows * p.n(), NAN);
-        p.y = y->data();
-        return p;
-      };
-      std::vector<float> want, got, alone, other;
-      ReferenceBackend reference;
-      ASSERT_TRUE(reference.Project({params(&want, 37)}).ok());
-      ASSERT_TRUE(backend_->Project({params(&got, 37), params(&other, 5)}).ok());
-      const std::vector<double> want64(want.begin(), want.end());
-      EXPECT_LE(MaxAbsDiff(got, want64), 1e-6);
-      ASSERT_TRUE(backend_->Project({params(&alone, 37)}).ok());
-      EXPECT_EQ(std::memcmp(alone.data(), got.data(), got.size() * sizeof(float)), 0);
-    }
-  }
+  ExpectProjectMatchesReference(*backend_, 64, 4, 37, 1e-6, 9);
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendEmuTest,

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "kernels/attention_params.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/flash_params.h"
+#include "kernels/dtype.h"
 #include "kernels/multi_head.h"
 #include "kernels/reference.h"
 
@@ -156,6 +158,42 @@ inline double MaxAbsDiff(const std::vector<float>& a, const std::vector<double>&
     m = std::max(m, e);
   }
   return m;
+}
+
+// Backend::Project (module sessions' projections) on `backend` against the float64 reference:
+// W_qkv and W_o of a random module over `rows` rows of float32 and of bfloat16 inputs, within
+// `bound`; and an item's bits alone and beside another item are the same.
+inline void ExpectProjectMatchesReference(Backend& backend, int d_model, int heads, int64_t rows,
+                                          double bound, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const MultiHeadWeights m = RandomModule(rng, d_model, heads);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(rows * d_model);
+  for (float& e : x) e = dist(rng);
+  std::vector<uint16_t> x16(x.size());
+  FromFloat32(DType::kBFloat16, x.data(), x.size(), x16.data());
+  using Weights = ProjectionParams::Weights;
+  for (const Weights which : {Weights::kQkv, Weights::kOut}) {
+    for (const DType type : {DType::kFloat32, DType::kBFloat16}) {
+      SCOPED_TRACE(::testing::Message()
+                   << (which == Weights::kQkv ? "W_qkv " : "W_o ") << DTypeName(type));
+      auto params = [&](std::vector<float>* y, int64_t n_rows) {
+        ProjectionParams p{.module = &m, .weights = which, .rows = n_rows};
+        p.x = type == DType::kFloat32 ? static_cast<const void*>(x.data()) : x16.data();
+        p.x_type = type;
+        y->assign(n_rows * p.n(), NAN);
+        p.y = y->data();
+        return p;
+      };
+      std::vector<float> want, got, alone, other;
+      ReferenceBackend reference;
+      ASSERT_TRUE(reference.Project({params(&want, rows)}).ok());
+      ASSERT_TRUE(backend.Project({params(&got, rows), params(&other, 5)}).ok());
+      EXPECT_LE(MaxAbsDiff(got, std::vector<double>(want.begin(), want.end())), bound);
+      ASSERT_TRUE(backend.Project({params(&alone, rows)}).ok());
+      EXPECT_EQ(std::memcmp(alone.data(), got.data(), got.size() * sizeof(float)), 0);
+    }
+  }
 }
 
 // The bound the fused paths are held to: max|fast - ref| <= 2 max|naive - ref| + kEps, the naive

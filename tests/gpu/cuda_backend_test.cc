@@ -195,36 +195,7 @@ TEST_P(CudaBackendTest, MultiHeadSelfAndCross) {
 // relative per product; d_model 512 products of |x| < 1 and weights of scale 1/sqrt(512)), for
 // W_qkv and W_o, float32 and bfloat16 inputs; an item's bits do not depend on its companions.
 TEST_P(CudaBackendTest, ProjectMatchesTheReferenceWithinTf32) {
-  std::mt19937 rng(10);
-  const MultiHeadWeights m = RandomModule(rng, 512, 8);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  std::vector<float> x(300 * 512);
-  for (float& e : x) e = dist(rng);
-  std::vector<uint16_t> x16(x.size());
-  FromFloat32(DType::kBFloat16, x.data(), x.size(), x16.data());
-  using Weights = ProjectionParams::Weights;
-  for (const Weights which : {Weights::kQkv, Weights::kOut}) {
-    for (const DType type : {DType::kFloat32, DType::kBFloat16}) {
-      SCOPED_TRACE(::testing::Message()
-                   << (which == Weights::kQkv ? "W_qkv " : "W_o ") << DTypeName(type));
-      auto params = [&](std::vector<float>* y, int64_t rows) {
-        ProjectionParams p{.module = &m, .weights = which, .rows = rows};
-        p.x = type == DType::kFloat32 ? static_cast<const void*>(x.data()) : x16.data();
-        p.x_type = type;
-        y->assign(rows * p.n(), NAN);
-        p.y = y->data();
-        return p;
-      };
-      std::vector<float> want, got, alone, other;
-      ReferenceBackend reference;
-      ASSERT_TRUE(reference.Project({params(&want, 300)}).ok());
-      ASSERT_TRUE(backend_->Project({params(&got, 300), params(&other, 7)}).ok());
-      const std::vector<double> want64(want.begin(), want.end());
-      EXPECT_LE(MaxAbsDiff(got, want64), 5e-3);
-      ASSERT_TRUE(backend_->Project({params(&alone, 300)}).ok());
-      EXPECT_EQ(std::memcmp(alone.data(), got.data(), got.size() * sizeof(float)), 0);
-    }
-  }
+  ExpectProjectMatchesReference(*backend_, 512, 8, 300, 5e-3, 10);
 }
 
 TEST_P(CudaBackendTest, ReportsMemoryAndDevice) {
