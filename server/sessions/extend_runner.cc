@@ -3,18 +3,13 @@
 // pages; then one PagedAttention call per (layout, heads, scale, query dtype) for each item's
 // next chunk; W_o for module items that are complete.
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
+#include <string>
 #include <tuple>
-#include <utility>
+#include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "kernels/paged_attention_params.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
@@ -59,8 +54,7 @@ void ConvertRows(kernels::DType from, const void* src, int64_t src_ld, kernels::
 absl::Status StoreFailure(const absl::Status& status, const kernels::PageStore& store,
                           const kernels::Backend& backend, const std::string& id) {
   if (store.lost()) return SessionManager::Lost(kDeviceReset, id);
-  return absl::InternalError(
-      absl::StrCat("backend ", backend.name(), " failed: ", status.message()));
+  return BackendFailure(backend, status);
 }
 
 }  // namespace

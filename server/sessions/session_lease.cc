@@ -3,19 +3,11 @@
 // copy, eviction of idle sessions when the pool is full), committed with the new tokens or
 // rolled back.
 #include <algorithm>
-#include <cmath>
-#include <cstring>
-#include <map>
-#include <random>
-#include <tuple>
+#include <optional>
 #include <utility>
+#include <vector>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "kernels/paged_attention_params.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"

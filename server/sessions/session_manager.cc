@@ -3,19 +3,12 @@
 #include "server/sessions/session_manager.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <map>
-#include <random>
-#include <tuple>
 #include <utility>
 
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "kernels/paged_attention_params.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager_internal.h"
 
