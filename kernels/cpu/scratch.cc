@@ -98,40 +98,43 @@ ScratchBuffer::~ScratchBuffer() {
   }
 }
 
-int64_t ReleaseIdleScratch() {
+namespace {
+
+// Calls visit(slot) for every slot no thread holds, each taken (kTaking) for the call so that
+// its thread cannot use it meanwhile, under the registry's lock.
+template <typename Visit>
+void ForEachFreeSlot(Visit visit) {
   Registry& r = TheRegistry();
   MutexLock lock(&r.mu);
-  int64_t freed = 0;
   for (ThreadSlots* t : r.threads) {
     for (Slot& s : t->slots) {
       int expected = Slot::kFree;
       if (!s.state.compare_exchange_strong(expected, Slot::kTaking, std::memory_order_acquire)) {
         continue;
       }
-      freed += s.size;
-      Free(s.data);
-      s.data = nullptr;
-      s.size = 0;
+      visit(s);
       s.state.store(Slot::kFree, std::memory_order_release);
     }
   }
+}
+
+}  // namespace
+
+int64_t ReleaseIdleScratch() {
+  int64_t freed = 0;
+  ForEachFreeSlot([&](Slot& s) {
+    freed += s.size;
+    Free(s.data);
+    s.data = nullptr;
+    s.size = 0;
+  });
   return freed;
 }
 
 int64_t KeptScratchBytes() {
-  Registry& r = TheRegistry();
-  MutexLock lock(&r.mu);
+  // Read only under the slot's own protocol: a held slot's size may change under its thread.
   int64_t bytes = 0;
-  for (ThreadSlots* t : r.threads) {
-    for (Slot& s : t->slots) {
-      // Read only under the slot's own protocol: a held slot's size may change under its thread.
-      int expected = Slot::kFree;
-      if (s.state.compare_exchange_strong(expected, Slot::kTaking, std::memory_order_acquire)) {
-        bytes += s.size;
-        s.state.store(Slot::kFree, std::memory_order_release);
-      }
-    }
-  }
+  ForEachFreeSlot([&](Slot& s) { bytes += s.size; });
   return bytes;
 }
 
