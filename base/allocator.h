@@ -16,7 +16,7 @@ namespace attnserve {
 std::string AllocatorDescription();
 
 // Hands the allocator's free pages back to the system now (jemalloc: every arena purged); false
-// where malloc is not jemalloc's. For an idle server (server/idle_release.h): jemalloc's own
+// where malloc is not jemalloc's. For an idle server (server/core/idle_release.h): jemalloc's own
 // decay returns them over about 10 s anyway.
 bool AllocatorReleaseFreeMemory();
 

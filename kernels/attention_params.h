@@ -45,8 +45,8 @@
 // arrived, and each backend converts where it computes (the reference up front, the CPU backend
 // per tile on its pool, CUDA on the device), so a 16-bit tensor is never widened to a float32
 // copy of its own.
-// Filled in exactly one place per caller (server/request_builder.cc for the service, the test
-// helpers for tests), so every backend sees the same layout conventions.
+// Filled in exactly one place per caller (server/transport/request_builder.cc for the service, the
+// test helpers for tests), so every backend sees the same layout conventions.
 #ifndef ATTNSERVE_KERNELS_ATTENTION_PARAMS_H_
 #define ATTNSERVE_KERNELS_ATTENTION_PARAMS_H_
 

@@ -14,13 +14,13 @@
 #include "grpcpp/server.h"
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
-#include "server/attention_service.h"
-#include "server/dispatcher.h"
-#include "server/idle_release.h"
-#include "server/limits.h"
+#include "server/core/dispatcher.h"
+#include "server/core/idle_release.h"
+#include "server/core/module_registry.h"
 #include "server/metrics/metrics.h"
-#include "server/module_registry.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/attention_service.h"
+#include "server/transport/limits.h"
 
 namespace attnserve::server {
 
@@ -85,7 +85,7 @@ struct ServerOptions {
   sessions::SessionOptions sessions;
   // Once no call has been open or arrived for this long, the memory kept between calls (the
   // backend's per-thread scratch, the allocator's free pages) goes back to the system
-  // (server/idle_release.h). Zero: never. Default: 2 s.
+  // (server/core/idle_release.h). Zero: never. Default: 2 s.
   absl::Duration idle_release = absl::Seconds(2);
   // Register the built-in "demo" module.
   bool demo_module = true;

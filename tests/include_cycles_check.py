@@ -3,10 +3,10 @@
 
     include_cycles_check.py ROOT FOLDER...
 
-A module is a header and its sources (`server/call.h`, `server/call.cc`: module `server/call`;
+A module is a header and its sources (`server/core/call.h`, `server/core/call.cc`: module `server/call`;
 a header `x_internal.h`, the private part of module x shared by its files, belongs to x);
 module A depends on module B when any file of A includes B's header by its repository path
-(`#include "server/dispatcher.h"`). A cycle (A needs B, B needs A, through any chain) means
+(`#include "server/core/dispatcher.h"`). A cycle (A needs B, B needs A, through any chain) means
 neither can be read, tested or changed alone: this fails naming each cycle's modules, and for
 each one the includes that close it. Exit 0 when there is none.
 

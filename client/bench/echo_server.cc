@@ -30,8 +30,8 @@ namespace {
 
 namespace v1 = attnserve::v1;
 
-// Attend served as attnserve serves it (server/attention_service.cc): a bidi stream of one
-// request and one response, the request read after the handler sees the call.
+// Attend served as attnserve serves it (server/transport/attention_service.cc): a bidi stream of
+// one request and one response, the request read after the handler sees the call.
 class StreamEchoReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamEchoReactor() { StartRead(&request_bytes_); }

@@ -70,7 +70,7 @@ enum class DropReason {
 // can; else why not, a cancellation first (its caller is gone whatever the deadline). The
 // batcher asks it where it decides not to compute (Schedule, RunNowOrSchedule, batch formation)
 // and the executor where it decides not to commit a session's extend; Call::Finish then says
-// what the caller is told (server/call.h).
+// what the caller is told (server/core/call.h).
 template <BatchTask Task>
 std::optional<DropReason> Undeliverable(const Task& task, absl::Time now) {
   if (task.IsCancelled()) return DropReason::kCancelled;

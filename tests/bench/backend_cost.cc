@@ -2,8 +2,8 @@
 // the backend's share of serving_sweep.py's overhead ratio (SERVING.md).
 //
 // The requests are attnserve-bench's own (client/bench/workload.h, the same shapes, dtype and
-// seed), turned into jobs by the server's own request builder (server/request_builder.h) and
-// computed by the backend the server would make (kernels/backend_factory.h) one request per
+// seed), turned into jobs by the server's own request builder (server/transport/request_builder.h)
+// and computed by the backend the server would make (kernels/backend_factory.h) one request per
 // batch, as a server computes a lone caller's calls. Nothing else runs in the process, so its
 // CPU time over the timed calls is the backend's (its thread pool included).
 //
@@ -21,8 +21,8 @@
 #include "absl/time/clock.h"
 #include "client/bench/workload.h"
 #include "kernels/backend_factory.h"
-#include "server/module_registry.h"
-#include "server/request_builder.h"
+#include "server/core/module_registry.h"
+#include "server/transport/request_builder.h"
 
 ABSL_FLAG(std::string, rpc, "attend", "attend or mha");
 ABSL_FLAG(std::string, shapes, "1,8,128,64", "one attnserve-bench --shapes entry");

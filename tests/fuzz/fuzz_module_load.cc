@@ -7,7 +7,7 @@
 
 #include "absl/strings/string_view.h"
 #include "kernels/reference.h"
-#include "server/module_registry.h"
+#include "server/core/module_registry.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;

@@ -1,7 +1,8 @@
-// What the request fuzz targets share: the server's own validation (server/request_builder.h)
-// with small limits, so that every accepted request is also computed (on the reference backend)
-// in a few milliseconds. A request the builder accepts must compute without error: its params
-// describe memory the job owns or views (AddressSanitizer checks every read and write).
+// What the request fuzz targets share: the server's own validation
+// (server/transport/request_builder.h) with small limits, so that every accepted request is also
+// computed (on the reference backend) in a few milliseconds. A request the builder accepts must
+// compute without error: its params describe memory the job owns or views (AddressSanitizer checks
+// every read and write).
 #ifndef ATTNSERVE_TESTS_FUZZ_FUZZ_REQUESTS_H_
 #define ATTNSERVE_TESTS_FUZZ_FUZZ_REQUESTS_H_
 
@@ -9,8 +10,8 @@
 
 #include "attnserve/v1/attention.pb.h"
 #include "kernels/reference.h"
-#include "server/module_registry.h"
-#include "server/request_builder.h"
+#include "server/core/module_registry.h"
+#include "server/transport/request_builder.h"
 
 namespace attnserve::fuzz {
 

@@ -7,7 +7,7 @@
 
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/slice.h"
-#include "server/wire.h"
+#include "server/transport/wire.h"
 #include "tests/fuzz/fuzz_requests.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

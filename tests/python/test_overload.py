@@ -115,7 +115,7 @@ class OverloadTest(unittest.TestCase):
                 # before the deadline can reach its caller after it (under a CPU quota the
                 # server's thread may sit throttled for 90 ms between the two). And a caller's
                 # deadline reaches the server as a cancel, which it counts as the deadline only
-                # within half the timeout of its own deadline (server/call.h, DeadlineSkew): a
+                # within half the timeout of its own deadline (server/core/call.h, DeadlineSkew): a
                 # machine loaded far beyond this one's usual 4x can deliver a call's headers later
                 # than that, and the server counts CANCELLED. (These callers never cancel by
                 # hand.) So: every code but OK, DEADLINE_EXCEEDED and CANCELLED exactly; OK at

@@ -1,6 +1,6 @@
-// server/admission.h: the gate's arithmetic on injected times, against expectations worked out
+// server/core/admission.h: the gate's arithmetic on injected times, against expectations worked out
 // by hand from its contract ((in_flight + 1) x interval against kTimeoutShare of the time left).
-#include "server/admission.h"
+#include "server/core/admission.h"
 
 #include "gtest/gtest.h"
 #include "server/batching/pushback.h"

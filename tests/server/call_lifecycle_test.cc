@@ -19,11 +19,11 @@
 #include "grpcpp/impl/codegen/client_unary_call.h"
 #include "grpcpp/impl/codegen/sync_stream.h"
 #include "gtest/gtest.h"
-#include "server/attention_service.h"
 #include "server/batching/cost_model.h"
-#include "server/call.h"
+#include "server/core/call.h"
 #include "server/server_host.h"
-#include "server/wire.h"
+#include "server/transport/attention_service.h"
+#include "server/transport/wire.h"
 #include "tests/testing/exposition.h"
 #include "tests/testing/gated_server.h"
 #include "tests/testing/requests.h"
@@ -328,7 +328,7 @@ TEST(LimitsTest, GrpcIsToldTwiceTheMessageLimitAtMostIntMax) {
 
 // Beyond twice the limit gRPC refuses the message before the server sees it: the caller gets
 // RESOURCE_EXHAUSTED, and the server, told only that the message did not arrive, counts a
-// cancelled call (as server/limits.h documents).
+// cancelled call (as server/transport/limits.h documents).
 TEST_F(CallLifecycleTest, AMessageOverTwiceTheLimitIsRefusedByGrpc) {
   AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, {1, 2, 2, 16, 16, 8, 8}, false, false);
   server::ServerOptions options;

@@ -1,8 +1,8 @@
-// server/idle_release.h on a fake clock: it releases once the server has been idle (no call open
-// and none opened) for the whole `idle`, once per quiet period, never while a call is open, and a
-// call arriving restarts the wait. Each step waits for the releaser to be asleep until its next
-// look (FakeClock::BlockUntilWaiting) before time moves: nothing depends on real time.
-#include "server/idle_release.h"
+// server/core/idle_release.h on a fake clock: it releases once the server has been idle (no call
+// open and none opened) for the whole `idle`, once per quiet period, never while a call is open,
+// and a call arriving restarts the wait. Each step waits for the releaser to be asleep until its
+// next look (FakeClock::BlockUntilWaiting) before time moves: nothing depends on real time.
+#include "server/core/idle_release.h"
 
 #include <atomic>
 

@@ -15,8 +15,8 @@
 //             DEADLINE_EXCEEDED or CANCELLED, whatever was computed, and it is counted so.
 //   Responder what the reactor does with the answer, called once, as the last thing Finish
 //             does (the reactor may be deleted as soon as it has responded).
-#ifndef ATTNSERVE_SERVER_CALL_H_
-#define ATTNSERVE_SERVER_CALL_H_
+#ifndef ATTNSERVE_SERVER_CORE_CALL_H_
+#define ATTNSERVE_SERVER_CORE_CALL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -120,4 +120,4 @@ absl::Time DeadlineOf(const grpc::CallbackServerContext& context);
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_CALL_H_
+#endif  // ATTNSERVE_SERVER_CORE_CALL_H_

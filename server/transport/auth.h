@@ -1,7 +1,7 @@
 // Who may call: the server's authorisation of a call, from its metadata (bearer tokens; mutual
 // TLS is checked by gRPC itself, before any handler runs).
-#ifndef ATTNSERVE_SERVER_AUTH_H_
-#define ATTNSERVE_SERVER_AUTH_H_
+#ifndef ATTNSERVE_SERVER_TRANSPORT_AUTH_H_
+#define ATTNSERVE_SERVER_TRANSPORT_AUTH_H_
 
 #include <string>
 
@@ -15,4 +15,4 @@ absl::Status Authorize(const grpc::CallbackServerContext& context, const std::st
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_AUTH_H_
+#endif  // ATTNSERVE_SERVER_TRANSPORT_AUTH_H_

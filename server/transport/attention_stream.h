@@ -1,8 +1,8 @@
 // The AttentionStream rpc: a bidirectional stream whose requests are computed like unary ones
 // (through the same dispatcher, so they batch with everyone else's) and answered in completion
 // order, each response carrying its request's id.
-#ifndef ATTNSERVE_SERVER_ATTENTION_STREAM_H_
-#define ATTNSERVE_SERVER_ATTENTION_STREAM_H_
+#ifndef ATTNSERVE_SERVER_TRANSPORT_ATTENTION_STREAM_H_
+#define ATTNSERVE_SERVER_TRANSPORT_ATTENTION_STREAM_H_
 
 #include <deque>
 #include <optional>
@@ -13,12 +13,12 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "base/mutex.h"
 #include "grpcpp/support/byte_buffer.h"
-#include "server/call.h"
-#include "server/dispatcher.h"
-#include "server/limits.h"
+#include "server/core/call.h"
+#include "server/core/dispatcher.h"
+#include "server/core/module_registry.h"
 #include "server/metrics/metrics.h"
-#include "server/module_registry.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/limits.h"
 
 namespace attnserve::server {
 
@@ -124,4 +124,4 @@ class OpenStreams {
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_ATTENTION_STREAM_H_
+#endif  // ATTNSERVE_SERVER_TRANSPORT_ATTENTION_STREAM_H_

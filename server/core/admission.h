@@ -12,8 +12,8 @@
 // left to its deadline is refused at once, costing the server its headers only. With nothing in
 // flight a call is always admitted, so the gate cannot starve the server, and a short deadline
 // never locks the gate shut.
-#ifndef ATTNSERVE_SERVER_ADMISSION_H_
-#define ATTNSERVE_SERVER_ADMISSION_H_
+#ifndef ATTNSERVE_SERVER_CORE_ADMISSION_H_
+#define ATTNSERVE_SERVER_CORE_ADMISSION_H_
 
 #include <cstdint>
 
@@ -58,4 +58,4 @@ class AdmissionGate {
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_ADMISSION_H_
+#endif  // ATTNSERVE_SERVER_CORE_ADMISSION_H_

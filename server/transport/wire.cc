@@ -1,4 +1,4 @@
-#include "server/wire.h"
+#include "server/transport/wire.h"
 
 #include <optional>
 #include <string>
@@ -7,8 +7,8 @@
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "base/strings.h"
 #include "server/batching/pushback.h"
-#include "server/request_builder.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/request_builder.h"
 
 namespace attnserve::server {
 

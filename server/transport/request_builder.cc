@@ -1,4 +1,4 @@
-#include "server/request_builder.h"
+#include "server/transport/request_builder.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,13 +1,13 @@
 // Computes batches of Jobs on a backend and answers each job.
-#ifndef ATTNSERVE_SERVER_EXECUTOR_H_
-#define ATTNSERVE_SERVER_EXECUTOR_H_
+#ifndef ATTNSERVE_SERVER_CORE_EXECUTOR_H_
+#define ATTNSERVE_SERVER_CORE_EXECUTOR_H_
 
 #include <memory>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "kernels/backend.h"
-#include "server/job.h"
+#include "server/core/job.h"
 #include "server/metrics/metrics.h"
 
 namespace attnserve::server {
@@ -49,4 +49,4 @@ class Executor {
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_EXECUTOR_H_
+#endif  // ATTNSERVE_SERVER_CORE_EXECUTOR_H_

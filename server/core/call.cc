@@ -1,4 +1,4 @@
-#include "server/call.h"
+#include "server/core/call.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,4 +1,4 @@
-#include "server/limits.h"
+#include "server/transport/limits.h"
 
 #include <algorithm>
 #include <limits>

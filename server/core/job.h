@@ -3,9 +3,9 @@
 //
 // A Job is built from a proto request by request_builder.h (which validates everything a
 // caller controls), computed by an Executor as part of a batch, and answered exactly once
-// through its Call (server/call.h).
-#ifndef ATTNSERVE_SERVER_JOB_H_
-#define ATTNSERVE_SERVER_JOB_H_
+// through its Call (server/core/call.h).
+#ifndef ATTNSERVE_SERVER_CORE_JOB_H_
+#define ATTNSERVE_SERVER_CORE_JOB_H_
 
 #include <atomic>
 #include <cstdint>
@@ -22,9 +22,9 @@
 #include "kernels/attention_params.h"
 #include "kernels/dtype.h"
 #include "kernels/multi_head.h"
-#include "server/call.h"
+#include "server/core/call.h"
+#include "server/core/module_registry.h"
 #include "server/metrics/metrics.h"
-#include "server/module_registry.h"
 #include "server/sessions/session_manager.h"
 
 namespace attnserve::server {
@@ -105,4 +105,4 @@ struct Job {
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_JOB_H_
+#endif  // ATTNSERVE_SERVER_CORE_JOB_H_

@@ -1,4 +1,4 @@
-#include "server/dispatcher.h"
+#include "server/core/dispatcher.h"
 
 #include "absl/strings/str_cat.h"
 

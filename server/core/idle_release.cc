@@ -1,4 +1,4 @@
-#include "server/idle_release.h"
+#include "server/core/idle_release.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,22 +1,22 @@
 // The gRPC service: validates requests at the boundary, hands jobs to the dispatcher and
 // answers from the dispatcher's threads. Handlers never block: they run on gRPC's small
 // callback pool, so anything that waits (queueing, computing) happens elsewhere.
-#ifndef ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
-#define ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
+#ifndef ATTNSERVE_SERVER_TRANSPORT_ATTENTION_SERVICE_H_
+#define ATTNSERVE_SERVER_TRANSPORT_ATTENTION_SERVICE_H_
 
 #include <atomic>
 #include <string>
 
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "kernels/backend.h"
-#include "server/admission.h"
-#include "server/attention_stream.h"
-#include "server/call.h"
-#include "server/dispatcher.h"
-#include "server/limits.h"
+#include "server/core/admission.h"
+#include "server/core/call.h"
+#include "server/core/dispatcher.h"
+#include "server/core/module_registry.h"
 #include "server/metrics/metrics.h"
-#include "server/module_registry.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/attention_stream.h"
+#include "server/transport/limits.h"
 
 namespace attnserve::server {
 
@@ -155,4 +155,4 @@ void FillModuleInfo(const Module& module, v1::ModuleInfo* info);
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_ATTENTION_SERVICE_H_
+#endif  // ATTNSERVE_SERVER_TRANSPORT_ATTENTION_SERVICE_H_

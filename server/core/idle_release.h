@@ -7,8 +7,8 @@
 // Idle means: no call open, and none opened, for `idle`. The releaser then releases once, and
 // again only after a call has come and gone. Thread-safe; time is injected (tests drive a
 // FakeClock).
-#ifndef ATTNSERVE_SERVER_IDLE_RELEASE_H_
-#define ATTNSERVE_SERVER_IDLE_RELEASE_H_
+#ifndef ATTNSERVE_SERVER_CORE_IDLE_RELEASE_H_
+#define ATTNSERVE_SERVER_CORE_IDLE_RELEASE_H_
 
 #include <cstdint>
 #include <functional>
@@ -54,4 +54,4 @@ class IdleReleaser {
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_IDLE_RELEASE_H_
+#endif  // ATTNSERVE_SERVER_CORE_IDLE_RELEASE_H_

@@ -1,11 +1,11 @@
-#include "server/attention_stream.h"
+#include "server/transport/attention_stream.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "base/strings.h"
-#include "server/request_builder.h"
-#include "server/wire.h"
+#include "server/transport/request_builder.h"
+#include "server/transport/wire.h"
 
 namespace attnserve::server {
 namespace {

@@ -3,8 +3,8 @@
 // Jobs of one signature (Job::signature: kind, dtype, heads, head dims, module, whether weights
 // are returned) are packed into batches by server/batching/batcher.h and computed with one
 // backend call per batch. With batching off, every batch holds one job and nothing waits.
-#ifndef ATTNSERVE_SERVER_DISPATCHER_H_
-#define ATTNSERVE_SERVER_DISPATCHER_H_
+#ifndef ATTNSERVE_SERVER_CORE_DISPATCHER_H_
+#define ATTNSERVE_SERVER_CORE_DISPATCHER_H_
 
 #include <memory>
 #include <string>
@@ -14,8 +14,8 @@
 #include "absl/time/time.h"
 #include "base/mutex.h"
 #include "server/batching/batcher.h"
-#include "server/executor.h"
-#include "server/job.h"
+#include "server/core/executor.h"
+#include "server/core/job.h"
 #include "server/metrics/metrics.h"
 
 namespace attnserve::server {
@@ -100,4 +100,4 @@ metrics::DropReason ToMetrics(batching::DropReason why);
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_DISPATCHER_H_
+#endif  // ATTNSERVE_SERVER_CORE_DISPATCHER_H_

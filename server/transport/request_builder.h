@@ -4,16 +4,16 @@
 // Every error names the field and the value, e.g.
 //   INVALID_ARGUMENT "key.shape[3] must equal query.shape[3] (64); was 32".
 // Limit violations are RESOURCE_EXHAUSTED (see Limits).
-#ifndef ATTNSERVE_SERVER_REQUEST_BUILDER_H_
-#define ATTNSERVE_SERVER_REQUEST_BUILDER_H_
+#ifndef ATTNSERVE_SERVER_TRANSPORT_REQUEST_BUILDER_H_
+#define ATTNSERVE_SERVER_TRANSPORT_REQUEST_BUILDER_H_
 
 #include <memory>
 
 #include "absl/status/statusor.h"
 #include "attnserve/v1/attention.pb.h"
-#include "server/job.h"
-#include "server/limits.h"
-#include "server/module_registry.h"
+#include "server/core/job.h"
+#include "server/core/module_registry.h"
+#include "server/transport/limits.h"
 
 namespace attnserve::server {
 
@@ -83,4 +83,4 @@ void ReleaseBuffers(Job* job);
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_REQUEST_BUILDER_H_
+#endif  // ATTNSERVE_SERVER_TRANSPORT_REQUEST_BUILDER_H_

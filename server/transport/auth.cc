@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "server/transport/auth.h"
 
 #include <string>
 

@@ -1,4 +1,4 @@
-#include "server/attention_service.h"
+#include "server/transport/attention_service.h"
 
 #include <atomic>
 #include <chrono>
@@ -13,10 +13,10 @@
 #include "absl/time/clock.h"
 #include "base/mutex.h"
 #include "base/strings.h"
-#include "server/attention_stream.h"
-#include "server/auth.h"
-#include "server/request_builder.h"
-#include "server/wire.h"
+#include "server/transport/attention_stream.h"
+#include "server/transport/auth.h"
+#include "server/transport/request_builder.h"
+#include "server/transport/wire.h"
 
 namespace attnserve::server {
 namespace {

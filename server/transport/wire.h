@@ -1,8 +1,8 @@
 // The transport's wire helpers: messages from and to the raw ByteBuffers of the callback
 // methods (responses with a float32 output handed to gRPC without a copy), and statuses from
 // absl::Status to gRPC's with the trailing metadata callers read (session lost, retry pushback).
-#ifndef ATTNSERVE_SERVER_WIRE_H_
-#define ATTNSERVE_SERVER_WIRE_H_
+#ifndef ATTNSERVE_SERVER_TRANSPORT_WIRE_H_
+#define ATTNSERVE_SERVER_TRANSPORT_WIRE_H_
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -10,7 +10,7 @@
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
-#include "server/job.h"
+#include "server/core/job.h"
 
 namespace attnserve::server {
 
@@ -36,4 +36,4 @@ grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServer
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_WIRE_H_
+#endif  // ATTNSERVE_SERVER_TRANSPORT_WIRE_H_

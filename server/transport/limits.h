@@ -1,6 +1,6 @@
 // Request limits of the server (reported by GetServerInfo.limits).
-#ifndef ATTNSERVE_SERVER_LIMITS_H_
-#define ATTNSERVE_SERVER_LIMITS_H_
+#ifndef ATTNSERVE_SERVER_TRANSPORT_LIMITS_H_
+#define ATTNSERVE_SERVER_TRANSPORT_LIMITS_H_
 
 #include <cstdint>
 
@@ -43,4 +43,4 @@ absl::Status CheckMessageSize(const Limits& limits, int64_t bytes, absl::string_
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_LIMITS_H_
+#endif  // ATTNSERVE_SERVER_TRANSPORT_LIMITS_H_

@@ -1,6 +1,6 @@
 // Named multi-head attention modules, shared by every request that uses them.
-#ifndef ATTNSERVE_SERVER_MODULE_REGISTRY_H_
-#define ATTNSERVE_SERVER_MODULE_REGISTRY_H_
+#ifndef ATTNSERVE_SERVER_CORE_MODULE_REGISTRY_H_
+#define ATTNSERVE_SERVER_CORE_MODULE_REGISTRY_H_
 
 #include <map>
 #include <memory>
@@ -62,4 +62,4 @@ std::shared_ptr<const Module> DemoModule();
 
 }  // namespace attnserve::server
 
-#endif  // ATTNSERVE_SERVER_MODULE_REGISTRY_H_
+#endif  // ATTNSERVE_SERVER_CORE_MODULE_REGISTRY_H_

@@ -1,4 +1,4 @@
-#include "server/executor.h"
+#include "server/core/executor.h"
 
 #include <algorithm>
 

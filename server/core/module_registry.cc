@@ -1,4 +1,4 @@
-#include "server/module_registry.h"
+#include "server/core/module_registry.h"
 
 #include <cmath>
 #include <random>
