@@ -4,10 +4,9 @@
 // backend keeps them in device memory, so that a decode step moves its new tokens' K and V to
 // the device and never the cache.
 //
-// A store holds `capacity` pages of the layout paged_attention_params.h defines (HND within a
-// page). Its unit of writing is a row: one token's K (head_dim elements) or V (v_head_dim
-// elements) of one kv head. Row r = (page * num_kv_heads + kv_head) * page_size + slot starts at
-// element r * head_dim of the K pages and r * v_head_dim of the V pages.
+// A store holds `capacity` pages of one PageLayout (page_layout.h: HND within a page). Its unit
+// of writing is a row: one token's K (head_dim elements) or V (v_head_dim elements) of one kv
+// head, at PageLayout::row.
 //
 // Thread-safety: thread-safe for calls that touch disjoint pages (the session manager writes
 // only pages its extend holds alone); PagedAttention may read other pages meanwhile.
@@ -21,27 +20,13 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "kernels/page_layout.h"
 
 namespace attnserve::kernels {
 
-struct PageStoreShape {
-  int num_kv_heads = 0;
-  int head_dim = 0;    // D, of K
-  int v_head_dim = 0;  // Dv, of V
-  int page_size = 0;   // tokens per page
-  DType dtype = DType::kFloat32;
+// A store's pages (their layout, page_layout.h) and how many it holds.
+struct PageStoreShape : PageLayout {
   int32_t capacity = 0;  // pages
-
-  int64_t k_page_bytes() const {
-    return int64_t{num_kv_heads} * page_size * head_dim * static_cast<int64_t>(DTypeSize(dtype));
-  }
-  int64_t v_page_bytes() const {
-    return int64_t{num_kv_heads} * page_size * v_head_dim * static_cast<int64_t>(DTypeSize(dtype));
-  }
-  // The row of (page, kv_head, slot) (see above).
-  int64_t row(int32_t page, int kv_head, int slot) const {
-    return (int64_t{page} * num_kv_heads + kv_head) * page_size + slot;
-  }
 };
 
 class PageStore {

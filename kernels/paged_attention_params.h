@@ -1,14 +1,9 @@
 // The parameters of attention over a paged KV cache (decode sessions), shared by every backend
 // (reference, CPU, CUDA) and by the server's session pool, which owns the pages.
 //
-// The pool. K and V live in two arrays of `num_pages` fixed-size pages, in the cache's element
-// type `dtype` (FLOAT32, FLOAT16 or BFLOAT16):
-//
-//   k_pages[page][kv_head][slot][0..head_dim)       page_stride = num_kv_heads * page_size * D
-//   v_pages[page][kv_head][slot][0..v_head_dim)     page_stride = num_kv_heads * page_size * Dv
-//
-// ("HND" within a page: one kv head's `page_size` keys are contiguous, so a decode kernel
-// streams them with unit stride and the query heads of a GQA group read them once.)
+// The pool. K and V live in two arrays of fixed-size pages, in the cache's element type `dtype`
+// (FLOAT32, FLOAT16 or BFLOAT16), laid out as the params' PageLayout says (page_layout.h: HND
+// within a page; k_offset and v_offset give a token's row).
 //
 // The sequences. Sequence s has `kv_lens[s]` keys in its cache (the new tokens' K and V already
 // appended) at positions 0..kv_lens[s]-1; position p lives in page
@@ -40,6 +35,7 @@
 #include <cstdint>
 
 #include "kernels/dtype.h"
+#include "kernels/page_layout.h"
 #include "kernels/page_store.h"
 
 namespace attnserve::kernels {
@@ -47,6 +43,10 @@ namespace attnserve::kernels {
 // Keys per split of a sequence, for kernels that split (a constant: see batch invariance above).
 inline constexpr int kPagedSplitKeys = 256;
 
+// Flat, as FlashAttention's params are (the CUDA kernels take it by value; their register
+// budget is tight enough that the order of these fields matters to ptxas): the pages' geometry
+// is num_kv_heads, head_dim, v_head_dim, page_size and dtype, and layout() is its PageLayout,
+// which alone defines the offsets.
 struct PagedAttentionParams {
   // Dimensions. REQUIRES: all >= 1, num_heads % num_kv_heads == 0.
   int num_seqs = 0;
@@ -85,15 +85,25 @@ struct PagedAttentionParams {
 
   float scale = 1.0f;  // usually 1 / sqrt(head_dim)
 
-  int64_t k_page_stride() const { return int64_t{num_kv_heads} * page_size * head_dim; }
-  int64_t v_page_stride() const { return int64_t{num_kv_heads} * page_size * v_head_dim; }
-  // Element offset of (page, kv head, slot) in k_pages / v_pages.
-  int64_t k_offset(int32_t page, int kv_head, int slot) const {
-    return page * k_page_stride() + (int64_t{kv_head} * page_size + slot) * head_dim;
+  ATTNSERVE_LAYOUT_HD PageLayout layout() const {
+    return {num_kv_heads, head_dim, v_head_dim, page_size, dtype};
   }
-  int64_t v_offset(int32_t page, int kv_head, int slot) const {
-    return page * v_page_stride() + (int64_t{kv_head} * page_size + slot) * v_head_dim;
+  void set_layout(const PageLayout& l) {
+    num_kv_heads = l.num_kv_heads;
+    head_dim = l.head_dim;
+    v_head_dim = l.v_head_dim;
+    page_size = l.page_size;
+    dtype = l.dtype;
   }
+  // Element offset of (page, kv head, slot) in k_pages / v_pages (PageLayout's).
+  ATTNSERVE_LAYOUT_HD int64_t k_offset(int32_t page, int kv_head, int slot) const {
+    return layout().k_offset(page, kv_head, slot);
+  }
+  ATTNSERVE_LAYOUT_HD int64_t v_offset(int32_t page, int kv_head, int slot) const {
+    return layout().v_offset(page, kv_head, slot);
+  }
+  int64_t k_page_stride() const { return layout().k_page_stride(); }
+  int64_t v_page_stride() const { return layout().v_page_stride(); }
 };
 
 }  // namespace attnserve::kernels

@@ -68,19 +68,6 @@ ATTNSERVE_HD PagedBlock PagedBlockOf(const PagedAttentionParams& p, int64_t b, i
   return blk;
 }
 
-// Element offsets of (page, kv head, slot) in k_pages / v_pages: PagedAttentionParams::k_offset
-// and v_offset, which are host-only.
-ATTNSERVE_HD int64_t PagedKOffset(const PagedAttentionParams& p, int32_t page, int kv_head,
-                                  int slot) {
-  return (int64_t{page} * p.num_kv_heads * p.page_size + int64_t{kv_head} * p.page_size + slot) *
-         p.head_dim;
-}
-ATTNSERVE_HD int64_t PagedVOffset(const PagedAttentionParams& p, int32_t page, int kv_head,
-                                  int slot) {
-  return (int64_t{page} * p.num_kv_heads * p.page_size + int64_t{kv_head} * p.page_size + slot) *
-         p.v_head_dim;
-}
-
 // Keys row `row` of sequence `seq` may attend to (causal, bottom-right aligned).
 ATTNSERVE_HD int PagedRowLimit(const PagedAttentionParams& p, int seq, int row) {
   const int token = row / (p.num_heads / p.num_kv_heads);
@@ -150,7 +137,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
     for (int r = 0; r < kPagedRows; ++r) s[r] = 0.0f;
     if (j < j_end) {
       const Element* k_row =
-          k_pages + PagedKOffset(p, pages[j / p.page_size], blk.kv_head, j % p.page_size);
+          k_pages + p.k_offset(pages[j / p.page_size], blk.kv_head, j % p.page_size);
       for (int d = 0; d < p.head_dim; ++d) {
         const float kd = detail::ToFloat(k_row[d]);
 #pragma unroll
@@ -173,7 +160,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
     for (int jj = 0; jj < n; ++jj) {
       const int key = j0 + jj;
       const Element* v_row =
-          v_pages + PagedVOffset(p, pages[key / p.page_size], blk.kv_head, key % p.page_size);
+          v_pages + p.v_offset(pages[key / p.page_size], blk.kv_head, key % p.page_size);
       float vals[kOutPerLane];
 #pragma unroll
       for (int t = 0; t < kOutPerLane; ++t) {
@@ -273,7 +260,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32)
         const Element* v_pages = static_cast<const Element*>(p.v_pages);
         for (int j = 0; j < kv_len; ++j) {
           a += detail::ToFloat(
-              v_pages[PagedVOffset(p, pages[j / p.page_size], blk.kv_head, j % p.page_size) + d]);
+              v_pages[p.v_offset(pages[j / p.page_size], blk.kv_head, j % p.page_size) + d]);
         }
         o[d] = a / static_cast<float>(kv_len);
         continue;

@@ -187,11 +187,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     kernels::PagedAttentionParams p;
     p.num_seqs = static_cast<int>(members.size());
     p.num_heads = first.num_heads;
-    p.num_kv_heads = l.num_kv_heads;
-    p.head_dim = l.head_dim;
-    p.v_head_dim = l.v_head_dim;
-    p.page_size = static_cast<int>(page_tokens);
-    p.dtype = l.dtype;
+    p.set_layout(l);
     p.q_dtype = q_dtype;
     p.store = arena.store();
     p.k_pages = arena.store()->k_base();

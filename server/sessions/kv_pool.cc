@@ -33,8 +33,7 @@ int64_t KvPool::pages_used() const {
 }
 
 int64_t KvPool::pages_total() const {
-  int64_t largest =
-      PageLayout{8, 128, 128, kernels::DType::kFloat32}.k_page_bytes(page_tokens_) * 2;
+  int64_t largest = PageLayout{8, 128, 128, page_tokens_, kernels::DType::kFloat32}.page_bytes();
   if (!arenas_.empty()) {
     largest = 0;
     for (const auto& [layout, arena] : arenas_) largest = std::max(largest, arena->page_bytes());
@@ -53,8 +52,12 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
     retired_.push_back(std::move(it->second));
     arenas_.erase(it);
   }
-  const int64_t k_bytes = layout.k_page_bytes(page_tokens_);
-  const int64_t v_bytes = layout.v_page_bytes(page_tokens_);
+  if (layout.page_size != page_tokens_) {
+    return absl::InternalError(absl::StrCat("a layout of ", layout.page_size,
+                                            " tokens a page asked of a pool of ", page_tokens_));
+  }
+  const int64_t k_bytes = layout.k_page_bytes();
+  const int64_t v_bytes = layout.v_page_bytes();
   if (k_bytes + v_bytes > pool_bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "a page of this layout (", page_tokens_, " tokens: ", k_bytes + v_bytes,
@@ -66,13 +69,8 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
                      " different head layouts, its limit; close sessions of another layout first"));
   }
   std::unique_ptr<Arena> arena(new Arena());
-  arena->layout_ = layout;
   kernels::PageStoreShape shape;
-  shape.num_kv_heads = layout.num_kv_heads;
-  shape.head_dim = layout.head_dim;
-  shape.v_head_dim = layout.v_head_dim;
-  shape.page_size = page_tokens_;
-  shape.dtype = layout.dtype;
+  static_cast<PageLayout&>(shape) = layout;
   // As many pages as the whole budget would hold, so page indices never move.
   shape.capacity =
       static_cast<int32_t>(std::min<int64_t>(pool_bytes_ / (k_bytes + v_bytes), INT32_MAX));
@@ -92,7 +90,7 @@ void KvPool::Release(Arena* arena) {
 
 void KvPool::MaybeFree(Arena* arena) {
   if (arena->users_ > 0 || arena->pages_used_ > 0) return;
-  auto it = arenas_.find(arena->layout_);
+  auto it = arenas_.find(arena->layout());
   if (it != arenas_.end() && it->second.get() == arena) {
     arenas_.erase(it);
     return;

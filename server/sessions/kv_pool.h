@@ -30,40 +30,19 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "kernels/dtype.h"
+#include "kernels/page_layout.h"
 #include "kernels/page_store.h"
 
 namespace attnserve::server::sessions {
 
-// What a page holds: page_tokens tokens of num_kv_heads heads, K of head_dim and V of
-// v_head_dim elements, in `dtype`.
-struct PageLayout {
-  int num_kv_heads = 0;
-  int head_dim = 0;
-  int v_head_dim = 0;
-  kernels::DType dtype = kernels::DType::kFloat32;
-
-  int64_t k_page_bytes(int page_tokens) const {
-    return int64_t{num_kv_heads} * page_tokens * head_dim *
-           static_cast<int64_t>(kernels::DTypeSize(dtype));
-  }
-  int64_t v_page_bytes(int page_tokens) const {
-    return int64_t{num_kv_heads} * page_tokens * v_head_dim *
-           static_cast<int64_t>(kernels::DTypeSize(dtype));
-  }
-  bool operator==(const PageLayout& o) const {
-    return num_kv_heads == o.num_kv_heads && head_dim == o.head_dim && v_head_dim == o.v_head_dim &&
-           dtype == o.dtype;
-  }
-  template <typename H>
-  friend H AbslHashValue(H h, const PageLayout& l) {
-    return H::combine(std::move(h), l.num_kv_heads, l.head_dim, l.v_head_dim, l.dtype);
-  }
-};
+// What a page holds (kernels/page_layout.h): the arenas are keyed by it, and its page_size is
+// always the pool's page_tokens.
+using kernels::PageLayout;
 
 // The pages of one layout.
 class Arena {
  public:
-  const PageLayout& layout() const { return layout_; }
+  const PageLayout& layout() const { return store_->shape(); }
   // The pages' memory (PagedAttentionParams::store, k_pages, v_pages); its shape gives the page
   // size in bytes and the pages it holds.
   kernels::PageStore* store() const { return store_.get(); }
@@ -78,7 +57,6 @@ class Arena {
   friend class KvPool;
   Arena() = default;
 
-  PageLayout layout_;
   std::unique_ptr<kernels::PageStore> store_;
   int32_t next_unused_ = 0;  // pages below it have been handed out at least once
   // Freed pages, reused first, lowest first (a min-heap): the pages in use stay packed at the

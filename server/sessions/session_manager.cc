@@ -218,6 +218,7 @@ absl::StatusOr<SessionState> SessionManager::AddLocked(std::shared_ptr<Session> 
 absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   auto s = std::make_shared<Session>();
   PageLayout layout;
+  layout.page_size = pool_->page_tokens();
   layout.dtype = spec.cache_dtype;
   if (spec.module != nullptr) {
     s->module_name = spec.module_name;

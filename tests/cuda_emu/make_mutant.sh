@@ -76,8 +76,8 @@ case "$name" in
     to="  for (int s = 0; s + 1 < splits; ++s) {${nl}    const float* row = base + s * slot_floats;" ;;
   paged_wrong_page)  # the logical page index used as the physical one (page table skipped)
     file=paged_attention_kernel.h
-    from="PagedKOffset(p, pages[j / p.page_size], blk.kv_head"
-    to="PagedKOffset(p, j / p.page_size, blk.kv_head" ;;
+    from="p.k_offset(pages[j / p.page_size], blk.kv_head"
+    to="p.k_offset(j / p.page_size, blk.kv_head" ;;
   paged_causal_off_by_one)  # a query row also sees the next token's key
     file=paged_attention_kernel.h
     from="return p.kv_lens[seq] - p.q_lens[seq] + token + 1;"

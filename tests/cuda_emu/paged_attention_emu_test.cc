@@ -403,10 +403,7 @@ void CheckScatter(DType dtype, unsigned blocks_cap) {
   shape.dtype = dtype;
   shape.capacity = 5;
   PagedAttentionParams p;  // for its offsets
-  p.num_kv_heads = shape.num_kv_heads;
-  p.head_dim = shape.head_dim;
-  p.v_head_dim = shape.v_head_dim;
-  p.page_size = shape.page_size;
+  p.set_layout(shape);
   const int64_t all_rows = int64_t{shape.capacity} * shape.num_kv_heads * shape.page_size;
   std::mt19937 rng(11);
   std::vector<int64_t> order(all_rows);

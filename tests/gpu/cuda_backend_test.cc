@@ -362,11 +362,7 @@ TEST_P(CudaPagedAttentionTest, DeviceStoreMatchesHostPages) {
   PagedPool pool = MakePagedPool(GetParam(), {{1, 1000, 5}, {13, 300, 6}, {1, 257, 4}}, 7);
   PagedAttentionParams& p = pool.p;
   PageStoreShape shape;
-  shape.num_kv_heads = p.num_kv_heads;
-  shape.head_dim = p.head_dim;
-  shape.v_head_dim = p.v_head_dim;
-  shape.page_size = p.page_size;
-  shape.dtype = p.dtype;
+  static_cast<PageLayout&>(shape) = p.layout();
   shape.capacity = static_cast<int32_t>(pool.k.size() / shape.k_page_bytes());
   auto store = backend_->NewPageStore(shape);
   ASSERT_TRUE(store.ok()) << store.status();

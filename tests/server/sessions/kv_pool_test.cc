@@ -17,18 +17,32 @@ namespace {
 constexpr uintptr_t kHugePage = uintptr_t{2} << 20;
 
 // A page of 16 tokens of 8 kv heads of 128 float16: 32 KiB of K and 32 KiB of V.
-const PageLayout kLayout{8, 128, 128, kernels::DType::kFloat16};
+const PageLayout kLayout{8, 128, 128, 16, kernels::DType::kFloat16};
 
 TEST(KvPoolTest, ArenaRangesStartOnHugePageBoundaries) {
   auto pool = KvPool::Create(int64_t{256} << 20, 16, 4);
   ASSERT_TRUE(pool.ok()) << pool.status();
   // Two layouts, so that the second arena's ranges are reserved after others exist.
-  for (const PageLayout& layout : {kLayout, PageLayout{2, 64, 32, kernels::DType::kFloat32}}) {
+  for (const PageLayout& layout : {kLayout, PageLayout{2, 64, 32, 16, kernels::DType::kFloat32}}) {
     auto arena = (*pool)->Acquire(layout);
     ASSERT_TRUE(arena.ok()) << arena.status();
     EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->store()->k_base()) % kHugePage, 0u);
     EXPECT_EQ(reinterpret_cast<uintptr_t>((*arena)->store()->v_base()) % kHugePage, 0u);
   }
+}
+
+// An arena's layout is the pool's page size and nothing else: a layout of another page size is
+// a caller's bug, refused rather than given pages of the wrong size.
+TEST(KvPoolTest, RefusesALayoutOfAnotherPageSize) {
+  auto pool = KvPool::Create(int64_t{64} << 20, 16, 4);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  PageLayout other = kLayout;
+  other.page_size = 32;
+  EXPECT_EQ((*pool)->Acquire(other).status().code(), absl::StatusCode::kInternal);
+  auto arena = (*pool)->Acquire(kLayout);
+  ASSERT_TRUE(arena.ok()) << arena.status();
+  EXPECT_EQ((*arena)->layout(), kLayout);
+  EXPECT_EQ((*arena)->page_bytes(), int64_t{2} * 8 * 16 * 128 * 2);
 }
 
 // The bytes of a page of a host store.
@@ -40,7 +54,7 @@ uint8_t* VPage(const Arena* arena, int32_t page) {
 }
 
 TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
-  const int64_t page_bytes = kLayout.k_page_bytes(16) + kLayout.v_page_bytes(16);
+  const int64_t page_bytes = kLayout.page_bytes();
   const int64_t pages = 100;
   auto pool = KvPool::Create(pages * page_bytes, 16, 1);
   ASSERT_TRUE(pool.ok()) << pool.status();
@@ -74,7 +88,7 @@ TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
 // Freed pages are handed out again lowest first, before unused ones, so the pages in use stay
 // packed at the start of the store (a CUDA store maps device memory by the 2 MiB granule).
 TEST(KvPoolTest, FreedPagesAreReusedLowestFirst) {
-  const int64_t page_bytes = kLayout.k_page_bytes(16) + kLayout.v_page_bytes(16);
+  const int64_t page_bytes = kLayout.page_bytes();
   auto pool = KvPool::Create(20 * page_bytes, 16, 1);
   ASSERT_TRUE(pool.ok()) << pool.status();
   auto arena = (*pool)->Acquire(kLayout);
