@@ -21,12 +21,18 @@
 // ThrottledError (code UNAVAILABLE) instead of adding to its load; { throttle: false } turns it
 // off.
 'use strict';
+const fs = require('node:fs');
 const path = require('node:path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const { Throttle, ThrottledError, makeThrottle, pushbackValue } = require('./throttle');
 
-const PROTO_ROOT = path.join(__dirname, 'proto');
+// The package's copy (prepack.js puts it there); in a checkout of the repository before packing,
+// the repository's own proto/.
+const PROTO_ROOT =
+  [path.join(__dirname, 'proto'), path.join(__dirname, '..', '..', 'proto')].find((dir) =>
+    fs.existsSync(path.join(dir, 'attnserve', 'v1', 'attention.proto'))) ||
+  path.join(__dirname, 'proto');
 const PROTO_FILE = path.join(PROTO_ROOT, 'attnserve', 'v1', 'attention.proto');
 
 let v1Package = null;

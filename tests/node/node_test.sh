@@ -6,8 +6,7 @@
 # checks its float16/bfloat16 conversions against NumPy's, throttle_test.js its client-side
 # throttling (tests/testing/throttle_cases.json, fake stubs, an in-process grpc-js server);
 # routing_test.js then gives a client two more servers and checks decode sessions are routed to
-# their owners. Checks first that the package's copy of the proto is the repository's, its
-# version is the server's, and its lock file names no registry (no "resolved" URLs: npm fetches
+# their owners. Checks first that the package's version is the server's, and its lock file names no registry (no "resolved" URLs: npm fetches
 # from whatever registry it is set to).
 #   node_test.sh SERVER_BINARY WORK_DIR VERSION
 # Exits 77 (skipped) when node or npm is not installed.
@@ -25,11 +24,6 @@ fi
 export npm_config_audit=false npm_config_fund=false npm_config_update_notifier=false \
   npm_config_loglevel=error npm_config_prefer_offline=true
 
-cmp "$root/proto/attnserve/v1/attention.proto" "$package/proto/attnserve/v1/attention.proto" || {
-  echo "client/node's copy of the proto differs from proto/; update it with:"
-  echo "  cp proto/attnserve/v1/attention.proto client/node/proto/attnserve/v1/attention.proto"
-  exit 1
-}
 got=$(node -p "require('$package/package.json').version")
 if [[ $got != "$version" ]]; then
   echo "client/node/package.json has version $got, the server $version"
@@ -49,6 +43,9 @@ for f in package/index.js package/index.d.ts package/throttle.js package/npm-shr
          package/proto/attnserve/v1/attention.proto; do
   grep -qx "$f" <<< "$contents" || { echo "$tarball lacks $f"; exit 1; }
 done
+# The proto the package ships is the repository's (prepack.js copied it when npm packed).
+tar -xzf "$work/$tarball" -C "$work" package/proto/attnserve/v1/attention.proto
+cmp "$root/proto/attnserve/v1/attention.proto" "$work/package/proto/attnserve/v1/attention.proto"
 # --prefix .: into this folder even if a folder above it holds a package.json or node_modules.
 (cd "$work/app" && npm install --prefix . "../$tarball")
 # What npm installed: the package's direct dependencies exactly as package.json pins them. The
