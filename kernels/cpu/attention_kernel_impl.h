@@ -4,7 +4,7 @@
 // attention_avx2.cc, attention_generic.cc), after that unit has defined
 //
 //   ATTNSERVE_CPU_ISA_NAMESPACE   a namespace name unique to the unit (avx512, avx2, generic)
-//   struct Vec                     in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
+//   Vec (a type)                   in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
 //     V, kWidth                    the vector type and its number of float lanes
 //     kScoreKeys, kScoreVecs       register block of the score kernel (keys x row vectors)
 //     kPvCols, kPvVecs             register block of the P·V kernel (value columns x row vectors)
@@ -521,6 +521,11 @@ void Run(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   } else {
     RunFused(p, b, h, i0, scratch);
   }
+}
+
+// The kernel of this ISA, for its file's named constant (k<Isa>AttentionKernel).
+constexpr AttentionKernel Kernel(Isa isa, const char* name) {
+  return {isa, name, &ScratchFloats, &Run};
 }
 
 }  // namespace

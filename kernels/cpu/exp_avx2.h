@@ -1,6 +1,6 @@
-// exp(x) on 8 floats for the AVX2 translation units (attention_avx2.cc, paged_attention_avx2.cc).
-// Internal linkage (static), as exp_avx512.h and for the same reason. Include only from a unit
-// compiled with at least -mavx2 -mfma.
+// exp(x) on 8 floats for the AVX2 translation units (through vec_avx2.h: attention_avx2.cc,
+// paged_attention_avx2.cc). Internal linkage (static), as exp_avx512.h and for the same reason.
+// Include only from a unit compiled with at least -mavx2 -mfma.
 #ifndef ATTNSERVE_KERNELS_CPU_EXP_AVX2_H_
 #define ATTNSERVE_KERNELS_CPU_EXP_AVX2_H_
 

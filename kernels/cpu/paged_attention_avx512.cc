@@ -14,16 +14,17 @@
 #include <cstdint>
 
 #include "kernels/cpu/paged_attention_kernel.h"
-#include "kernels/cpu/paged_vec_avx512.h"
+#include "kernels/cpu/vec_avx512.h"
+#include "kernels/cpu/vec_tiles.h"
 #include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::avx512p {
 namespace {
 
-// FLOAT32 arithmetic for every cache type.
-struct PVec : PVecAvx512 {
-  static constexpr bool kBf16Dot = false;
-};
+// FLOAT32 arithmetic for every cache type. Scores: 8 accumulators + the key vector + query
+// loads. P·V: 4 row-heads x 4 vectors = 16 accumulators + 4 value vectors + 1 broadcast of the
+// 32 zmm registers (the tiles of paged_attention_avx512bf16.cc too).
+using PVec = PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4>;
 
 }  // namespace
 }  // namespace attnserve::kernels::cpu::avx512p
@@ -32,10 +33,6 @@ struct PVec : PVecAvx512 {
 #include "kernels/cpu/paged_attention_impl.h"
 
 namespace attnserve::kernels::cpu {
-extern const PagedAttentionKernel kAvx512PagedAttentionKernel = {Isa::kAvx512,
-                                                                 "avx512",
-                                                                 &avx512p::paged::ScratchFloats,
-                                                                 &avx512p::paged::PartialFloats,
-                                                                 &avx512p::paged::Run,
-                                                                 &avx512p::paged::Combine};
+extern const PagedAttentionKernel kAvx512PagedAttentionKernel =
+    avx512p::paged::Kernel(Isa::kAvx512, "avx512");
 }  // namespace attnserve::kernels::cpu

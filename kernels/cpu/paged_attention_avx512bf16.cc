@@ -15,7 +15,8 @@
 #include <cstdint>
 
 #include "kernels/cpu/paged_attention_kernel.h"
-#include "kernels/cpu/paged_vec_avx512.h"
+#include "kernels/cpu/vec_avx512.h"
+#include "kernels/cpu/vec_tiles.h"
 #include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::avx512bf16p {
@@ -24,7 +25,7 @@ namespace {
 // The scores of BFLOAT16 caches by VDPBF16PS (32 products per instruction, pairs summed into
 // float32 lanes; the products of two bfloat16 are exact in float32), everything else as the
 // AVX-512 kernel.
-struct PVec : PVecAvx512 {
+struct PVec : PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4> {
   static constexpr bool kBf16Dot = true;
   static constexpr int kPairWidth = 32;  // bfloat16 elements per Bh
   using Bh = __m512bh;
@@ -44,11 +45,6 @@ struct PVec : PVecAvx512 {
 #include "kernels/cpu/paged_attention_impl.h"
 
 namespace attnserve::kernels::cpu {
-extern const PagedAttentionKernel kAvx512Bf16PagedAttentionKernel = {
-    Isa::kAvx512,
-    "avx512_bf16",
-    &avx512bf16p::paged::ScratchFloats,
-    &avx512bf16p::paged::PartialFloats,
-    &avx512bf16p::paged::Run,
-    &avx512bf16p::paged::Combine};
+extern const PagedAttentionKernel kAvx512Bf16PagedAttentionKernel =
+    avx512bf16p::paged::Kernel(Isa::kAvx512, "avx512_bf16");
 }  // namespace attnserve::kernels::cpu

@@ -5,7 +5,7 @@
 // unit has defined
 //
 //   ATTNSERVE_CPU_ISA_NAMESPACE   a namespace name unique to the unit
-//   struct PVec                    in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
+//   PVec (a type)                  in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
 //     V, kWidth                    the vector type and its float lanes
 //     kScoreRows                   row-heads per pass of the score loop (accumulators)
 //     kPvRows, kPvVecs             register block of P·V (row-heads x vectors of columns)
@@ -757,6 +757,11 @@ void Combine(const PagedAttentionParams& p, int seq, int kv_head, const float* p
     case DType::kBool:
       break;
   }
+}
+
+// The kernel of this ISA, for its file's named constant (k<Isa>PagedAttentionKernel).
+constexpr PagedAttentionKernel Kernel(Isa isa, const char* name) {
+  return {isa, name, &ScratchFloats, &PartialFloats, &Run, &Combine};
 }
 
 }  // namespace

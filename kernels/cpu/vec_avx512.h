@@ -1,9 +1,11 @@
-// The vector traits of the paged attention body (paged_attention_impl.h) for AVX-512 (F, DQ, BW,
-// VL; FMA; FLOAT16 widened by VCVTPH2PS), shared by paged_attention_avx512.cc and
-// paged_attention_avx512bf16.cc. Internal linkage (an unnamed namespace), as exp_avx512.h and for
-// the same reason; include only from a unit compiled with at least those flags.
-#ifndef ATTNSERVE_KERNELS_CPU_PAGED_VEC_AVX512_H_
-#define ATTNSERVE_KERNELS_CPU_PAGED_VEC_AVX512_H_
+// The AVX-512 (F, DQ, BW, VL; FMA; FLOAT16 widened by VCVTPH2PS) vector operations the fused
+// attention body (attention_kernel_impl.h) and the paged attention body (paged_attention_impl.h)
+// are written in: one definition of each, the kernels' traits (attention_avx512.cc,
+// paged_attention_avx512.cc, paged_attention_avx512bf16.cc) add their tile shapes to it.
+// Internal linkage (an unnamed namespace), as exp_avx512.h and for the same reason; include only
+// from a unit compiled with at least those flags.
+#ifndef ATTNSERVE_KERNELS_CPU_VEC_AVX512_H_
+#define ATTNSERVE_KERNELS_CPU_VEC_AVX512_H_
 
 #include <immintrin.h>
 
@@ -14,14 +16,9 @@
 namespace attnserve::kernels::cpu {
 namespace {
 
-struct PVecAvx512 {
+struct Avx512Ops {
   using V = __m512;
   static constexpr int kWidth = 16;
-  // Scores: 8 accumulators + the key vector + query loads. P·V: 4 row-heads x 4 vectors = 16
-  // accumulators + 4 value vectors + 1 broadcast of the 32 zmm registers.
-  static constexpr int kScoreRows = 8;
-  static constexpr int kPvRows = 4;
-  static constexpr int kPvVecs = 4;
 
   static __mmask16 Lanes(int n) { return static_cast<__mmask16>((1u << n) - 1); }
   static V Zero() { return _mm512_setzero_ps(); }
@@ -44,13 +41,36 @@ struct PVecAvx512 {
     return _mm512_castsi512_ps(
         _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(Lanes(n), p)), 16));
   }
+  // n FLOAT16 values to float32 by VCVTPH2PS, the tail masked.
+  static void HalfToFloat(const uint16_t* src, int n, float* dst) {
+    int x = 0;
+    for (; x + 16 <= n; x += 16) {
+      _mm512_storeu_ps(
+          dst + x, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x))));
+    }
+    if (x < n) {
+      _mm512_mask_storeu_ps(dst + x, Lanes(n - x),
+                            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(Lanes(n - x), src + x)));
+    }
+  }
+
   static V Add(V a, V b) { return _mm512_add_ps(a, b); }
   static V Sub(V a, V b) { return _mm512_sub_ps(a, b); }
   static V Mul(V a, V b) { return _mm512_mul_ps(a, b); }
   static V Div(V a, V b) { return _mm512_div_ps(a, b); }
   static V Max(V a, V b) { return _mm512_max_ps(a, b); }
   static V Fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V Exp(V x) { return Exp512(x); }
+  static V Exp(V x) { return Exp512(x); }  // exp_avx512.h
+  // -inf in the lanes where pos >= limit.
+  static V MaskBeyond(V s, V limit, V pos) {
+    return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(pos, limit, _CMP_GE_OQ),
+                              _mm512_set1_ps(-__builtin_inff()));
+  }
+  static V ZeroIfNegInf(V x) {
+    return _mm512_mask_mov_ps(x,
+                              _mm512_cmp_ps_mask(x, _mm512_set1_ps(-__builtin_inff()), _CMP_EQ_OQ),
+                              _mm512_setzero_ps());
+  }
   static float ReduceAdd(V v) { return _mm512_reduce_add_ps(v); }
   static float ReduceMax(V v) { return _mm512_reduce_max_ps(v); }
   // Four reductions for about the price of one: lane l + l+8, + l+4, then within 128 bits.
@@ -69,4 +89,4 @@ struct PVecAvx512 {
 }  // namespace
 }  // namespace attnserve::kernels::cpu
 
-#endif  // ATTNSERVE_KERNELS_CPU_PAGED_VEC_AVX512_H_
+#endif  // ATTNSERVE_KERNELS_CPU_VEC_AVX512_H_

@@ -1,0 +1,33 @@
+// The register tiles of the CPU kernels' bodies, over an instruction set's vector operations
+// (vec_avx512.h, vec_avx2.h, vec_generic.h): each per-ISA translation unit names its traits as
+// one of these, with the sizes that fit its registers (the unit says why).
+#ifndef ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
+#define ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
+
+namespace attnserve::kernels::cpu {
+
+// The fused attention body (attention_kernel_impl.h): the score kernel's register block is
+// kScoreKeys keys x kScoreVecs vectors of query rows, the P·V kernel's kPvCols value columns x
+// kPvVecs vectors of rows.
+template <class Ops, int ScoreKeys, int ScoreVecs, int PvCols, int PvVecs>
+struct AttentionTiles : Ops {
+  static constexpr int kScoreKeys = ScoreKeys;
+  static constexpr int kScoreVecs = ScoreVecs;
+  static constexpr int kPvCols = PvCols;
+  static constexpr int kPvVecs = PvVecs;
+};
+
+// The paged attention body (paged_attention_impl.h): kScoreRows row-heads a score pass, kPvRows
+// row-heads x kPvVecs vectors of value columns a P·V pass. kBf16Dot: whether the ISA takes
+// bfloat16 dot products (a unit that does adds them: paged_attention_avx512bf16.cc).
+template <class Ops, int ScoreRows, int PvRows, int PvVecs>
+struct PagedTiles : Ops {
+  static constexpr int kScoreRows = ScoreRows;
+  static constexpr int kPvRows = PvRows;
+  static constexpr int kPvVecs = PvVecs;
+  static constexpr bool kBf16Dot = false;
+};
+
+}  // namespace attnserve::kernels::cpu
+
+#endif  // ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
