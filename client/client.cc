@@ -537,7 +537,7 @@ absl::StatusOr<std::string> SessionOwner(const std::string& session_id) {
   if (second == std::string::npos || second == 0 || last == second + 1 ||
       last + 1 == session_id.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("session_id must be \"<owner>/<instance>/<number>\"; was '", session_id, "'"));
+        absl::StrCat("session_id must be \"<owner>/<instance>/<key>\"; was '", session_id, "'"));
   }
   return session_id.substr(0, second);
 }

@@ -18,7 +18,7 @@
 // Client::CreateBalanced).
 //
 // Decode sessions (client/session.h wraps them): a session lives on one replica, and its id
-// "<owner>/<instance>/<number>" names that replica (the server's SessionSettings.owner). A
+// "<owner>/<instance>/<key>" names that replica (the server's SessionSettings.owner). A
 // client made by CreateBalanced from several addresses sends CreateSession to the next
 // address in turn and every later call naming a session to the address equal to the id's
 // owner; an owner that is none of the client's addresses is INVALID_ARGUMENT, raised by the
@@ -264,7 +264,7 @@ v1::Tensor MakeMask(const std::vector<int64_t>& shape, const std::vector<uint8_t
 // INVALID_ARGUMENT when the dtype is not a float type or the data size does not match.
 absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
 
-// The owner part of a session id "<owner>/<instance>/<number>" (the owner may itself hold
+// The owner part of a session id "<owner>/<instance>/<key>" (the owner may itself hold
 // '/'); INVALID_ARGUMENT naming the id when it does not have that form.
 absl::StatusOr<std::string> SessionOwner(const std::string& session_id);
 // Whether `status` says a session was lost (evicted, expired, or its server restarted):

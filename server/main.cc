@@ -98,6 +98,11 @@ ABSL_FLAG(std::string, tls_client_ca_file, kDefaults.tls.client_ca_file,
           "PEM CA: require client certificates signed by it (mutual TLS)");
 ABSL_FLAG(std::string, auth_token_file, "",
           "file holding a bearer token every call must carry ('authorization: Bearer <token>')");
+ABSL_FLAG(
+    std::string, tenants_file, "",
+    "file naming the tenants, their bearer tokens (or their SHA-256) and roles, one a line: "
+    "'<tenant> token:<token>|sha256:<hex>|cert [admin,operator,compute]' (docs/operations.md, "
+    "Tenants); read again on SIGHUP and when it changes; overrides --auth_token_file");
 ABSL_FLAG(int64_t, max_connection_age_ms, absl::ToInt64Milliseconds(kDefaults.max_connection_age),
           "close client connections after this long so clients re-resolve and spread over new "
           "replicas (0 = never)");
@@ -143,6 +148,7 @@ sigset_t ControlSignals() {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGUSR1);
+  sigaddset(&signals, SIGHUP);  // reload --tenants_file
   return signals;
 }
 
@@ -253,6 +259,7 @@ int Run() {
       return 2;
     }
   }
+  options.tenants_file = absl::GetFlag(FLAGS_tenants_file);
   for (const std::string& spec : absl::GetFlag(FLAGS_module)) {
     auto parsed = attnserve::server::ParseModuleSpec(spec);
     if (!parsed.ok()) {
@@ -312,9 +319,16 @@ int Run() {
   }
 
   int signal = 0;
-  do {
+  for (;;) {
     sigwait(&signals, &signal);
-  } while (signal == SIGUSR1);
+    if (signal == SIGUSR1) continue;
+    if (signal != SIGHUP) break;
+    const absl::Status reloaded = (*host)->ReloadTenants();
+    std::fprintf(stderr, "attnserve: SIGHUP: %s\n",
+                 reloaded.ok()
+                     ? "tenants file read again"
+                     : absl::StrCat("tenants file kept as it was: ", reloaded.message()).c_str());
+  }
   std::fprintf(stderr, "attnserve: %s received; draining for up to %s\n", strsignal(signal),
                absl::FormatDuration(options.shutdown_grace).c_str());
   absl::Notification drained;
@@ -326,7 +340,7 @@ int Run() {
   int exit_code = 0;
   while (!drained.HasBeenNotified()) {
     sigwait(&signals, &signal);
-    if (signal == SIGUSR1 || drained.HasBeenNotified()) continue;
+    if (signal == SIGUSR1 || signal == SIGHUP || drained.HasBeenNotified()) continue;
     exit_code = 128 + signal;
     std::fprintf(stderr, "attnserve: %s received again; answering what is queued UNAVAILABLE\n",
                  strsignal(signal));

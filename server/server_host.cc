@@ -202,7 +202,15 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     if (auto s = host->modules_.Add(*module, /*replace=*/true); !s.ok()) return s;
   }
 
+  auto auth = Authenticator::Create(
+      {options.auth_token, options.tenants_file, !options.tls.client_ca_file.empty()});
+  if (!auth.ok()) return auth.status();
+  host->auth_ = *std::move(auth);
+
   sessions::SessionOptions session_options = options.sessions;
+  session_options.shares_of = [auth = host->auth_.get()](const std::string& tenant) {
+    return auth->SharesOf(tenant);
+  };
   session_options.max_session_tokens = options.limits.max_sequence_length;
   session_options.backend = host->backend_.get();  // the pages live where it computes
   auto manager = sessions::SessionManager::Create(session_options, metrics);
@@ -249,7 +257,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   AttentionService::Options service_options;
   service_options.limits = options.limits;
   service_options.allow_module_rpc = options.allow_module_rpc;
-  service_options.auth_token = options.auth_token;
+  service_options.auth = host->auth_.get();
   host->service_ =
       std::make_unique<AttentionService>(service_options, &host->modules_, host->dispatcher_.get(),
                                          host->sessions_.get(), metrics, std::move(info));
@@ -383,6 +391,8 @@ void ServerHost::EndGracePeriod() {
   // (held open by its caller, or in a batch that is still computing) is cancelled.
   if (open_calls_ != nullptr) open_calls_->WaitNoLongerThan(absl::Now() + absl::Milliseconds(200));
 }
+
+absl::Status ServerHost::ReloadTenants() { return auth_->Reload(); }
 
 ServerHost::~ServerHost() { Shutdown(absl::ZeroDuration()); }
 

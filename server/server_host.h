@@ -62,8 +62,12 @@ struct ServerOptions {
   }();
   bool allow_module_rpc = true;
   TlsOptions tls;
-  // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>".
+  // Non-empty: every AttentionService call must carry "authorization: Bearer <auth_token>",
+  // and every caller with it is one tenant (server/transport/auth.h).
   std::string auth_token;
+  // Non-empty: the tenants, their tokens and roles (server/transport/auth.h gives the format);
+  // read again by ReloadTenants() and when it changes. Takes precedence over auth_token.
+  std::string tenants_file;
   // Closes client connections after this long (plus a grace for calls in flight), so that clients
   // re-resolve DNS and spread over replicas added since. Zero: never.
   absl::Duration max_connection_age = absl::ZeroDuration();
@@ -125,6 +129,9 @@ class ServerHost {
   // and closes the connections. Returns when all of that is done: at once when idle.
   void Shutdown(absl::Duration grace);
 
+  // Reads the tenants file again (SIGHUP): OK, or why the table in force stays.
+  absl::Status ReloadTenants();
+
   // Cuts a Shutdown() running on another thread short (a second SIGTERM): what is still queued
   // is answered UNAVAILABLE now, and gRPC waits for open calls no more than 200 ms longer;
   // Shutdown() returns once the batch being computed, if any, is done too. May precede
@@ -134,6 +141,7 @@ class ServerHost {
  private:
   ServerHost() = default;
 
+  std::unique_ptr<Authenticator> auth_;  // read by sessions_ and service_: goes last
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> memory_hook_;  // reads backend_: declared after
   ModuleRegistry modules_;

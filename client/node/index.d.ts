@@ -359,7 +359,7 @@ export function extendRequest(sessionId: string, tokens: SessionTokens,
                               options?: ExtendSessionOptions): ExtendSessionRequest;
 /** An ExtendSessionsRequest for the stream. */
 export function extendSessionsRequest(steps: SessionStep[]): ExtendSessionsRequest;
-/** The owner (replica address) of "<owner>/<instance>/<number>"; RangeError otherwise. */
+/** The owner (replica address) of "<owner>/<instance>/<key>"; RangeError otherwise. */
 export function sessionOwner(sessionId: string): string;
 /** "evicted", "expired" or "restarted" for a lost session's error; "" otherwise. */
 export function sessionLostReason(error: unknown): string;

@@ -14,7 +14,7 @@
 //
 // Several replicas: new Client(['10.0.0.1:50051', '10.0.0.2:50051']) balances stateless calls
 // over them (round_robin) and sends every call naming a decode session to the replica its id
-// "<owner>/<instance>/<number>" names (see Client).
+// "<owner>/<instance>/<key>" names (see Client).
 //
 // Client-side adaptive throttling (throttle.js), on by default: when the server refuses most
 // calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls reject at once with a
@@ -211,7 +211,7 @@ function toResult(response) {
 }
 
 /**
- * The owner of a session id "<owner>/<instance>/<number>" (the owner may hold '/'): the address
+ * The owner of a session id "<owner>/<instance>/<key>" (the owner may hold '/'): the address
  * of the replica that holds the session. Throws a RangeError for any other string.
  * @param {string} sessionId
  */
@@ -220,7 +220,7 @@ function sessionOwner(sessionId) {
   const owner = parts.slice(0, -2).join('/');
   if (parts.length < 3 || !owner || !parts[parts.length - 2] || !parts[parts.length - 1]) {
     throw new RangeError(
-      `sessionId must be "<owner>/<instance>/<number>"; was ${JSON.stringify(sessionId)}`);
+      `sessionId must be "<owner>/<instance>/<key>"; was ${JSON.stringify(sessionId)}`);
   }
   return owner;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <string>
+#include <utility>
 
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,11 @@ Caller::Caller(const grpc::CallbackServerContext& context, CancellationListener*
 
 Caller::Caller(absl::Time deadline, uint64_t connection, CancellationListener* listener)
     : deadline_(deadline), connection_(connection), listener_(listener) {}
+
+void Caller::set_tenant(std::string tenant) {
+  tenant_ = std::move(tenant);
+  if (!tenant_.empty()) connection_ = absl::HashOf(absl::string_view("tenant"), tenant_);
+}
 
 void Caller::Cancel() {
   if (cancelled_.exchange(true, std::memory_order_acq_rel)) return;

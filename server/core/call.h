@@ -21,6 +21,7 @@
 #include <atomic>
 #include <cstdint>
 #include <optional>
+#include <string>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -52,8 +53,15 @@ class Caller {
   Caller(absl::Time deadline, uint64_t connection, CancellationListener* listener);
 
   absl::Time deadline() const { return deadline_; }
-  // A hash of the peer address: requests of one connection share one fair share of the queue.
+  // The unit of fair queueing: requests with one key share one fair share of the queue. A hash
+  // of the peer address, or of the tenant once a named tenant is set (its connections share
+  // its part).
   uint64_t connection() const { return connection_; }
+  // Who is calling (server/transport/auth.h): "" the anonymous (or shared-token) tenant.
+  const std::string& tenant() const { return tenant_; }
+  // Set by the transport once it has authenticated the call, before any of its requests is
+  // read (nothing else reads the caller before then).
+  void set_tenant(std::string tenant);
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
 
   // The call is over for the caller (gRPC's OnCancel: the client cancelled, the deadline passed,
@@ -62,7 +70,8 @@ class Caller {
 
  private:
   const absl::Time deadline_;
-  const uint64_t connection_;
+  uint64_t connection_;
+  std::string tenant_;
   CancellationListener* const listener_;
   std::atomic<bool> cancelled_{false};
 };

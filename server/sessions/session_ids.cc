@@ -1,17 +1,31 @@
-// Session ids (SessionInfo.session_id: "<owner>/<instance>/<number>"): the instance name, parsing,
-// the order ListSessions pages in, and the status of a lost session.
+// Session ids (SessionInfo.session_id: "<owner>/<instance>/<key>"): the instance name, the random
+// key, parsing, and the status of a lost session.
+#include <sys/random.h>
+
+#include <algorithm>
 #include <random>
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"
 
 namespace attnserve::server::sessions {
+
+std::string RandomKey() {
+  uint8_t bytes[16];
+  size_t got = 0;
+  while (got < sizeof(bytes)) {  // getrandom blocks only before the kernel's pool is seeded
+    const ssize_t n = getrandom(bytes + got, sizeof(bytes) - got, 0);
+    if (n > 0) got += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(bytes), sizeof(bytes)));
+}
 
 std::string RandomInstance() {
   std::random_device rd;
@@ -22,7 +36,7 @@ std::string RandomInstance() {
 absl::StatusOr<ParsedId> ParseId(absl::string_view id) {
   const auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "session_id must be \"<owner>/<instance>/<number>\" as CreateSession returned it (", why,
+        "session_id must be \"<owner>/<instance>/<key>\" as CreateSession returned it (", why,
         "); was '", id.substr(0, kMaxIdChars), id.size() > kMaxIdChars ? "...'" : "'"));
   };
   if (id.empty()) return bad("empty");
@@ -34,16 +48,15 @@ absl::StatusOr<ParsedId> ParseId(absl::string_view id) {
   ParsedId p;
   p.owner = id.substr(0, mid);
   p.instance = id.substr(mid + 1, last - mid - 1);
-  const absl::string_view number = id.substr(last + 1);
+  p.key = id.substr(last + 1);
   if (p.instance.empty()) return bad("empty instance");
   for (char c : p.instance) {
     if (!absl::ascii_isxdigit(static_cast<unsigned char>(c))) return bad("instance not hex");
   }
-  if (number.empty() || number.size() > 19 ||
-      !std::all_of(number.begin(), number.end(),
-                   [](char c) { return absl::ascii_isdigit(static_cast<unsigned char>(c)); }) ||
-      !absl::SimpleAtoi(number, &p.number)) {
-    return bad("number not decimal");
+  if (p.key.size() != 32 || !std::all_of(p.key.begin(), p.key.end(), [](char c) {
+        return absl::ascii_isdigit(static_cast<unsigned char>(c)) || (c >= 'a' && c <= 'f');
+      })) {
+    return bad("key not 32 lowercase hex digits");
   }
   return p;
 }
@@ -64,17 +77,6 @@ std::string SessionManager::LostReason(const absl::Status& status) {
   const absl::string_view rest = status.message().substr(kPrefix.size());
   const size_t end = rest.find(')');
   return end == absl::string_view::npos ? "" : std::string(rest.substr(0, end));
-}
-
-bool SessionManager::IdOrder::operator()(const std::string& a, const std::string& b) const {
-  const size_t ca = a.rfind('/') + 1, cb = b.rfind('/') + 1;  // npos + 1 = 0: no slash
-  const absl::string_view pa(a.data(), ca), pb(b.data(), cb);
-  if (pa != pb) return pa < pb;
-  // Numbers without leading zeros (as issued) compare by length, then digit by digit; any other
-  // text after the last slash still orders strictly (by length, then text).
-  const size_t na = a.size() - ca, nb = b.size() - cb;
-  if (na != nb) return na < nb;
-  return absl::string_view(a).substr(ca) < absl::string_view(b).substr(cb);
 }
 
 }  // namespace attnserve::server::sessions

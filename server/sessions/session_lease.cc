@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
@@ -41,11 +42,11 @@ void Lease::End(bool keep) {
   session_.reset();
 }
 
-absl::Status SessionManager::BeginExtend(const std::string& id,
+absl::Status SessionManager::BeginExtend(const std::string& tenant, const std::string& id,
                                          std::optional<int64_t> expected_length, int64_t new_tokens,
                                          ExtendItem* item) {
   MutexLock lock(&mu_);
-  auto found = FindLocked(id);
+  auto found = FindLocked(tenant, id);
   if (!found.ok()) return found.status();
   Session& s = **found;
   TouchLocked(s);
@@ -102,18 +103,21 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
         "the pool (", options_.max_pinned_fraction, " of ", pool_->bytes_total(),
         " bytes, --session_max_pinned_fraction)"));
   }
-  std::vector<int32_t> pages;
-  bool ok = pool_->Allocate(arena, fresh, &pages);
-  if (!ok && options_.when_full == WhenFull::kEvictLru) {
-    std::vector<std::shared_ptr<Session>> victims;
-    for (Session* v : lru_) {
-      if (!v->busy && !v->pinned && v != &s) victims.push_back(sessions_.at(v->id));
-    }
-    for (const auto& v : victims) {
-      RemoveLocked(v, "evicted");
-      if ((ok = pool_->Allocate(arena, fresh, &pages))) break;
+  const TenantShares shares = SharesOf(s.tenant);
+  if (shares.max < 1.0) {
+    const int64_t held = TenantBytesLocked(s.tenant);
+    const int64_t cap = static_cast<int64_t>(shares.max * pool_->bytes_total());
+    if (held + fresh * arena->page_bytes() > cap) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tenant '", s.tenant, "' holds ", held, " bytes of the session pool; ", fresh,
+          " more pages of ", arena->page_bytes(), " bytes would take it over its max_share (",
+          shares.max, " of ", pool_->bytes_total(), " bytes); close sessions first"));
     }
   }
+  std::vector<int32_t> pages;
+  bool ok = pool_->Allocate(arena, fresh, &pages);
+  if (!ok && options_.when_full == WhenFull::kEvictLru)
+    ok = EvictForLocked(s, arena, fresh, &pages);
   if (!ok) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "the session pool is full (", pool_->bytes_used(), " of ", pool_->bytes_total(),
@@ -133,6 +137,68 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
   lease.fresh_ = std::move(pages);
   lease.reserved_ = true;
   return absl::OkStatus();
+}
+
+TenantShares SessionManager::SharesOf(const std::string& tenant) const {
+  return options_.shares_of ? options_.shares_of(tenant) : TenantShares();
+}
+
+int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
+  const auto t = by_tenant_.find(tenant);
+  if (t == by_tenant_.end()) return 0;
+  int64_t bytes = 0;
+  for (const auto& [serial, session] : t->second) {
+    bytes += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
+  }
+  return bytes;
+}
+
+absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant) const {
+  const int64_t most = SharesOf(tenant).max_sessions;
+  if (most <= 0) return absl::OkStatus();
+  const auto t = by_tenant_.find(tenant);
+  const int64_t held = t == by_tenant_.end() ? 0 : static_cast<int64_t>(t->second.size());
+  if (held < most) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' holds ", held,
+                                                   " sessions, its limit (sessions=", most,
+                                                   " in the tenants file); close sessions first"));
+}
+
+bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fresh,
+                                    std::vector<int32_t>* pages) {
+  // What each tenant holds now, and its guarantee: a victim's tenant must be the requester or
+  // hold more than its guarantee, counted again after each eviction.
+  struct Holding {
+    int64_t bytes = 0;
+    int64_t guaranteed = 0;
+  };
+  absl::flat_hash_map<std::string, Holding> holding;
+  for (const auto& [tenant, sessions] : by_tenant_) {
+    Holding& h = holding[tenant];
+    h.guaranteed = static_cast<int64_t>(SharesOf(tenant).guaranteed * pool_->bytes_total());
+    for (const auto& [serial, v] : sessions) {
+      h.bytes += static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
+    }
+  }
+  std::vector<std::shared_ptr<Session>> candidates;
+  for (Session* v : lru_) {
+    if (!v->busy && !v->pinned && v != &s) candidates.push_back(sessions_.at(v->id));
+  }
+  // First from tenants above their guarantee (the requester too, when it is), least recently
+  // used first; then the requester's own sessions, which lose nothing to another tenant.
+  for (const bool own_pass : {false, true}) {
+    for (auto& v : candidates) {
+      if (v == nullptr) continue;
+      Holding& h = holding[v->tenant];
+      const bool take = own_pass ? v->tenant == s.tenant : h.bytes > h.guaranteed;
+      if (!take) continue;
+      h.bytes -= static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
+      RemoveLocked(v, "evicted");
+      v = nullptr;
+      if (pool_->Allocate(arena, fresh, pages)) return true;
+    }
+  }
+  return false;
 }
 
 void SessionManager::EndLease(Lease& lease, bool keep) {

@@ -68,6 +68,8 @@ SessionManager::~SessionManager() {
     }
   }
   sessions_.clear();
+  by_serial_.clear();
+  by_tenant_.clear();
 }
 
 std::string SessionManager::owner() const {
@@ -108,6 +110,11 @@ void SessionManager::FreePagesLocked(Session& s) {
 
 void SessionManager::RemoveLocked(const std::shared_ptr<Session>& s,
                                   absl::string_view lost_reason) {
+  by_serial_.erase(s->serial);
+  if (auto t = by_tenant_.find(s->tenant); t != by_tenant_.end()) {
+    t->second.erase(s->serial);
+    if (t->second.empty()) by_tenant_.erase(t);
+  }
   sessions_.erase(s->id);
   lru_.erase(s->lru);
   if (s->pinned) {
@@ -115,7 +122,9 @@ void SessionManager::RemoveLocked(const std::shared_ptr<Session>& s,
     --pinned_sessions_;
   }
   if (!lost_reason.empty()) {
-    if (lost_.emplace(s->id, std::string(lost_reason)).second) lost_order_.push_back(s->id);
+    if (lost_.emplace(s->id, LostId{std::string(lost_reason), s->tenant}).second) {
+      lost_order_.push_back(s->id);
+    }
     while (static_cast<int64_t>(lost_order_.size()) > options_.remembered_lost) {
       lost_.erase(lost_order_.front());
       lost_order_.pop_front();
@@ -154,7 +163,8 @@ void SessionManager::DropLostLocked() {
   for (const auto& s : lost) RemoveLocked(s, kDeviceReset);
 }
 
-absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::string& id) {
+absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::string& tenant,
+                                                                    const std::string& id) {
   DropLostLocked();
   auto parsed = ParseId(id);
   if (!parsed.ok()) return parsed.status();
@@ -164,18 +174,24 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
                                             "'): send its calls there"));
   }
   if (parsed->instance != instance_) return Lost("restarted", id);
+  // Another tenant's session, live or lost, is answered as one never issued (the same status,
+  // after the same lookups).
+  const absl::Status never = absl::NotFoundError(
+      absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
   auto it = sessions_.find(id);
   if (it != sessions_.end()) {
     std::shared_ptr<Session> s = it->second;
+    if (s->tenant != tenant) return never;
     if (!s->busy && Now() - s->last_used >= s->ttl) {
       RemoveLocked(s, "expired");
       return Lost("expired", id);
     }
     return s;
   }
-  if (auto lost = lost_.find(id); lost != lost_.end()) return Lost(lost->second, id);
-  return absl::NotFoundError(
-      absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
+  if (auto lost = lost_.find(id); lost != lost_.end() && lost->second.tenant == tenant) {
+    return Lost(lost->second.reason, id);
+  }
+  return never;
 }
 
 SessionState SessionManager::StateLocked(const Session& s) {
@@ -197,11 +213,16 @@ SessionState SessionManager::StateLocked(const Session& s) {
   st.idle = Now() - s.last_used;
   st.parent_id = s.parent_id;
   st.scale = s.scale;
+  st.tenant = s.tenant;
+  st.serial = s.serial;
   return st;
 }
 
 absl::StatusOr<SessionState> SessionManager::AddLocked(std::shared_ptr<Session> s) {
-  s->id = absl::StrCat(owner_, "/", instance_, "/", next_number_++);
+  s->id = absl::StrCat(owner_, "/", instance_, "/", RandomKey());
+  s->serial = next_serial_++;
+  by_serial_.emplace(s->serial, s.get());
+  by_tenant_[s->tenant].emplace(s->serial, s.get());
   s->last_used = Now();
   s->lru = lru_.insert(lru_.end(), s.get());
   if (s->pinned) {
@@ -217,6 +238,7 @@ absl::StatusOr<SessionState> SessionManager::AddLocked(std::shared_ptr<Session> 
 
 absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   auto s = std::make_shared<Session>();
+  s->tenant = spec.tenant;
   PageLayout layout;
   layout.page_size = pool_->page_tokens();
   layout.dtype = spec.cache_dtype;
@@ -244,6 +266,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
         absl::StrCat("this server holds ", sessions_.size(),
                      " sessions, its limit (--max_sessions); close sessions first"));
   }
+  if (absl::Status st = CheckTenantSessionsLocked(spec.tenant); !st.ok()) return st;
   if (spec.pinned &&
       pinned_bytes_ >= static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
     return absl::ResourceExhaustedError(
@@ -258,11 +281,11 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   return AddLocked(std::move(s));
 }
 
-absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pinned,
-                                                  absl::Duration idle_ttl) {
+absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, const std::string& id,
+                                                  bool pinned, absl::Duration idle_ttl) {
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto parent = FindLocked(id);
+  auto parent = FindLocked(tenant, id);
   if (!parent.ok()) return parent.status();
   Session& p = **parent;
   TouchLocked(p);
@@ -275,6 +298,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pi
         absl::StrCat("this server holds ", sessions_.size(),
                      " sessions, its limit (--max_sessions); close sessions first"));
   }
+  if (absl::Status st = CheckTenantSessionsLocked(tenant); !st.ok()) return st;
   const int64_t bytes = static_cast<int64_t>(p.pages.size()) * p.arena->page_bytes();
   if (pinned && pinned_bytes_ + bytes >
                     static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
@@ -286,6 +310,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pi
   pool_->AddUser(p.arena);  // the fork shares the parent's pages
   Arena* const arena = p.arena;
   auto c = std::make_shared<Session>();
+  c->tenant = tenant;
   c->module_name = p.module_name;
   c->module = p.module;
   c->num_heads = p.num_heads;
@@ -300,34 +325,42 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& id, bool pi
   return AddLocked(std::move(c));
 }
 
-absl::Status SessionManager::Close(const std::string& id) {
+absl::Status SessionManager::Close(const std::string& tenant, const std::string& id) {
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto s = FindLocked(id);
+  auto s = FindLocked(tenant, id);
   if (!s.ok()) return s.status();
   RemoveLocked(*s, "");
   return absl::OkStatus();
 }
 
-absl::StatusOr<SessionState> SessionManager::Get(const std::string& id) {
+absl::StatusOr<SessionState> SessionManager::Get(const std::string& tenant, const std::string& id) {
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto s = FindLocked(id);
+  auto s = FindLocked(tenant, id);
   if (!s.ok()) return s.status();
   SessionState st = StateLocked(**s);  // idle before this call
   TouchLocked(**s);
   return st;
 }
 
-std::vector<SessionState> SessionManager::List(const std::string& after, int limit, bool* more) {
+std::vector<SessionState> SessionManager::List(const std::string& tenant, bool all, uint64_t after,
+                                               int limit, bool* more) {
   MutexLock lock(&mu_);
   ExpireLocked();
   std::vector<SessionState> out;
-  auto it = after.empty() ? sessions_.begin() : sessions_.upper_bound(after);
-  for (; it != sessions_.end() && static_cast<int>(out.size()) < limit; ++it) {
+  *more = false;
+  const std::map<uint64_t, Session*>* listed = &by_serial_;
+  if (!all) {
+    auto t = by_tenant_.find(tenant);
+    if (t == by_tenant_.end()) return out;
+    listed = &t->second;
+  }
+  auto it = listed->upper_bound(after);
+  for (; it != listed->end() && static_cast<int>(out.size()) < limit; ++it) {
     out.push_back(StateLocked(*it->second));
   }
-  *more = it != sessions_.end();
+  *more = it != listed->end();
   return out;
 }
 

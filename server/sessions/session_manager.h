@@ -19,10 +19,16 @@
 // A lease that is destroyed without End rolls back, so a job refused or dropped anywhere leaves
 // its session as it was.
 //
-// Session ids are "<owner>/<instance>/<number>": owner the replica's address, instance a random
-// tag of this process (an id of another instance is "lost (restarted)"), number a counter.
+// Session ids are "<owner>/<instance>/<key>": owner the replica's address, instance a random
+// tag of this process (an id of another instance is "lost (restarted)"), key 128 random bits
+// (32 hex digits, from the system's CSPRNG): knowing one id tells nothing of another.
 // Lost sessions (evicted, expired) are remembered, a bounded number, so that their ids answer
 // FAILED_PRECONDITION "session lost (...)" and not NOT_FOUND.
+//
+// Tenants. Every session belongs to the tenant that created it (a fork to the tenant that
+// forked it), and every call names the caller's tenant: a session of another tenant, live or
+// lost, answers exactly as an id that was never issued (NOT_FOUND, the same message). Only
+// List(all = true) (an operator's) sees every tenant's sessions.
 //
 // Thread-safe: one mutex guards the sessions and the pool; page contents are written outside
 // it by the one extend that holds the session (pages it writes are its own: fresh, or its last
@@ -60,6 +66,17 @@ namespace attnserve::server::sessions {
 
 enum class WhenFull { kEvictLru, kRefuse };
 
+// What one tenant may hold of the sessions and the pool (server/transport/auth.h: the tenants
+// file's sessions=, share= and max_share=). The defaults are no limit and no guarantee.
+struct TenantShares {
+  int64_t max_sessions = 0;  // 0: only the server's max_sessions
+  // Fractions of the pool's bytes: a tenant holding at most `guaranteed` never loses a session
+  // to another tenant's need for pages (eviction takes from tenants above theirs first, and
+  // only from them); an extend that would take it over `max` is refused RESOURCE_EXHAUSTED.
+  double guaranteed = 0.0;
+  double max = 1.0;
+};
+
 // The sessions' settings (flags of the attnserve binary with the same names, prefixed
 // "session_"; GetServerInfo.sessions reports them).
 struct SessionOptions {
@@ -95,6 +112,9 @@ struct SessionOptions {
   int max_layouts = 16;
   // The replica's address in session ids; set by the server host (host:port) when empty.
   std::string owner;
+  // The shares of a tenant (called with the manager's lock held: must not call back into it).
+  // Null: every tenant has the defaults.
+  std::function<TenantShares(const std::string& tenant)> shares_of;
 
   // ---- Injected ----
   // The clock of idle times. Not owned. Default: nullptr, the wall clock.
@@ -116,6 +136,7 @@ struct SessionSpec {
   std::optional<float> scale;
   bool pinned = false;
   absl::Duration idle_ttl = absl::ZeroDuration();  // zero: the default
+  std::string tenant;  // the creator's (auth.h); "" the anonymous tenant
 };
 
 // A session's state (SessionInfo).
@@ -129,6 +150,8 @@ struct SessionState {
   absl::Duration idle_ttl, idle;
   std::string parent_id;
   float scale = 1.0f;
+  std::string tenant;
+  uint64_t serial = 0;  // the order of creation on this replica (ListSessions' pages)
 };
 
 // The pool's usage (SessionPoolUsage and the metrics).
@@ -212,13 +235,18 @@ class SessionManager {
   // Sets the owner named in new ids (the server host, once its port is known).
   void SetOwner(std::string owner);
 
+  // Every call below names the caller's `tenant`; see "Tenants" above.
   absl::StatusOr<SessionState> Create(const SessionSpec& spec);
-  absl::StatusOr<SessionState> Fork(const std::string& id, bool pinned, absl::Duration idle_ttl);
-  absl::Status Close(const std::string& id);
-  absl::StatusOr<SessionState> Get(const std::string& id);
-  // Sessions with ids after `after` (empty: from the first), at most `limit`; `more` says
+  // The fork belongs to `tenant`, which must be the session's.
+  absl::StatusOr<SessionState> Fork(const std::string& tenant, const std::string& id, bool pinned,
+                                    absl::Duration idle_ttl);
+  absl::Status Close(const std::string& tenant, const std::string& id);
+  absl::StatusOr<SessionState> Get(const std::string& tenant, const std::string& id);
+  // The sessions of `tenant` (of every tenant when `all`) created after the one of serial
+  // `after` (0: from the first), in the order they were created, at most `limit`; `more` says
   // whether others follow.
-  std::vector<SessionState> List(const std::string& after, int limit, bool* more);
+  std::vector<SessionState> List(const std::string& tenant, bool all, uint64_t after, int limit,
+                                 bool* more);
   PoolUsage Usage();
 
   // Marks session `id` busy for an extend of `new_tokens` tokens. Errors: INVALID_ARGUMENT (a
@@ -226,8 +254,9 @@ class SessionManager {
   // or the length is not expected_length), RESOURCE_EXHAUSTED (longer than
   // max_session_tokens).
   // Fills item->lease and the layout fields of *item.
-  absl::Status BeginExtend(const std::string& id, std::optional<int64_t> expected_length,
-                           int64_t new_tokens, ExtendItem* item);
+  absl::Status BeginExtend(const std::string& tenant, const std::string& id,
+                           std::optional<int64_t> expected_length, int64_t new_tokens,
+                           ExtendItem* item);
   // Computes a batch of extends (each with an active lease and status OK): per-item errors in
   // item.status (RESOURCE_EXHAUSTED when the pool is full), a backend failure for every item it
   // touched. Computes the next prefill_chunk_tokens new tokens of each item; an item with more
@@ -247,8 +276,9 @@ class SessionManager {
                  metrics::Metrics* metrics);
   absl::Time Now() { return clock_->Now(); }
 
-  // The session `id` names, or the status to answer (refreshing its last use when `touch`).
-  absl::StatusOr<std::shared_ptr<Session>> FindLocked(const std::string& id)
+  // The session `id` names if it is `tenant`'s, or the status to answer.
+  absl::StatusOr<std::shared_ptr<Session>> FindLocked(const std::string& tenant,
+                                                      const std::string& id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loses sessions idle past their TTL.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -267,6 +297,17 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves the pages of one extend (item.new_table, fresh, replaced).
   absl::Status ReserveLocked(ExtendItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts idle unpinned sessions, least recently used first, until `fresh` pages of `arena`
+  // are allocated into *pages: first of tenants holding more than their guaranteed share, then
+  // of `s`'s own tenant; never another tenant's within its share. False when nothing may go.
+  bool EvictForLocked(const Session& s, Arena* arena, int64_t fresh, std::vector<int32_t>* pages)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  TenantShares SharesOf(const std::string& tenant) const;
+  // Bytes of the pages `tenant`'s sessions hold (a page shared by two of them counted twice).
+  int64_t TenantBytesLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `tenant` already holds its most sessions.
+  absl::Status CheckTenantSessionsLocked(const std::string& tenant) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLease(Lease& lease, bool keep);
 
   const SessionOptions options_;
@@ -278,13 +319,11 @@ class SessionManager {
   mutable Mutex mu_;
   std::string owner_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_number_ ABSL_GUARDED_BY(mu_) = 1;
-  // Ids in the order ListSessions pages through them: by their text up to the number, then by
-  // the number's value ("o/i/9" before "o/i/10").
-  struct IdOrder {
-    bool operator()(const std::string& a, const std::string& b) const;
-  };
-  std::map<std::string, std::shared_ptr<Session>, IdOrder> sessions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  // The sessions by serial (creation order): all of them, and each tenant's (List).
+  std::map<uint64_t, Session*> by_serial_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::map<uint64_t, Session*>> by_tenant_ ABSL_GUARDED_BY(mu_);
   // Least recently used first.
   std::list<Session*> lru_ ABSL_GUARDED_BY(mu_);
   // When each session expires (last use + TTL), soonest first; an entry is live while its stamp
@@ -300,8 +339,12 @@ class SessionManager {
   uint64_t next_expiry_stamp_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pinned_sessions_ ABSL_GUARDED_BY(mu_) = 0;
-  // Lost ids and why, oldest first in lost_order_.
-  absl::flat_hash_map<std::string, std::string> lost_ ABSL_GUARDED_BY(mu_);
+  // Lost ids, why and whose, oldest first in lost_order_.
+  struct LostId {
+    std::string reason;
+    std::string tenant;
+  };
+  absl::flat_hash_map<std::string, LostId> lost_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -22,6 +22,8 @@ namespace attnserve::server::sessions {
 
 struct Session {
   std::string id;
+  std::string tenant;   // whose it is (session_manager.h, "Tenants")
+  uint64_t serial = 0;  // creation order on this replica
   std::string module_name;
   std::shared_ptr<const kernels::MultiHeadWeights> module;
   int num_heads = 0;
@@ -42,14 +44,15 @@ struct Session {
 // The loss reason of sessions whose pages were on a device the backend re-initialised.
 inline constexpr absl::string_view kDeviceReset = "device reset";
 
-// Ids: "<owner>/<instance>/<number>" (session_ids.cc).
+// Ids: "<owner>/<instance>/<key>" (session_ids.cc).
 inline constexpr int kMaxIdChars = 256;
 // A fresh instance name for this process: a restarted server knows its predecessor's ids.
 std::string RandomInstance();
 struct ParsedId {
-  absl::string_view owner, instance;
-  uint64_t number = 0;
+  absl::string_view owner, instance, key;
 };
+// A fresh key: 128 bits from the system's CSPRNG, as 32 lowercase hex digits.
+std::string RandomKey();
 // The parts of a well-formed id; INVALID_ARGUMENT naming what is wrong otherwise.
 absl::StatusOr<ParsedId> ParseId(absl::string_view id);
 

@@ -27,7 +27,7 @@ class AnswerNowReactor final : public grpc::ServerUnaryReactor {
  public:
   AnswerNowReactor(const grpc::CallbackServerContext& context, Dispatcher* dispatcher)
       : caller_(context, dispatcher) {}
-  const Caller* caller() const { return &caller_; }
+  Caller* caller() { return &caller_; }
   void OnCancel() override { caller_.Cancel(); }
   void OnDone() override { delete this; }
 
@@ -67,7 +67,7 @@ class StreamedUnaryReactor final
 
   StreamedUnaryReactor(grpc::CallbackServerContext* context, Dispatcher* dispatcher)
       : context_(context), caller_(*context, dispatcher) {}
-  const Caller* caller() const { return &caller_; }
+  Caller* caller() { return &caller_; }
   // Where the answer's message goes before Respond(OK).
   grpc::ByteBuffer* response() { return &response_; }
 
@@ -192,31 +192,34 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
   MarkMethodStreamed(
       MethodIndex("Attend"), new Handler([this](grpc::CallbackServerContext* context) {
         return ServeStreamed<v1::AttendRequest, v1::AttendResponse>(
-            context, metrics::Rpc::kAttend,
-            [this](const v1::AttendRequest& r) { return BuildAttendJob(r, options_.limits); });
+            context, metrics::Rpc::kAttend, [this](const v1::AttendRequest& r, const std::string&) {
+              return BuildAttendJob(r, options_.limits);
+            });
       }));
   MarkMethodStreamed(
       MethodIndex("MultiHeadAttention"), new Handler([this](grpc::CallbackServerContext* context) {
         return ServeStreamed<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
             context, metrics::Rpc::kMultiHeadAttention,
-            [this](const v1::MultiHeadAttentionRequest& r) {
+            [this](const v1::MultiHeadAttentionRequest& r, const std::string&) {
               return BuildMultiHeadJob(r, *modules_, options_.limits);
             });
       }));
-  MarkMethodStreamed(
-      MethodIndex("ExtendSession"), new Handler([this](grpc::CallbackServerContext* context) {
-        return ServeStreamed<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
-            context, metrics::Rpc::kExtendSession, [this](const v1::ExtendSessionRequest& r) {
-              return BuildExtendJob(r, *sessions_, options_.limits);
-            });
-      }));
-  MarkMethodStreamed(
-      MethodIndex("ExtendSessions"), new Handler([this](grpc::CallbackServerContext* context) {
-        return ServeStreamed<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
-            context, metrics::Rpc::kExtendSessions, [this](const v1::ExtendSessionsRequest& r) {
-              return BuildExtendsJob(r, *sessions_, options_.limits);
-            });
-      }));
+  MarkMethodStreamed(MethodIndex("ExtendSession"),
+                     new Handler([this](grpc::CallbackServerContext* context) {
+                       return ServeStreamed<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
+                           context, metrics::Rpc::kExtendSession,
+                           [this](const v1::ExtendSessionRequest& r, const std::string& tenant) {
+                             return BuildExtendJob(r, tenant, *sessions_, options_.limits);
+                           });
+                     }));
+  MarkMethodStreamed(MethodIndex("ExtendSessions"),
+                     new Handler([this](grpc::CallbackServerContext* context) {
+                       return ServeStreamed<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
+                           context, metrics::Rpc::kExtendSessions,
+                           [this](const v1::ExtendSessionsRequest& r, const std::string& tenant) {
+                             return BuildExtendsJob(r, tenant, *sessions_, options_.limits);
+                           });
+                     }));
   metrics_->SetModuleBytes(modules_->TotalBytes());
 }
 
@@ -245,10 +248,12 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
         }
         reactor->Respond(status);
       });
-  if (absl::Status s = Authorize(*context, options_.auth_token); !s.ok()) {
-    call->Finish(std::move(s));
+  absl::StatusOr<Identity> who = Authenticate(*context);
+  if (!who.ok()) {
+    call->Finish(who.status());
     return reactor;
   }
+  reactor->caller()->set_tenant(std::move(who->tenant));
   // Before the request's bytes are read: under overload most calls end here, at the cost of
   // their headers (tests/bench/OVERLOAD.md). The batcher is not asked here: what it refuses (a
   // drain, a long queue of compute) Submit refuses after the read, and asking it twice cost
@@ -285,7 +290,7 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
                            Request::descriptor()->full_name())));
           return;
         }
-        absl::StatusOr<std::unique_ptr<Job>> job = build(*request);
+        absl::StatusOr<std::unique_ptr<Job>> job = build(*request, call->caller().tenant());
         if (!job.ok()) {
           reactor->NoteCancellation();
           call->Finish(job.status());
@@ -312,9 +317,8 @@ grpc::ServerUnaryReactor* AttentionService::AnswerNow(grpc::CallbackServerContex
             [reactor, context](const absl::Status& status, Job*, absl::Time) {
               reactor->Finish(SessionAwareStatus(status, context));
             });
-  absl::Status status = Authorize(*context, options_.auth_token);
-  if (status.ok()) status = body();
-  call.Finish(std::move(status));
+  absl::StatusOr<Identity> who = Authenticate(*context);
+  call.Finish(who.ok() ? body(*who) : who.status());
   return reactor;
 }
 
@@ -322,7 +326,7 @@ grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::A
     grpc::CallbackServerContext* context) {
   return new AttentionStreamReactor(
       context, {&options_.limits, modules_, dispatcher_, sessions_, metrics_, &streams_},
-      Authorize(*context, options_.auth_token));
+      Authenticate(*context));
 }
 
 void AttentionService::Drain() {
@@ -355,6 +359,24 @@ void AttentionService::StopAwaitingReads() {
 
 AttentionService::~AttentionService() = default;
 
+absl::StatusOr<Identity> AttentionService::Authenticate(
+    const grpc::CallbackServerContext& context) const {
+  if (options_.auth == nullptr) return Identity{"", true, true};
+  return options_.auth->Authenticate(context);
+}
+
+absl::Status AttentionService::ModuleRpcAllowed(const Identity& who, absl::string_view rpc) const {
+  if (!options_.allow_module_rpc) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(rpc, " is switched off on this server (--allow_module_rpc=false)"));
+  }
+  if (!who.admin) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(rpc, " needs the admin role, which tenant '", who.tenant, "' does not have"));
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerContext* context,
                                                        const v1::LoadModuleRequest* request,
                                                        v1::LoadModuleResponse* response) {
@@ -363,11 +385,8 @@ grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerConte
                                      [reactor](const absl::Status& status, Job*, absl::Time) {
                                        reactor->Finish(ToGrpcStatus(status));
                                      });
-  absl::Status status = Authorize(*context, options_.auth_token);
-  if (status.ok() && !options_.allow_module_rpc) {
-    status = absl::PermissionDeniedError(
-        "LoadModule is switched off on this server (--allow_module_rpc=false)");
-  }
+  absl::StatusOr<Identity> who = Authenticate(*context);
+  absl::Status status = who.ok() ? ModuleRpcAllowed(*who, "LoadModule") : who.status();
   if (status.ok()) {
     status = CheckMessageSize(options_.limits, static_cast<int64_t>(request->ByteSizeLong()),
                               "the LoadModuleRequest");
@@ -395,11 +414,8 @@ grpc::ServerUnaryReactor* AttentionService::LoadModule(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerContext* context,
                                                          const v1::UnloadModuleRequest* request,
                                                          v1::UnloadModuleResponse*) {
-  return AnswerNow(context, metrics::Rpc::kUnloadModule, [&]() -> absl::Status {
-    if (!options_.allow_module_rpc) {
-      return absl::PermissionDeniedError(
-          "UnloadModule is switched off on this server (--allow_module_rpc=false)");
-    }
+  return AnswerNow(context, metrics::Rpc::kUnloadModule, [&](const Identity& who) -> absl::Status {
+    if (absl::Status s = ModuleRpcAllowed(who, "UnloadModule"); !s.ok()) return s;
     const absl::Status status = modules_->Remove(request->name());
     metrics_->SetModuleBytes(modules_->TotalBytes());
     return status;
@@ -409,7 +425,7 @@ grpc::ServerUnaryReactor* AttentionService::UnloadModule(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* AttentionService::ListModules(grpc::CallbackServerContext* context,
                                                         const v1::ListModulesRequest*,
                                                         v1::ListModulesResponse* response) {
-  return AnswerNow(context, metrics::Rpc::kListModules, [&] {
+  return AnswerNow(context, metrics::Rpc::kListModules, [&](const Identity&) {
     for (const auto& module : modules_->List()) FillModuleInfo(*module, response->add_modules());
     return absl::OkStatus();
   });
@@ -418,7 +434,7 @@ grpc::ServerUnaryReactor* AttentionService::ListModules(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerContext* context,
                                                           const v1::GetServerInfoRequest*,
                                                           v1::GetServerInfoResponse* response) {
-  return AnswerNow(context, metrics::Rpc::kGetServerInfo, [&] {
+  return AnswerNow(context, metrics::Rpc::kGetServerInfo, [&](const Identity&) {
     response->set_version(info_.version);
     for (const auto& backend : info_.backends) *response->add_backends() = backend;
     v1::Limits* limits = response->mutable_limits();
@@ -448,9 +464,10 @@ grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* AttentionService::CreateSession(grpc::CallbackServerContext* context,
                                                           const v1::CreateSessionRequest* request,
                                                           v1::CreateSessionResponse* response) {
-  return AnswerNow(context, metrics::Rpc::kCreateSession, [&]() -> absl::Status {
+  return AnswerNow(context, metrics::Rpc::kCreateSession, [&](const Identity& who) -> absl::Status {
     auto spec = BuildSessionSpec(*request, *modules_, options_.limits);
     if (!spec.ok()) return spec.status();
+    spec->tenant = who.tenant;
     auto state = sessions_->Create(*spec);
     if (!state.ok()) return state.status();
     WriteSessionInfo(*state, response->mutable_session());
@@ -461,12 +478,12 @@ grpc::ServerUnaryReactor* AttentionService::CreateSession(grpc::CallbackServerCo
 grpc::ServerUnaryReactor* AttentionService::ForkSession(grpc::CallbackServerContext* context,
                                                         const v1::ForkSessionRequest* request,
                                                         v1::ForkSessionResponse* response) {
-  return AnswerNow(context, metrics::Rpc::kForkSession, [&]() -> absl::Status {
+  return AnswerNow(context, metrics::Rpc::kForkSession, [&](const Identity& who) -> absl::Status {
     if (request->idle_ttl_us() < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("idle_ttl_us must be >= 0; was ", request->idle_ttl_us()));
     }
-    auto state = sessions_->Fork(request->session_id(), request->pinned(),
+    auto state = sessions_->Fork(who.tenant, request->session_id(), request->pinned(),
                                  absl::Microseconds(request->idle_ttl_us()));
     if (!state.ok()) return state.status();
     WriteSessionInfo(*state, response->mutable_session());
@@ -477,15 +494,16 @@ grpc::ServerUnaryReactor* AttentionService::ForkSession(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* AttentionService::CloseSession(grpc::CallbackServerContext* context,
                                                          const v1::CloseSessionRequest* request,
                                                          v1::CloseSessionResponse*) {
-  return AnswerNow(context, metrics::Rpc::kCloseSession,
-                   [&] { return sessions_->Close(request->session_id()); });
+  return AnswerNow(context, metrics::Rpc::kCloseSession, [&](const Identity& who) {
+    return sessions_->Close(who.tenant, request->session_id());
+  });
 }
 
 grpc::ServerUnaryReactor* AttentionService::GetSession(grpc::CallbackServerContext* context,
                                                        const v1::GetSessionRequest* request,
                                                        v1::GetSessionResponse* response) {
-  return AnswerNow(context, metrics::Rpc::kGetSession, [&]() -> absl::Status {
-    auto state = sessions_->Get(request->session_id());
+  return AnswerNow(context, metrics::Rpc::kGetSession, [&](const Identity& who) -> absl::Status {
+    auto state = sessions_->Get(who.tenant, request->session_id());
     if (!state.ok()) return state.status();
     WriteSessionInfo(*state, response->mutable_session());
     return absl::OkStatus();
@@ -495,24 +513,28 @@ grpc::ServerUnaryReactor* AttentionService::GetSession(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* AttentionService::ListSessions(grpc::CallbackServerContext* context,
                                                          const v1::ListSessionsRequest* request,
                                                          v1::ListSessionsResponse* response) {
-  return AnswerNow(context, metrics::Rpc::kListSessions, [&]() -> absl::Status {
+  return AnswerNow(context, metrics::Rpc::kListSessions, [&](const Identity& who) -> absl::Status {
     if (request->page_size() < 0 || request->page_size() > 1000) {
       return absl::InvalidArgumentError(
           absl::StrCat("page_size must be in 0..1000; was ", request->page_size()));
     }
+    // The token is the creation serial of the last session listed ("s<serial>").
     const std::string& token = request->page_token();
-    if (!token.empty() && !absl::StartsWith(token, sessions_->owner() + "/")) {
+    uint64_t after = 0;
+    if (!token.empty() &&
+        (token[0] != 's' || !absl::SimpleAtoi(absl::string_view(token).substr(1), &after))) {
       return absl::InvalidArgumentError(absl::StrCat(
           "page_token must be a next_page_token this server returned; was '", token, "'"));
     }
     bool more = false;
     const int limit = request->page_size() == 0 ? 100 : request->page_size();
-    for (const sessions::SessionState& st : sessions_->List(token, limit, &more)) {
+    uint64_t last = 0;
+    for (const sessions::SessionState& st :
+         sessions_->List(who.tenant, who.operator_role, after, limit, &more)) {
       WriteSessionInfo(st, response->add_sessions());
+      last = st.serial;
     }
-    if (more && response->sessions_size() > 0) {
-      response->set_next_page_token(response->sessions(response->sessions_size() - 1).session_id());
-    }
+    if (more && last != 0) response->set_next_page_token(absl::StrCat("s", last));
     const sessions::PoolUsage u = sessions_->Usage();
     v1::SessionPoolUsage* usage = response->mutable_usage();
     usage->set_pages_total(u.pages_total);

@@ -16,6 +16,7 @@
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/transport/attention_stream.h"
+#include "server/transport/auth.h"
 #include "server/transport/limits.h"
 
 namespace attnserve::server {
@@ -60,9 +61,10 @@ class AttentionService final : public AttentionServiceBase {
     Limits limits;
     // False: LoadModule and UnloadModule answer PERMISSION_DENIED.
     bool allow_module_rpc = true;
-    // Non-empty: every call must carry the metadata "authorization: Bearer <auth_token>";
-    // others are answered UNAUTHENTICATED. (Health and reflection stay open for probes.)
-    std::string auth_token;
+    // Who is calling (auth.h; not owned, outlives the service): calls it does not
+    // authenticate are answered UNAUTHENTICATED. Null: every caller is the anonymous tenant
+    // with every role. (Health and reflection stay open for probes.)
+    const Authenticator* auth = nullptr;
   };
 
   // Every rpc is counted in `metrics` (by rpc and code, with its server time). `sessions`
@@ -127,6 +129,10 @@ class AttentionService final : public AttentionServiceBase {
   template <typename Body>
   grpc::ServerUnaryReactor* AnswerNow(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                       Body body);
+
+  absl::StatusOr<Identity> Authenticate(const grpc::CallbackServerContext& context) const;
+  // OK when module rpcs are on and `who` is an admin; PERMISSION_DENIED saying which is not.
+  absl::Status ModuleRpcAllowed(const Identity& who, absl::string_view rpc) const;
 
   const Options options_;
   ModuleRegistry* const modules_;

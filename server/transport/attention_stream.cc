@@ -38,10 +38,10 @@ v1::AttentionStreamResponse MakeResponse(uint64_t id, const absl::Status& status
 }  // namespace
 
 AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call,
-                                               const Context& context,
-                                               const absl::Status& authorized)
+                                               const Context& context, absl::StatusOr<Identity> who)
     : context_(context), caller_(*call, context.dispatcher) {
-  if (!authorized.ok()) {
+  if (!who.ok()) {
+    const absl::Status authorized = who.status();
     Call(context_.metrics, metrics::Rpc::kAttentionStream, &caller_,
          [](const absl::Status&, Job*, absl::Time) {})
         .Finish(authorized);
@@ -53,6 +53,7 @@ AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call
     Finish(ToGrpcStatus(authorized));
     return;
   }
+  caller_.set_tenant(std::move(who->tenant));  // before the first read
   if (context_.streams->Add(this)) {
     // The server drains already: end at once.
     {
@@ -165,10 +166,12 @@ void AttentionStreamReactor::Handle() {
       job = BuildMultiHeadJob(request.multi_head_attention(), *context_.modules, *context_.limits);
       break;
     case v1::AttentionStreamRequest::kExtendSession:
-      job = BuildExtendJob(request.extend_session(), *context_.sessions, *context_.limits);
+      job = BuildExtendJob(request.extend_session(), caller_.tenant(), *context_.sessions,
+                           *context_.limits);
       break;
     case v1::AttentionStreamRequest::kExtendSessions:
-      job = BuildExtendsJob(request.extend_sessions(), *context_.sessions, *context_.limits);
+      job = BuildExtendsJob(request.extend_sessions(), caller_.tenant(), *context_.sessions,
+                            *context_.limits);
       break;
     default:
       job = absl::InvalidArgumentError(

@@ -18,6 +18,7 @@
 #include "server/core/module_registry.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/auth.h"
 #include "server/transport/limits.h"
 
 namespace attnserve::server {
@@ -58,10 +59,10 @@ class AttentionStreamReactor final
     OpenStreams* streams;  // the stream joins it until OnDone
   };
 
-  // Starts reading, or finishes at once with `authorized` when it is not OK. `context`
-  // outlives the stream (it is the server's).
+  // Starts reading as `who` (its tenant owns the stream's sessions), or finishes at once with
+  // who's status when it is not OK. `context` outlives the stream (it is the server's).
   AttentionStreamReactor(grpc::CallbackServerContext* call, const Context& context,
-                         const absl::Status& authorized);
+                         absl::StatusOr<Identity> who);
 
   void OnReadDone(bool ok) override;
   void OnWriteDone(bool ok) override;

@@ -514,8 +514,9 @@ absl::Status CheckCacheable(const v1::Tensor& t, absl::string_view field,
                  "session NaN; was ", value, " at element ", at, " (", where, ")");
 }
 
-absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::SessionManager& manager,
-                            const Limits& limits, sessions::ExtendItem* item) {
+absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, const std::string& tenant,
+                            sessions::SessionManager& manager, const Limits& limits,
+                            sessions::ExtendItem* item) {
   if (r.session_id().empty()) return Invalid("session_id is required");
   if (r.has_expected_length() && r.expected_length() < 0) {
     return Invalid(absl::StrCat("expected_length must be >= 0; was ", r.expected_length()));
@@ -536,7 +537,7 @@ absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::Session
   }
   const std::optional<int64_t> expected =
       r.has_expected_length() ? std::optional<int64_t>(r.expected_length()) : std::nullopt;
-  if (auto s = manager.BeginExtend(r.session_id(), expected, L, item); !s.ok()) return s;
+  if (auto s = manager.BeginExtend(tenant, r.session_id(), expected, L, item); !s.ok()) return s;
   item->wire_dtype = WireDType(first.dtype()).value();
   item->return_lse = r.return_lse();
   if (item->module != nullptr) {
@@ -595,10 +596,11 @@ absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, sessions::Session
 }
 
 std::unique_ptr<sessions::ExtendItem> BuildExtendItem(const v1::ExtendSessionRequest& r,
+                                                      const std::string& tenant,
                                                       sessions::SessionManager& manager,
                                                       const Limits& limits) {
   auto item = std::make_unique<sessions::ExtendItem>();
-  item->status = FillExtendItem(r, manager, limits, item.get());
+  item->status = FillExtendItem(r, tenant, manager, limits, item.get());
   if (!item->status.ok()) item->lease.End(false);
   return item;
 }
@@ -636,9 +638,10 @@ void SetSessionSizes(Job* job) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Job>> BuildExtendJob(const v1::ExtendSessionRequest& request,
+                                                    const std::string& tenant,
                                                     sessions::SessionManager& manager,
                                                     const Limits& limits) {
-  auto item = BuildExtendItem(request, manager, limits);
+  auto item = BuildExtendItem(request, tenant, manager, limits);
   if (!item->status.ok()) return item->status;
   auto job = SessionJob(manager);
   job->dtype = item->wire_dtype;
@@ -648,6 +651,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildExtendJob(const v1::ExtendSessionReque
 }
 
 absl::StatusOr<std::unique_ptr<Job>> BuildExtendsJob(const v1::ExtendSessionsRequest& request,
+                                                     const std::string& tenant,
                                                      sessions::SessionManager& manager,
                                                      const Limits& limits) {
   if (request.steps_size() == 0) return Invalid("steps must hold at least one extend; was empty");
@@ -663,7 +667,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildExtendsJob(const v1::ExtendSessionsReq
                                           "' appears more than once; a session may appear "
                                           "only once per ExtendSessions"));
     } else {
-      item = BuildExtendItem(step, manager, limits);
+      item = BuildExtendItem(step, tenant, manager, limits);
       if (!item->status.ok() && item->status.code() == absl::StatusCode::kInvalidArgument) {
         item->status = Invalid(absl::StrCat("steps[", i, "]: ", item->status.message()));
       }

@@ -35,12 +35,15 @@ absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRe
                                                        const Limits& limits);
 // ExtendSession: a job of one item holding its session's lease, or the item's error (the
 // session's own codes, sessions/session_manager.h, and INVALID_ARGUMENT naming the field).
+// `tenant`: the caller's (auth.h); another tenant's session is NOT_FOUND.
 absl::StatusOr<std::unique_ptr<Job>> BuildExtendJob(const v1::ExtendSessionRequest& request,
+                                                    const std::string& tenant,
                                                     sessions::SessionManager& manager,
                                                     const Limits& limits);
 // ExtendSessions: a job of one item per step, each with its lease or its own error
 // (INVALID_ARGUMENT "steps[i]: ..."); INVALID_ARGUMENT for no steps.
 absl::StatusOr<std::unique_ptr<Job>> BuildExtendsJob(const v1::ExtendSessionsRequest& request,
+                                                     const std::string& tenant,
                                                      sessions::SessionManager& manager,
                                                      const Limits& limits);
 // False for a session job none of whose items holds a lease (every step failed validation):

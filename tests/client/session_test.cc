@@ -358,7 +358,7 @@ TEST(RoutingTest, AnUnknownOwnerIsAClearErrorAndNothingIsSent) {
   EXPECT_THAT(r.status().message(), HasSubstr(a.address()));
   request.set_session_id("garbage");
   EXPECT_THAT(client->ExtendSession(request).status().message(),
-              HasSubstr("<owner>/<instance>/<number>"));
+              HasSubstr("<owner>/<instance>/<key>"));
   EXPECT_EQ(a.service.calls("ExtendSession") + b.service.calls("ExtendSession"), 0);
 }
 

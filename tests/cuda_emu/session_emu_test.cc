@@ -47,7 +47,7 @@ struct Side {
   // Extends `id` with tokens [from, to) of `t` (all its chunks); the output [to - from, Hq, Dv].
   std::vector<float> Extend(const std::string& id, const Tokens& t, int from, int to) {
     ExtendItem item;
-    const absl::Status begun = manager->BeginExtend(id, std::nullopt, to - from, &item);
+    const absl::Status begun = manager->BeginExtend("", id, std::nullopt, to - from, &item);
     EXPECT_TRUE(begun.ok()) << begun;
     if (!begun.ok()) return {};
     item.q = t.q.data() + int64_t{from} * kHq * kD;
@@ -138,8 +138,8 @@ TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
   // The fork shares a's pages; its first extend copies the shared last page (CopyPage) before
   // writing its own token there, and a's page keeps a's.
   const std::pair<std::string, std::string> b = {
-      device_.manager->Fork(a.first, false, absl::ZeroDuration()).value().id,
-      host_.manager->Fork(a.second, false, absl::ZeroDuration()).value().id};
+      device_.manager->Fork("", a.first, false, absl::ZeroDuration()).value().id,
+      host_.manager->Fork("", a.second, false, absl::ZeroDuration()).value().id};
   Extend(b, tb, 7, 9);
   Extend(a, ta, 7, 8);
   Extend(a, ta, 8, 12);
@@ -147,8 +147,8 @@ TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
 
   EXPECT_GT(device_.manager->Usage().pages_used, 0);
   for (const auto& ids : {a, b}) {
-    ASSERT_TRUE(device_.manager->Close(ids.first).ok());
-    ASSERT_TRUE(host_.manager->Close(ids.second).ok());
+    ASSERT_TRUE(device_.manager->Close("", ids.first).ok());
+    ASSERT_TRUE(host_.manager->Close("", ids.second).ok());
   }
   EXPECT_EQ(device_.manager->Usage().pages_used, 0);
   EXPECT_EQ(device_.manager->Usage().bytes_used, 0);
@@ -176,7 +176,7 @@ TEST(SessionEmuLayoutsTest, LayoutsShareThePoolOnTheDevice) {
   for (const std::string& id : ids) side.Extend(id, t, 0, 6);  // two pages each
   constexpr int64_t kGranule = int64_t{64} << 10;
   EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 4 * kGranule);
-  for (const std::string& id : ids) ASSERT_TRUE(side.manager->Close(id).ok());
+  for (const std::string& id : ids) ASSERT_TRUE(side.manager->Close("", id).ok());
   EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 0);
 }
 

@@ -126,7 +126,7 @@ async function main() {
   const session = await client.createSession({
     layout: { numHeads: SH, numKvHeads: SKV, headDim: SD },
   });
-  assert.match(session.sessionId, /^.+\/[0-9a-f]+\/[0-9]+$/);
+  assert.match(session.sessionId, /^.+\/[0-9a-f]+\/[0-9a-f]{32}$/);
   let have = 0;
   for (const [from, to] of [[0, 5], [5, 6], [6, 7]]) {
     const r = await client.extendSession(session.sessionId, {

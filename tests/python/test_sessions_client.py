@@ -227,7 +227,7 @@ class SessionClientTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "names owner '10.1.2.3:50051'"):
                 s.extend(tokens(1), tokens(1), tokens(1))
             s.info.session_id = "garbage"
-            with self.assertRaisesRegex(ValueError, "<owner>/<instance>/<number>"):
+            with self.assertRaisesRegex(ValueError, "<owner>/<instance>/<key>"):
                 s.describe()
             self.a.service.owner_override = self.b.service.owner_override = "pod-0:50051"
             with self.assertRaisesRegex(ValueError, "whose owner is not that address"):

@@ -838,7 +838,13 @@ TEST_F(SessionTest, AnIdOfAnotherInstanceIsLostRestartedAndBadIdsAreRefused) {
   EXPECT_EQ(Get("").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Get("no-slashes").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(Get(id + "x").error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(Get(id + "0").error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Get(id + "0").error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // 33 digits
+  std::string upper = id;  // the key is lowercase hex
+  upper.back() = 'F';
+  EXPECT_EQ(Get(upper).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  std::string other = id;  // a well-formed key never issued
+  other.back() = other.back() == '0' ? '1' : '0';
+  EXPECT_EQ(Get(other).error_code(), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(Get("replica-b/" + id.substr(10)).error_code(), grpc::StatusCode::NOT_FOUND);
   ASSERT_TRUE(Close(id).ok());
   EXPECT_EQ(Get(id).error_code(), grpc::StatusCode::NOT_FOUND);
@@ -1107,14 +1113,14 @@ TEST(SessionManagerTest, SessionsExpireAtTheirTimeAmongThousands) {
   for (int i = 0; i < 2000; ++i) ids.push_back(manager->Create(spec).value().id);
   clock.Advance(absl::Seconds(6));
   for (int round = 0; round < 10; ++round) {  // 10,000 uses: the heap is rebuilt on the way
-    for (size_t i = 0; i < ids.size(); i += 2) ASSERT_TRUE(manager->Get(ids[i]).ok());
+    for (size_t i = 0; i < ids.size(); i += 2) ASSERT_TRUE(manager->Get("", ids[i]).ok());
   }
   clock.Advance(absl::Seconds(5));  // t = 11 s: the unused ones are due (10 s)
   EXPECT_EQ(manager->Usage().sessions, 1000);
-  EXPECT_EQ(manager->Get(ids[1]).status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(manager->Get(ids[2]).ok());  // used at 6 s (and now): due at 21 s
+  EXPECT_EQ(manager->Get("", ids[1]).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(manager->Get("", ids[2]).ok());  // used at 6 s (and now): due at 21 s
   server::sessions::ExtendItem item;
-  ASSERT_TRUE(manager->BeginExtend(ids[0], std::nullopt, 1, &item).ok());
+  ASSERT_TRUE(manager->BeginExtend("", ids[0], std::nullopt, 1, &item).ok());
   clock.Advance(absl::Seconds(20));  // t = 31 s: every session is due; ids[0] is busy
   EXPECT_EQ(manager->Usage().sessions, 1);
   item.lease.End(false);  // rolled back: not a use, so it is due since 16 s
@@ -1131,7 +1137,7 @@ TEST(SessionManagerTest, ThousandsOfCyclesLeakNoPage) {
   const auto extend = [&](const std::string& id, int64_t n) {
     server::sessions::ExtendItem item;
     const std::vector<float> q = Random(n * 2 * 4, gen()), kv = Random(n * 4, gen());
-    ASSERT_TRUE(manager->BeginExtend(id, std::nullopt, n, &item).ok());
+    ASSERT_TRUE(manager->BeginExtend("", id, std::nullopt, n, &item).ok());
     item.q = q.data();
     item.k = item.v = kv.data();
     server::sessions::ExtendItem* items[] = {&item};
@@ -1146,15 +1152,15 @@ TEST(SessionManagerTest, ThousandsOfCyclesLeakNoPage) {
   for (int i = 0; i < 3000; ++i) {
     const std::string a = manager->Create(spec).value().id;
     extend(a, 1 + gen() % 9);
-    const std::string b = manager->Fork(a, false, absl::ZeroDuration()).value().id;
+    const std::string b = manager->Fork("", a, false, absl::ZeroDuration()).value().id;
     extend(b, 1 + gen() % 3);
     extend(a, 1);
     if (i % 2 == 0) {
-      ASSERT_TRUE(manager->Close(a).ok());
-      ASSERT_TRUE(manager->Close(b).ok());
+      ASSERT_TRUE(manager->Close("", a).ok());
+      ASSERT_TRUE(manager->Close("", b).ok());
     } else {
-      ASSERT_TRUE(manager->Close(b).ok());
-      ASSERT_TRUE(manager->Close(a).ok());
+      ASSERT_TRUE(manager->Close("", b).ok());
+      ASSERT_TRUE(manager->Close("", a).ok());
     }
   }
   const server::sessions::PoolUsage usage = manager->Usage();

@@ -13,7 +13,7 @@ an id the server never issued or already closed, RESOURCE_EXHAUSTED when the poo
 Extends go through the client's throttle (attnserve.throttle): UNAVAILABLE ThrottledError when
 it rejects one, before anything is sent.
 
-Several replicas: a session id "<owner>/<instance>/<number>" names the replica holding it. A
+Several replicas: a session id "<owner>/<instance>/<key>" names the replica holding it. A
 client given a list of addresses sends create_session to the next address in turn and every
 call naming a session to the address equal to its owner; an owner that is none of them raises
 ValueError before anything is sent.
@@ -83,11 +83,11 @@ def session_lost_reason(error: BaseException) -> str:
 
 
 def session_owner(session_id: str) -> str:
-    """The owner of "<owner>/<instance>/<number>" (the owner may hold '/'); ValueError
+    """The owner of "<owner>/<instance>/<key>" (the owner may hold '/'); ValueError
     otherwise."""
     parts = session_id.rsplit("/", 2)
     if len(parts) != 3 or not all(parts):
-        raise ValueError(f'session_id must be "<owner>/<instance>/<number>"; was {session_id!r}')
+        raise ValueError(f'session_id must be "<owner>/<instance>/<key>"; was {session_id!r}')
     return parts[0]
 
 
@@ -166,7 +166,7 @@ class _SessionBase:
 
     @property
     def id(self) -> str:
-        """The session id, "<owner>/<instance>/<number>"."""
+        """The session id, "<owner>/<instance>/<key>"."""
         return self.info.session_id
 
     @property

@@ -142,7 +142,8 @@ class AttentionServiceServicer(object):
         Errors: INVALID_ARGUMENT (bad name, malformed safetensors, missing or misshapen tensors,
         num_heads not dividing d_model), ALREADY_EXISTS (name taken and `replace` not set),
         RESOURCE_EXHAUSTED (weights over limits.max_module_bytes), PERMISSION_DENIED (module loading
-        over the API switched off by the server's --allow_module_rpc=false).
+        over the API switched off by the server's --allow_module_rpc=false, or a caller without the
+        admin role: see "Tenants" below).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -192,6 +193,16 @@ class AttentionServiceServicer(object):
         the server cannot tell a predecessor's id from one no process issued, and a predecessor's
         is the only way a caller comes by one. An id of another owner is NOT_FOUND, naming the
         replica it belongs to.
+
+        Tenants. Every caller is a tenant (the server's --tenants_file names them by their bearer
+        tokens or client certificates; with no authentication configured, or one shared token, all
+        callers are one tenant, as before tenants existed). A session belongs to the tenant that
+        created it, a fork to the tenant that forked it. Every session rpc of another tenant
+        (GetSession, ExtendSession(s), ForkSession, CloseSession, also lost sessions) answers
+        exactly as an id never issued: NOT_FOUND, the same message. Ids carry 128 random bits, so
+        knowing one tells nothing of another. ListSessions lists the caller's own sessions, every
+        tenant's only for a tenant with the operator role. LoadModule and UnloadModule need the
+        admin role.
 
         Creates an empty session. Errors: INVALID_ARGUMENT (a bad layout or dtype), NOT_FOUND (the
         module is not loaded), RESOURCE_EXHAUSTED (limits.max_sessions reached; or pinning over
@@ -259,8 +270,8 @@ class AttentionServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def ListSessions(self, request, context):
-        """The sessions of this server, a page at a time, in the order of their ids' numbers (the
-        order they were created in: ".../9" before ".../10"), and the pool's usage. Listing does not
+        """The caller's sessions on this server (every tenant's for an operator), a page at a time, in
+        the order they were created in, and the pool's usage (the whole pool's). Listing does not
         count as using a session. Never fails except UNAUTHENTICATED and INVALID_ARGUMENT (a bad
         page_token).
         """
