@@ -78,9 +78,9 @@ run_clang() {
 run_tsan() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
   cmake --preset tsan
-  cmake --build --preset tsan --target attnserve batcher_test server_test session_test kv_pool_test \
-    flash_emu_test paged_attention_emu_test flash_launch_emu_test naive_attention_emu_test \
-    elementwise_emu_test linear_emu_test
+  cmake --build --preset tsan --target attnserve batcher_test server_test session_test tenants_test \
+    kv_pool_test flash_emu_test paged_attention_emu_test flash_launch_emu_test \
+    naive_attention_emu_test elementwise_emu_test linear_emu_test
   local rc=0
   ctest --preset tsan -L "batcher|server" -L "^unit$" || rc=$?
   # The emulated kernels in fp16 (bf16 runs the same schedules with other numbers), the
