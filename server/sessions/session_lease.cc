@@ -103,6 +103,12 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
         "the pool (", options_.max_pinned_fraction, " of ", pool_->bytes_total(),
         " bytes, --session_max_pinned_fraction)"));
   }
+  if (s.pinned) {
+    if (absl::Status st = CheckTenantPinnedLocked(s.tenant, (need - have) * arena->page_bytes());
+        !st.ok()) {
+      return st;
+    }
+  }
   const TenantShares shares = SharesOf(s.tenant);
   if (shares.max < 1.0) {
     const int64_t held = TenantBytesLocked(s.tenant);
@@ -162,6 +168,26 @@ absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant
   return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' holds ", held,
                                                    " sessions, its limit (sessions=", most,
                                                    " in the tenants file); close sessions first"));
+}
+
+absl::Status SessionManager::CheckTenantPinnedLocked(const std::string& tenant,
+                                                     int64_t more) const {
+  const double share = SharesOf(tenant).max_pinned;
+  if (share >= 1.0) return absl::OkStatus();
+  int64_t held = 0;
+  if (const auto t = by_tenant_.find(tenant); t != by_tenant_.end()) {
+    for (const auto& [serial, session] : t->second) {
+      if (session->pinned) {
+        held += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
+      }
+    }
+  }
+  const int64_t cap = static_cast<int64_t>(share * pool_->bytes_total());
+  if (held + more <= cap) return absl::OkStatus();
+  return absl::ResourceExhaustedError(
+      absl::StrCat("tenant '", tenant, "' has ", held, " bytes in pinned sessions; ", more,
+                   " more would take it over its pinned_share (", share, " of ",
+                   pool_->bytes_total(), " bytes, the tenants file); leave the session unpinned"));
 }
 
 bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fresh,

@@ -240,7 +240,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   auto s = std::make_shared<Session>();
   s->tenant = spec.tenant;
   PageLayout layout;
-  layout.page_size = pool_->page_tokens();
+  layout.page_size = options_.page_tokens;  // the pool's (KvPool::Create)
   layout.dtype = spec.cache_dtype;
   if (spec.module != nullptr) {
     s->module_name = spec.module_name;
@@ -274,6 +274,9 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
                      options_.max_pinned_fraction, " of ", pool_->bytes_total(),
                      " bytes, --session_max_pinned_fraction); create the session unpinned"));
   }
+  if (spec.pinned) {
+    if (absl::Status st = CheckTenantPinnedLocked(spec.tenant, 1); !st.ok()) return st;
+  }
   DropLostLocked();  // a lost arena of this layout is made anew
   auto arena = pool_->Acquire(layout);
   if (!arena.ok()) return arena.status();
@@ -306,6 +309,9 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
         absl::StrCat("pinning the fork would take pinned sessions over their share of the pool (",
                      options_.max_pinned_fraction, " of ", pool_->bytes_total(),
                      " bytes, --session_max_pinned_fraction); fork it unpinned"));
+  }
+  if (pinned) {
+    if (absl::Status st = CheckTenantPinnedLocked(tenant, bytes); !st.ok()) return st;
   }
   pool_->AddUser(p.arena);  // the fork shares the parent's pages
   Arena* const arena = p.arena;

@@ -75,6 +75,11 @@ struct TenantShares {
   // only from them); an extend that would take it over `max` is refused RESOURCE_EXHAUSTED.
   double guaranteed = 0.0;
   double max = 1.0;
+  // Pinned sessions: at most this fraction of the pool's bytes (within the server's
+  // max_pinned_fraction for all tenants together).
+  double max_pinned = 1.0;
+  // Calls in flight at once (server/core/tenant_calls.h); 0: no limit.
+  int64_t max_in_flight = 0;
 };
 
 // The sessions' settings (flags of the attnserve binary with the same names, prefixed
@@ -305,6 +310,10 @@ class SessionManager {
   TenantShares SharesOf(const std::string& tenant) const;
   // Bytes of the pages `tenant`'s sessions hold (a page shared by two of them counted twice).
   int64_t TenantBytesLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED when `more` bytes more in `tenant`'s pinned sessions would take them
+  // over its pinned share (Create passes 1: a pinned session at the share is refused).
+  absl::Status CheckTenantPinnedLocked(const std::string& tenant, int64_t more) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `tenant` already holds its most sessions.
   absl::Status CheckTenantSessionsLocked(const std::string& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -73,6 +73,8 @@ class StreamedUnaryReactor final
 
   // The call was admitted by `gate`: Respond() tells it of the answer.
   void set_admitted(AdmissionGate* gate) { admitted_ = gate; }
+  // The call is counted in `calls` for its tenant: Respond() releases it.
+  void set_counted(TenantCalls* calls) { counted_ = calls; }
   // Reads the request, then gives it to `serve` with `call` (on gRPC's callback thread), and then
   // runs `read_done` (also when the read fails).
   void Read(std::unique_ptr<Call> call, Serve serve, absl::AnyInvocable<void()> read_done) {
@@ -84,6 +86,7 @@ class StreamedUnaryReactor final
   // The call's answer, once: response() and OK, or the status alone.
   void Respond(const absl::Status& status) {
     if (admitted_ != nullptr) admitted_->Done(absl::Now());
+    if (counted_ != nullptr) counted_->Release(caller_.tenant());
     if (status.ok()) {
       StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
@@ -122,6 +125,7 @@ class StreamedUnaryReactor final
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
   AdmissionGate* admitted_ = nullptr;
+  TenantCalls* counted_ = nullptr;
 };
 
 // Runs posted work in order on one thread of its own; the destructor finishes what was posted.
@@ -184,6 +188,9 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
       sessions_(sessions),
       metrics_(metrics),
       info_(std::move(info)),
+      tenant_calls_([auth = options.auth](const std::string& tenant) -> int64_t {
+        return auth == nullptr ? 0 : auth->SharesOf(tenant).max_in_flight;
+      }),
       loader_(std::make_unique<WorkThread>()) {
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
   // served as a stream of one request and one response (StreamedUnaryReactor), marked by their
@@ -270,6 +277,12 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
     return reactor;
   }
   reactor->set_admitted(&admission_);
+  bool counted = false;
+  if (absl::Status s = tenant_calls_.Acquire(call->caller().tenant(), &counted); !s.ok()) {
+    call->Finish(std::move(s));
+    return reactor;
+  }
+  if (counted) reactor->set_counted(&tenant_calls_);
   std::move(refused_before_reading).Cancel();
   reactor->Read(
       std::move(call),
@@ -325,7 +338,8 @@ grpc::ServerUnaryReactor* AttentionService::AnswerNow(grpc::CallbackServerContex
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::AttentionStream(
     grpc::CallbackServerContext* context) {
   return new AttentionStreamReactor(
-      context, {&options_.limits, modules_, dispatcher_, sessions_, metrics_, &streams_},
+      context,
+      {&options_.limits, modules_, dispatcher_, sessions_, metrics_, &streams_, &tenant_calls_},
       Authenticate(*context));
 }
 

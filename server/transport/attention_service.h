@@ -13,6 +13,7 @@
 #include "server/core/call.h"
 #include "server/core/dispatcher.h"
 #include "server/core/module_registry.h"
+#include "server/core/tenant_calls.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/transport/attention_stream.h"
@@ -143,6 +144,7 @@ class AttentionService final : public AttentionServiceBase {
   // Calls of Compute's rpcs admitted and not yet answered.
   AdmissionGate admission_;
   OpenStreams streams_;
+  TenantCalls tenant_calls_;           // calls in flight by tenant (in_flight= of the tenants file)
   std::atomic<bool> draining_{false};  // Drain()
   // Compute's calls between their arrival and the hand-over of their request (AwaitReads).
   void BeginRead() ABSL_LOCKS_EXCLUDED(reads_mu_);

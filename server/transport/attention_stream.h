@@ -16,6 +16,7 @@
 #include "server/core/call.h"
 #include "server/core/dispatcher.h"
 #include "server/core/module_registry.h"
+#include "server/core/tenant_calls.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/transport/auth.h"
@@ -57,6 +58,7 @@ class AttentionStreamReactor final
     sessions::SessionManager* sessions;
     metrics::Metrics* metrics;
     OpenStreams* streams;  // the stream joins it until OnDone
+    TenantCalls* calls;    // counts each request in flight for the stream's tenant
   };
 
   // Starts reading as `who` (its tenant owns the stream's sessions), or finishes at once with

@@ -114,14 +114,21 @@ absl::StatusOr<std::vector<TenantEntry>> ParseTenants(absl::string_view text) {
           if (!absl::SimpleAtoi(value, &e.shares.max_sessions) || e.shares.max_sessions < 1) {
             return bad(absl::StrCat("sessions= wants a whole number >= 1; was '", value, "'"));
           }
-        } else if (key == "share" || key == "max_share") {
+        } else if (key == "in_flight") {
+          if (!absl::SimpleAtoi(value, &e.shares.max_in_flight) || e.shares.max_in_flight < 1) {
+            return bad(absl::StrCat("in_flight= wants a whole number >= 1; was '", value, "'"));
+          }
+        } else if (key == "share" || key == "max_share" || key == "pinned_share") {
           double x = 0;
           if (!absl::SimpleAtod(value, &x) || !(x >= 0.0 && x <= 1.0)) {
             return bad(absl::StrCat(key, "= wants a fraction in 0..1; was '", value, "'"));
           }
-          (key == "share" ? e.shares.guaranteed : e.shares.max) = x;
+          (key == "share"       ? e.shares.guaranteed
+           : key == "max_share" ? e.shares.max
+                                : e.shares.max_pinned) = x;
         } else {
-          return bad(absl::StrCat("unknown setting '", key, "' (sessions, share, max_share)"));
+          return bad(absl::StrCat("unknown setting '", key,
+                                  "' (sessions, share, max_share, pinned_share, in_flight)"));
         }
         continue;
       }

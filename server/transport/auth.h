@@ -16,7 +16,9 @@
 //                  compute (none beyond computing; the default). Shares, as key=value fields:
 //                  sessions=<n> (most sessions held at once), share=<f> (the fraction of the
 //                  session pool guaranteed: never evicted for another tenant while within it),
-//                  max_share=<f> (the most of the pool it may hold); see
+//                  max_share=<f> (the most of the pool it may hold), pinned_share=<f> (the
+//                  most its pinned sessions may hold), in_flight=<n> (its most calls in
+//                  flight: server/core/tenant_calls.h); see
 //                  sessions::TenantShares. Tenants not listed have no limit and no guarantee;
 //                  a tenant on several lines (several tokens) has the shares of its first.
 //                  Read again on Reload (SIGHUP),

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -16,6 +17,7 @@
 #include "kernels/reference.h"
 #include "server/server_host.h"
 #include "server/transport/auth.h"
+#include "tests/testing/gated_backend.h"
 
 namespace attnserve {
 namespace {
@@ -77,14 +79,15 @@ class TenantsTest : public ::testing::Test {
         "root token:r-token admin\n");
   }
   // A server reading `tenants` as its tenants file, with `options` otherwise.
-  void Start(const std::string& tenants, server::ServerOptions options = {}) {
+  void Start(
+      const std::string& tenants, server::ServerOptions options = {},
+      std::unique_ptr<kernels::Backend> backend = std::make_unique<kernels::ReferenceBackend>()) {
     file_ = fs::temp_directory_path() / ("attnserve-tenants-" + std::to_string(::getpid()));
     Write(tenants);
     options.listen_address = "127.0.0.1:0";
     options.tenants_file = file_.string();
     metrics_ = metrics::Metrics::Create({}).value();
-    auto host = server::ServerHost::Start(options, std::make_unique<kernels::ReferenceBackend>(),
-                                          metrics_.get());
+    auto host = server::ServerHost::Start(options, std::move(backend), metrics_.get());
     ASSERT_TRUE(host.ok()) << host.status();
     host_ = *std::move(host);
     stub_ = v1::AttentionService::NewStub(grpc::CreateChannel(
@@ -92,6 +95,7 @@ class TenantsTest : public ::testing::Test {
   }
   void TearDown() override {
     if (host_ != nullptr) host_->Shutdown(absl::ZeroDuration());
+    host_.reset();  // before the metrics it records in (a test may Start again)
     fs::remove(file_);
   }
   void Write(const std::string& text) { std::ofstream(file_) << text; }
@@ -167,6 +171,16 @@ class TenantsTest : public ::testing::Test {
     stream->WritesDone();
     EXPECT_TRUE(stream->Finish().ok());
     return {response.code(), response.message()};
+  }
+  grpc::Status Attend(const std::string& token) {
+    v1::AttendRequest r;
+    for (v1::Tensor* t : {r.mutable_query(), r.mutable_key(), r.mutable_value()}) {
+      t->set_dtype(v1::DTYPE_FLOAT32);
+      for (int64_t d : {1, 1, 1, 4}) t->add_shape(d);
+      t->set_data(std::string(16, '\0'));
+    }
+    v1::AttendResponse response;
+    return stub_->Attend(As(token).get(), r, &response);
   }
   std::vector<std::string> List(const std::string& token) {
     std::vector<std::string> ids;
@@ -294,7 +308,8 @@ class TenantSharesTest : public TenantsTest {
         "alice token:a-token share=0.5\n"  // 4 pages guaranteed
         "bob token:b-token\n"
         "carol token:c-token max_share=0.25\n"  // 2 pages at most
-        "dave token:d-token sessions=1\n",
+        "dave token:d-token sessions=1\n"
+        "frank token:f-token pinned_share=0.25\n",  // 2 pages pinned at most
         options);
   }
   // A session of `token`'s holding two pages (8 tokens).
@@ -350,6 +365,50 @@ TEST_F(TenantSharesTest, MaxShareAndSessionLimitsAreRefusedNamingThem) {
   EXPECT_THAT(second.error_message(), HasSubstr("sessions=1"));
   EXPECT_EQ(Fork("d-token", d).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(Create("b-token").size() > 0);  // others are not held to dave's limit
+}
+
+TEST_F(TenantSharesTest, PinnedShareBoundsATenantsPinnedSessions) {
+  v1::CreateSessionRequest r;
+  r.mutable_layout()->set_num_heads(1);
+  r.mutable_layout()->set_num_kv_heads(1);
+  r.mutable_layout()->set_head_dim(4);
+  r.mutable_layout()->set_v_head_dim(4);
+  r.set_cache_dtype(v1::DTYPE_FLOAT32);
+  r.set_pinned(true);
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(stub_->CreateSession(As("f-token").get(), r, &created).ok());
+  const std::string id = created.session().session_id();
+  ASSERT_TRUE(Extend("f-token", id, 8).ok());  // 2 pages: the share
+  const grpc::Status over = Extend("f-token", id, 1);
+  EXPECT_EQ(over.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(over.error_message(), HasSubstr("pinned_share"));
+  const grpc::Status second = stub_->CreateSession(As("f-token").get(), r, &created);
+  EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(second.error_message(), HasSubstr("pinned_share"));
+  r.set_pinned(false);  // unpinned sessions are not held to it
+  EXPECT_TRUE(stub_->CreateSession(As("f-token").get(), r, &created).ok());
+}
+
+TEST_F(TenantsTest, InFlightLimitRefusesTheTenantsNextCallNotAnothers) {
+  TearDown();
+  auto gated = std::make_unique<testing::GatedBackend>();
+  testing::GatedBackend* gate = gated.get();
+  Start("erin token:e-token in_flight=1\nbob token:b-token\n", {}, std::move(gated));
+  gate->Close();
+  const int before = static_cast<int>(gate->batch_sizes().size());
+  grpc::Status first, bobs;
+  std::thread erin([&] { first = Attend("e-token"); });
+  gate->AwaitCalls(before + 1);  // erin's call is in the backend: in flight
+  const grpc::Status refused = Attend("e-token");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("in_flight=1"));
+  std::thread bob([&] { bobs = Attend("b-token"); });  // not erin's limit
+  gate->Open();
+  erin.join();
+  bob.join();
+  EXPECT_TRUE(first.ok()) << first.error_message();
+  EXPECT_TRUE(bobs.ok()) << bobs.error_message();
+  EXPECT_TRUE(Attend("e-token").ok());  // answered: her slot is free again
 }
 
 }  // namespace

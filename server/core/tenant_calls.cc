@@ -1,0 +1,36 @@
+#include "server/core/tenant_calls.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace attnserve::server {
+
+absl::Status TenantCalls::Acquire(const std::string& tenant, bool* counted) {
+  *counted = false;
+  const int64_t limit = limit_of_ ? limit_of_(tenant) : 0;
+  if (limit <= 0) return absl::OkStatus();
+  MutexLock lock(&mu_);
+  int64_t& n = in_flight_[tenant];
+  if (n >= limit) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tenant '", tenant, "' has ", n, " calls in flight, its limit (in_flight=", limit,
+        " in the tenants file); wait for answers before sending more"));
+  }
+  ++n;
+  *counted = true;
+  return absl::OkStatus();
+}
+
+void TenantCalls::Release(const std::string& tenant) {
+  MutexLock lock(&mu_);
+  auto it = in_flight_.find(tenant);
+  if (it == in_flight_.end()) return;
+  if (--it->second <= 0) in_flight_.erase(it);
+}
+
+int64_t TenantCalls::in_flight(const std::string& tenant) const {
+  MutexLock lock(&mu_);
+  auto it = in_flight_.find(tenant);
+  return it == in_flight_.end() ? 0 : it->second;
+}
+
+}  // namespace attnserve::server
