@@ -211,22 +211,33 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   session_options.shares_of = [auth = host->auth_.get()](const std::string& tenant) {
     return auth->SharesOf(tenant);
   };
+  session_options.tenant_label = [auth = host->auth_.get()](const std::string& tenant) {
+    return auth->Label(tenant);
+  };
   session_options.max_session_tokens = options.limits.max_sequence_length;
   session_options.backend = host->backend_.get();  // the pages live where it computes
   auto manager = sessions::SessionManager::Create(session_options, metrics);
   if (!manager.ok()) return manager.status();
   host->sessions_ = *std::move(manager);
   if (metrics != nullptr) {
-    host->sessions_hook_ = metrics->OnScrape([metrics, sessions = host->sessions_.get()] {
-      const sessions::PoolUsage u = sessions->Usage();
-      metrics->SetSessionPool({.pages_used = u.pages_used,
-                               .pages_total = u.pages_total,
-                               .bytes_used = u.bytes_used,
-                               .bytes_total = u.bytes_total,
-                               .tokens = u.tokens,
-                               .pages_shared = u.shared_pages,
-                               .sessions = u.sessions});
-    });
+    host->sessions_hook_ =
+        metrics->OnScrape([metrics, sessions = host->sessions_.get(), auth = host->auth_.get()] {
+          const sessions::PoolUsage u = sessions->Usage();
+          metrics->SetSessionPool({.pages_used = u.pages_used,
+                                   .pages_total = u.pages_total,
+                                   .bytes_used = u.bytes_used,
+                                   .bytes_total = u.bytes_total,
+                                   .tokens = u.tokens,
+                                   .pages_shared = u.shared_pages,
+                                   .sessions = u.sessions});
+          std::map<std::string, metrics::Metrics::TenantUsage, std::less<>> by_label;
+          for (const auto& t : sessions->UsageByTenant()) {
+            metrics::Metrics::TenantUsage& l = by_label[auth->Label(t.tenant)];
+            l.sessions += t.sessions;
+            l.bytes += t.bytes;
+          }
+          metrics->SetTenantUsage(by_label);
+        });
   }
 
   host->executor_ = std::make_unique<Executor>(host->backend_.get(), metrics);

@@ -8,16 +8,21 @@ absl::Status TenantCalls::Acquire(const std::string& tenant, bool* counted) {
   *counted = false;
   const int64_t limit = limit_of_ ? limit_of_(tenant) : 0;
   if (limit <= 0) return absl::OkStatus();
-  MutexLock lock(&mu_);
-  int64_t& n = in_flight_[tenant];
-  if (n >= limit) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "tenant '", tenant, "' has ", n, " calls in flight, its limit (in_flight=", limit,
-        " in the tenants file); wait for answers before sending more"));
+  int64_t held;
+  {
+    MutexLock lock(&mu_);
+    int64_t& n = in_flight_[tenant];
+    held = n;
+    if (n < limit) {
+      ++n;
+      *counted = true;
+      return absl::OkStatus();
+    }
   }
-  ++n;
-  *counted = true;
-  return absl::OkStatus();
+  if (on_refused_) on_refused_(tenant);
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "tenant '", tenant, "' has ", held, " calls in flight, its limit (in_flight=", limit,
+      " in the tenants file); wait for answers before sending more"));
 }
 
 void TenantCalls::Release(const std::string& tenant) {

@@ -19,8 +19,10 @@ namespace attnserve::server {
 class TenantCalls {
  public:
   // `limit_of(tenant)`: its most calls in flight, 0 for no limit. Null: no tenant has one.
-  explicit TenantCalls(std::function<int64_t(const std::string& tenant)> limit_of)
-      : limit_of_(std::move(limit_of)) {}
+  // `on_refused(tenant)` (may be null) hears of each refusal (the metrics).
+  explicit TenantCalls(std::function<int64_t(const std::string& tenant)> limit_of,
+                       std::function<void(const std::string& tenant)> on_refused = nullptr)
+      : limit_of_(std::move(limit_of)), on_refused_(std::move(on_refused)) {}
 
   // OK, or RESOURCE_EXHAUSTED naming the limit. *counted: the call was counted (a tenant with
   // a limit), and Release must follow, once.
@@ -30,6 +32,7 @@ class TenantCalls {
 
  private:
   const std::function<int64_t(const std::string&)> limit_of_;
+  const std::function<void(const std::string&)> on_refused_;
   mutable Mutex mu_;
   absl::flat_hash_map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
 };

@@ -185,6 +185,18 @@ Metrics::Metrics(const MetricsOptions& options)
                               "their KV pages were on a device the backend re-initialised).");
   sessions_lost_ = {&lost.Add({{"reason", "evicted"}}), &lost.Add({{"reason", "expired"}}),
                     &lost.Add({{"reason", "device_reset"}})};
+  tenant_sessions_ = &Build<Gauge>(r, "attnserve_tenant_sessions",
+                                   "Open decode sessions by tenant (a tenant of the tenants file, "
+                                   "anonymous, or other).");
+  tenant_bytes_ = &Build<Gauge>(r, "attnserve_tenant_pool_bytes",
+                                "Bytes of the session pool's pages held by a tenant's sessions "
+                                "(a page shared by two of its sessions counted twice).");
+  tenant_evicted_ = &Build<Counter>(r, "attnserve_tenant_sessions_evicted_total",
+                                    "Decode sessions of a tenant evicted for another's pages.");
+  tenant_refusals_ = &Build<Counter>(
+      r, "attnserve_tenant_refusals_total",
+      "Calls of a tenant refused by its limits (sessions, max_share, pinned_share, in_flight) "
+      "or for naming another tenant's session (cross_tenant).");
   auto& appended = Build<Counter>(r, "attnserve_session_tokens_appended_total",
                                   "Tokens appended to decode sessions, by phase (an extend of "
                                   "one token is a decode step, longer ones prefills).");
@@ -323,6 +335,32 @@ void Metrics::SetSessionPool(const SessionPool& pool) {
   session_tokens_->Set(static_cast<double>(pool.tokens));
   session_pages_shared_->Set(static_cast<double>(pool.pages_shared));
   sessions_active_->Set(static_cast<double>(pool.sessions));
+}
+
+void Metrics::SetTenantUsage(const std::map<std::string, TenantUsage, std::less<>>& usage) {
+  MutexLock lock(&tenants_mu_);
+  for (const std::string& label : tenant_labels_) {
+    if (usage.find(label) == usage.end()) {
+      tenant_sessions_->Add({{"tenant", label}}).Set(0);
+      tenant_bytes_->Add({{"tenant", label}}).Set(0);
+    }
+  }
+  for (const auto& [label, u] : usage) {
+    tenant_labels_.insert(label);
+    tenant_sessions_->Add({{"tenant", label}}).Set(static_cast<double>(u.sessions));
+    tenant_bytes_->Add({{"tenant", label}}).Set(static_cast<double>(u.bytes));
+  }
+}
+
+void Metrics::RecordTenantEviction(std::string_view tenant_label) {
+  MutexLock lock(&tenants_mu_);  // Family::Add takes its own lock too; this one keeps it simple
+  tenant_evicted_->Add({{"tenant", std::string(tenant_label)}}).Increment();
+}
+
+void Metrics::RecordTenantRefusal(std::string_view tenant_label, std::string_view reason) {
+  MutexLock lock(&tenants_mu_);
+  tenant_refusals_->Add({{"tenant", std::string(tenant_label)}, {"reason", std::string(reason)}})
+      .Increment();
 }
 
 void Metrics::RecordSessionLost(std::string_view reason) {

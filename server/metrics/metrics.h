@@ -51,6 +51,15 @@
 //   attnserve_session_tokens_appended_total counter {phase}     prefill / decode tokens
 //   attnserve_session_extend_duration_seconds histogram {phase} compute time of an extend's
 //                                                                 batch (per extend)
+// Tenants (server/transport/auth.h). The label is bounded: a tenant of the tenants file by its
+// name, "anonymous" for the anonymous (or shared-token) tenant, "other" for every tenant the
+// file does not list (certificate names, tenants since removed):
+//   attnserve_tenant_sessions            gauge     {tenant}     its open sessions (at a scrape)
+//   attnserve_tenant_pool_bytes          gauge     {tenant}     bytes of the pages they hold
+//   attnserve_tenant_sessions_evicted_total counter {tenant}    its sessions evicted
+//   attnserve_tenant_refusals_total      counter   {tenant, reason}  sessions, max_share,
+//                                                      pinned_share, in_flight (its limits),
+//                                                      cross_tenant (another tenant's session)
 //
 // Thread-safety: every method of Metrics and of the handles it returns is thread-safe and
 // non-blocking apart from short internal locks, so it may be called from gRPC handlers, the
@@ -66,6 +75,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -255,6 +265,16 @@ class Metrics {
   void SetSessionPool(const SessionPool& pool);
   // A session was lost: reason "evicted" or "expired".
   void RecordSessionLost(std::string_view reason);
+  // Per tenant label (above), its sessions and pool bytes (from an OnScrape callback): labels
+  // not given are set to 0.
+  struct TenantUsage {
+    int64_t sessions = 0, bytes = 0;
+  };
+  void SetTenantUsage(const std::map<std::string, TenantUsage, std::less<>>& usage)
+      ABSL_LOCKS_EXCLUDED(tenants_mu_);
+  void RecordTenantEviction(std::string_view tenant_label) ABSL_LOCKS_EXCLUDED(tenants_mu_);
+  void RecordTenantRefusal(std::string_view tenant_label, std::string_view reason)
+      ABSL_LOCKS_EXCLUDED(tenants_mu_);
   // Tokens appended to sessions by a committed extend: phase "prefill" or "decode".
   void RecordSessionTokens(std::string_view phase, int64_t tokens);
   // The compute time of the batch an extend ran in, by phase.
@@ -304,6 +324,13 @@ class Metrics {
   std::array<prometheus::Counter*, 3> sessions_lost_;            // evicted, expired, device_reset
   std::array<prometheus::Counter*, 2> session_tokens_appended_;  // prefill, decode
   std::array<prometheus::Histogram*, 2> session_extend_duration_;
+
+  prometheus::Family<prometheus::Gauge>* tenant_sessions_;
+  prometheus::Family<prometheus::Gauge>* tenant_bytes_;
+  prometheus::Family<prometheus::Counter>* tenant_evicted_;
+  prometheus::Family<prometheus::Counter>* tenant_refusals_;
+  Mutex tenants_mu_;
+  std::set<std::string, std::less<>> tenant_labels_ ABSL_GUARDED_BY(tenants_mu_);  // gauged
 
   mutable Mutex handles_mu_;
   std::map<std::string, std::unique_ptr<BackendMetrics>, std::less<>> backends_

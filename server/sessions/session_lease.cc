@@ -46,7 +46,7 @@ absl::Status SessionManager::BeginExtend(const std::string& tenant, const std::s
                                          std::optional<int64_t> expected_length, int64_t new_tokens,
                                          ExtendItem* item) {
   MutexLock lock(&mu_);
-  auto found = FindLocked(tenant, id);
+  auto found = FindLocked(tenant, id, "ExtendSession");
   if (!found.ok()) return found.status();
   Session& s = **found;
   TouchLocked(s);
@@ -114,6 +114,7 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
     const int64_t held = TenantBytesLocked(s.tenant);
     const int64_t cap = static_cast<int64_t>(shares.max * pool_->bytes_total());
     if (held + fresh * arena->page_bytes() > cap) {
+      RecordRefusal(s.tenant, "max_share");
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant '", s.tenant, "' holds ", held, " bytes of the session pool; ", fresh,
           " more pages of ", arena->page_bytes(), " bytes would take it over its max_share (",
@@ -149,6 +150,18 @@ TenantShares SessionManager::SharesOf(const std::string& tenant) const {
   return options_.shares_of ? options_.shares_of(tenant) : TenantShares();
 }
 
+std::string SessionManager::TenantLabel(const std::string& tenant) const {
+  if (options_.tenant_label) return options_.tenant_label(tenant);
+  return tenant.empty() ? "anonymous" : "other";
+}
+
+void SessionManager::RecordRefusal(const std::string& tenant, absl::string_view reason) const {
+  if (metrics_ != nullptr) {
+    metrics_->RecordTenantRefusal(TenantLabel(tenant),
+                                  std::string_view(reason.data(), reason.size()));
+  }
+}
+
 int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
   const auto t = by_tenant_.find(tenant);
   if (t == by_tenant_.end()) return 0;
@@ -165,6 +178,7 @@ absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant
   const auto t = by_tenant_.find(tenant);
   const int64_t held = t == by_tenant_.end() ? 0 : static_cast<int64_t>(t->second.size());
   if (held < most) return absl::OkStatus();
+  RecordRefusal(tenant, "sessions");
   return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' holds ", held,
                                                    " sessions, its limit (sessions=", most,
                                                    " in the tenants file); close sessions first"));
@@ -184,6 +198,7 @@ absl::Status SessionManager::CheckTenantPinnedLocked(const std::string& tenant,
   }
   const int64_t cap = static_cast<int64_t>(share * pool_->bytes_total());
   if (held + more <= cap) return absl::OkStatus();
+  RecordRefusal(tenant, "pinned_share");
   return absl::ResourceExhaustedError(
       absl::StrCat("tenant '", tenant, "' has ", held, " bytes in pinned sessions; ", more,
                    " more would take it over its pinned_share (", share, " of ",
@@ -219,6 +234,7 @@ bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fres
       const bool take = own_pass ? v->tenant == s.tenant : h.bytes > h.guaranteed;
       if (!take) continue;
       h.bytes -= static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
+      if (metrics_ != nullptr) metrics_->RecordTenantEviction(TenantLabel(v->tenant));
       RemoveLocked(v, "evicted");
       v = nullptr;
       if (pool_->Allocate(arena, fresh, pages)) return true;

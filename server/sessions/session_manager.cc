@@ -3,6 +3,7 @@
 #include "server/sessions/session_manager.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -164,7 +165,8 @@ void SessionManager::DropLostLocked() {
 }
 
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::string& tenant,
-                                                                    const std::string& id) {
+                                                                    const std::string& id,
+                                                                    absl::string_view op) {
   DropLostLocked();
   auto parsed = ParseId(id);
   if (!parsed.ok()) return parsed.status();
@@ -178,17 +180,25 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
   // after the same lookups).
   const absl::Status never = absl::NotFoundError(
       absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
+  // The owner may read the log; the caller learns nothing (the answer is `never`).
+  const auto cross = [&] {
+    std::fprintf(stderr, "attnserve: %s by tenant '%s' of another tenant's session refused\n",
+                 std::string(op).c_str(), tenant.c_str());
+    RecordRefusal(tenant, "cross_tenant");
+    return never;
+  };
   auto it = sessions_.find(id);
   if (it != sessions_.end()) {
     std::shared_ptr<Session> s = it->second;
-    if (s->tenant != tenant) return never;
+    if (s->tenant != tenant) return cross();
     if (!s->busy && Now() - s->last_used >= s->ttl) {
       RemoveLocked(s, "expired");
       return Lost("expired", id);
     }
     return s;
   }
-  if (auto lost = lost_.find(id); lost != lost_.end() && lost->second.tenant == tenant) {
+  if (auto lost = lost_.find(id); lost != lost_.end()) {
+    if (lost->second.tenant != tenant) return cross();
     return Lost(lost->second.reason, id);
   }
   return never;
@@ -288,7 +298,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
                                                   bool pinned, absl::Duration idle_ttl) {
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto parent = FindLocked(tenant, id);
+  auto parent = FindLocked(tenant, id, "ForkSession");
   if (!parent.ok()) return parent.status();
   Session& p = **parent;
   TouchLocked(p);
@@ -334,7 +344,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
 absl::Status SessionManager::Close(const std::string& tenant, const std::string& id) {
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto s = FindLocked(tenant, id);
+  auto s = FindLocked(tenant, id, "CloseSession");
   if (!s.ok()) return s.status();
   RemoveLocked(*s, "");
   return absl::OkStatus();
@@ -343,7 +353,7 @@ absl::Status SessionManager::Close(const std::string& tenant, const std::string&
 absl::StatusOr<SessionState> SessionManager::Get(const std::string& tenant, const std::string& id) {
   MutexLock lock(&mu_);
   ExpireLocked();
-  auto s = FindLocked(tenant, id);
+  auto s = FindLocked(tenant, id, "GetSession");
   if (!s.ok()) return s.status();
   SessionState st = StateLocked(**s);  // idle before this call
   TouchLocked(**s);
@@ -367,6 +377,21 @@ std::vector<SessionState> SessionManager::List(const std::string& tenant, bool a
     out.push_back(StateLocked(*it->second));
   }
   *more = it != listed->end();
+  return out;
+}
+
+std::vector<SessionManager::TenantUsage> SessionManager::UsageByTenant() {
+  MutexLock lock(&mu_);
+  std::vector<TenantUsage> out;
+  out.reserve(by_tenant_.size());
+  for (const auto& [tenant, sessions] : by_tenant_) {
+    TenantUsage& u = out.emplace_back();
+    u.tenant = tenant;
+    u.sessions = static_cast<int64_t>(sessions.size());
+    for (const auto& [serial, s] : sessions) {
+      u.bytes += static_cast<int64_t>(s->pages.size()) * s->arena->page_bytes();
+    }
+  }
   return out;
 }
 

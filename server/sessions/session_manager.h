@@ -120,6 +120,9 @@ struct SessionOptions {
   // The shares of a tenant (called with the manager's lock held: must not call back into it).
   // Null: every tenant has the defaults.
   std::function<TenantShares(const std::string& tenant)> shares_of;
+  // A tenant's metrics label (bounded; server/metrics/metrics.h). Same rules as shares_of.
+  // Null: "anonymous" for "", "other" otherwise.
+  std::function<std::string(const std::string& tenant)> tenant_label;
 
   // ---- Injected ----
   // The clock of idle times. Not owned. Default: nullptr, the wall clock.
@@ -253,6 +256,13 @@ class SessionManager {
   std::vector<SessionState> List(const std::string& tenant, bool all, uint64_t after, int limit,
                                  bool* more);
   PoolUsage Usage();
+  // Per tenant: its sessions and the bytes of their pages (a page shared by two of its sessions
+  // counted twice).
+  struct TenantUsage {
+    std::string tenant;
+    int64_t sessions = 0, bytes = 0;
+  };
+  std::vector<TenantUsage> UsageByTenant();
 
   // Marks session `id` busy for an extend of `new_tokens` tokens. Errors: INVALID_ARGUMENT (a
   // malformed id), NOT_FOUND, FAILED_PRECONDITION (lost), ABORTED (another extend in flight,
@@ -282,8 +292,9 @@ class SessionManager {
   absl::Time Now() { return clock_->Now(); }
 
   // The session `id` names if it is `tenant`'s, or the status to answer.
+  // `op` names the call in the log line of a refused cross-tenant access.
   absl::StatusOr<std::shared_ptr<Session>> FindLocked(const std::string& tenant,
-                                                      const std::string& id)
+                                                      const std::string& id, absl::string_view op)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loses sessions idle past their TTL.
   void ExpireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -308,6 +319,9 @@ class SessionManager {
   bool EvictForLocked(const Session& s, Arena* arena, int64_t fresh, std::vector<int32_t>* pages)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   TenantShares SharesOf(const std::string& tenant) const;
+  std::string TenantLabel(const std::string& tenant) const;
+  // Counts a refusal of `tenant`'s call for `reason` (attnserve_tenant_refusals_total).
+  void RecordRefusal(const std::string& tenant, absl::string_view reason) const;
   // Bytes of the pages `tenant`'s sessions hold (a page shared by two of them counted twice).
   int64_t TenantBytesLocked(const std::string& tenant) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED when `more` bytes more in `tenant`'s pinned sessions would take them

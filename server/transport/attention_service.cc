@@ -188,9 +188,14 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
       sessions_(sessions),
       metrics_(metrics),
       info_(std::move(info)),
-      tenant_calls_([auth = options.auth](const std::string& tenant) -> int64_t {
-        return auth == nullptr ? 0 : auth->SharesOf(tenant).max_in_flight;
-      }),
+      tenant_calls_(
+          [auth = options.auth](const std::string& tenant) -> int64_t {
+            return auth == nullptr ? 0 : auth->SharesOf(tenant).max_in_flight;
+          },
+          [auth = options.auth, metrics](const std::string& tenant) {
+            metrics->RecordTenantRefusal(auth == nullptr ? "anonymous" : auth->Label(tenant),
+                                         "in_flight");
+          }),
       loader_(std::make_unique<WorkThread>()) {
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
   // served as a stream of one request and one response (StreamedUnaryReactor), marked by their

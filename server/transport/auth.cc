@@ -191,6 +191,17 @@ int Authenticator::tenants() const {
   return table_ == nullptr ? 0 : static_cast<int>(table_->size());
 }
 
+std::string Authenticator::Label(const std::string& tenant) const {
+  if (tenant.empty()) return "anonymous";
+  MutexLock lock(&mu_);
+  if (table_ != nullptr) {
+    for (const TenantEntry& e : *table_) {
+      if (e.tenant == tenant) return tenant;
+    }
+  }
+  return "other";
+}
+
 sessions::TenantShares Authenticator::SharesOf(const std::string& tenant) const {
   MutexLock lock(&mu_);
   if (table_ != nullptr) {

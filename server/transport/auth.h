@@ -97,6 +97,9 @@ class Authenticator {
   absl::Status Reload() const ABSL_LOCKS_EXCLUDED(mu_);
   // Tenants listed now (0 without a tenants file).
   int tenants() const ABSL_LOCKS_EXCLUDED(mu_);
+  // The metrics label of `tenant` (server/metrics/metrics.h: bounded): its name when the table
+  // in force lists it, "anonymous" for "", "other" otherwise.
+  std::string Label(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
   // The shares of `tenant` in the table in force (the defaults when it is not listed).
   sessions::TenantShares SharesOf(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -2,8 +2,11 @@
 // belongs to its creator. A second tenant must not learn from any session rpc that another
 // tenant's session exists: its answers are compared, code and message, with those for an id
 // never issued.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -205,6 +208,20 @@ class TenantsTest : public ::testing::Test {
   std::unique_ptr<v1::AttentionService::Stub> stub_;
 };
 
+// The value of the series of `name` whose labels include every one of `labels` ("k=\"v\""), or
+// -1 when there is none.
+double Metric(const std::string& text, const std::string& name,
+              const std::vector<std::string>& labels) {
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind(name + "{", 0) != 0) continue;
+    bool all = true;
+    for (const std::string& l : labels) all = all && line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
+}
+
 // What an rpc answers for `id`, with the id itself taken out of the message, so that the
 // answers for two ids can be compared.
 std::string Shape(const grpc::Status& s, const std::string& id) {
@@ -236,6 +253,42 @@ TEST_F(TenantsTest, AnotherTenantsSessionAnswersAsAnIdNeverIssued) {
   EXPECT_EQ(info.session().length(), 1);
   // Nor does an operator reach into it: operators only list.
   EXPECT_EQ(Get("o-token", mine).error_code(), grpc::StatusCode::NOT_FOUND);
+  // ExtendSessions: the other tenant's step fails on its own, as a never-issued one does.
+  v1::ExtendSessionsRequest batch;
+  v1::ExtendSessionRequest step;
+  step.set_session_id(mine);
+  for (v1::Tensor* t : {step.mutable_query(), step.mutable_key(), step.mutable_value()}) {
+    t->set_dtype(v1::DTYPE_FLOAT32);
+    for (int64_t d : {1, 1, 4}) t->add_shape(d);
+    t->set_data(std::string(16, '\0'));
+  }
+  *batch.add_steps() = step;
+  step.set_session_id(never);
+  *batch.add_steps() = step;
+  v1::ExtendSessionsResponse results;
+  ASSERT_TRUE(stub_->ExtendSessions(As("b-token").get(), batch, &results).ok());
+  ASSERT_EQ(results.results_size(), 2);
+  EXPECT_EQ(results.results(0).code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(results.results(0).code(), results.results(1).code());
+  EXPECT_EQ(absl::StrReplaceAll(results.results(0).message(), {{mine, "ID"}}),
+            absl::StrReplaceAll(results.results(1).message(), {{never, "ID"}}));
+  // No token, or a wrong one: refused before any session is looked at.
+  for (const std::string& token : {std::string(), std::string("a-tokeN")}) {
+    EXPECT_EQ(Get(token, mine).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(Extend(token, mine).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(Fork(token, mine).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_EQ(Close(token, mine).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  }
+  // Counted by tenant (bob: Get, Extend, Fork, Close, the stream's and the batch's extend; the
+  // operator's Get), and bounded: only tenants of the file are named.
+  const std::string text = metrics_->ExpositionText();
+  EXPECT_EQ(Metric(text, "attnserve_tenant_refusals_total",
+                   {"tenant=\"bob\"", "reason=\"cross_tenant\""}),
+            6);
+  EXPECT_EQ(Metric(text, "attnserve_tenant_refusals_total",
+                   {"tenant=\"ops\"", "reason=\"cross_tenant\""}),
+            1);
+  EXPECT_EQ(Metric(text, "attnserve_tenant_sessions", {"tenant=\"alice\""}), 1);
   // Once closed by its owner, it is gone for everyone alike.
   ASSERT_TRUE(Close("a-token", mine).ok());
   EXPECT_EQ(Shape(Get("a-token", mine), mine), Shape(Get("b-token", never), never));
@@ -342,6 +395,47 @@ TEST_F(TenantSharesTest, ATenantWithinItsShareLosesNoSessionToAnother) {
   EXPECT_EQ(List("a-token"), (Ids{a2, a3}));
   EXPECT_EQ(List("b-token"), (Ids{b4, b5}));
   EXPECT_EQ(Get("b-token", b3).error_code(), grpc::StatusCode::FAILED_PRECONDITION);  // evicted
+}
+
+TEST_F(TenantSharesTest, AQuietTenantWithinItsShareKeepsEverySessionWhileAnotherFloods) {
+  const std::string a1 = TwoPages("a-token"), a2 = TwoPages("a-token");  // alice's share, full
+  // Bob writes ten times alice's share through the pool, one session after another.
+  for (int i = 0; i < 10; ++i) {
+    const std::string b = Create("b-token");
+    ASSERT_TRUE(Extend("b-token", b, 8).ok()) << i;
+    ASSERT_TRUE(Extend("b-token", b, 8).ok()) << i;  // 4 pages: more than is left without alice's
+  }
+  EXPECT_EQ(List("a-token"), (std::vector<std::string>{a1, a2}));
+  const std::string text = metrics_->ExpositionText();
+  EXPECT_LE(Metric(text, "attnserve_tenant_sessions_evicted_total", {"tenant=\"alice\""}),
+            0);  // no series, or 0
+  EXPECT_GE(Metric(text, "attnserve_tenant_sessions_evicted_total", {"tenant=\"bob\""}), 8);
+}
+
+TEST_F(TenantSharesTest, IdsShareNothingButTheReplicaAndInstance) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 400; ++i) {
+    const std::string id = Create("b-token");
+    keys.push_back(id.substr(id.rfind('/') + 1));
+    ASSERT_TRUE(Close("b-token", id).ok());
+  }
+  std::sort(keys.begin(), keys.end());
+  // Neighbours in sorted order share the longest prefixes: of 400 random keys, about 4 hex
+  // digits; 12 would happen by chance about once in 10^9 runs.
+  size_t longest = 0;
+  for (size_t i = 1; i < keys.size(); ++i) {
+    ASSERT_NE(keys[i], keys[i - 1]);
+    size_t n = 0;
+    while (n < 32 && keys[i][n] == keys[i - 1][n]) ++n;
+    longest = std::max(longest, n);
+  }
+  EXPECT_LT(longest, 12u);
+  // Every digit position takes many values (a counter would fix the leading ones).
+  for (size_t pos = 0; pos < 32; ++pos) {
+    std::set<char> seen;
+    for (const std::string& k : keys) seen.insert(k[pos]);
+    EXPECT_GE(seen.size(), 12u) << "position " << pos;
+  }
 }
 
 TEST_F(TenantSharesTest, MaxShareAndSessionLimitsAreRefusedNamingThem) {
