@@ -127,6 +127,51 @@ TEST_F(SecurityTest, BearerTokenIsCheckedOnEveryCall) {
   EXPECT_EQ(Call(wrong).code(), absl::StatusCode::kUnauthenticated);
 }
 
+// Under mutual TLS with a tenants file, a call without a token is the tenant its certificate's
+// common name names (with its `cert` line's roles), and one with a token is the token's tenant.
+TEST_F(SecurityTest, ACertificateNamesItsTenantAndATokenOverridesIt) {
+  const std::string file = certs_->path("tenants");
+  std::ofstream(file) << "client cert operator\nalice token:a-token\n";
+  server::ServerOptions options;
+  options.tls.cert_file = certs_->path("server.pem");
+  options.tls.key_file = certs_->path("server.key");
+  options.tls.client_ca_file = certs_->path("ca.pem");
+  options.tenants_file = file;
+  Start(options);
+  const auto client_as = [&](const std::string& token) {
+    ClientOptions o = TlsClient("client");
+    o.auth_token = token;
+    o.timeout = absl::Seconds(10);
+    return Client::Create("127.0.0.1:" + std::to_string(host_->port()), o).value();
+  };
+  auto cert = client_as("");
+  auto alice = client_as("a-token");
+  v1::CreateSessionRequest create;
+  create.mutable_layout()->set_num_heads(1);
+  create.mutable_layout()->set_num_kv_heads(1);
+  create.mutable_layout()->set_head_dim(4);
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  auto alices = alice->CreateSession(create);
+  ASSERT_TRUE(alices.ok()) << alices.status();
+  auto certs = cert->CreateSession(create);
+  ASSERT_TRUE(certs.ok()) << certs.status();
+  v1::GetSessionRequest get;
+  get.set_session_id(certs->session().session_id());
+  EXPECT_EQ(alice->GetSession(get).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(cert->GetSession(get).ok());
+  // "client" is an operator: it lists alice's session too; alice lists only hers.
+  auto listed = cert->ListSessions(v1::ListSessionsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->sessions_size(), 2);
+  listed = alice->ListSessions(v1::ListSessionsRequest());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->sessions_size(), 1);
+  EXPECT_EQ(listed->sessions(0).session_id(), alices->session().session_id());
+  ClientOptions wrong = TlsClient("client");
+  wrong.auth_token = "not-a-token";  // a token that is not listed is refused, certificate or not
+  EXPECT_EQ(Call(wrong).code(), absl::StatusCode::kUnauthenticated);
+}
+
 TEST_F(SecurityTest, HalfConfiguredTlsFailsStartup) {
   server::ServerOptions options;
   options.listen_address = "127.0.0.1:0";

@@ -18,6 +18,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "kernels/reference.h"
+#include "server/core/call.h"
 #include "server/server_host.h"
 #include "server/transport/auth.h"
 #include "tests/testing/gated_backend.h"
@@ -67,6 +68,22 @@ TEST(ParseTenantsTest, RefusesBadLinesNamingTheLineAndNeverTheToken) {
     EXPECT_THAT(entries.status().message(), HasSubstr(c.says));
     EXPECT_THAT(entries.status().message(), Not(HasSubstr("sekrit")));
   }
+}
+
+// The batcher's fair share goes by Caller::connection(): a named tenant's calls share one key
+// whatever connection they come on; the anonymous tenant's keep their connection's.
+TEST(CallerTest, ANamedTenantIsOneFairShareKeyOverItsConnections) {
+  server::Caller a(absl::InfiniteFuture(), 1, nullptr), b(absl::InfiniteFuture(), 2, nullptr);
+  server::Caller anonymous(absl::InfiniteFuture(), 3, nullptr);
+  a.set_tenant("team-a");
+  b.set_tenant("team-a");
+  anonymous.set_tenant("");
+  EXPECT_EQ(a.connection(), b.connection());
+  EXPECT_EQ(a.tenant(), "team-a");
+  EXPECT_EQ(anonymous.connection(), 3u);
+  server::Caller c(absl::InfiniteFuture(), 1, nullptr);
+  c.set_tenant("team-b");
+  EXPECT_NE(c.connection(), a.connection());  // same connection, another tenant
 }
 
 class TenantsTest : public ::testing::Test {
