@@ -26,56 +26,6 @@
 
 namespace attnserve::server {
 
-// The AttentionService calls gRPC has open: from the moment a call reaches its handler until gRPC
-// destroys it, after its status has been sent. Counted by an interceptor (below), which sees
-// every call of the service whatever its handler does, so Shutdown() knows when every answer is
-// out without trusting each handler to report it.
-class OpenCalls {
- public:
-  void Opened() {
-    MutexLock lock(&mu_);
-    ++open_;
-    ++opened_;
-  }
-  // Calls open now and calls ever opened (for the IdleReleaser).
-  IdleReleaser::Activity activity() {
-    MutexLock lock(&mu_);
-    return {open_, opened_};
-  }
-  void Closed() {
-    bool none;
-    {
-      MutexLock lock(&mu_);
-      none = --open_ == 0;
-    }
-    if (none) changed_.NotifyAll();
-  }
-  // Makes WaitUntilNone() return by `deadline` at the latest, also when it is waiting already.
-  void WaitNoLongerThan(absl::Time deadline) {
-    {
-      MutexLock lock(&mu_);
-      latest_ = std::min(latest_, deadline);
-    }
-    changed_.NotifyAll();
-  }
-  // Waits until no call is open or `deadline` passes (see WaitNoLongerThan); returns how many
-  // calls are still open.
-  int64_t WaitUntilNone(absl::Time deadline) {
-    MutexLock lock(&mu_);
-    while (open_ > 0 && absl::Now() < std::min(deadline, latest_)) {
-      changed_.WaitWithDeadline(&mu_, std::min(deadline, latest_));
-    }
-    return open_;
-  }
-
- private:
-  Mutex mu_;
-  int64_t open_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t opened_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time latest_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  CondVar changed_;
-};
-
 absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
   const size_t eq = spec.find('=');
   if (eq == absl::string_view::npos) {
@@ -102,34 +52,34 @@ absl::StatusOr<ModuleSpec> ParseModuleSpec(absl::string_view spec) {
 
 namespace {
 
-// One per call of the service: counts it open for its lifetime, and otherwise lets every step
-// of the call proceed untouched.
+// One per call of the service: counts it open in the drain (core/drain.h) for its lifetime,
+// and otherwise lets every step of the call proceed untouched.
 class CallCountingInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit CallCountingInterceptor(std::shared_ptr<OpenCalls> calls) : calls_(std::move(calls)) {
-    calls_->Opened();
+  explicit CallCountingInterceptor(std::shared_ptr<Drain> drain) : drain_(std::move(drain)) {
+    drain_->CallOpened();
   }
-  ~CallCountingInterceptor() override { calls_->Closed(); }
+  ~CallCountingInterceptor() override { drain_->CallClosed(); }
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     methods->Proceed();
   }
 
  private:
-  const std::shared_ptr<OpenCalls> calls_;
+  const std::shared_ptr<Drain> drain_;
 };
 
 class CallCountingFactory final : public grpc::experimental::ServerInterceptorFactoryInterface {
  public:
-  explicit CallCountingFactory(std::shared_ptr<OpenCalls> calls) : calls_(std::move(calls)) {}
+  explicit CallCountingFactory(std::shared_ptr<Drain> drain) : drain_(std::move(drain)) {}
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
     // Health checks and reflection are not counted: a health Watch never ends by itself.
     if (!absl::StartsWith(info->method(), "/attnserve.v1.AttentionService/")) return nullptr;
-    return new CallCountingInterceptor(calls_);
+    return new CallCountingInterceptor(drain_);
   }
 
  private:
-  const std::shared_ptr<OpenCalls> calls_;
+  const std::shared_ptr<Drain> drain_;
 };
 
 // Runs one tiny request through the backend so the first caller does not pay for lazy
@@ -269,6 +219,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   service_options.limits = options.limits;
   service_options.allow_module_rpc = options.allow_module_rpc;
   service_options.auth = host->auth_.get();
+  host->drain_ = std::make_shared<Drain>();
+  service_options.drain = host->drain_.get();
   host->service_ =
       std::make_unique<AttentionService>(service_options, &host->modules_, host->dispatcher_.get(),
                                          host->sessions_.get(), metrics, std::move(info));
@@ -317,9 +269,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     builder.SetResourceQuota(quota);
   }
   builder.RegisterService(host->service_.get());
-  host->open_calls_ = std::make_shared<OpenCalls>();
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
-  interceptors.push_back(std::make_unique<CallCountingFactory>(host->open_calls_));
+  interceptors.push_back(std::make_unique<CallCountingFactory>(host->drain_));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   host->server_ = builder.BuildAndStart();
   if (host->server_ == nullptr || host->port_ == 0) {
@@ -329,7 +280,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (options.idle_release > absl::ZeroDuration()) {
     ServerHost* h = host.get();
     host->idle_releaser_ = std::make_unique<IdleReleaser>(
-        options.idle_release, &host->idle_clock_, [h] { return h->open_calls_->activity(); },
+        options.idle_release, &host->idle_clock_, [h] { return h->drain_->activity(); },
         [h] {
           h->backend_->ReleaseIdleMemory();
           AllocatorReleaseFreeMemory();
@@ -367,10 +318,10 @@ void ServerHost::Shutdown(absl::Duration grace) {
   // New unary calls are refused UNAVAILABLE before their requests are read; idle streams end
   // now, busy ones once their requests are answered (UNAVAILABLE: their callers retry elsewhere);
   // otherwise an open stream held the exit until the grace period ended.
-  service_->Drain();
+  drain_->Begin();
   // Calls that arrived before the drain and whose requests are still arriving are handed to the
   // dispatcher before it stops taking work: they are computed within the grace period.
-  service_->AwaitReads(grace_end);
+  drain_->AwaitReads(grace_end);
   dispatcher_->Shutdown(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
   // Every queued request has been answered. gRPC stops accepting calls now (a caller then gets
   // UNAVAILABLE from its own channel) and lets the open ones finish. Once no AttentionService
@@ -382,7 +333,7 @@ void ServerHost::Shutdown(absl::Duration grace) {
   // repeats the first idempotently.)
   grpc_completion_queue* shutdown_cq = grpc_completion_queue_create_for_next(nullptr);
   grpc_server_shutdown_and_notify(server_->c_server(), shutdown_cq, nullptr);
-  open_calls_->WaitUntilNone(std::max(grace_end, absl::Now()) + absl::Seconds(1));
+  drain_->AwaitNoCalls(std::max(grace_end, absl::Now()) + absl::Seconds(1));
   grpc_server_cancel_all_calls(server_->c_server());
   server_->Shutdown(std::chrono::system_clock::now());
   server_->Wait();
@@ -396,11 +347,11 @@ void ServerHost::Shutdown(absl::Duration grace) {
 }
 
 void ServerHost::EndGracePeriod() {
-  if (service_ != nullptr) service_->StopAwaitingReads();
   if (dispatcher_ != nullptr) dispatcher_->EndGracePeriod();
-  // The answers just given are written within milliseconds; a call still open after that
-  // (held open by its caller, or in a batch that is still computing) is cancelled.
-  if (open_calls_ != nullptr) open_calls_->WaitNoLongerThan(absl::Now() + absl::Milliseconds(200));
+  // No more waiting for reads; the answers just given are written within milliseconds, and a
+  // call still open after that (held open by its caller, or in a batch that is still
+  // computing) is cancelled.
+  if (drain_ != nullptr) drain_->Cut(absl::Now() + absl::Milliseconds(200));
 }
 
 absl::Status ServerHost::ReloadTenants() { return auth_->Reload(); }

@@ -15,6 +15,7 @@
 #include "kernels/backend.h"
 #include "kernels/backend_factory.h"
 #include "server/core/dispatcher.h"
+#include "server/core/drain.h"
 #include "server/core/idle_release.h"
 #include "server/core/module_registry.h"
 #include "server/metrics/metrics.h"
@@ -97,8 +98,6 @@ struct ServerOptions {
 };
 
 // Counts the AttentionService calls gRPC has open (server_host.cc).
-class OpenCalls;
-
 // Thread-safe: Shutdown may be called from any thread, once or more.
 class ServerHost {
  public:
@@ -142,6 +141,9 @@ class ServerHost {
   ServerHost() = default;
 
   std::unique_ptr<Authenticator> auth_;  // read by sessions_ and service_: goes last
+  // The drain and the count of open calls (core/drain.h), shared with gRPC's interceptor
+  // factory; read by service_ and idle_releaser_.
+  std::shared_ptr<Drain> drain_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> memory_hook_;  // reads backend_: declared after
   ModuleRegistry modules_;
@@ -151,10 +153,10 @@ class ServerHost {
   std::unique_ptr<metrics::Metrics::ScrapeHook> sessions_hook_;  // reads sessions_
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<AttentionService> service_;
-  std::shared_ptr<OpenCalls> open_calls_;  // shared with gRPC's interceptor factory
+
   std::unique_ptr<grpc::Server> server_;
   batching::RealClock idle_clock_;
-  std::unique_ptr<IdleReleaser> idle_releaser_;  // reads open_calls_ and backend_: goes first
+  std::unique_ptr<IdleReleaser> idle_releaser_;  // reads drain_ and backend_: goes first
   int port_ = 0;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

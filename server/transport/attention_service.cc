@@ -240,10 +240,10 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
                                                       metrics::Rpc rpc, Build build) {
   auto* reactor = new StreamedUnaryReactor(context, dispatcher_);
   // Before the Call counts the arrival (attnserve_requests_in_flight): a drain that begins once
-  // the call is counted waits for its read (AwaitReads). A call refused before its read ends it
-  // on return; one that is read, once its request is handed over.
-  BeginRead();
-  absl::Cleanup refused_before_reading = [this] { EndRead(); };
+  // the call is counted waits for its read (Drain::AwaitReads). A call refused before its read ends
+  // it on return; one that is read, once its request is handed over.
+  options_.drain->BeginRead();
+  absl::Cleanup refused_before_reading = [this] { options_.drain->EndRead(); };
   auto call = std::make_unique<Call>(
       metrics_, rpc, reactor->caller(),
       [reactor](const absl::Status& status, Job* job, absl::Time now) {
@@ -271,7 +271,7 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
   // drain, a long queue of compute) Submit refuses after the read, and asking it twice cost
   // server CPU on every call (tests/bench/cpu_per_call.sh, tiny calls, means of 3 rounds in two
   // runs on the loaded 2-core machine: 58 and 74 us per call with, 52 and 59 without).
-  if (draining_.load(std::memory_order_acquire)) {
+  if (options_.drain->draining()) {
     // Before the gate, whose DEADLINE_EXCEEDED would not tell the caller to go elsewhere.
     call->Finish(absl::UnavailableError("the server is shutting down; retry on another replica"),
                  nullptr, metrics::DropReason::kShutdown);
@@ -323,7 +323,7 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
         }
         dispatcher_->Submit(*std::move(job));
       },
-      [this] { EndRead(); });
+      [this] { options_.drain->EndRead(); });
   return reactor;
 }
 
@@ -342,38 +342,10 @@ grpc::ServerUnaryReactor* AttentionService::AnswerNow(grpc::CallbackServerContex
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionService::AttentionStream(
     grpc::CallbackServerContext* context) {
-  return new AttentionStreamReactor(
-      context,
-      {&options_.limits, modules_, dispatcher_, sessions_, metrics_, &streams_, &tenant_calls_},
-      Authenticate(*context));
-}
-
-void AttentionService::Drain() {
-  draining_.store(true, std::memory_order_release);
-  streams_.DrainAll();
-}
-
-void AttentionService::BeginRead() {
-  MutexLock lock(&reads_mu_);
-  ++reading_;
-}
-
-void AttentionService::EndRead() {
-  MutexLock lock(&reads_mu_);
-  if (--reading_ == 0) reads_cv_.NotifyAll();
-}
-
-void AttentionService::AwaitReads(absl::Time deadline) {
-  MutexLock lock(&reads_mu_);
-  while (reading_ > 0 && !stop_awaiting_reads_ && absl::Now() < deadline) {
-    reads_cv_.WaitWithDeadline(&reads_mu_, deadline);
-  }
-}
-
-void AttentionService::StopAwaitingReads() {
-  MutexLock lock(&reads_mu_);
-  stop_awaiting_reads_ = true;
-  reads_cv_.NotifyAll();
+  return new AttentionStreamReactor(context,
+                                    {&options_.limits, modules_, dispatcher_, sessions_, metrics_,
+                                     options_.drain, &tenant_calls_},
+                                    Authenticate(*context));
 }
 
 AttentionService::~AttentionService() = default;

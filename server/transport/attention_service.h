@@ -12,6 +12,7 @@
 #include "server/core/admission.h"
 #include "server/core/call.h"
 #include "server/core/dispatcher.h"
+#include "server/core/drain.h"
 #include "server/core/module_registry.h"
 #include "server/core/tenant_calls.h"
 #include "server/metrics/metrics.h"
@@ -66,6 +67,10 @@ class AttentionService final : public AttentionServiceBase {
     // authenticate are answered UNAUTHENTICATED. Null: every caller is the anonymous tenant
     // with every role. (Health and reflection stay open for probes.)
     const Authenticator* auth = nullptr;
+    // The server's drain (core/drain.h; not owned, outlives the service; required): once it
+    // has begun, new compute calls are answered UNAVAILABLE before their requests are read,
+    // and streams stop reading and end once their requests are answered.
+    Drain* drain = nullptr;
   };
 
   // Every rpc is counted in `metrics` (by rpc and code, with its server time). `sessions`
@@ -77,18 +82,6 @@ class AttentionService final : public AttentionServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
-  // The server drains: new Attend and MultiHeadAttention calls are answered UNAVAILABLE before
-  // their requests are read; open AttentionStreams stop reading and end once their requests are
-  // answered (UNAVAILABLE; idle ones at once), and new ones end at once.
-  void Drain();
-  // After Drain(): waits until every call admitted before it has been read and handed to the
-  // dispatcher (or failed), so that it reaches the batcher before the batcher stops taking work,
-  // and is computed within the grace period instead of being refused UNAVAILABLE after its
-  // caller was already counted as served. Returns at `deadline` or at StopAwaitingReads().
-  void AwaitReads(absl::Time deadline) ABSL_LOCKS_EXCLUDED(reads_mu_);
-  // The grace period was cut short (a second signal): AwaitReads returns now.
-  void StopAwaitingReads() ABSL_LOCKS_EXCLUDED(reads_mu_);
-
   grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
                                        const v1::LoadModuleRequest* request,
                                        v1::LoadModuleResponse* response) override;
@@ -143,16 +136,7 @@ class AttentionService final : public AttentionServiceBase {
   const ServiceInfo info_;
   // Calls of Compute's rpcs admitted and not yet answered.
   AdmissionGate admission_;
-  OpenStreams streams_;
-  TenantCalls tenant_calls_;           // calls in flight by tenant (in_flight= of the tenants file)
-  std::atomic<bool> draining_{false};  // Drain()
-  // Compute's calls between their arrival and the hand-over of their request (AwaitReads).
-  void BeginRead() ABSL_LOCKS_EXCLUDED(reads_mu_);
-  void EndRead() ABSL_LOCKS_EXCLUDED(reads_mu_);
-  Mutex reads_mu_;
-  CondVar reads_cv_;
-  int64_t reading_ ABSL_GUARDED_BY(reads_mu_) = 0;
-  bool stop_awaiting_reads_ ABSL_GUARDED_BY(reads_mu_) = false;
+  TenantCalls tenant_calls_;  // calls in flight by tenant (in_flight= of the tenants file)
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;

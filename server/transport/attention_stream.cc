@@ -54,7 +54,7 @@ AttentionStreamReactor::AttentionStreamReactor(grpc::CallbackServerContext* call
     return;
   }
   caller_.set_tenant(std::move(who->tenant));  // before the first read
-  if (context_.streams->Add(this)) {
+  if (context_.drain->Join(this)) {
     // The server drains already: end at once.
     {
       MutexLock lock(&mu_);
@@ -269,7 +269,7 @@ void AttentionStreamReactor::Run(const Actions& actions) {
   if (actions.finish.has_value()) Finish(*actions.finish);
 }
 
-void AttentionStreamReactor::Drain() {
+void AttentionStreamReactor::OnDrain() {
   Actions actions;
   {
     MutexLock lock(&mu_);
@@ -280,26 +280,8 @@ void AttentionStreamReactor::Drain() {
 }
 
 void AttentionStreamReactor::OnDone() {
-  context_.streams->Remove(this);  // a stream refused at once was never added: no-op
+  context_.drain->Leave(this);  // a stream refused at once never joined: no-op
   delete this;
-}
-
-bool OpenStreams::Add(AttentionStreamReactor* stream) {
-  MutexLock lock(&mu_);
-  streams_.insert(stream);
-  return draining_;
-}
-
-void OpenStreams::Remove(AttentionStreamReactor* stream) {
-  MutexLock lock(&mu_);
-  streams_.erase(stream);
-}
-
-void OpenStreams::DrainAll() {
-  // Under the lock, so that no stream is deleted meanwhile (OnDone waits in Remove()).
-  MutexLock lock(&mu_);
-  draining_ = true;
-  for (AttentionStreamReactor* stream : streams_) stream->Drain();
 }
 
 }  // namespace attnserve::server

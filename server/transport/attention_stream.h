@@ -15,6 +15,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "server/core/call.h"
 #include "server/core/dispatcher.h"
+#include "server/core/drain.h"
 #include "server/core/module_registry.h"
 #include "server/core/tenant_calls.h"
 #include "server/metrics/metrics.h"
@@ -45,11 +46,11 @@ namespace attnserve::server {
 //     the requests before it are answered, then the stream finishes INVALID_ARGUMENT.
 // The stream finishes once reading is over (the caller half-closed, the call was cancelled or a
 // message did not parse), every request has been answered and every response written. When the
-// server drains (Drain()), reading stops too: the stream ends once its requests are answered,
+// server drains (OnDrain()), reading stops too: the stream ends once its requests are answered,
 // UNAVAILABLE (its caller opens a new one on another replica), at once when it is idle.
-class OpenStreams;
 class AttentionStreamReactor final
-    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>,
+      public Drain::Listener {
  public:
   struct Context {
     const Limits* limits;
@@ -57,8 +58,8 @@ class AttentionStreamReactor final
     Dispatcher* dispatcher;
     sessions::SessionManager* sessions;
     metrics::Metrics* metrics;
-    OpenStreams* streams;  // the stream joins it until OnDone
-    TenantCalls* calls;    // counts each request in flight for the stream's tenant
+    Drain* drain;        // the stream listens to it until OnDone
+    TenantCalls* calls;  // counts each request in flight for the stream's tenant
   };
 
   // Starts reading as `who` (its tenant owns the stream's sessions), or finishes at once with
@@ -72,7 +73,7 @@ class AttentionStreamReactor final
   void OnDone() override;
 
   // The server drains: see the class comment. Never blocks on a gRPC operation.
-  void Drain();
+  void OnDrain() override;
 
  private:
   // Parses read_ and answers or submits the request in it.
@@ -106,23 +107,6 @@ class AttentionStreamReactor final
   std::optional<absl::Status> broken_ ABSL_GUARDED_BY(mu_);
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // requests accepted and not yet answered
   absl::flat_hash_set<uint64_t> ids_ ABSL_GUARDED_BY(mu_);  // their request_ids
-};
-
-// The open streams of a service, so that a drain reaches the idle ones, which would otherwise
-// hold the server's shutdown until its grace period ends. Thread-safe.
-class OpenStreams {
- public:
-  // True: DrainAll() has been called, and the stream must end at once.
-  bool Add(AttentionStreamReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
-  void Remove(AttentionStreamReactor* stream) ABSL_LOCKS_EXCLUDED(mu_);
-  // Drains every open stream (later ones: see Add()). (A stream's Finish never runs its OnDone
-  // inline, so Remove() cannot be called from here.)
-  void DrainAll() ABSL_LOCKS_EXCLUDED(mu_);
-
- private:
-  Mutex mu_;
-  absl::flat_hash_set<AttentionStreamReactor*> streams_ ABSL_GUARDED_BY(mu_);
-  bool draining_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace attnserve::server
