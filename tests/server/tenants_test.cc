@@ -125,15 +125,20 @@ class TenantsTest : public ::testing::Test {
     if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
     return context;
   }
-  std::string Create(const std::string& token) {
+  // A raw session of one head of 4, float32.
+  static v1::CreateSessionRequest RawRequest(bool pinned = false) {
     v1::CreateSessionRequest r;
     r.mutable_layout()->set_num_heads(1);
     r.mutable_layout()->set_num_kv_heads(1);
     r.mutable_layout()->set_head_dim(4);
     r.mutable_layout()->set_v_head_dim(4);
     r.set_cache_dtype(v1::DTYPE_FLOAT32);
+    r.set_pinned(pinned);
+    return r;
+  }
+  std::string Create(const std::string& token) {
     v1::CreateSessionResponse response;
-    const grpc::Status s = stub_->CreateSession(As(token).get(), r, &response);
+    const grpc::Status s = stub_->CreateSession(As(token).get(), RawRequest(), &response);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return response.session().session_id();
   }
@@ -464,12 +469,7 @@ TEST_F(TenantSharesTest, MaxShareAndSessionLimitsAreRefusedNamingThem) {
       Extend("b-token", TwoPages("b-token"), 4).ok());  // the pool has room: only hers is full
 
   const std::string d = Create("d-token");
-  v1::CreateSessionRequest r;
-  r.mutable_layout()->set_num_heads(1);
-  r.mutable_layout()->set_num_kv_heads(1);
-  r.mutable_layout()->set_head_dim(4);
-  r.mutable_layout()->set_v_head_dim(4);
-  r.set_cache_dtype(v1::DTYPE_FLOAT32);
+  v1::CreateSessionRequest r = RawRequest();
   v1::CreateSessionResponse response;
   const grpc::Status second = stub_->CreateSession(As("d-token").get(), r, &response);
   EXPECT_EQ(second.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
@@ -479,13 +479,7 @@ TEST_F(TenantSharesTest, MaxShareAndSessionLimitsAreRefusedNamingThem) {
 }
 
 TEST_F(TenantSharesTest, PinnedShareBoundsATenantsPinnedSessions) {
-  v1::CreateSessionRequest r;
-  r.mutable_layout()->set_num_heads(1);
-  r.mutable_layout()->set_num_kv_heads(1);
-  r.mutable_layout()->set_head_dim(4);
-  r.mutable_layout()->set_v_head_dim(4);
-  r.set_cache_dtype(v1::DTYPE_FLOAT32);
-  r.set_pinned(true);
+  v1::CreateSessionRequest r = RawRequest(/*pinned=*/true);
   v1::CreateSessionResponse created;
   ASSERT_TRUE(stub_->CreateSession(As("f-token").get(), r, &created).ok());
   const std::string id = created.session().session_id();
