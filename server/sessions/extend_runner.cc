@@ -117,12 +117,13 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     const size_t esize = kernels::DTypeSize(cache);
     const int64_t L = item.new_tokens;
     kernels::PageStore& store = *arena.store();
-    if (lease.replaced_.has_value()) {
-      item.status = store.CopyPage(*lease.replaced_, lease.new_table_[s.pages.size() - 1]);
-      if (!item.status.ok()) {
-        item.status = StoreFailure(item.status, store, *backend, s.id);
-        continue;
-      }
+    for (const PageReservation::Copy& c : lease.pages_.copies) {  // copy-on-write first
+      item.status = store.CopyPage(c.from, c.to);
+      if (!item.status.ok()) break;
+    }
+    if (!item.status.ok()) {
+      item.status = StoreFailure(item.status, store, *backend, s.id);
+      continue;
     }
     // Sources of q, k, v rows: the request's bytes (raw: [L, H, D] each, token t's rows
     // contiguous) or the projections (module: token t's Q, K and V side by side).
@@ -152,7 +153,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     std::vector<int64_t> dst(static_cast<size_t>(rows));
     for (int64_t t = 0; t < L; ++t) {
       const int64_t pos = s.length + t;
-      const int32_t page = lease.new_table_[pos / page_tokens];
+      const int32_t page = lease.pages_.table[pos / page_tokens];
       const int slot = static_cast<int>(pos % page_tokens);
       for (int h = 0; h < l.num_kv_heads; ++h) {
         dst[t * l.num_kv_heads + h] = store.shape().row(page, h, slot);
@@ -196,7 +197,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     int max_pages = 1;
     int64_t total_q = 0;
     for (size_t i : members) {
-      max_pages = std::max(max_pages, static_cast<int>(items[i]->lease.new_table_.size()));
+      max_pages = std::max(max_pages, static_cast<int>(items[i]->lease.pages_.table.size()));
       total_q += rows_now[i];
     }
     p.max_pages_per_seq = max_pages;
@@ -206,7 +207,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     int64_t offset = 0;
     for (size_t j = 0; j < members.size(); ++j) {
       const ExtendItem& item = *items[members[j]];
-      const std::vector<int32_t>& t = item.lease.new_table_;
+      const std::vector<int32_t>& t = item.lease.pages_.table;
       std::copy(t.begin(), t.end(), table.begin() + static_cast<int64_t>(j) * max_pages);
       const int64_t rows = rows_now[members[j]];
       const int64_t row_bytes = int64_t{p.num_heads} * p.head_dim * static_cast<int64_t>(q_esize);

@@ -28,9 +28,7 @@ Lease& Lease::operator=(Lease&& other) noexcept {
     new_tokens_ = other.new_tokens_;
     reserved_ = std::exchange(other.reserved_, false);
     computed_ = std::exchange(other.computed_, false);
-    new_table_ = std::move(other.new_table_);
-    fresh_ = std::move(other.fresh_);
-    replaced_ = std::exchange(other.replaced_, std::nullopt);
+    pages_ = std::exchange(other.pages_, PageReservation());
   }
   return *this;
 }
@@ -92,7 +90,7 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
   const bool copy = s.length % page_tokens != 0 && arena->refs(s.pages.back()) > 1;
   const int64_t fresh = need - have + (copy ? 1 : 0);
   if (fresh == 0) {
-    lease.new_table_ = s.pages;
+    lease.pages_ = PageReservation{s.pages, {}, {}};
     lease.reserved_ = true;
     return absl::OkStatus();
   }
@@ -134,14 +132,15 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
             : "no idle unpinned session is left to evict",
         "; close sessions or retry later"));
   }
-  lease.new_table_ = s.pages;
+  PageReservation& r = lease.pages_;
+  r = PageReservation{s.pages, {}, {}};
   size_t next = 0;
-  if (copy) {
-    lease.replaced_ = s.pages.back();
-    lease.new_table_.back() = pages[next++];
+  if (copy) {  // the shared last page, partly filled, gets a private copy to write into
+    r.copies.push_back({s.pages.back(), pages[next]});
+    r.table.back() = pages[next++];
   }
-  while (next < pages.size()) lease.new_table_.push_back(pages[next++]);
-  lease.fresh_ = std::move(pages);
+  while (next < pages.size()) r.table.push_back(pages[next++]);
+  r.fresh = std::move(pages);
   lease.reserved_ = true;
   return absl::OkStatus();
 }
@@ -248,13 +247,13 @@ void SessionManager::EndLease(Lease& lease, bool keep) {
   Session& s = *lease.session_;
   const bool commit = keep && lease.computed_ && !s.removed;
   if (commit) {
-    if (lease.replaced_.has_value()) pool_->Unref(s.arena, *lease.replaced_);
+    for (const PageReservation::Copy& c : lease.pages_.copies) pool_->Unref(s.arena, c.from);
     if (s.pinned) {
       pinned_bytes_ +=
-          (static_cast<int64_t>(lease.new_table_.size()) - static_cast<int64_t>(s.pages.size())) *
+          (static_cast<int64_t>(lease.pages_.table.size()) - static_cast<int64_t>(s.pages.size())) *
           s.arena->page_bytes();
     }
-    s.pages = std::move(lease.new_table_);
+    s.pages = std::move(lease.pages_.table);
     s.length += lease.new_tokens_;
     TouchLocked(s);
     if (metrics_ != nullptr) {
@@ -262,7 +261,7 @@ void SessionManager::EndLease(Lease& lease, bool keep) {
                                     lease.new_tokens_);
     }
   } else {
-    for (int32_t page : lease.fresh_) pool_->Unref(s.arena, page);
+    for (int32_t page : lease.pages_.fresh) pool_->Unref(s.arena, page);
   }
   s.busy = false;
   if (s.removed) {

@@ -172,6 +172,20 @@ struct Session;
 class SessionManager;
 
 // The right to extend one session, from BeginExtend until End. Move-only.
+// One extend's pages, reserved over the pool as a transaction (SessionManager::ReserveLocked;
+// committed or rolled back when its lease ends): the session's page table (block table) after
+// the extend, the pages allocated for it, and the copy-on-write pairs, each a page the session
+// shares with another (the source) and the private copy that replaces it in `table` (the
+// destination), copied before the extend writes into it.
+struct PageReservation {
+  struct Copy {
+    int32_t from, to;
+  };
+  std::vector<int32_t> table;  // token t in table[t / page_tokens]
+  std::vector<int32_t> fresh;  // allocated for the extend: freed on rollback
+  std::vector<Copy> copies;    // on commit each `from` loses this session's reference
+};
+
 class Lease {
  public:
   Lease() = default;
@@ -188,13 +202,10 @@ class Lease {
   friend class SessionManager;
   SessionManager* manager_ = nullptr;
   std::shared_ptr<Session> session_;
-  // What Compute reserved: the session's page table after the extend, the pages allocated for
-  // it (freed on rollback) and the shared last page a copy replaced.
+  // What Compute reserved (reserved_): the extend's pages.
   int64_t new_tokens_ = 0;
   bool reserved_ = false, computed_ = false;
-  std::vector<int32_t> new_table_;
-  std::vector<int32_t> fresh_;
-  std::optional<int32_t> replaced_;
+  PageReservation pages_;
 };
 
 // One extend: inputs (views of the request's bytes, in the wire dtype) and results.
