@@ -1,6 +1,6 @@
 // An extend's lease on its session (session_manager.h, Lease): taken at arrival, the pages it
-// needs reserved as a transaction over the pool (fresh pages, a shared last page replaced by a
-// copy, eviction of idle sessions when the pool is full), committed with the new tokens or
+// needs reserved as a transaction over the pool (a PageReservation: fresh pages, copy-on-write
+// pairs; eviction, when the pool is full, in pool_shares.cc), committed with the new tokens or
 // rolled back.
 #include <algorithm>
 #include <optional>
@@ -143,103 +143,6 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
   r.fresh = std::move(pages);
   lease.reserved_ = true;
   return absl::OkStatus();
-}
-
-TenantShares SessionManager::SharesOf(const std::string& tenant) const {
-  return options_.shares_of ? options_.shares_of(tenant) : TenantShares();
-}
-
-std::string SessionManager::TenantLabel(const std::string& tenant) const {
-  if (options_.tenant_label) return options_.tenant_label(tenant);
-  return tenant.empty() ? "anonymous" : "other";
-}
-
-void SessionManager::RecordRefusal(const std::string& tenant, absl::string_view reason) const {
-  if (metrics_ != nullptr) {
-    metrics_->RecordTenantRefusal(TenantLabel(tenant),
-                                  std::string_view(reason.data(), reason.size()));
-  }
-}
-
-int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
-  const auto t = by_tenant_.find(tenant);
-  if (t == by_tenant_.end()) return 0;
-  int64_t bytes = 0;
-  for (const auto& [serial, session] : t->second) {
-    bytes += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
-  }
-  return bytes;
-}
-
-absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant) const {
-  const int64_t most = SharesOf(tenant).max_sessions;
-  if (most <= 0) return absl::OkStatus();
-  const auto t = by_tenant_.find(tenant);
-  const int64_t held = t == by_tenant_.end() ? 0 : static_cast<int64_t>(t->second.size());
-  if (held < most) return absl::OkStatus();
-  RecordRefusal(tenant, "sessions");
-  return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' holds ", held,
-                                                   " sessions, its limit (sessions=", most,
-                                                   " in the tenants file); close sessions first"));
-}
-
-absl::Status SessionManager::CheckTenantPinnedLocked(const std::string& tenant,
-                                                     int64_t more) const {
-  const double share = SharesOf(tenant).max_pinned;
-  if (share >= 1.0) return absl::OkStatus();
-  int64_t held = 0;
-  if (const auto t = by_tenant_.find(tenant); t != by_tenant_.end()) {
-    for (const auto& [serial, session] : t->second) {
-      if (session->pinned) {
-        held += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
-      }
-    }
-  }
-  const int64_t cap = static_cast<int64_t>(share * pool_->bytes_total());
-  if (held + more <= cap) return absl::OkStatus();
-  RecordRefusal(tenant, "pinned_share");
-  return absl::ResourceExhaustedError(
-      absl::StrCat("tenant '", tenant, "' has ", held, " bytes in pinned sessions; ", more,
-                   " more would take it over its pinned_share (", share, " of ",
-                   pool_->bytes_total(), " bytes, the tenants file); leave the session unpinned"));
-}
-
-bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fresh,
-                                    std::vector<int32_t>* pages) {
-  // What each tenant holds now, and its guarantee: a victim's tenant must be the requester or
-  // hold more than its guarantee, counted again after each eviction.
-  struct Holding {
-    int64_t bytes = 0;
-    int64_t guaranteed = 0;
-  };
-  absl::flat_hash_map<std::string, Holding> holding;
-  for (const auto& [tenant, sessions] : by_tenant_) {
-    Holding& h = holding[tenant];
-    h.guaranteed = static_cast<int64_t>(SharesOf(tenant).guaranteed * pool_->bytes_total());
-    for (const auto& [serial, v] : sessions) {
-      h.bytes += static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
-    }
-  }
-  std::vector<std::shared_ptr<Session>> candidates;
-  for (Session* v : lru_) {
-    if (!v->busy && !v->pinned && v != &s) candidates.push_back(sessions_.at(v->id));
-  }
-  // First from tenants above their guarantee (the requester too, when it is), least recently
-  // used first; then the requester's own sessions, which lose nothing to another tenant.
-  for (const bool own_pass : {false, true}) {
-    for (auto& v : candidates) {
-      if (v == nullptr) continue;
-      Holding& h = holding[v->tenant];
-      const bool take = own_pass ? v->tenant == s.tenant : h.bytes > h.guaranteed;
-      if (!take) continue;
-      h.bytes -= static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
-      if (metrics_ != nullptr) metrics_->RecordTenantEviction(TenantLabel(v->tenant));
-      RemoveLocked(v, "evicted");
-      v = nullptr;
-      if (pool_->Allocate(arena, fresh, pages)) return true;
-    }
-  }
-  return false;
 }
 
 void SessionManager::EndLease(Lease& lease, bool keep) {

@@ -1,5 +1,5 @@
-// SessionManager's session table: ids, create / fork / close / describe / list, TTL by the
-// expiry heap, LRU, lost ids, the pinned budget, the pool's usage.
+// SessionManager's session table: ids, create / fork / close / describe / list (each tenant its
+// own), TTL by the expiry heap, LRU, lost ids, the pinned budget (usage: pool_shares.cc).
 #include "server/sessions/session_manager.h"
 
 #include <algorithm>
@@ -378,49 +378,6 @@ std::vector<SessionState> SessionManager::List(const std::string& tenant, bool a
   }
   *more = it != listed->end();
   return out;
-}
-
-std::vector<SessionManager::TenantUsage> SessionManager::UsageByTenant() {
-  MutexLock lock(&mu_);
-  std::vector<TenantUsage> out;
-  out.reserve(by_tenant_.size());
-  for (const auto& [tenant, sessions] : by_tenant_) {
-    TenantUsage& u = out.emplace_back();
-    u.tenant = tenant;
-    u.sessions = static_cast<int64_t>(sessions.size());
-    for (const auto& [serial, s] : sessions) {
-      u.bytes += static_cast<int64_t>(s->pages.size()) * s->arena->page_bytes();
-    }
-  }
-  return out;
-}
-
-PoolUsage SessionManager::Usage() {
-  MutexLock lock(&mu_);
-  ExpireLocked();
-  PoolUsage u;
-  u.pages_total = pool_->pages_total();
-  u.pages_used = pool_->pages_used();
-  u.bytes_total = pool_->bytes_total();
-  u.bytes_used = pool_->bytes_used();
-  u.sessions = static_cast<int64_t>(sessions_.size());
-  u.pinned_sessions = pinned_sessions_;
-  // A page's tokens count once however many sessions share it: the most any holder filled.
-  absl::flat_hash_map<std::pair<const Arena*, int32_t>, int64_t> filled;
-  const int64_t page_tokens = pool_->page_tokens();
-  for (const auto& [id, s] : sessions_) {
-    for (size_t i = 0; i < s->pages.size(); ++i) {
-      const int64_t n = std::min<int64_t>(page_tokens, s->length - int64_t(i) * page_tokens);
-      int64_t& f = filled[{s->arena, s->pages[i]}];
-      f = std::max(f, n);
-      if (s->pinned) ++u.pinned_pages;
-    }
-  }
-  for (const auto& [page, n] : filled) {
-    u.tokens += n;
-    if (page.first->refs(page.second) > 1) ++u.shared_pages;
-  }
-  return u;
 }
 
 }  // namespace attnserve::server::sessions
