@@ -14,6 +14,7 @@
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"
+#include "server/sessions/session_table.h"
 
 namespace attnserve::server::sessions {
 namespace {

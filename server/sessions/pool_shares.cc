@@ -12,14 +12,15 @@
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"
+#include "server/sessions/session_table.h"
 
 namespace attnserve::server::sessions {
 
 std::vector<SessionManager::TenantUsage> SessionManager::UsageByTenant() {
   MutexLock lock(&mu_);
   std::vector<TenantUsage> out;
-  out.reserve(by_tenant_.size());
-  for (const auto& [tenant, sessions] : by_tenant_) {
+  out.reserve(table_->by_tenant().size());
+  for (const auto& [tenant, sessions] : table_->by_tenant()) {
     TenantUsage& u = out.emplace_back();
     u.tenant = tenant;
     u.sessions = static_cast<int64_t>(sessions.size());
@@ -38,12 +39,12 @@ PoolUsage SessionManager::Usage() {
   u.pages_used = pool_->pages_used();
   u.bytes_total = pool_->bytes_total();
   u.bytes_used = pool_->bytes_used();
-  u.sessions = static_cast<int64_t>(sessions_.size());
-  u.pinned_sessions = pinned_sessions_;
+  u.sessions = table_->size();
+  u.pinned_sessions = table_->pinned_sessions();
   // A page's tokens count once however many sessions share it: the most any holder filled.
   absl::flat_hash_map<std::pair<const Arena*, int32_t>, int64_t> filled;
   const int64_t page_tokens = pool_->page_tokens();
-  for (const auto& [id, s] : sessions_) {
+  for (const auto& [serial, s] : table_->all()) {
     for (size_t i = 0; i < s->pages.size(); ++i) {
       const int64_t n = std::min<int64_t>(page_tokens, s->length - int64_t(i) * page_tokens);
       int64_t& f = filled[{s->arena, s->pages[i]}];
@@ -75,10 +76,10 @@ void SessionManager::RecordRefusal(const std::string& tenant, absl::string_view 
 }
 
 int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
-  const auto t = by_tenant_.find(tenant);
-  if (t == by_tenant_.end()) return 0;
+  const SessionTable::Ordered* sessions = table_->of(tenant);
+  if (sessions == nullptr) return 0;
   int64_t bytes = 0;
-  for (const auto& [serial, session] : t->second) {
+  for (const auto& [serial, session] : *sessions) {
     bytes += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
   }
   return bytes;
@@ -87,8 +88,8 @@ int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
 absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant) const {
   const int64_t most = SharesOf(tenant).max_sessions;
   if (most <= 0) return absl::OkStatus();
-  const auto t = by_tenant_.find(tenant);
-  const int64_t held = t == by_tenant_.end() ? 0 : static_cast<int64_t>(t->second.size());
+  const SessionTable::Ordered* sessions = table_->of(tenant);
+  const int64_t held = sessions == nullptr ? 0 : static_cast<int64_t>(sessions->size());
   if (held < most) return absl::OkStatus();
   RecordRefusal(tenant, "sessions");
   return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' holds ", held,
@@ -101,8 +102,8 @@ absl::Status SessionManager::CheckTenantPinnedLocked(const std::string& tenant,
   const double share = SharesOf(tenant).max_pinned;
   if (share >= 1.0) return absl::OkStatus();
   int64_t held = 0;
-  if (const auto t = by_tenant_.find(tenant); t != by_tenant_.end()) {
-    for (const auto& [serial, session] : t->second) {
+  if (const SessionTable::Ordered* sessions = table_->of(tenant); sessions != nullptr) {
+    for (const auto& [serial, session] : *sessions) {
       if (session->pinned) {
         held += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
       }
@@ -126,7 +127,7 @@ bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fres
     int64_t guaranteed = 0;
   };
   absl::flat_hash_map<std::string, Holding> holding;
-  for (const auto& [tenant, sessions] : by_tenant_) {
+  for (const auto& [tenant, sessions] : table_->by_tenant()) {
     Holding& h = holding[tenant];
     h.guaranteed = static_cast<int64_t>(SharesOf(tenant).guaranteed * pool_->bytes_total());
     for (const auto& [serial, v] : sessions) {
@@ -134,8 +135,8 @@ bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fres
     }
   }
   std::vector<std::shared_ptr<Session>> candidates;
-  for (Session* v : lru_) {
-    if (!v->busy && !v->pinned && v != &s) candidates.push_back(sessions_.at(v->id));
+  for (Session* v : table_->lru()) {
+    if (!v->busy && !v->pinned && v != &s) candidates.push_back(table_->Find(v->id));
   }
   // First from tenants above their guarantee (the requester too, when it is), least recently
   // used first; then the requester's own sessions, which lose nothing to another tenant.

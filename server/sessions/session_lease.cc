@@ -12,6 +12,7 @@
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"
+#include "server/sessions/session_table.h"
 
 namespace attnserve::server::sessions {
 namespace {
@@ -94,7 +95,7 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
     lease.reserved_ = true;
     return absl::OkStatus();
   }
-  if (s.pinned && pinned_bytes_ + (need - have) * arena->page_bytes() >
+  if (s.pinned && table_->pinned_bytes() + (need - have) * arena->page_bytes() >
                       static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session '", s.id, "' is pinned, and pinned sessions would hold more than their share of ",
@@ -152,9 +153,9 @@ void SessionManager::EndLease(Lease& lease, bool keep) {
   if (commit) {
     for (const PageReservation::Copy& c : lease.pages_.copies) pool_->Unref(s.arena, c.from);
     if (s.pinned) {
-      pinned_bytes_ +=
+      table_->AddPinnedBytes(
           (static_cast<int64_t>(lease.pages_.table.size()) - static_cast<int64_t>(s.pages.size())) *
-          s.arena->page_bytes();
+          s.arena->page_bytes());
     }
     s.pages = std::move(lease.pages_.table);
     s.length += lease.new_tokens_;
@@ -172,7 +173,7 @@ void SessionManager::EndLease(Lease& lease, bool keep) {
     pool_->Release(s.arena);
   } else if (!commit) {
     // ExpireLocked drops a busy session's due entry: not used, it still expires at its time.
-    ScheduleExpiryLocked(s);
+    table_->ScheduleExpiry(s);
   }
 }
 

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager_internal.h"
+#include "server/sessions/session_table.h"
 
 namespace attnserve::server::sessions {
 
@@ -57,20 +58,19 @@ SessionManager::SessionManager(const SessionOptions& options, std::unique_ptr<Kv
       clock_(options.clock != nullptr ? options.clock : owned_clock_.get()),
       instance_(RandomInstance()),
       owner_(options.owner.empty() ? "localhost" : options.owner),
-      pool_(std::move(pool)) {}
+      pool_(std::move(pool)),
+      table_(std::make_unique<SessionTable>(options.remembered_lost)) {}
 
 SessionManager::~SessionManager() {
   MutexLock lock(&mu_);
   // Leases outlive nothing: the server finishes its jobs before the manager goes.
-  for (auto& [id, s] : sessions_) {
+  for (const auto& [serial, s] : table_->all()) {
     if (!s->busy) {
       FreePagesLocked(*s);
       pool_->Release(s->arena);
     }
   }
-  sessions_.clear();
-  by_serial_.clear();
-  by_tenant_.clear();
+  table_.reset();
 }
 
 std::string SessionManager::owner() const {
@@ -83,26 +83,7 @@ void SessionManager::SetOwner(std::string owner) {
   owner_ = std::move(owner);
 }
 
-void SessionManager::TouchLocked(Session& s) {
-  s.last_used = Now();
-  lru_.splice(lru_.end(), lru_, s.lru);
-  ScheduleExpiryLocked(s);
-}
-
-void SessionManager::ScheduleExpiryLocked(Session& s) {
-  s.expiry_stamp = ++next_expiry_stamp_;
-  expiry_.push(Expiry{s.last_used + s.ttl, s.expiry_stamp, s.id});
-  // Every use pushes an entry and leaves the previous one stale: rebuilt from the sessions when
-  // stale ones outnumber live ones several times over (amortised O(1) a use).
-  if (expiry_.size() > 4 * sessions_.size() + 1024) {
-    std::vector<Expiry> live;
-    live.reserve(sessions_.size());
-    for (const auto& [id, session] : sessions_) {
-      live.push_back(Expiry{session->last_used + session->ttl, session->expiry_stamp, id});
-    }
-    expiry_ = decltype(expiry_)(std::greater<Expiry>(), std::move(live));
-  }
-}
+void SessionManager::TouchLocked(Session& s) { table_->Touch(s, Now()); }
 
 void SessionManager::FreePagesLocked(Session& s) {
   for (int32_t page : s.pages) pool_->Unref(s.arena, page);
@@ -111,27 +92,9 @@ void SessionManager::FreePagesLocked(Session& s) {
 
 void SessionManager::RemoveLocked(const std::shared_ptr<Session>& s,
                                   absl::string_view lost_reason) {
-  by_serial_.erase(s->serial);
-  if (auto t = by_tenant_.find(s->tenant); t != by_tenant_.end()) {
-    t->second.erase(s->serial);
-    if (t->second.empty()) by_tenant_.erase(t);
-  }
-  sessions_.erase(s->id);
-  lru_.erase(s->lru);
-  if (s->pinned) {
-    pinned_bytes_ -= static_cast<int64_t>(s->pages.size()) * s->arena->page_bytes();
-    --pinned_sessions_;
-  }
-  if (!lost_reason.empty()) {
-    if (lost_.emplace(s->id, LostId{std::string(lost_reason), s->tenant}).second) {
-      lost_order_.push_back(s->id);
-    }
-    while (static_cast<int64_t>(lost_order_.size()) > options_.remembered_lost) {
-      lost_.erase(lost_order_.front());
-      lost_order_.pop_front();
-    }
-    if (metrics_ != nullptr)
-      metrics_->RecordSessionLost(std::string_view(lost_reason.data(), lost_reason.size()));
+  table_->Remove(*s, lost_reason);
+  if (!lost_reason.empty() && metrics_ != nullptr) {
+    metrics_->RecordSessionLost(std::string_view(lost_reason.data(), lost_reason.size()));
   }
   if (s->busy) {
     s->removed = true;  // the lease frees it
@@ -142,24 +105,15 @@ void SessionManager::RemoveLocked(const std::shared_ptr<Session>& s,
 }
 
 void SessionManager::ExpireLocked() {
-  // The expiry heap's due entries only: O(log n) a session that expires, not a scan of all.
-  // A stale entry (the session was used since, or is gone) is dropped; so is a busy session's:
-  // its lease's end schedules it again.
-  const absl::Time now = Now();
-  while (!expiry_.empty() && expiry_.top().at <= now) {
-    const Expiry e = expiry_.top();
-    expiry_.pop();
-    auto it = sessions_.find(e.id);
-    if (it == sessions_.end() || it->second->expiry_stamp != e.stamp || it->second->busy) continue;
-    RemoveLocked(std::shared_ptr<Session>(it->second), "expired");
-  }
+  // The expiry heap's due entries only (session_table.h): O(log n) a session that expires.
+  for (const std::shared_ptr<Session>& s : table_->Due(Now())) RemoveLocked(s, "expired");
 }
 
 void SessionManager::DropLostLocked() {
   if (!pool_->AnyLost()) return;
   std::vector<std::shared_ptr<Session>> lost;
-  for (const auto& [id, s] : sessions_) {
-    if (s->arena->store()->lost()) lost.push_back(s);
+  for (const auto& [serial, s] : table_->all()) {
+    if (s->arena->store()->lost()) lost.push_back(table_->Find(s->id));
   }
   for (const auto& s : lost) RemoveLocked(s, kDeviceReset);
 }
@@ -187,9 +141,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
     RecordRefusal(tenant, "cross_tenant");
     return never;
   };
-  auto it = sessions_.find(id);
-  if (it != sessions_.end()) {
-    std::shared_ptr<Session> s = it->second;
+  if (std::shared_ptr<Session> s = table_->Find(id); s != nullptr) {
     if (s->tenant != tenant) return cross();
     if (!s->busy && Now() - s->last_used >= s->ttl) {
       RemoveLocked(s, "expired");
@@ -197,9 +149,9 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
     }
     return s;
   }
-  if (auto lost = lost_.find(id); lost != lost_.end()) {
-    if (lost->second.tenant != tenant) return cross();
-    return Lost(lost->second.reason, id);
+  if (const SessionTable::LostId* lost = table_->FindLost(id); lost != nullptr) {
+    if (lost->tenant != tenant) return cross();
+    return Lost(lost->reason, id);
   }
   return never;
 }
@@ -230,20 +182,10 @@ SessionState SessionManager::StateLocked(const Session& s) {
 
 absl::StatusOr<SessionState> SessionManager::AddLocked(std::shared_ptr<Session> s) {
   s->id = absl::StrCat(owner_, "/", instance_, "/", RandomKey());
-  s->serial = next_serial_++;
-  by_serial_.emplace(s->serial, s.get());
-  by_tenant_[s->tenant].emplace(s->serial, s.get());
   s->last_used = Now();
-  s->lru = lru_.insert(lru_.end(), s.get());
-  if (s->pinned) {
-    ++pinned_sessions_;
-    pinned_bytes_ += static_cast<int64_t>(s->pages.size()) * s->arena->page_bytes();
-  }
   Session& ref = *s;
-  sessions_.emplace(s->id, std::move(s));
-  ScheduleExpiryLocked(ref);
-  SessionState st = StateLocked(ref);
-  return st;
+  table_->Add(std::move(s));
+  return StateLocked(ref);
 }
 
 absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
@@ -271,18 +213,18 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
                                                 : options_.idle_ttl;
   MutexLock lock(&mu_);
   ExpireLocked();
-  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+  if (table_->size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("this server holds ", sessions_.size(),
+        absl::StrCat("this server holds ", table_->size(),
                      " sessions, its limit (--max_sessions); close sessions first"));
   }
   if (absl::Status st = CheckTenantSessionsLocked(spec.tenant); !st.ok()) return st;
-  if (spec.pinned &&
-      pinned_bytes_ >= static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("pinned sessions hold ", pinned_bytes_, " bytes, their share of the pool (",
-                     options_.max_pinned_fraction, " of ", pool_->bytes_total(),
-                     " bytes, --session_max_pinned_fraction); create the session unpinned"));
+  if (spec.pinned && table_->pinned_bytes() >= static_cast<int64_t>(options_.max_pinned_fraction *
+                                                                    pool_->bytes_total())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pinned sessions hold ", table_->pinned_bytes(), " bytes, their share of the pool (",
+        options_.max_pinned_fraction, " of ", pool_->bytes_total(),
+        " bytes, --session_max_pinned_fraction); create the session unpinned"));
   }
   if (spec.pinned) {
     if (absl::Status st = CheckTenantPinnedLocked(spec.tenant, 1); !st.ok()) return st;
@@ -306,14 +248,14 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
     return absl::AbortedError(
         absl::StrCat("an extend of session '", id, "' is in flight; fork it after it returns"));
   }
-  if (static_cast<int64_t>(sessions_.size()) >= options_.max_sessions) {
+  if (table_->size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("this server holds ", sessions_.size(),
+        absl::StrCat("this server holds ", table_->size(),
                      " sessions, its limit (--max_sessions); close sessions first"));
   }
   if (absl::Status st = CheckTenantSessionsLocked(tenant); !st.ok()) return st;
   const int64_t bytes = static_cast<int64_t>(p.pages.size()) * p.arena->page_bytes();
-  if (pinned && pinned_bytes_ + bytes >
+  if (pinned && table_->pinned_bytes() + bytes >
                     static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
     return absl::ResourceExhaustedError(
         absl::StrCat("pinning the fork would take pinned sessions over their share of the pool (",
@@ -366,12 +308,8 @@ std::vector<SessionState> SessionManager::List(const std::string& tenant, bool a
   ExpireLocked();
   std::vector<SessionState> out;
   *more = false;
-  const std::map<uint64_t, Session*>* listed = &by_serial_;
-  if (!all) {
-    auto t = by_tenant_.find(tenant);
-    if (t == by_tenant_.end()) return out;
-    listed = &t->second;
-  }
+  const SessionTable::Ordered* listed = all ? &table_->all() : table_->of(tenant);
+  if (listed == nullptr) return out;
   auto it = listed->upper_bound(after);
   for (; it != listed->end() && static_cast<int>(out.size()) < limit; ++it) {
     out.push_back(StateLocked(*it->second));

@@ -169,6 +169,7 @@ struct PoolUsage {
 };
 
 struct Session;
+class SessionTable;
 class SessionManager;
 
 // The right to extend one session, from BeginExtend until End. Move-only.
@@ -317,8 +318,6 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Pushes s's expiry (last_used + ttl) as its live entry. REQUIRES: s is in sessions_.
-  void ScheduleExpiryLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionState StateLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SessionState> AddLocked(std::shared_ptr<Session> s)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -353,33 +352,9 @@ class SessionManager {
   mutable Mutex mu_;
   std::string owner_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<std::string, std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  // The sessions by serial (creation order): all of them, and each tenant's (List).
-  std::map<uint64_t, Session*> by_serial_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<std::string, std::map<uint64_t, Session*>> by_tenant_ ABSL_GUARDED_BY(mu_);
-  // Least recently used first.
-  std::list<Session*> lru_ ABSL_GUARDED_BY(mu_);
-  // When each session expires (last use + TTL), soonest first; an entry is live while its stamp
-  // is its session's expiry_stamp (ScheduleExpiryLocked, ExpireLocked).
-  struct Expiry {
-    absl::Time at;
-    uint64_t stamp;
-    std::string id;
-    bool operator>(const Expiry& o) const { return at > o.at; }
-  };
-  std::priority_queue<Expiry, std::vector<Expiry>, std::greater<Expiry>> expiry_
-      ABSL_GUARDED_BY(mu_);
-  uint64_t next_expiry_stamp_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t pinned_sessions_ ABSL_GUARDED_BY(mu_) = 0;
-  // Lost ids, why and whose, oldest first in lost_order_.
-  struct LostId {
-    std::string reason;
-    std::string tenant;
-  };
-  absl::flat_hash_map<std::string, LostId> lost_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> lost_order_ ABSL_GUARDED_BY(mu_);
+  // The sessions (session_table.h): ids, creation order, tenants, LRU, expiry, pinned use,
+  // lost ids.
+  std::unique_ptr<SessionTable> table_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace attnserve::server::sessions

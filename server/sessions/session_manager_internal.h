@@ -1,8 +1,9 @@
-// The parts of SessionManager shared by its files: session_manager.cc (the session table: ids,
-// TTL, LRU, lost ids, the pinned budget), session_lease.cc (an extend's lease: the reservation
-// of its pages as a transaction, committed or rolled back) and extend_runner.cc (Compute: the
-// new keys and values into the pages, the attention in chunks, the projections of module
-// sessions). Not for use outside server/sessions/.
+// The parts of SessionManager shared by its files: session_manager.cc (create, fork, close,
+// describe, list over the session table, session_table.h), session_lease.cc (an extend's lease:
+// the reservation of its pages as a transaction, committed or rolled back), pool_shares.cc (the
+// pool's usage, tenants' shares, eviction) and extend_runner.cc (Compute: the new keys and values
+// into the pages, the attention in chunks, the projections of module sessions). Not for use
+// outside server/sessions/.
 #ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
 #define ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
 
@@ -17,29 +18,9 @@
 #include "absl/time/time.h"
 #include "kernels/multi_head.h"
 #include "server/sessions/kv_pool.h"
+#include "server/sessions/session_table.h"
 
 namespace attnserve::server::sessions {
-
-struct Session {
-  std::string id;
-  std::string tenant;   // whose it is (session_manager.h, "Tenants")
-  uint64_t serial = 0;  // creation order on this replica
-  std::string module_name;
-  std::shared_ptr<const kernels::MultiHeadWeights> module;
-  int num_heads = 0;
-  Arena* arena = nullptr;
-  float scale = 1.0f;
-  std::vector<int32_t> pages;
-  int64_t length = 0;
-  bool pinned = false;
-  absl::Duration ttl;
-  absl::Time last_used;
-  uint64_t expiry_stamp = 0;  // of its live entry in the expiry heap (older ones are stale)
-  bool busy = false;          // an extend holds a lease
-  bool removed = false;       // closed or lost while busy: freed when the lease ends
-  std::string parent_id;
-  std::list<Session*>::iterator lru;
-};
 
 // The loss reason of sessions whose pages were on a device the backend re-initialised.
 inline constexpr absl::string_view kDeviceReset = "device reset";
