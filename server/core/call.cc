@@ -8,6 +8,8 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "server/core/admission.h"
+#include "server/core/tenant_calls.h"
 
 namespace attnserve::server {
 
@@ -80,6 +82,8 @@ void Call::Finish(absl::Status status, Job* job, std::optional<metrics::DropReas
                                                      : " before the request was computed"));
     }
   }
+  if (admission_ != nullptr) admission_->Done(now);
+  if (tenant_calls_ != nullptr) tenant_calls_->Release(caller_->tenant());
   metrics_->RequestFinished(rpc_, static_cast<int>(status.code()), now - arrival_);
   if (drop.has_value()) metrics_->RecordDropped(*drop);
   // Last: the reactor may be gone once it has responded.

@@ -6,13 +6,15 @@
 //             the stream's requests). Owns the call's deadline, its cancellation and the
 //             connection it came on (the unit of fair queueing). A reactor's OnCancel calls
 //             Caller::Cancel, which tells the dispatcher, so queued requests leave at once.
-//   Call      one request: its arrival time, its metrics scope (in flight from construction)
-//             and its one completion. Whoever decides the request's fate calls Finish with the
-//             status and, when the request was not computed, why: the drop reason travels from
-//             where the decision was made (the batcher, the dispatcher, a stream's own checks).
-//             Finish is the one place that decides whether an answer can still reach its
-//             caller: when the deadline has passed or the call was cancelled, the answer is
-//             DEADLINE_EXCEEDED or CANCELLED, whatever was computed, and it is counted so.
+//   Call      one request: its arrival time, its metrics scope (in flight from construction),
+//             the places it holds until its answer (its admission slot, its tenant's call in
+//             flight: released by Finish) and its one completion. Whoever decides the request's
+//             fate calls Finish with the status and, when the request was not computed, why: the
+//             drop reason travels from where the decision was made (the batcher, the dispatcher, a
+//             stream's own checks). Finish is the one place that decides whether an answer can
+//             still reach its caller: when the deadline has passed or the call was cancelled, the
+//             answer is DEADLINE_EXCEEDED or CANCELLED, whatever was computed, and it is counted
+//             so.
 //   Responder what the reactor does with the answer, called once, as the last thing Finish
 //             does (the reactor may be deleted as soon as it has responded).
 #ifndef ATTNSERVE_SERVER_CORE_CALL_H_
@@ -32,6 +34,8 @@
 namespace attnserve::server {
 
 struct Job;
+class AdmissionGate;  // admission.h
+class TenantCalls;    // tenant_calls.h
 
 // What hears of a caller's cancellation: the dispatcher (dispatcher.h), so that the caller's
 // queued requests leave at once. NotifyCancelled never blocks.
@@ -97,6 +101,12 @@ class Call {
   const Caller& caller() const { return *caller_; }
   metrics::Rpc rpc() const { return rpc_; }
 
+  // Places the call holds until it is answered, released by Finish before it responds: its
+  // slot in the admission gate (Done at the answer's time) and its tenant's call in flight.
+  // Set before the call can be finished by another thread.
+  void HoldAdmission(AdmissionGate* gate) { admission_ = gate; }
+  void HoldTenantSlot(TenantCalls* calls) { tenant_calls_ = calls; }
+
   // Answers the request, once (later calls do nothing): decides what the caller gets (above),
   // counts it by rpc and code and, when `drop` is set or the caller is gone, by drop reason,
   // then responds. `job` may be null when nothing was computed.
@@ -109,6 +119,8 @@ class Call {
   const Caller* const caller_;
   const absl::Time arrival_;
   Responder respond_;
+  AdmissionGate* admission_ = nullptr;
+  TenantCalls* tenant_calls_ = nullptr;
   std::atomic<bool> finished_{false};
 };
 

@@ -71,10 +71,6 @@ class StreamedUnaryReactor final
   // Where the answer's message goes before Respond(OK).
   grpc::ByteBuffer* response() { return &response_; }
 
-  // The call was admitted by `gate`: Respond() tells it of the answer.
-  void set_admitted(AdmissionGate* gate) { admitted_ = gate; }
-  // The call is counted in `calls` for its tenant: Respond() releases it.
-  void set_counted(TenantCalls* calls) { counted_ = calls; }
   // Reads the request, then gives it to `serve` with `call` (on gRPC's callback thread), and then
   // runs `read_done` (also when the read fails).
   void Read(std::unique_ptr<Call> call, Serve serve, absl::AnyInvocable<void()> read_done) {
@@ -85,8 +81,6 @@ class StreamedUnaryReactor final
   }
   // The call's answer, once: response() and OK, or the status alone.
   void Respond(const absl::Status& status) {
-    if (admitted_ != nullptr) admitted_->Done(absl::Now());
-    if (counted_ != nullptr) counted_->Release(caller_.tenant());
     if (status.ok()) {
       StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
     } else {
@@ -124,8 +118,6 @@ class StreamedUnaryReactor final
   absl::AnyInvocable<void()> read_done_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer response_;
-  AdmissionGate* admitted_ = nullptr;
-  TenantCalls* counted_ = nullptr;
 };
 
 // Runs posted work in order on one thread of its own; the destructor finishes what was posted.
@@ -281,13 +273,13 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
     call->Finish(std::move(s), nullptr, metrics::DropReason::kUnmeetable);
     return reactor;
   }
-  reactor->set_admitted(&admission_);
+  call->HoldAdmission(&admission_);
   bool counted = false;
   if (absl::Status s = tenant_calls_.Acquire(call->caller().tenant(), &counted); !s.ok()) {
     call->Finish(std::move(s));
     return reactor;
   }
-  if (counted) reactor->set_counted(&tenant_calls_);
+  if (counted) call->HoldTenantSlot(&tenant_calls_);
   std::move(refused_before_reading).Cancel();
   reactor->Read(
       std::move(call),

@@ -144,17 +144,15 @@ void AttentionStreamReactor::Handle() {
   bool counted = false;
   const absl::Status slot =
       duplicate ? absl::OkStatus() : context_.calls->Acquire(caller_.tenant(), &counted);
-  auto call = std::make_unique<Call>(context_.metrics, rpc, &caller_,
-                                     [this, id, owns_id = !duplicate, counted](
-                                         const absl::Status& status, Job* job, absl::Time now) {
-                                       if (counted) context_.calls->Release(caller_.tenant());
-                                       const v1::AttentionStreamResponse response =
-                                           MakeResponse(id, status, job, now);
-                                       if (job != nullptr) ReleaseBuffers(job);
-                                       grpc::ByteBuffer bytes;
-                                       SerializeMessage(response, &bytes);
-                                       Respond(std::move(bytes), id, owns_id);
-                                     });
+  auto call = std::make_unique<Call>(
+      context_.metrics, rpc, &caller_,
+      [this, id, owns_id = !duplicate](const absl::Status& status, Job* job, absl::Time now) {
+        const v1::AttentionStreamResponse response = MakeResponse(id, status, job, now);
+        if (job != nullptr) ReleaseBuffers(job);
+        grpc::ByteBuffer bytes;
+        SerializeMessage(response, &bytes);
+        Respond(std::move(bytes), id, owns_id);
+      });
   if (duplicate) {
     return call->Finish(absl::InvalidArgumentError(absl::StrCat(
         "request_id ", id,
@@ -162,6 +160,7 @@ void AttentionStreamReactor::Handle() {
         "flight")));
   }
   if (!slot.ok()) return call->Finish(slot);
+  if (counted) call->HoldTenantSlot(context_.calls);
 
   absl::StatusOr<std::unique_ptr<Job>> job;
   switch (request.request_case()) {
