@@ -32,10 +32,4 @@ void TenantCalls::Release(const std::string& tenant) {
   if (--it->second <= 0) in_flight_.erase(it);
 }
 
-int64_t TenantCalls::in_flight(const std::string& tenant) const {
-  MutexLock lock(&mu_);
-  auto it = in_flight_.find(tenant);
-  return it == in_flight_.end() ? 0 : it->second;
-}
-
 }  // namespace attnserve::server

@@ -28,12 +28,11 @@ class TenantCalls {
   // a limit), and Release must follow, once.
   absl::Status Acquire(const std::string& tenant, bool* counted) ABSL_LOCKS_EXCLUDED(mu_);
   void Release(const std::string& tenant) ABSL_LOCKS_EXCLUDED(mu_);
-  int64_t in_flight(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   const std::function<int64_t(const std::string&)> limit_of_;
   const std::function<void(const std::string&)> on_refused_;
-  mutable Mutex mu_;
+  Mutex mu_;
   absl::flat_hash_map<std::string, int64_t> in_flight_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -24,9 +24,7 @@ std::vector<SessionManager::TenantUsage> SessionManager::UsageByTenant() {
     TenantUsage& u = out.emplace_back();
     u.tenant = tenant;
     u.sessions = static_cast<int64_t>(sessions.size());
-    for (const auto& [serial, s] : sessions) {
-      u.bytes += static_cast<int64_t>(s->pages.size()) * s->arena->page_bytes();
-    }
+    u.bytes = TenantBytesLocked(tenant);
   }
   return out;
 }
@@ -79,9 +77,7 @@ int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
   const SessionTable::Ordered* sessions = table_->of(tenant);
   if (sessions == nullptr) return 0;
   int64_t bytes = 0;
-  for (const auto& [serial, session] : *sessions) {
-    bytes += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
-  }
+  for (const auto& [serial, session] : *sessions) bytes += session->bytes();
   return bytes;
 }
 
@@ -104,9 +100,7 @@ absl::Status SessionManager::CheckTenantPinnedLocked(const std::string& tenant,
   int64_t held = 0;
   if (const SessionTable::Ordered* sessions = table_->of(tenant); sessions != nullptr) {
     for (const auto& [serial, session] : *sessions) {
-      if (session->pinned) {
-        held += static_cast<int64_t>(session->pages.size()) * session->arena->page_bytes();
-      }
+      if (session->pinned) held += session->bytes();
     }
   }
   const int64_t cap = static_cast<int64_t>(share * pool_->bytes_total());
@@ -128,11 +122,8 @@ bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fres
   };
   absl::flat_hash_map<std::string, Holding> holding;
   for (const auto& [tenant, sessions] : table_->by_tenant()) {
-    Holding& h = holding[tenant];
-    h.guaranteed = static_cast<int64_t>(SharesOf(tenant).guaranteed * pool_->bytes_total());
-    for (const auto& [serial, v] : sessions) {
-      h.bytes += static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
-    }
+    holding[tenant] = {TenantBytesLocked(tenant),
+                       static_cast<int64_t>(SharesOf(tenant).guaranteed * pool_->bytes_total())};
   }
   std::vector<std::shared_ptr<Session>> candidates;
   for (Session* v : table_->lru()) {
@@ -146,7 +137,7 @@ bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fres
       Holding& h = holding[v->tenant];
       const bool take = own_pass ? v->tenant == s.tenant : h.bytes > h.guaranteed;
       if (!take) continue;
-      h.bytes -= static_cast<int64_t>(v->pages.size()) * v->arena->page_bytes();
+      h.bytes -= v->bytes();
       if (metrics_ != nullptr) metrics_->RecordTenantEviction(TenantLabel(v->tenant));
       RemoveLocked(v, "evicted");
       v = nullptr;

@@ -254,7 +254,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
                      " sessions, its limit (--max_sessions); close sessions first"));
   }
   if (absl::Status st = CheckTenantSessionsLocked(tenant); !st.ok()) return st;
-  const int64_t bytes = static_cast<int64_t>(p.pages.size()) * p.arena->page_bytes();
+  const int64_t bytes = p.bytes();
   if (pinned && table_->pinned_bytes() + bytes >
                     static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
     return absl::ResourceExhaustedError(

@@ -12,7 +12,7 @@ void SessionTable::Add(std::shared_ptr<Session> s) {
   by_tenant_[ref.tenant].emplace(ref.serial, &ref);
   if (ref.pinned) {
     ++pinned_sessions_;
-    pinned_bytes_ += static_cast<int64_t>(ref.pages.size()) * ref.arena->page_bytes();
+    pinned_bytes_ += ref.bytes();
   }
   by_id_.emplace(ref.id, std::move(s));
   ScheduleExpiry(ref);
@@ -30,7 +30,7 @@ std::shared_ptr<Session> SessionTable::Remove(const Session& s, absl::string_vie
   }
   lru_.erase(s.lru);
   if (s.pinned) {
-    pinned_bytes_ -= static_cast<int64_t>(s.pages.size()) * s.arena->page_bytes();
+    pinned_bytes_ -= s.bytes();
     --pinned_sessions_;
   }
   if (!lost_reason.empty()) {

@@ -45,6 +45,9 @@ struct Session {
   bool removed = false;       // closed or lost while busy: freed when the lease ends
   std::string parent_id;
   std::list<Session*>::iterator lru;
+
+  // Bytes of the pages it holds (a page it shares counted in full).
+  int64_t bytes() const { return static_cast<int64_t>(pages.size()) * arena->page_bytes(); }
 };
 
 class SessionTable {

@@ -186,30 +186,24 @@ absl::Status Authenticator::Reload() const {
   return absl::OkStatus();
 }
 
-int Authenticator::tenants() const {
-  MutexLock lock(&mu_);
-  return table_ == nullptr ? 0 : static_cast<int>(table_->size());
+std::optional<TenantEntry> Authenticator::EntryOf(const std::string& tenant) const {
+  // Without a tenants file there is no table: no lock on every call's path.
+  if (options_.tenants_file.empty()) return std::nullopt;
+  const std::shared_ptr<const std::vector<TenantEntry>> table = this->table();
+  for (const TenantEntry& e : *table) {
+    if (e.tenant == tenant) return e;
+  }
+  return std::nullopt;
 }
 
 std::string Authenticator::Label(const std::string& tenant) const {
   if (tenant.empty()) return "anonymous";
-  MutexLock lock(&mu_);
-  if (table_ != nullptr) {
-    for (const TenantEntry& e : *table_) {
-      if (e.tenant == tenant) return tenant;
-    }
-  }
-  return "other";
+  return EntryOf(tenant).has_value() ? tenant : "other";
 }
 
 sessions::TenantShares Authenticator::SharesOf(const std::string& tenant) const {
-  MutexLock lock(&mu_);
-  if (table_ != nullptr) {
-    for (const TenantEntry& e : *table_) {
-      if (e.tenant == tenant) return e.shares;
-    }
-  }
-  return sessions::TenantShares();
+  const std::optional<TenantEntry> e = EntryOf(tenant);
+  return e.has_value() ? e->shares : sessions::TenantShares();
 }
 
 std::shared_ptr<const std::vector<TenantEntry>> Authenticator::table() const {

@@ -43,6 +43,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,8 +96,6 @@ class Authenticator {
   // Reads the tenants file again (SIGHUP). On an error the table in force stays, and the error
   // says why. OK and nothing to do without a tenants file.
   absl::Status Reload() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Tenants listed now (0 without a tenants file).
-  int tenants() const ABSL_LOCKS_EXCLUDED(mu_);
   // The metrics label of `tenant` (server/metrics/metrics.h: bounded): its name when the table
   // in force lists it, "anonymous" for "", "other" otherwise.
   std::string Label(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -105,6 +104,8 @@ class Authenticator {
 
  private:
   explicit Authenticator(const AuthOptions& options) : options_(options) {}
+  // The first line of `tenant` in the table in force (none without a tenants file).
+  std::optional<TenantEntry> EntryOf(const std::string& tenant) const ABSL_LOCKS_EXCLUDED(mu_);
   // Reloads when the file's modification time changed, at most once a second.
   void MaybeReload() const;
   std::shared_ptr<const std::vector<TenantEntry>> table() const ABSL_LOCKS_EXCLUDED(mu_);
