@@ -67,7 +67,8 @@ class PageStore {
 // written, 2 MiB-aligned and advised for transparent huge pages (the decode kernel's reads are
 // scattered over the store: fewer TLB misses; tests/bench/DECODE.md). A discarded page is handed
 // back to the system (madvise) when its size is a multiple of the system page, so resident
-// memory follows the pages in use. INTERNAL when the address range cannot be reserved.
+// memory follows the pages the pool holds (server/sessions/kv_pool.h). INTERNAL when the address
+// range cannot be reserved.
 absl::StatusOr<std::unique_ptr<PageStore>> NewHostPageStore(const PageStoreShape& shape);
 
 }  // namespace attnserve::kernels

@@ -179,7 +179,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
                                    .bytes_total = u.bytes_total,
                                    .tokens = u.tokens,
                                    .pages_shared = u.shared_pages,
-                                   .sessions = u.sessions});
+                                   .sessions = u.sessions,
+                                   .bytes_kept = u.bytes_kept});
           std::map<std::string, metrics::Metrics::TenantUsage, std::less<>> by_label;
           for (const auto& t : sessions->UsageByTenant()) {
             metrics::Metrics::TenantUsage& l = by_label[auth->Label(t.tenant)];
@@ -283,6 +284,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         options.idle_release, &host->idle_clock_, [h] { return h->drain_->activity(); },
         [h] {
           h->backend_->ReleaseIdleMemory();
+          h->sessions_->ReleaseIdleMemory();
           AllocatorReleaseFreeMemory();
         });
   }

@@ -156,7 +156,7 @@ class ServerHost {
 
   std::unique_ptr<grpc::Server> server_;
   batching::RealClock idle_clock_;
-  std::unique_ptr<IdleReleaser> idle_releaser_;  // reads drain_ and backend_: goes first
+  std::unique_ptr<IdleReleaser> idle_releaser_;  // reads drain_, backend_, sessions_: goes first
   int port_ = 0;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -175,6 +175,9 @@ Metrics::Metrics(const MetricsOptions& options)
                               "Bytes of the session KV pool's pages held by sessions.");
   session_bytes_total_ =
       gauge("attnserve_session_pool_bytes_capacity", "Bytes of the session KV pool (its budget).");
+  session_bytes_kept_ = gauge("attnserve_session_pool_bytes_kept",
+                              "Bytes of freed session pages whose memory the pool keeps for the "
+                              "next sessions, given back once the server is idle.");
   session_tokens_ = gauge("attnserve_session_pool_tokens",
                           "Tokens cached in the session KV pool (a shared page's once).");
   session_pages_shared_ = gauge("attnserve_session_pages_shared",
@@ -332,6 +335,7 @@ void Metrics::SetSessionPool(const SessionPool& pool) {
   session_pages_total_->Set(static_cast<double>(pool.pages_total));
   session_bytes_used_->Set(static_cast<double>(pool.bytes_used));
   session_bytes_total_->Set(static_cast<double>(pool.bytes_total));
+  session_bytes_kept_->Set(static_cast<double>(pool.bytes_kept));
   session_tokens_->Set(static_cast<double>(pool.tokens));
   session_pages_shared_->Set(static_cast<double>(pool.pages_shared));
   sessions_active_->Set(static_cast<double>(pool.sessions));

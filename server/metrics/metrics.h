@@ -44,6 +44,7 @@
 //   attnserve_session_pool_pages_capacity   gauge                  pages the pool holds at most
 //   attnserve_session_pool_bytes_used    gauge                  bytes of the pages held (exact)
 //   attnserve_session_pool_bytes_capacity   gauge                  the pool's budget
+//   attnserve_session_pool_bytes_kept    gauge                  freed pages' bytes kept until idle
 //   attnserve_session_pool_tokens        gauge                  tokens cached (shared once)
 //   attnserve_session_pages_shared       gauge                  pages held by several sessions
 //   attnserve_sessions_active            gauge                  open sessions
@@ -259,7 +260,7 @@ class Metrics {
   // --- Decode sessions ---
   struct SessionPool {
     int64_t pages_used = 0, pages_total = 0, bytes_used = 0, bytes_total = 0, tokens = 0;
-    int64_t pages_shared = 0, sessions = 0;
+    int64_t pages_shared = 0, sessions = 0, bytes_kept = 0;
   };
   // The pool's gauges (from an OnScrape callback).
   void SetSessionPool(const SessionPool& pool);
@@ -317,6 +318,7 @@ class Metrics {
   prometheus::Gauge* session_pages_used_;
   prometheus::Gauge* session_pages_total_;
   prometheus::Gauge* session_bytes_used_;
+  prometheus::Gauge* session_bytes_kept_;
   prometheus::Gauge* session_bytes_total_;
   prometheus::Gauge* session_tokens_;
   prometheus::Gauge* session_pages_shared_;

@@ -77,7 +77,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
 
   // Module items at their first chunk: Q, K and V projected by the backend, one GEMM per item
   // (W_q, W_k, W_v stacked: row t of projected[i] is token t's Q, K, V), all items in one call.
-  std::vector<std::vector<float>> projected(items.size());
+  std::vector<Buffer<float>> projected(items.size());
   {
     std::vector<kernels::ProjectionParams> batch;
     std::vector<size_t> which;
@@ -141,16 +141,17 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     item.q_dtype = src_type == cache ? cache : kernels::DType::kFloat32;
     item.queries.resize(static_cast<size_t>(L * q_row) * kernels::DTypeSize(item.q_dtype));
     ConvertRows(src_type, q, src_ld, item.q_dtype, item.queries.data(), L, q_row, &tmp);
-    item.attention.assign(static_cast<size_t>(L) * s.num_heads * l.v_head_dim, 0.0f);
-    item.lse.assign(item.return_lse ? static_cast<size_t>(L) * s.num_heads : 0, 0.0f);
+    // Every row written by its chunk before it is read (Buffer: not zeroed first).
+    item.attention.resize(static_cast<size_t>(L) * s.num_heads * l.v_head_dim);
+    item.lse.resize(item.return_lse ? static_cast<size_t>(L) * s.num_heads : 0);
     // The new K and V in the cache dtype, row t * Hkv + h of the request going to the row of
     // (its page, h, its slot) in the store: one WriteRows per item (one copy to a device).
     const int64_t rows = L * l.num_kv_heads;
-    std::vector<uint8_t> k_rows(static_cast<size_t>(L * k_row) * esize);
-    std::vector<uint8_t> v_rows(static_cast<size_t>(L * v_row) * esize);
+    Buffer<uint8_t> k_rows(static_cast<size_t>(L * k_row) * esize);
+    Buffer<uint8_t> v_rows(static_cast<size_t>(L * v_row) * esize);
     ConvertRows(src_type, k, src_ld, cache, k_rows.data(), L, k_row, &tmp);
     ConvertRows(src_type, v, src_ld, cache, v_rows.data(), L, v_row, &tmp);
-    std::vector<float>().swap(projected[i]);
+    Buffer<float>().swap(projected[i]);
     std::vector<int64_t> dst(static_cast<size_t>(rows));
     for (int64_t t = 0; t < L; ++t) {
       const int64_t pos = s.length + t;
@@ -204,31 +205,51 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     p.max_pages_per_seq = max_pages;
     std::vector<int32_t> table(static_cast<size_t>(p.num_seqs) * max_pages, 0);
     std::vector<int32_t> kv_lens, q_lens, q_offsets;
-    std::vector<uint8_t> q(static_cast<size_t>(total_q) * p.num_heads * p.head_dim * q_esize);
+    const int64_t q_row_bytes = int64_t{p.num_heads} * p.head_dim * static_cast<int64_t>(q_esize);
+    const int64_t out_row = int64_t{p.num_heads} * p.v_head_dim;
     int64_t offset = 0;
     for (size_t j = 0; j < members.size(); ++j) {
       const ExtendItem& item = *items[members[j]];
       const std::vector<int32_t>& t = item.lease.pages_.table;
       std::copy(t.begin(), t.end(), table.begin() + static_cast<int64_t>(j) * max_pages);
       const int64_t rows = rows_now[members[j]];
-      const int64_t row_bytes = int64_t{p.num_heads} * p.head_dim * static_cast<int64_t>(q_esize);
       kv_lens.push_back(static_cast<int32_t>(item.lease.session_->length + item.done_rows + rows));
       q_lens.push_back(static_cast<int32_t>(rows));
       q_offsets.push_back(static_cast<int32_t>(offset));
-      std::memcpy(q.data() + offset * row_bytes, item.queries.data() + item.done_rows * row_bytes,
-                  static_cast<size_t>(rows * row_bytes));
       offset += rows;
     }
-    std::vector<float> out(static_cast<size_t>(total_q) * p.num_heads * p.v_head_dim);
-    std::vector<float> lse(static_cast<size_t>(total_q) * p.num_heads);
+    // One sequence (a lone prefill, say) reads its queries and writes its rows in place; several
+    // are gathered into one array of each.
+    Buffer<uint8_t> q;
+    Buffer<float> out, lse;
+    ExtendItem& lone = *items[members.front()];
+    const bool in_place = members.size() == 1 && lone.return_lse;
+    if (members.size() == 1) {
+      p.q = lone.queries.data() + lone.done_rows * q_row_bytes;
+      p.out = lone.attention.data() + lone.done_rows * out_row;
+    } else {
+      q.resize(static_cast<size_t>(total_q * q_row_bytes));
+      for (size_t j = 0; j < members.size(); ++j) {
+        const ExtendItem& item = *items[members[j]];
+        std::memcpy(q.data() + int64_t{q_offsets[j]} * q_row_bytes,
+                    item.queries.data() + item.done_rows * q_row_bytes,
+                    static_cast<size_t>(q_lens[j] * q_row_bytes));
+      }
+      out.resize(static_cast<size_t>(total_q * out_row));
+      p.q = q.data();
+      p.out = out.data();
+    }
+    if (in_place) {
+      p.lse = lone.lse.data() + lone.done_rows * p.num_heads;
+    } else {
+      lse.resize(static_cast<size_t>(total_q) * p.num_heads);
+      p.lse = lse.data();
+    }
     p.page_table = table.data();
     p.kv_lens = kv_lens.data();
     p.q_lens = q_lens.data();
     p.q_offsets = q_offsets.data();
     p.total_q = static_cast<int>(total_q);
-    p.q = q.data();
-    p.out = out.data();
-    p.lse = lse.data();
     absl::Status status = backend->PagedAttention(p);
     for (size_t j = 0; j < members.size(); ++j) {
       ExtendItem& item = *items[members[j]];
@@ -238,16 +259,17 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
       }
       const int64_t L = item.new_tokens;
       const int64_t rows = rows_now[members[j]];
-      const float* o = out.data() + int64_t{q_offsets[j]} * p.num_heads * p.v_head_dim;
-      std::copy(o, o + rows * p.num_heads * p.v_head_dim,
-                item.attention.begin() + item.done_rows * p.num_heads * p.v_head_dim);
-      if (item.return_lse) {
+      if (members.size() > 1) {
+        const float* o = out.data() + int64_t{q_offsets[j]} * out_row;
+        std::copy(o, o + rows * out_row, item.attention.begin() + item.done_rows * out_row);
+      }
+      if (item.return_lse && !in_place) {
         const float* e = lse.data() + int64_t{q_offsets[j]} * p.num_heads;
         std::copy(e, e + rows * p.num_heads, item.lse.begin() + item.done_rows * p.num_heads);
       }
       item.done_rows += rows;
       if (item.done_rows < L) continue;  // more chunks to come
-      std::vector<uint8_t>().swap(item.queries);
+      Buffer<uint8_t>().swap(item.queries);
       if (item.module != nullptr) {
         finished_modules.push_back(&item);  // W_o below, for all of them at once
         continue;
@@ -272,7 +294,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     }
     const absl::Status status = backend->Project(batch);
     for (ExtendItem* item : finished_modules) {
-      std::vector<float>().swap(item->attention);
+      Buffer<float>().swap(item->attention);
       if (!status.ok()) {
         item->status = BackendFailure(*backend, status);
         continue;

@@ -49,7 +49,10 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
       return it->second.get();
     }
     // Its sessions are being dropped (SessionManager::DropLostLocked); new ones get new memory.
-    retired_.push_back(std::move(it->second));
+    Arena& lost = *it->second;
+    bytes_kept_ -= static_cast<int64_t>(lost.kept_.size()) * lost.page_bytes();
+    lost.kept_.clear();  // nothing to keep in a lost store
+    if (lost.users_ > 0 || lost.pages_used_ > 0) retired_.push_back(std::move(it->second));
     arenas_.erase(it);
   }
   if (layout.page_size != page_tokens_) {
@@ -63,6 +66,7 @@ absl::StatusOr<Arena*> KvPool::Acquire(const PageLayout& layout) {
         "a page of this layout (", page_tokens_, " tokens: ", k_bytes + v_bytes,
         " bytes) is larger than the session pool (--session_pool_bytes=", pool_bytes_, ")"));
   }
+  if (static_cast<int>(arenas_.size()) >= max_layouts_) FreeIdleArenas();
   if (static_cast<int>(arenas_.size()) >= max_layouts_) {
     return absl::ResourceExhaustedError(
         absl::StrCat("the session pool already holds sessions of ", arenas_.size(),
@@ -88,33 +92,84 @@ void KvPool::Release(Arena* arena) {
   MaybeFree(arena);
 }
 
+bool KvPool::IsRetired(const Arena* arena) const {
+  return std::any_of(retired_.begin(), retired_.end(),
+                     [arena](const auto& r) { return r.get() == arena; });
+}
+
 void KvPool::MaybeFree(Arena* arena) {
   if (arena->users_ > 0 || arena->pages_used_ > 0) return;
-  auto it = arenas_.find(arena->layout());
-  if (it != arenas_.end() && it->second.get() == arena) {
-    arenas_.erase(it);
-    return;
+  auto it = std::find_if(retired_.begin(), retired_.end(),
+                         [arena](const auto& r) { return r.get() == arena; });
+  if (it != retired_.end()) retired_.erase(it);  // a live arena stays, idle
+}
+
+void KvPool::FreeIdleArenas(const Arena* keep) {
+  for (auto it = arenas_.begin(); it != arenas_.end();) {
+    const Arena& arena = *it->second;
+    if (&arena != keep && arena.users_ == 0 && arena.pages_used_ == 0) {
+      bytes_kept_ -= static_cast<int64_t>(arena.kept_.size()) * arena.page_bytes();
+      arenas_.erase(it++);
+    } else {
+      ++it;
+    }
   }
-  retired_.erase(std::find_if(retired_.begin(), retired_.end(),
-                              [arena](const auto& r) { return r.get() == arena; }));
+}
+
+int64_t KvPool::DiscardKept(const Arena* keep) {
+  int64_t bytes = 0;
+  for (auto& [layout, arena] : arenas_) {
+    if (arena.get() == keep) continue;
+    for (const int32_t page : arena->kept_) {
+      arena->store_->Discard(page);
+      arena->free_.push_back(page);
+      std::push_heap(arena->free_.begin(), arena->free_.end(), std::greater<>());
+    }
+    bytes += static_cast<int64_t>(arena->kept_.size()) * arena->page_bytes();
+    arena->kept_.clear();
+  }
+  bytes_kept_ -= bytes;
+  return bytes;
+}
+
+int64_t KvPool::ReleaseFreeMemory() {
+  const int64_t bytes = DiscardKept(nullptr);
+  FreeIdleArenas();
+  return bytes;
 }
 
 bool KvPool::AnyLost() const {
   for (const auto& [layout, arena] : arenas_) {
-    if (arena->store_->lost()) return true;
+    // An idle arena's lost store has no session to lose: its layout's next session retires it.
+    if (arena->store_->lost() && (arena->users_ > 0 || arena->pages_used_ > 0)) return true;
   }
   return false;
 }
 
 bool KvPool::Allocate(Arena* arena, int64_t n, std::vector<int32_t>* pages) {
   if (n <= 0) return true;
-  if (bytes_used_ + n * arena->page_bytes() > pool_bytes_) return false;
+  const int64_t page_bytes = arena->page_bytes();
+  if (bytes_used_ + n * page_bytes > pool_bytes_) return false;
+  // Pages beyond this arena's kept ones take memory anew: the other arenas' kept pages make
+  // room for them first.
+  const int64_t more = std::max<int64_t>(0, n - static_cast<int64_t>(arena->kept_.size()));
+  if (bytes_used_ + bytes_kept_ + more * page_bytes > pool_bytes_) {
+    DiscardKept(arena);
+    FreeIdleArenas(arena);
+  }
+  const auto pop = [](std::vector<int32_t>& heap) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const int32_t page = heap.back();
+    heap.pop_back();
+    return page;
+  };
   for (int64_t i = 0; i < n; ++i) {
     int32_t page;
-    if (!arena->free_.empty()) {
-      std::pop_heap(arena->free_.begin(), arena->free_.end(), std::greater<>());
-      page = arena->free_.back();
-      arena->free_.pop_back();
+    if (!arena->kept_.empty()) {
+      page = pop(arena->kept_);
+      bytes_kept_ -= page_bytes;
+    } else if (!arena->free_.empty()) {
+      page = pop(arena->free_);
     } else {
       page = arena->next_unused_++;
       arena->refs_.push_back(0);
@@ -123,7 +178,7 @@ bool KvPool::Allocate(Arena* arena, int64_t n, std::vector<int32_t>* pages) {
     pages->push_back(page);
   }
   arena->pages_used_ += n;
-  bytes_used_ += n * arena->page_bytes();
+  bytes_used_ += n * page_bytes;
   return true;
 }
 
@@ -131,12 +186,17 @@ void KvPool::Ref(Arena* arena, int32_t page) { ++arena->refs_[page]; }
 
 void KvPool::Unref(Arena* arena, int32_t page) {
   if (--arena->refs_[page] > 0) return;
-  arena->store_->Discard(page);
-  arena->free_.push_back(page);
-  std::push_heap(arena->free_.begin(), arena->free_.end(), std::greater<>());
   --arena->pages_used_;
   bytes_used_ -= arena->page_bytes();
-  MaybeFree(arena);
+  if (IsRetired(arena)) {  // its store is lost: nothing to keep
+    arena->free_.push_back(page);
+    std::push_heap(arena->free_.begin(), arena->free_.end(), std::greater<>());
+    MaybeFree(arena);
+    return;
+  }
+  arena->kept_.push_back(page);  // discarded by DiscardKept, unless handed out before
+  std::push_heap(arena->kept_.begin(), arena->kept_.end(), std::greater<>());
+  bytes_kept_ += arena->page_bytes();
 }
 
 }  // namespace attnserve::server::sessions

@@ -8,11 +8,20 @@
 // (host memory for CPU backends, device memory for CUDA), or host memory by default. A store
 // holds as many pages as the whole budget would, so page indices are stable and one
 // PagedAttentionParams addresses every page of the layout from two base pointers. Both kinds
-// reserve addresses for that capacity and give memory only to the pages in use: a host store
-// touches pages as they are written and hands freed ones back (page_store.h); a CUDA store maps
-// device memory by the granule as pages are written and unmaps a granule once no page in use
-// lies in it (kernels/cuda/cuda_backend.h), so the memory of all layouts together follows the
-// one budget, up to the granules' rounding.
+// reserve addresses for that capacity and give memory only to the pages written: a host store
+// touches pages as they are written and hands discarded ones back (page_store.h); a CUDA store
+// maps device memory by the granule as pages are written and unmaps a granule once no page it
+// holds lies in it (kernels/cuda/cuda_backend.h), so the memory of all layouts together stays
+// within the one budget, up to the granules' rounding.
+//
+// Freed pages keep their memory ("kept") until ReleaseFreeMemory (the server calls it once it
+// has been idle, server/core/idle_release.h), and so does an arena whose last session went: the
+// next session reuses them without faulting their memory in again (a page of a freshly mapped
+// store costs a fault per huge or small page, zeroed by the kernel, on the batch thread). Kept
+// pages are handed out before any other, and the pages in use and the kept ones together never
+// exceed the budget: an allocation that would take them over it first discards other arenas'
+// kept pages. A kept page handed out again still holds its old bytes until they are
+// overwritten: the kernels read no slot past a session's length, so no session sees another's.
 //
 // Accounting is exact: bytes_used() is the sum over arenas of pages held times the layout's
 // page bytes (K and V), and an allocation that would take it over pool_bytes fails.
@@ -59,8 +68,10 @@ class Arena {
 
   std::unique_ptr<kernels::PageStore> store_;
   int32_t next_unused_ = 0;  // pages below it have been handed out at least once
-  // Freed pages, reused first, lowest first (a min-heap): the pages in use stay packed at the
-  // low end of the store, so a store that maps memory by the granule (CUDA's) keeps few mapped.
+  // Freed pages, reused before unused ones, lowest first (min-heaps): the pages in use stay
+  // packed at the low end of the store, so a store that maps memory by the granule (CUDA's)
+  // keeps few mapped. `kept_` still hold their memory and go first; `free_` were discarded.
+  std::vector<int32_t> kept_;
   std::vector<int32_t> free_;
   std::vector<int32_t> refs_;  // per page below next_unused_
   int64_t pages_used_ = 0;     // pages with refs > 0
@@ -95,7 +106,8 @@ class KvPool {
   absl::StatusOr<Arena*> Acquire(const PageLayout& layout);
   // One more session uses `arena` (a fork, sharing its parent's pages).
   void AddUser(Arena* arena) { ++arena->users_; }
-  // One session fewer uses `arena`; an arena without sessions and pages is unmapped.
+  // One session fewer uses `arena`. An arena without sessions and pages stays, idle, until
+  // ReleaseFreeMemory or until its place is needed for another layout (max_layouts).
   void Release(Arena* arena);
   // Whether the store of an arena lost its pages (PageStore::lost): its sessions must go.
   bool AnyLost() const;
@@ -104,8 +116,15 @@ class KvPool {
   // the budget lacks room for them.
   bool Allocate(Arena* arena, int64_t n, std::vector<int32_t>* pages);
   void Ref(Arena* arena, int32_t page);
-  // Drops a reference; the page is free when none is left.
+  // Drops a reference; the page is free when none is left (its memory kept, see above).
   void Unref(Arena* arena, int32_t page);
+
+  // Hands back the memory the pool keeps and no session uses: freed pages are discarded
+  // (PageStore::Discard) and idle arenas unmapped. Returns the bytes of the pages discarded
+  // (idle arenas' included).
+  int64_t ReleaseFreeMemory();
+  // Bytes of freed pages still holding their memory (idle arenas' included).
+  int64_t bytes_kept() const { return bytes_kept_; }
 
  private:
   KvPool(int64_t pool_bytes, int page_tokens, int max_layouts, StoreFactory new_store)
@@ -118,10 +137,16 @@ class KvPool {
   const int page_tokens_;
   const int max_layouts_;
   const StoreFactory new_store_;
-  // Frees `arena` when no session uses it and it holds no page.
+  bool IsRetired(const Arena* arena) const;
+  // Frees `arena` when it was retired (its store lost) and no session uses it or its pages.
   void MaybeFree(Arena* arena);
+  // Unmaps the live arenas no session uses and no page is held of, but `keep`.
+  void FreeIdleArenas(const Arena* keep = nullptr);
+  // Discards the kept pages of every arena but `keep` (ReleaseFreeMemory: of all of them).
+  int64_t DiscardKept(const Arena* keep);
 
   int64_t bytes_used_ = 0;
+  int64_t bytes_kept_ = 0;  // of kept pages, over the live arenas
   absl::flat_hash_map<PageLayout, std::unique_ptr<Arena>> arenas_;
   // Arenas whose store was lost, replaced in arenas_ by a new one, until their last page goes.
   std::vector<std::unique_ptr<Arena>> retired_;

@@ -29,6 +29,11 @@ std::vector<SessionManager::TenantUsage> SessionManager::UsageByTenant() {
   return out;
 }
 
+int64_t SessionManager::ReleaseIdleMemory() {
+  MutexLock lock(&mu_);
+  return pool_->ReleaseFreeMemory();
+}
+
 PoolUsage SessionManager::Usage() {
   MutexLock lock(&mu_);
   ExpireLocked();
@@ -37,6 +42,7 @@ PoolUsage SessionManager::Usage() {
   u.pages_used = pool_->pages_used();
   u.bytes_total = pool_->bytes_total();
   u.bytes_used = pool_->bytes_used();
+  u.bytes_kept = pool_->bytes_kept();
   u.sessions = table_->size();
   u.pinned_sessions = table_->pinned_sessions();
   // A page's tokens count once however many sessions share it: the most any holder filled.

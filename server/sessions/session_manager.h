@@ -51,6 +51,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "base/buffer.h"
 #include "base/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
@@ -166,6 +167,7 @@ struct SessionState {
 struct PoolUsage {
   int64_t pages_total = 0, pages_used = 0, bytes_total = 0, bytes_used = 0, tokens = 0;
   int64_t sessions = 0, pinned_sessions = 0, pinned_pages = 0, shared_pages = 0;
+  int64_t bytes_kept = 0;  // freed pages with their memory (KvPool::bytes_kept)
 };
 
 struct Session;
@@ -222,8 +224,8 @@ struct ExtendItem {
 
   // Results of Compute.
   absl::Status status;
-  std::vector<float> out;  // module: [L, d_model]; raw: [L, Hq, Dv]
-  std::vector<float> lse;  // [L, Hq] when return_lse
+  Buffer<float> out;  // module: [L, d_model]; raw: [L, Hq, Dv]
+  Buffer<float> lse;  // [L, Hq] when return_lse
   int64_t length_after = 0;
 
   // Progress of a prefill computed in chunks (SessionOptions::prefill_chunk_tokens).
@@ -231,9 +233,9 @@ struct ExtendItem {
   int64_t done_rows = 0;  // new tokens whose attention is computed
   // [L, Hq, D] in q_dtype: the cache dtype when the request's queries are exactly in it (a
   // 16-bit request on a cache of its type), else float32. Never rounded to the cache's type.
-  std::vector<uint8_t> queries;
+  Buffer<uint8_t> queries;
   kernels::DType q_dtype = kernels::DType::kFloat32;
-  std::vector<float> attention;  // [L, Hq, Dv], filled chunk by chunk
+  Buffer<float> attention;  // [L, Hq, Dv], filled chunk by chunk
   // True when Compute has more chunks to do (the caller queues the item again).
   bool pending() const { return status.ok() && written && done_rows < new_tokens; }
   // The session's layout, as BeginExtend found it (for validating the request's tensors).
@@ -268,6 +270,9 @@ class SessionManager {
   std::vector<SessionState> List(const std::string& tenant, bool all, uint64_t after, int limit,
                                  bool* more);
   PoolUsage Usage();
+  // Hands back the pool's memory no session holds (KvPool::ReleaseFreeMemory): called by the
+  // server once it has been idle. Returns the bytes discarded.
+  int64_t ReleaseIdleMemory();
   // Per tenant: its sessions and the bytes of their pages (a page shared by two of its sessions
   // counted twice).
   struct TenantUsage {

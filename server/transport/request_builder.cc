@@ -739,7 +739,7 @@ void FillResponse(Job& job, absl::Time now, v1::ExtendSessionsResponse* response
   }
 }
 
-void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
+void WriteTensor(kernels::DType dtype, absl::Span<const float> values,
                  const std::vector<int64_t>& shape, v1::Tensor* out) {
   out->set_dtype(ProtoDType(dtype));
   for (int64_t d : shape) out->add_shape(d);
@@ -756,7 +756,7 @@ void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
 void ReleaseBuffers(Job* job) {
   for (std::vector<float>* v : {&job->out, &job->weights}) std::vector<float>().swap(*v);
   for (auto& item : job->session_items) {
-    for (std::vector<float>* v : {&item->out, &item->lse}) std::vector<float>().swap(*v);
+    for (Buffer<float>* v : {&item->out, &item->lse}) Buffer<float>().swap(*v);
   }
   job->request.reset();
 }

@@ -63,7 +63,7 @@ void FillResponse(Job& job, absl::Time now, v1::ExtendSessionsResponse* response
 // (AttendResponse or MultiHeadAttentionResponse).
 template <typename Response>
 void WriteOutputs(const Job& job, Response* response);
-void WriteTensor(kernels::DType dtype, const std::vector<float>& values,
+void WriteTensor(kernels::DType dtype, absl::Span<const float> values,
                  const std::vector<int64_t>& shape, v1::Tensor* out);
 
 template <typename Response>

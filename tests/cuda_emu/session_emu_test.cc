@@ -59,7 +59,7 @@ struct Side {
     } while (item.pending());
     EXPECT_TRUE(item.status.ok()) << item.status;
     item.lease.End(item.status.ok());
-    return item.out;
+    return {item.out.begin(), item.out.end()};
   }
 };
 
@@ -152,7 +152,10 @@ TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
   }
   EXPECT_EQ(device_.manager->Usage().pages_used, 0);
   EXPECT_EQ(device_.manager->Usage().bytes_used, 0);
-  // The layout's arena went with its last session, and its device memory with it.
+  // The layout's arena stays with its memory for the next session until the server is idle
+  // (kv_pool.h); then it goes, and its device memory with it.
+  EXPECT_GT(cuda_->MemoryFigures().session_pages_bytes, 0);
+  EXPECT_GT(device_.manager->ReleaseIdleMemory(), 0);
   EXPECT_EQ(cuda_->MemoryFigures().session_pages_bytes, 0);
 }
 
@@ -177,6 +180,8 @@ TEST(SessionEmuLayoutsTest, LayoutsShareThePoolOnTheDevice) {
   constexpr int64_t kGranule = int64_t{64} << 10;
   EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 4 * kGranule);
   for (const std::string& id : ids) ASSERT_TRUE(side.manager->Close("", id).ok());
+  EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 4 * kGranule);  // kept until idle
+  side.manager->ReleaseIdleMemory();
   EXPECT_EQ(backend->MemoryFigures().session_pages_bytes, 0);
 }
 

@@ -602,6 +602,32 @@ TEST_F(SessionTest, ForksDivergeWithoutTouchingTheParent) {
   EXPECT_EQ(Usage().pages_used(), 0);
 }
 
+// A closed session's pages keep their memory for the next session (no page faulted in again),
+// counted as kept, and the server gives them back once it has been idle (here 50 ms of no call:
+// the wait is a poll with a generous bound, so a busy machine makes it slower, never wrong).
+TEST_F(SessionTest, ClosedSessionsPagesAreKeptUntilTheServerIsIdle) {
+  server::ServerOptions options = SmallPages();
+  options.idle_release = absl::Milliseconds(50);
+  Start(options);
+  const Sequence s(2, 2, 4, 4, 12, 21);
+  const std::string a = CreateRaw(2, 2, 4, 4);
+  Step(a, s, 0, 6);  // two pages of 2 kv heads of 4 tokens of 4 + 4 float32: 256 bytes each
+  ASSERT_TRUE(Close(a).ok());
+  EXPECT_EQ(Usage().pages_used(), 0);
+  const absl::Time deadline = absl::Now() + absl::Minutes(2);
+  double kept = Metric("attnserve_session_pool_bytes_kept", {});
+  // Kept at the close; given back once no call has come for 50 ms.
+  EXPECT_TRUE(kept == 2 * 256 || kept == 0) << kept;
+  while (kept != 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    kept = Metric("attnserve_session_pool_bytes_kept", {});
+  }
+  EXPECT_EQ(kept, 0);
+  // The next session gets pages again and computes as before.
+  const std::string b = CreateRaw(2, 2, 4, 4);
+  EXPECT_LE(MaxAbsDiff(Step(b, s, 0, 6), CausalAttend(s, 6)), 1e-6);
+}
+
 // 4 pages of 4 tokens of 1 kv head of D = Dv = 4 float32: 128 bytes a page.
 server::ServerOptions FourPagePool(server::sessions::WhenFull when_full) {
   server::ServerOptions options = SmallPages();

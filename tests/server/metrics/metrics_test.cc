@@ -63,6 +63,7 @@ TEST(MetricsTest, EveryFamilyHasItsType) {
       {"attnserve_session_pool_pages_capacity", "gauge"},
       {"attnserve_session_pool_bytes_used", "gauge"},
       {"attnserve_session_pool_bytes_capacity", "gauge"},
+      {"attnserve_session_pool_bytes_kept", "gauge"},
       {"attnserve_session_pool_tokens", "gauge"},
       {"attnserve_session_pages_shared", "gauge"},
       {"attnserve_sessions_active", "gauge"},

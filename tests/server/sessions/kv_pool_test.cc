@@ -53,7 +53,7 @@ uint8_t* VPage(const Arena* arena, int32_t page) {
   return static_cast<uint8_t*>(arena->store()->v_base()) + page * arena->v_page_bytes();
 }
 
-TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
+TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndKeptUntilReleased) {
   const int64_t page_bytes = kLayout.page_bytes();
   const int64_t pages = 100;
   auto pool = KvPool::Create(pages * page_bytes, 16, 1);
@@ -70,11 +70,23 @@ TEST(KvPoolTest, PagesAreWritableAcrossTheRangeAndComeBackZeroedWhenReused) {
   std::memset(VPage(*arena, last), 0xa5, static_cast<size_t>((*arena)->v_page_bytes()));
   EXPECT_EQ(KPage(*arena, last)[(*arena)->k_page_bytes() - 1], 0x5a);
   EXPECT_EQ(VPage(*arena, last)[(*arena)->v_page_bytes() - 1], 0xa5);
-  // Freed and handed out again: the memory was given back to the system (32 KiB is a whole
-  // number of system pages), so it reads as zeros.
+  // Freed and handed out again before the pool released anything: the page kept its memory,
+  // bytes and all (nothing faulted in again).
   (*pool)->Unref(*arena, last);
   EXPECT_EQ((*pool)->bytes_used(), (pages - 1) * page_bytes);
+  EXPECT_EQ((*pool)->bytes_kept(), page_bytes);
   std::vector<int32_t> again;
+  ASSERT_TRUE((*pool)->Allocate(*arena, 1, &again));
+  EXPECT_EQ(again[0], last);
+  EXPECT_EQ((*pool)->bytes_kept(), 0);
+  EXPECT_EQ(KPage(*arena, last)[0], 0x5a);
+  // Freed and released: the memory was given back to the system (32 KiB is a whole number of
+  // system pages), so the page reads as zeros when handed out again.
+  (*pool)->Unref(*arena, last);
+  EXPECT_EQ((*pool)->ReleaseFreeMemory(), page_bytes);
+  EXPECT_EQ((*pool)->bytes_kept(), 0);
+  EXPECT_EQ((*pool)->ReleaseFreeMemory(), 0);  // nothing kept twice
+  again.clear();
   ASSERT_TRUE((*pool)->Allocate(*arena, 1, &again));
   EXPECT_EQ(again[0], last);
   EXPECT_EQ(KPage(*arena, last)[0], 0);
@@ -106,6 +118,72 @@ TEST(KvPoolTest, FreedPagesAreReusedLowestFirst) {
   for (const int32_t page : {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) (*pool)->Unref(*arena, page);
   EXPECT_EQ((*pool)->bytes_used(), 0);
   (*pool)->Release(*arena);
+}
+
+// An arena whose last session went stays, with its memory, for the layout's next session (no
+// new store, no page faulted in again) until the pool releases its free memory or another
+// layout needs its place.
+TEST(KvPoolTest, AnIdleArenaIsKeptUntilReleasedOrItsPlaceIsNeeded) {
+  int stores = 0;
+  auto pool = KvPool::Create(int64_t{64} << 20, 16, 1, [&](const kernels::PageStoreShape& shape) {
+    ++stores;
+    return kernels::NewHostPageStore(shape);
+  });
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  Arena* arena = (*pool)->Acquire(kLayout).value();
+  std::vector<int32_t> held;
+  ASSERT_TRUE((*pool)->Allocate(arena, 4, &held));
+  for (const int32_t page : held) (*pool)->Unref(arena, page);
+  (*pool)->Release(arena);
+  EXPECT_EQ((*pool)->bytes_used(), 0);
+  EXPECT_EQ((*pool)->bytes_kept(), 4 * kLayout.page_bytes());
+  EXPECT_EQ((*pool)->Acquire(kLayout).value(), arena);  // the same store
+  EXPECT_EQ(stores, 1);
+  (*pool)->Release(arena);
+  // Released: the arena is unmapped; the next session of the layout gets a new store.
+  EXPECT_EQ((*pool)->ReleaseFreeMemory(), 4 * kLayout.page_bytes());
+  EXPECT_EQ((*pool)->bytes_kept(), 0);
+  Arena* fresh = (*pool)->Acquire(kLayout).value();
+  EXPECT_EQ(stores, 2);
+  (*pool)->Release(fresh);
+  // max_layouts is 1: an idle arena gives its place to another layout at once.
+  const PageLayout other{2, 64, 32, 16, kernels::DType::kFloat32};
+  auto second = (*pool)->Acquire(other);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(stores, 3);
+  // A layout in use keeps its place.
+  EXPECT_EQ((*pool)->Acquire(kLayout).status().code(), absl::StatusCode::kResourceExhausted);
+  (*pool)->Release(*second);
+}
+
+// Pages in use and kept pages together stay within the budget, whatever the layouts: a layout
+// that needs memory anew takes it from the other layouts' kept pages, never beyond the pool.
+TEST(KvPoolTest, KeptPagesMakeRoomForAnotherLayout) {
+  const PageLayout small{2, 64, 64, 16, kernels::DType::kFloat32};  // 16 KiB a page
+  ASSERT_EQ(kLayout.page_bytes(), 4 * small.page_bytes());
+  const int64_t budget = 8 * kLayout.page_bytes();
+  auto pool = KvPool::Create(budget, 16, 2);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  Arena* a = (*pool)->Acquire(kLayout).value();
+  Arena* b = (*pool)->Acquire(small).value();
+  std::vector<int32_t> pa, pb;
+  ASSERT_TRUE((*pool)->Allocate(a, 8, &pa));
+  for (const int32_t page : pa) (*pool)->Unref(a, page);
+  EXPECT_EQ((*pool)->bytes_kept(), budget);
+  // Four pages of b fit beside nothing in use but a's kept pages: a's go.
+  ASSERT_TRUE((*pool)->Allocate(b, 4, &pb));
+  EXPECT_EQ((*pool)->bytes_kept(), 0);
+  EXPECT_LE((*pool)->bytes_used() + (*pool)->bytes_kept(), budget);
+  // b's own kept pages are handed out again before any other, and so need no room.
+  for (const int32_t page : pb) (*pool)->Unref(b, page);
+  std::vector<int32_t> again;
+  ASSERT_TRUE((*pool)->Allocate(b, 2, &again));
+  EXPECT_EQ(again, (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ((*pool)->bytes_kept(), 2 * small.page_bytes());
+  for (const int32_t page : again) (*pool)->Unref(b, page);
+  (*pool)->Release(a);
+  (*pool)->Release(b);
+  EXPECT_EQ((*pool)->ReleaseFreeMemory(), 4 * small.page_bytes());
 }
 
 // Rows land where kernels/paged_attention_params.h says a (page, kv head, slot) lives: the host
