@@ -11,7 +11,10 @@
 //
 //   allowed(b, h, i, j) = mask(b, h, i, j) != 0            (if a mask is given)
 //                         && j <= i + kv_len - q_len        (if causal; bottom-right aligned)
-//                         && j <  key_lengths[b]           (if key lengths are given).
+//                         && j <  key_lengths[b]           (if key lengths are given)
+//                         && inside the sliding window      (if one is given: ScoreMods)
+//
+// and the score itself may be soft-capped and biased by ALiBi first (ScoreMods, below).
 //
 // The -1e9 fill mirrors the reference PyTorch module: a blocked weight is exactly 0 whenever a
 // row has at least one allowed key, and a row whose keys are all blocked attends uniformly
@@ -69,6 +72,27 @@ struct MaskView {
   uint8_t at(int64_t b, int64_t h, int64_t i, int64_t j) const {
     return data[b * batch_stride + h * head_stride + i * row_stride + j * col_stride];
   }
+};
+
+// FlashAttention's other kinds of softmax attention (its softcap, alibi_slopes and window_size),
+// applied to s = scale · q·k in this order, before blocked scores are filled:
+//   soft-capping   s <- softcap · tanh(s / softcap)                       (softcap > 0; 0: none)
+//   ALiBi          s <- s - alibi_slopes[h] · |j - i'|                     (nullptr: none)
+//   window         key j is blocked unless i' - window_left <= j <= i' + window_right
+// with i' = i + kv_len - q_len, the query's position aligned as causality aligns it. A negative
+// window bound leaves that side open (-1, -1: no window); the window combines with the mask,
+// causality and key lengths by AND, and a row it leaves without keys is fully blocked (uniform,
+// as above). For causal rows ALiBi's bias is slope · (j - i'): FlashAttention's slope · j up to a
+// constant per row, which the softmax cancels (BLOOM's and MPT's form too). Soft-capping maps an
+// infinite score to ±softcap: NaN rule 1 then holds for NaN scores only, and rule 2 never applies.
+struct ScoreMods {
+  int window_left = -1;
+  int window_right = -1;
+  float softcap = 0.0f;
+  const float* alibi_slopes = nullptr;  // [num_heads] (query heads), or nullptr
+
+  bool windowed() const { return window_left >= 0 || window_right >= 0; }
+  bool any() const { return windowed() || softcap != 0.0f || alibi_slopes != nullptr; }
 };
 
 // A [batch, heads, rows, cols]-indexed strided view of input elements whose type is given
@@ -136,19 +160,31 @@ struct AttentionParams {
   bool causal = false;
   const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
   float scale = 1.0f;                    // multiplies q.k before masking
+  ScoreMods mods;                        // window, soft-cap, ALiBi (above)
 
   int group_size() const { return num_heads / num_kv_heads; }
 
   // Number of key positions that can be allowed for (b, i) before the mask is consulted:
-  // keys at j >= limit are blocked by causality or key length.
+  // keys at j >= limit are blocked by causality, key length or the window's right side.
   int key_limit(int b, int i) const {
     int limit = kv_len;
     if (causal) {
       const int causal_limit = i + kv_len - q_len + 1;
       if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
     }
+    if (mods.window_right >= 0) {
+      const int64_t window_limit = int64_t{i} + kv_len - q_len + mods.window_right + 1;
+      if (window_limit < limit) limit = window_limit < 0 ? 0 : static_cast<int>(window_limit);
+    }
     if (key_lengths != nullptr && key_lengths[b] < limit) limit = key_lengths[b];
     return limit;
+  }
+  // The first key position that can be allowed for row i: keys at j < start are blocked by the
+  // window's left side (0 without one).
+  int key_start(int i) const {
+    if (mods.window_left < 0) return 0;
+    const int64_t start = int64_t{i} + kv_len - q_len - mods.window_left;
+    return start < 0 ? 0 : start > kv_len ? kv_len : static_cast<int>(start);
   }
 };
 

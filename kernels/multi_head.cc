@@ -69,6 +69,7 @@ AttentionParams HeadAttentionParams(const MultiHeadParams& p, const ProjectedQkv
   a.causal = p.causal;
   a.key_lengths = p.key_lengths;
   a.scale = p.scale;
+  a.mods = p.mods;
   return a;
 }
 

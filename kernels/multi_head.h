@@ -83,6 +83,7 @@ struct MultiHeadParams {
   bool causal = false;
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
+  ScoreMods mods;  // alibi_slopes: [h]
 };
 
 // One projection with a module's weights (nn.Linear), as decode sessions bound to a module use

@@ -19,17 +19,27 @@ template <typename T, typename KRow, typename VRow>
 void AttendRow(const AttentionParams& p, int b, int h, int i, const T* q_row, KRow k_row,
                VRow v_row, double* out_row, double* weight_row) {
   const int limit = p.key_limit(b, i);
+  const int start = p.key_start(i);
+  const ScoreMods& mods = p.mods;
+  const double aligned = static_cast<double>(i) + p.kv_len - p.q_len;  // i'
   std::vector<double> score(p.kv_len);
   std::vector<bool> allowed(p.kv_len);
   bool any_allowed = false;
   double max_score = -INFINITY;
   for (int j = 0; j < p.kv_len; ++j) {
-    allowed[j] = j < limit && (!p.mask.present() || p.mask.at(b, h, i, j) != 0);
+    allowed[j] = j >= start && j < limit && (!p.mask.present() || p.mask.at(b, h, i, j) != 0);
     if (!allowed[j]) continue;
     const auto* k = k_row(j);
     double dot = 0;
     for (int d = 0; d < p.head_dim; ++d) dot += static_cast<double>(q_row[d]) * k[d];
     score[j] = dot * static_cast<double>(p.scale);
+    if (mods.softcap != 0.0f) {
+      const double cap = mods.softcap;
+      score[j] = cap * std::tanh(score[j] / cap);
+    }
+    if (mods.alibi_slopes != nullptr) {
+      score[j] -= static_cast<double>(mods.alibi_slopes[h]) * std::abs(j - aligned);
+    }
     max_score = std::max(max_score, score[j]);
     any_allowed = true;
   }

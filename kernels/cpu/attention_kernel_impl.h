@@ -8,7 +8,7 @@
 //     V, kWidth                    the vector type and its number of float lanes
 //     kScoreKeys, kScoreVecs       register block of the score kernel (keys x row vectors)
 //     kPvCols, kPvVecs             register block of the P·V kernel (value columns x row vectors)
-//     Zero, Set1, Load, Store, Add, Sub, Mul, Max, Fmadd(a, b, c) = a·b + c,
+//     Zero, Set1, Load, Store, Add, Sub, Mul, Div, Max, Fmadd(a, b, c) = a·b + c,
 //     Exp (exp(-inf) = 0), MaskBeyond(s, limit, pos) = pos >= limit ? -inf : s,
 //     ZeroIfNegInf(x) = x == -inf ? 0 : x,
 //     HalfToFloat(src, n, dst)     n IEEE binary16 values to float32 (exact)
@@ -42,15 +42,25 @@ int MinInt(int a, int b) { return a < b ? a : b; }
 int MaxInt(int a, int b) { return a > b ? a : b; }
 int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// AttentionParams::key_limit, restated here (see the note at the top on inline functions).
+// AttentionParams::key_limit and key_start, restated here (see the note at the top on inline
+// functions).
 int KeyLimit(const AttentionParams& p, int b, int i) {
   int limit = p.kv_len;
   if (p.causal) {
     const int causal_limit = i + p.kv_len - p.q_len + 1;
     if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
   }
+  if (p.mods.window_right >= 0) {
+    const int64_t window_limit = int64_t{i} + p.kv_len - p.q_len + p.mods.window_right + 1;
+    if (window_limit < limit) limit = window_limit < 0 ? 0 : static_cast<int>(window_limit);
+  }
   if (p.key_lengths != nullptr && p.key_lengths[b] < limit) limit = p.key_lengths[b];
   return limit;
+}
+int KeyStart(const AttentionParams& p, int i) {
+  if (p.mods.window_left < 0) return 0;
+  const int64_t start = int64_t{i} + p.kv_len - p.q_len - p.mods.window_left;
+  return start < 0 ? 0 : start > p.kv_len ? p.kv_len : static_cast<int>(start);
 }
 
 // Per-task scratch, carved from one 64-byte aligned buffer. Every [.][kQ] row starts on a
@@ -65,13 +75,15 @@ struct Scratch {
   float* l;      // [kQ]: running sum of exp(s - m) per row
   float* alpha;  // [kQ]: rescale factor of the current tile, exp(m_old - m_new)
   float* limit;  // [kQ]: KeyLimit per row, as float (exact below 2^24)
+  float* lower;  // [kQ]: 1 - KeyStart per row (a key j is before the window iff -j >= lower)
+  float* pos;    // [kQ]: the row's aligned position i' = i + Lk - Lq (ALiBi)
   float* mean;   // [Dv]: mean of all value rows, for rows with no allowed key
 };
 
 int64_t ScratchFloats(int d, int dv) {
   return Align16(int64_t{kKeyTile} * d) + Align16(int64_t{kKeyTile} * dv) +
          Align16(int64_t{d} * kQ) + Align16(int64_t{kKeyTile} * kQ) + Align16(int64_t{dv} * kQ) +
-         4 * kQ + Align16(dv);
+         6 * kQ + Align16(dv);
 }
 
 Scratch CarveScratch(float* base, int d, int dv) {
@@ -85,7 +97,9 @@ Scratch CarveScratch(float* base, int d, int dv) {
   s.l = s.m + kQ;
   s.alpha = s.l + kQ;
   s.limit = s.alpha + kQ;
-  s.mean = s.limit + kQ;
+  s.lower = s.limit + kQ;
+  s.pos = s.lower + kQ;
+  s.mean = s.pos + kQ;
   return s;
 }
 
@@ -291,10 +305,11 @@ Rows InputRows(const AttentionParams& p, const InputView& view, int b, int h, in
 // ---------------------------------------------------------------------------------------------
 // Shared steps of both paths.
 
-// Packs qt[x][r] = scale · q[i0 + r][x] (rows past `rows` are zero up to padded_rows) and the
-// per-row key limits; returns the smallest and largest limit over the real rows.
+// Packs qt[x][r] = scale · q[i0 + r][x] (rows past `rows` are zero up to padded_rows), the
+// per-row key limits, window starts and positions; returns the smallest and largest limit and
+// the smallest and largest start over the real rows.
 void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int padded_rows,
-                 const Scratch& s, int* min_limit, int* max_limit) {
+                 const Scratch& s, int* min_limit, int* max_limit, int* min_start, int* max_start) {
   const Rows q = InputRows(p, p.q, b, h, p.head_dim);
   for (int r = 0; r < rows; ++r) {
     // Widened into the (not yet used) key tile buffer, then scaled and transposed.
@@ -307,13 +322,66 @@ void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int p
   }
   *min_limit = p.kv_len;
   *max_limit = 0;
+  *min_start = p.kv_len;
+  *max_start = 0;
   for (int r = 0; r < rows; ++r) {
     const int limit = KeyLimit(p, b, i0 + r);
+    const int start = KeyStart(p, i0 + r);
     s.limit[r] = static_cast<float>(limit);
+    s.lower[r] = static_cast<float>(1 - start);
+    s.pos[r] = static_cast<float>(int64_t{i0} + r + p.kv_len - p.q_len);
     *min_limit = MinInt(*min_limit, limit);
     *max_limit = MaxInt(*max_limit, limit);
+    *min_start = MinInt(*min_start, start);
+    *max_start = MaxInt(*max_start, start);
   }
-  for (int r = rows; r < padded_rows; ++r) s.limit[r] = s.limit[rows - 1];
+  for (int r = rows; r < padded_rows; ++r) {
+    s.limit[r] = s.limit[rows - 1];
+    s.lower[r] = s.lower[rows - 1];
+    s.pos[r] = s.pos[rows - 1];
+  }
+}
+
+// Soft-capping and ALiBi (ScoreMods) on a tile of scores st[j][r] of keys j0.. for head h, in
+// that order. softcap · tanh(s / softcap) as softcap · (1 - 2 / (exp(2s / softcap) + 1)): ±softcap
+// at ±infinity, NaN stays NaN.
+void ModifyScores(const AttentionParams& p, int h, int j0, int keys, int padded_rows,
+                  const Scratch& s) {
+  const ScoreMods& mods = p.mods;
+  if (mods.softcap != 0.0f) {
+    const V cap = Vec::Set1(mods.softcap), two_over_cap = Vec::Set1(2.0f / mods.softcap);
+    const V one = Vec::Set1(1.0f), two = Vec::Set1(2.0f);
+    for (int j = 0; j < keys; ++j) {
+      for (int r = 0; r < padded_rows; r += kW) {
+        float* at = s.st + j * kQ + r;
+        const V e = Vec::Exp(Vec::Mul(Vec::Load(at), two_over_cap));
+        Vec::Store(at, Vec::Mul(cap, Vec::Sub(one, Vec::Div(two, Vec::Add(e, one)))));
+      }
+    }
+  }
+  if (mods.alibi_slopes != nullptr) {
+    const V neg_slope = Vec::Set1(-mods.alibi_slopes[h]);
+    for (int j = 0; j < keys; ++j) {
+      const V key = Vec::Set1(static_cast<float>(j0 + j));
+      for (int r = 0; r < padded_rows; r += kW) {
+        float* at = s.st + j * kQ + r;
+        const V d = Vec::Sub(key, Vec::Load(s.pos + r));
+        const V dist = Vec::Max(d, Vec::Sub(Vec::Zero(), d));  // |j - i'|
+        Vec::Store(at, Vec::Fmadd(neg_slope, dist, Vec::Load(at)));
+      }
+    }
+  }
+}
+
+// Sets st[j][r] = -inf for the keys before row r's window (j < KeyStart).
+void MaskBeforeWindow(int j0, int keys, int padded_rows, const Scratch& s) {
+  for (int j = 0; j < keys; ++j) {
+    const V neg_pos = Vec::Set1(-static_cast<float>(j0 + j));
+    for (int r = 0; r < padded_rows; r += kW) {
+      float* at = s.st + j * kQ + r;
+      Vec::Store(at, Vec::MaskBeyond(Vec::Load(at), Vec::Load(s.lower + r), neg_pos));
+    }
+  }
 }
 
 // Sets st[j][r] = -inf where the explicit mask blocks (b, h, i0 + r, j0 + j).
@@ -361,26 +429,30 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   const Rows k = InputRows(p, p.k, b, kvh, p.head_dim);
   const Rows v = InputRows(p, p.v, b, kvh, p.v_head_dim);
 
-  int min_limit, max_limit;
-  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit);
+  int min_limit, max_limit, min_start, max_start;
+  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit, &min_start, &max_start);
   for (int r = 0; r < padded_rows; ++r) {
     s.m[r] = kNegInf;
     s.l[r] = 0.0f;
   }
   for (int64_t n = 0; n < int64_t{p.v_head_dim} * kQ; ++n) s.ot[n] = 0.0f;
 
-  // Key tiles at or past every row's limit (causal future, padding) hold no allowed key: skip
-  // them. A processed tile in which a row has no allowed key leaves that row's bits unchanged
-  // (alpha = exp(0) = 1, p = 0), so skipping never changes a result.
-  for (int j0 = 0; j0 < max_limit; j0 += kKeyTile) {
+  // Key tiles at or past every row's limit (causal future, padding), or before every row's
+  // window, hold no allowed key: skip them (a sliding window costs O(Lq · window)). A processed
+  // tile in which a row has no allowed key leaves that row's bits unchanged (alpha = exp(0) = 1,
+  // p = 0), so skipping never changes a result.
+  for (int j0 = min_start / kKeyTile * kKeyTile; j0 < max_limit; j0 += kKeyTile) {
     const int keys = MinInt(kKeyTile, p.kv_len - j0);
     int64_t k_ld;
     const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
 
-    // 1. Scores of the tile: st[j][r] = scale·q_r · k_j.
+    // 1. Scores of the tile: st[j][r] = scale·q_r · k_j, soft-capped and biased (ScoreMods).
     ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
-    // 2. Blocked scores become -inf: the explicit mask, then causality and key length.
+    ModifyScores(p, h, j0, keys, padded_rows, s);
+    // 2. Blocked scores become -inf: the explicit mask, the window's start, then causality, key
+    //    length and the window's end.
     if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
+    if (j0 < max_start) MaskBeforeWindow(j0, keys, padded_rows, s);
     const bool need_limit = j0 + keys > min_limit;
 
     for (int r = 0; r < padded_rows; r += kW) {
@@ -455,8 +527,8 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
   const Rows v = InputRows(p, p.v, b, kvh, p.v_head_dim);
   float* weights = p.weights + ((int64_t{b} * p.num_heads + h) * p.q_len + i0) * p.kv_len;
 
-  int min_limit, max_limit;
-  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit);
+  int min_limit, max_limit, min_start, max_start;
+  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit, &min_start, &max_start);
 
   // Scores, blocked ones -inf, into the weights rows.
   for (int j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
@@ -464,7 +536,9 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
     int64_t k_ld;
     const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
     ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
+    ModifyScores(p, h, j0, keys, padded_rows, s);
     if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
+    if (j0 < max_start) MaskBeforeWindow(j0, keys, padded_rows, s);
     for (int r = 0; r < rows; ++r) {
       float* w = weights + int64_t{r} * p.kv_len + j0;
       const int limit = static_cast<int>(s.limit[r]) - j0;

@@ -211,8 +211,9 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
   int64_t pack_bytes = 0;
   for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
     const AttentionParams& p = batch[item];
+    // ScoreMods (windows, soft-capping, ALiBi) are in the float32 kernel only, for now.
     if (p.weights != nullptr || p.head_dim > kMaxBf16HeadDim || p.v_head_dim > kMaxBf16HeadDim ||
-        !ComputesInBf16(p.input_dtype)) {
+        !ComputesInBf16(p.input_dtype) || p.mods.any()) {
       continue;
     }
     pack_offset[item] = pack_bytes;

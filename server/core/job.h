@@ -54,6 +54,7 @@ struct Job {
   // Owned buffers; params point into them (and into `request` and `module`).
   std::vector<uint8_t> mask;  // BOOL mask as sent
   std::vector<int32_t> key_lengths;
+  std::vector<float> alibi_slopes;       // [H] when options.alibi is set
   std::vector<float> out;                // dense output
   std::vector<float> weights;            // dense [B, H, Lq, Lk] when asked for
   std::shared_ptr<const Module> module;  // kMultiHead only

@@ -145,7 +145,22 @@ struct OptionFields {
   bool causal = false;
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
+  kernels::ScoreMods mods;
 };
+
+// The standard ALiBi slopes for `heads` heads (attention.proto, Alibi.standard), as BLOOM
+// computes them: 2^(-8h/n) for h = 1..n with n the largest power of two <= heads, then every
+// other slope of 2n for the heads left over.
+std::vector<float> StandardAlibiSlopes(int64_t heads) {
+  int64_t n = 1;
+  while (n * 2 <= heads) n *= 2;
+  std::vector<float> slopes;
+  for (int64_t h = 1; h <= n; ++h) slopes.push_back(static_cast<float>(std::exp2(-8.0 * h / n)));
+  for (int64_t h = 1; static_cast<int64_t>(slopes.size()) < heads; h += 2) {
+    slopes.push_back(static_cast<float>(std::exp2(-8.0 * h / (2 * n))));
+  }
+  return slopes;
+}
 
 absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b, int64_t h,
                                           int64_t lq, int64_t lk, int64_t head_dim,
@@ -197,6 +212,53 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
     f.scale = options.scale();
   }
 
+  if (options.has_window()) {
+    for (const auto& [name, bound] :
+         {std::pair<const char*, int32_t>{"left", options.window().left()},
+          {"right", options.window().right()}}) {
+      if (bound < -1) {
+        return Invalid(
+            absl::StrCat("options.window.", name, " must be >= -1 (-1: open); was ", bound));
+      }
+    }
+    f.mods.window_left = options.window().left();
+    f.mods.window_right = options.window().right();
+  }
+  if (!std::isfinite(options.softcap()) || options.softcap() < 0) {
+    return Invalid(
+        absl::StrCat("options.softcap must be finite and >= 0; was ", options.softcap()));
+  }
+  f.mods.softcap = options.softcap();
+  if (options.has_alibi()) {
+    const v1::Alibi& alibi = options.alibi();
+    if (alibi.standard() == (alibi.slopes_size() != 0)) {
+      return Invalid(absl::StrCat("options.alibi must hold either slopes (H = ", h,
+                                  " entries) or standard: true; had ", alibi.slopes_size(),
+                                  " slopes and standard ", alibi.standard() ? "true" : "false"));
+    }
+    if (alibi.standard()) {
+      job->alibi_slopes = StandardAlibiSlopes(h);
+    } else {
+      if (alibi.slopes_size() != h) {
+        return Invalid(absl::StrCat("options.alibi.slopes must hold H (", h, ") entries; had ",
+                                    alibi.slopes_size()));
+      }
+      for (int i = 0; i < alibi.slopes_size(); ++i) {
+        if (!std::isfinite(alibi.slopes(i))) {
+          return Invalid(
+              absl::StrCat("options.alibi.slopes[", i, "] must be finite; was ", alibi.slopes(i)));
+        }
+      }
+      job->alibi_slopes.assign(alibi.slopes().begin(), alibi.slopes().end());
+    }
+    f.mods.alibi_slopes = job->alibi_slopes.data();
+  }
+  if (f.mods.any() && !limits.score_mods) {
+    return absl::UnimplementedError(
+        "options.window, options.softcap and options.alibi are not implemented by this server's "
+        "backend yet (the cuda kernels lack them; --backend=cpu computes them)");
+  }
+
   if (options.return_weights()) {
     const int64_t n = b * h * lq * lk;  // each factor is bounded, so no overflow
     if (n > limits.max_tensor_elements) {
@@ -220,6 +282,7 @@ void FillShared(const OptionFields& opts, Job* job, Params* p) {
   p->causal = opts.causal;
   p->key_lengths = opts.key_lengths;
   p->scale = opts.scale;
+  p->mods = opts.mods;
   // The inputs are views of the request's bytes, in the dtype they came in.
   p->input_dtype = job->dtype;
 }

@@ -119,6 +119,38 @@ class PythonClientTest(unittest.TestCase):
         self.assertIsNone(r.weights)
         np.testing.assert_allclose(r.output, attention64(q, k, v, scale=0.5)[0], atol=1e-5)
 
+    def test_window_softcap_and_alibi(self):
+        # The three FlashAttention options together, with causality, against float64 NumPy
+        # written from the proto's definitions (soft-cap, then ALiBi, then the -1e9 fill).
+        rng = np.random.default_rng(5)
+        q = 3 * rng.standard_normal((1, 4, 40, 16), dtype=np.float32)
+        k = rng.standard_normal((1, 2, 60, 16), dtype=np.float32)
+        v = rng.standard_normal((1, 2, 60, 8), dtype=np.float32)
+        options = dict(causal=True, window=(7, -1), softcap=4.0, alibi="standard",
+                       return_weights=True)
+        active = [b.name for b in self.client.server_info().backends if b.active]
+        if active == ["cuda"]:
+            with self.assertRaises(grpc.RpcError) as e:
+                self.client.attend(q, k, v, **options)
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
+            return
+        r = self.client.attend(q, k, v, **options)
+        i = np.arange(40)[:, None] + 20  # aligned positions i + Lk - Lq
+        j = np.arange(60)[None, :]
+        slopes = 2.0 ** -(2.0 * np.arange(1, 5))  # 4 heads: 2^(-8h/4)
+        kk, vv = np.repeat(k, 2, axis=1).astype(np.float64), np.repeat(v, 2, axis=1)
+        s = np.einsum("bhid,bhjd->bhij", q.astype(np.float64), kk) / 4.0
+        s = 4.0 * np.tanh(s / 4.0) - slopes[None, :, None, None] * np.abs(j - i)
+        s = np.where((j <= i) & (j >= i - 7), s, -1e9)
+        w = np.exp(s - s.max(-1, keepdims=True))
+        w /= w.sum(-1, keepdims=True)
+        np.testing.assert_allclose(r.weights, w, atol=2e-6)
+        np.testing.assert_allclose(r.output, np.einsum("bhij,bhjd->bhid", w, vv), atol=2e-5)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.attend(q, k, v, alibi=[0.5])
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("options.alibi.slopes must hold H (4) entries; had 1", e.exception.details())
+
     def test_float16_and_bfloat16(self):
         rng = np.random.default_rng(2)
         q = rng.standard_normal((1, 2, 4, 8)).astype(np.float16)

@@ -32,6 +32,46 @@ TEST(RequestBuilderTest, AttendJobDescribesTheRequest) {
   EXPECT_EQ((*job)->dtype, kernels::DType::kBFloat16);
 }
 
+// AttentionOptions.window, softcap and alibi reach the kernel parameters; the standard ALiBi
+// slopes are the paper's (BLOOM's for a head count that is not a power of two); a backend
+// without them refuses the request UNIMPLEMENTED, naming the options.
+TEST(RequestBuilderTest, ScoreModsReachTheKernelParameters) {
+  auto request = [](int64_t heads) {
+    v1::AttendRequest r;
+    const int64_t n = heads * 3 * 8;
+    *r.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {1, heads, 3, 8}, std::vector<float>(n, 1));
+    *r.mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 3, 8}, std::vector<float>(24, 1));
+    *r.mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {1, 1, 3, 8}, std::vector<float>(24, 1));
+    r.mutable_options()->mutable_window()->set_left(5);
+    r.mutable_options()->mutable_window()->set_right(-1);
+    r.mutable_options()->set_softcap(30.0f);
+    r.mutable_options()->mutable_alibi()->set_standard(true);
+    return r;
+  };
+  auto eight = BuildAttendJob(request(8), Limits());
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  const kernels::ScoreMods& mods = (*eight)->attend.mods;
+  EXPECT_EQ(mods.window_left, 5);
+  EXPECT_EQ(mods.window_right, -1);
+  EXPECT_EQ(mods.softcap, 30.0f);
+  ASSERT_NE(mods.alibi_slopes, nullptr);
+  for (int h = 0; h < 8; ++h) EXPECT_EQ(mods.alibi_slopes[h], std::ldexp(1.0f, -(h + 1))) << h;
+  // 6 heads: the 4 slopes of 4 heads (2^-2, 2^-4, 2^-6, 2^-8), then 2^-1 and 2^-3 of 8 heads.
+  auto six = BuildAttendJob(request(6), Limits());
+  ASSERT_TRUE(six.ok()) << six.status();
+  EXPECT_EQ((*six)->alibi_slopes,
+            (std::vector<float>{0.25f, 0.0625f, 1.0f / 64, 1.0f / 256, 0.5f, 0.125f}));
+  Limits without;
+  without.score_mods = false;
+  auto refused = BuildAttendJob(request(8), without);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("options.window, options.softcap and options.alibi"),
+            std::string::npos);
+  v1::AttendRequest plain = request(8);
+  plain.clear_options();
+  EXPECT_TRUE(BuildAttendJob(plain, without).ok());
+}
+
 TEST(RequestBuilderTest, SignatureSeparatesKernelChangingShapes) {
   auto make = [](int64_t d, v1::Dtype dtype) {
     v1::AttendRequest r;

@@ -331,6 +331,36 @@ TEST_F(ServiceTest, MalformedAttendRequestsGetClearErrors) {
        StatusCode::kInvalidArgument, "options.key_lengths[1] must be in [0, Lk = 5]; was 6"},
       {"scale NaN", [](auto* r) { r->mutable_options()->set_scale(std::nanf("")); },
        StatusCode::kInvalidArgument, "options.scale must be finite; was nan"},
+      {"window left below -1",
+       [](auto* r) { r->mutable_options()->mutable_window()->set_left(-2); },
+       StatusCode::kInvalidArgument, "options.window.left must be >= -1 (-1: open); was -2"},
+      {"window right below -1",
+       [](auto* r) { r->mutable_options()->mutable_window()->set_right(-7); },
+       StatusCode::kInvalidArgument, "options.window.right must be >= -1 (-1: open); was -7"},
+      {"softcap negative", [](auto* r) { r->mutable_options()->set_softcap(-1.5f); },
+       StatusCode::kInvalidArgument, "options.softcap must be finite and >= 0; was -1.5"},
+      {"softcap infinite", [](auto* r) { r->mutable_options()->set_softcap(INFINITY); },
+       StatusCode::kInvalidArgument, "options.softcap must be finite and >= 0; was inf"},
+      {"alibi empty", [](auto* r) { r->mutable_options()->mutable_alibi(); },
+       StatusCode::kInvalidArgument,
+       "options.alibi must hold either slopes (H = 4 entries) or standard: true; had 0 slopes and "
+       "standard false"},
+      {"alibi both",
+       [](auto* r) {
+         r->mutable_options()->mutable_alibi()->set_standard(true);
+         for (int h = 0; h < 4; ++h) r->mutable_options()->mutable_alibi()->add_slopes(0.5f);
+       },
+       StatusCode::kInvalidArgument, "had 4 slopes and standard true"},
+      {"alibi slope count",
+       [](auto* r) { r->mutable_options()->mutable_alibi()->add_slopes(0.5f); },
+       StatusCode::kInvalidArgument, "options.alibi.slopes must hold H (4) entries; had 1"},
+      {"alibi slope NaN",
+       [](auto* r) {
+         for (const float x : {0.5f, 0.25f, std::nanf(""), 0.1f}) {
+           r->mutable_options()->mutable_alibi()->add_slopes(x);
+         }
+       },
+       StatusCode::kInvalidArgument, "options.alibi.slopes[2] must be finite; was nan"},
       {"head dim over 256",
        [](auto* r) {
          *r->mutable_query() =

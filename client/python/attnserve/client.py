@@ -128,21 +128,32 @@ def _metadata(token, secure):
     return (("authorization", f"Bearer {token}"),) if token and not secure else None
 
 
-def _options(causal, mask, key_lengths, scale, return_weights) -> pb.AttentionOptions:
-    o = pb.AttentionOptions(causal=causal, return_weights=return_weights)
+def _options(causal, mask, key_lengths, scale, return_weights, window=None, softcap=0.0,
+             alibi=None) -> pb.AttentionOptions:
+    o = pb.AttentionOptions(causal=causal, return_weights=return_weights, softcap=float(softcap))
     if mask is not None:
         o.mask.CopyFrom(to_tensor(mask, "bool"))
     if key_lengths is not None:
         o.key_lengths.extend(int(x) for x in key_lengths)
     if scale is not None:
         o.scale = float(scale)
+    if window is not None:
+        o.window.left, o.window.right = (int(x) for x in window)
+    if isinstance(alibi, str):
+        if alibi != "standard":
+            raise ValueError(f'alibi must be "standard" or one slope per query head; was {alibi!r}')
+        o.alibi.standard = True
+    elif alibi is not None:
+        o.alibi.slopes.extend(float(x) for x in alibi)
     return o
 
 
 def attend_request(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = False,
                    mask: Optional[ArrayLike] = None,
                    key_lengths: Optional[Sequence[int]] = None, scale: Optional[float] = None,
-                   return_weights: bool = False, dtype: Optional[str] = None) -> pb.AttendRequest:
+                   return_weights: bool = False, dtype: Optional[str] = None,
+                   window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
+                   alibi: Union[None, str, Sequence[float]] = None) -> pb.AttendRequest:
     """A pb.AttendRequest: attention on caller-projected tensors.
 
     q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (grouped-query when Hkv < Hq);
@@ -150,12 +161,15 @@ def attend_request(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = F
     mask: booleans broadcastable to [B, Hq, Lq, Lk] (True = attend). key_lengths: B valid key
     counts. scale: instead of 1/sqrt(D). return_weights: the softmax weights come back too.
     dtype: "float32", "float16" or "bfloat16" (default: q's own, float32 for other dtypes);
-    k and v are sent in q's dtype.
+    k and v are sent in q's dtype. window: (left, right) sliding window (-1: that side open);
+    softcap: logit soft-cap (0: none); alibi: "standard" or one slope per query head
+    (attention.proto, AttentionOptions, says how they combine).
     """
     query = to_tensor(q, dtype)
     return pb.AttendRequest(query=query, key=to_tensor(k, query.dtype),
                             value=to_tensor(v, query.dtype),
-                            options=_options(causal, mask, key_lengths, scale, return_weights))
+                            options=_options(causal, mask, key_lengths, scale, return_weights,
+                                             window, softcap, alibi))
 
 
 def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] = None,
@@ -163,7 +177,10 @@ def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] =
                        mask: Optional[ArrayLike] = None,
                        key_lengths: Optional[Sequence[int]] = None,
                        scale: Optional[float] = None, return_weights: bool = False,
-                       dtype: Optional[str] = None) -> pb.MultiHeadAttentionRequest:
+                       dtype: Optional[str] = None, window: Optional[Tuple[int, int]] = None,
+                       softcap: float = 0.0,
+                       alibi: Union[None, str, Sequence[float]] = None
+                       ) -> pb.MultiHeadAttentionRequest:
     """A pb.MultiHeadAttentionRequest: the registered module `module` on query
     [B, Lq, d_model] and key/value [B, Lk, d_model] (both, or neither for self-attention).
     The options are attend_request's."""
@@ -172,7 +189,7 @@ def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] =
     q = to_tensor(query, dtype)
     r = pb.MultiHeadAttentionRequest(module=module, query=q,
                                      options=_options(causal, mask, key_lengths, scale,
-                                                      return_weights))
+                                                      return_weights, window, softcap, alibi))
     if key is not None:
         r.key.CopyFrom(to_tensor(key, q.dtype))
         r.value.CopyFrom(to_tensor(value, q.dtype))
@@ -357,8 +374,8 @@ class Client(_Base):
     def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
                timeout: Optional[float] = None, **options: Any) -> Result:
         """Attention on projected tensors q [B, Hq, Lq, D], k [B, Hkv, Lk, D],
-        v [B, Hkv, Lk, Dv]. options: causal, mask, key_lengths, scale, return_weights, dtype
-        (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
+        v [B, Hkv, Lk, Dv]. options: causal, mask, key_lengths, scale, return_weights, dtype,
+        window, softcap, alibi (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
         response = self._throttled(self.stub.Attend, attend_request(q, k, v, **options), timeout)
         return _result(response, self.torch_out)
 
