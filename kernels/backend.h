@@ -55,10 +55,6 @@ class Backend {
   // How FLOAT32 requests are computed, one line for GetServerInfo.
   virtual std::string float32_precision() const { return "fp32: float32 arithmetic"; }
 
-  // Whether Attend and MultiHead compute ScoreMods (attention_params.h: windows, soft-capping,
-  // ALiBi). A backend without them must never be given an item whose mods are set.
-  virtual bool supports_score_mods() const { return true; }
-
   // Computes every item of `batch`, writing each item's out (and weights when non-null).
   // REQUIRES: every item is valid (the server validates requests before they get here);
   // kernels do not re-check what a request controls. Returns non-OK only for failures of the

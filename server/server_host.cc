@@ -218,7 +218,6 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   }
   AttentionService::Options service_options;
   service_options.limits = options.limits;
-  service_options.limits.score_mods = host->backend_->supports_score_mods();
   service_options.allow_module_rpc = options.allow_module_rpc;
   service_options.auth = host->auth_.get();
   host->drain_ = std::make_shared<Drain>();

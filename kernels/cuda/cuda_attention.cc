@@ -27,11 +27,21 @@
 namespace attnserve::kernels::cuda {
 namespace {
 
+bool SameMods(const AttentionParams& a, const AttentionParams& b) {
+  const ScoreMods &x = a.mods, &y = b.mods;
+  if (x.window_left != y.window_left || x.window_right != y.window_right ||
+      x.softcap != y.softcap || (x.alibi_slopes == nullptr) != (y.alibi_slopes == nullptr)) {
+    return false;
+  }
+  return x.alibi_slopes == nullptr ||
+         std::equal(x.alibi_slopes, x.alibi_slopes + a.num_heads, y.alibi_slopes);
+}
+
 bool Compatible(const AttentionParams& a, const AttentionParams& b) {
   return a.num_heads == b.num_heads && a.num_kv_heads == b.num_kv_heads &&
          a.head_dim == b.head_dim && a.v_head_dim == b.v_head_dim && a.causal == b.causal &&
          a.scale == b.scale && !a.mask.present() && !b.mask.present() && a.weights == nullptr &&
-         b.weights == nullptr && (a.q_len == 1) == (b.q_len == 1);
+         b.weights == nullptr && (a.q_len == 1) == (b.q_len == 1) && SameMods(a, b);
 }
 
 // An upper bound of the pinned staging an item adds to a launch group (RunAttentionGroup's
@@ -98,7 +108,8 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
     tk += int64_t{p.batch} * p.kv_len;
     max_q = std::max(max_q, p.q_len);
     any_key_lengths |= p.key_lengths != nullptr;
-    need_mean |= MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len, p.kv_len);
+    need_mean |= MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len, p.kv_len,
+                                    p.mods.windowed());
   }
   const bool with_weights = first.weights != nullptr;  // then items.size() == 1
   const int64_t mask_bytes =
@@ -129,6 +140,7 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   const size_t d_mask = dev.Add(mask_bytes);
   const size_t d_weights = dev.Add(
       with_weights ? size_t(first.batch) * hq * first.q_len * first.kv_len * sizeof(float) : 0);
+  const size_t d_slopes = dev.Add(first.mods.alibi_slopes != nullptr ? hq * sizeof(float) : 0);
 
   absl::Status st = ReservePinned(w, host.size());
   if (!st.ok()) return st;
@@ -175,6 +187,13 @@ absl::Status CudaBackend::RunAttentionGroup(Worker* w, absl::Span<const Attentio
   fp.v_mean = need_mean ? At<float>(base, d_mean) : nullptr;
   if (first.mask.present()) fp.mask = At<uint8_t>(base, d_mask);
   cudaStream_t stream = w->stream;
+  if (first.mods.alibi_slopes != nullptr) {  // the group shares them (Compatible)
+    fp.alibi_slopes = At<float>(base, d_slopes);
+    RETURN_IF_GPU_ERROR(
+        CudaCheck(cudaMemcpyAsync(At<float>(base, d_slopes), first.mods.alibi_slopes,
+                                  hq * sizeof(float), cudaMemcpyHostToDevice, stream),
+                  "copying the ALiBi slopes"));
+  }
   RETURN_IF_GPU_ERROR(
       CudaCheck(cudaMemcpyAsync(At<int>(base, d_cu), cu_q, (3 * num_seqs + 2) * sizeof(int),
                                 cudaMemcpyHostToDevice, stream),

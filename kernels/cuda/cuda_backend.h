@@ -114,8 +114,6 @@ class CudaBackend final : public Backend {
 
   // See Backend.
   std::string name() const override { return "cuda"; }
-  // Not yet: the flash kernels know no window, soft-cap or ALiBi (issue 32).
-  bool supports_score_mods() const override { return false; }
   std::vector<DeviceInfo> devices() const override;
   // pool_bytes: the workers' buffers plus the session pages (CudaMemoryFigures).
   std::vector<DeviceMemory> device_memory() const override;

@@ -71,8 +71,9 @@ inline int64_t MaskExtent(const MaskView& m, int64_t b, int64_t h, int64_t lq, i
          (lk - 1) * m.col_stride + 1;
 }
 
-inline bool MayHaveBlockedRows(bool mask, const int32_t* key_lengths, bool causal, int lq, int lk) {
-  return mask || key_lengths != nullptr || (causal && lq > lk);
+inline bool MayHaveBlockedRows(bool mask, const int32_t* key_lengths, bool causal, int lq, int lk,
+                               bool windowed) {
+  return mask || key_lengths != nullptr || (causal && lq > lk) || windowed;
 }
 
 // Row strides, in elements, of q, k, v and o as a launch lays them out on the device: each row
@@ -97,6 +98,8 @@ inline FlashFwdParams FlashParamsFor(const AttentionParams& a, int num_seqs, int
   fp.scale = a.scale;
   fp.scale_log2 = a.scale * kLog2e;
   fp.causal = a.causal;
+  fp.window = {a.mods.window_left, a.mods.window_right};
+  fp.softcap = a.mods.softcap;  // alibi_slopes: a device copy, set by the caller
   fp.q_row_stride = rows.q;
   fp.k_row_stride = rows.k;
   fp.v_row_stride = rows.v;

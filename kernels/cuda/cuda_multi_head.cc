@@ -99,8 +99,8 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   const bool self = p.self_attention;
   const int num_seqs = p.batch;
   const bool with_weights = p.weights != nullptr;
-  const bool need_mean =
-      MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len, p.kv_len);
+  const bool need_mean = MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len,
+                                            p.kv_len, p.mods.windowed());
   const int64_t mask_bytes =
       p.mask.present() ? MaskExtent(p.mask, p.batch, h, p.q_len, p.kv_len) : 0;
 
@@ -143,6 +143,7 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   const size_t d_weights =
       dev.Add(with_weights ? size_t(p.batch) * h * p.q_len * p.kv_len * sizeof(float) : 0);
   const size_t d_lt = dev.Add(kLtWorkspaceBytes);
+  const size_t d_slopes = dev.Add(p.mods.alibi_slopes != nullptr ? h * sizeof(float) : 0);
 
   // The heads of the projections as HeadAttentionParams splits them for every backend: rows of
   // the fused [nq, 3 dm] buffer (self-attention) or of three [n, dm] ones, the concatenated
@@ -183,6 +184,11 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   };
   RETURN_IF_GPU_ERROR(h2d(d_cu, cu_q, (3 * num_seqs + 2) * sizeof(int), "copying tables"));
   if (p.mask.present()) RETURN_IF_GPU_ERROR(h2d(d_mask, p.mask.data, mask_bytes, "copying mask"));
+  if (p.mods.alibi_slopes != nullptr) {
+    fp.alibi_slopes = At<float>(base, d_slopes);
+    RETURN_IF_GPU_ERROR(
+        h2d(d_slopes, p.mods.alibi_slopes, h * sizeof(float), "copying the ALiBi slopes"));
+  }
   // Weights straight from the module's vectors (pageable; see the report on caching them).
   RETURN_IF_GPU_ERROR(h2d(d_wqkv, m.w_qkv.data(), m.w_qkv.size() * sizeof(float), "copying W_qkv"));
   RETURN_IF_GPU_ERROR(h2d(d_bqkv, m.b_qkv.data(), m.b_qkv.size() * sizeof(float), "copying b_qkv"));

@@ -51,8 +51,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
   const int k_begin = p.cu_seqlens_k[seq];
   const int kv_len = p.cu_seqlens_k[seq + 1] - k_begin;
   const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
-  const int limit = KeyLimit(0, q_len, kv_len, key_length, p.causal);
+  const int limit = KeyLimit(0, q_len, kv_len, key_length, p.causal, p.window);
   if (split >= DecodeSplits(limit)) return;  // the combine kernel reads only live splits
+  // Keys before the window are blocked (their splits stay empty states); soft-capping and ALiBi
+  // modify each score in linear units (ModifyScore).
+  const int start = KeyStart(0, q_len, kv_len, p.window);
+  const int aligned = kv_len - q_len;
+  const bool modify = p.modifies_scores();
   const int j_begin = split * kDecodeSplitKeys;
   const int j_end = min(j_begin + kDecodeSplitKeys, limit);
 
@@ -65,7 +70,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
   for (int idx = threadIdx.x; idx < kGroup * p.head_dim; idx += kDecodeWarps * 32) {
     const int g = idx / p.head_dim;
     const int d = idx % p.head_dim;
-    q_s[idx] = detail::ToFloat(q_row[g * p.q_head_stride + d]) * p.scale_log2;
+    q_s[idx] = detail::ToFloat(q_row[g * p.q_head_stride + d]) * (modify ? p.scale : p.scale_log2);
   }
   __syncthreads();
 
@@ -92,11 +97,15 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
     }
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
-      bool allowed = j < j_end;
+      const int head = kv_head * kGroup + g;
+      bool allowed = j < j_end && j >= start;
       if (allowed && p.mask != nullptr) {
-        const int head = kv_head * kGroup + g;
         allowed = p.mask[seq * p.mask_batch_stride + head * p.mask_head_stride +
                          int64_t{j} * p.mask_col_stride] != 0;
+      }
+      if (modify) {
+        const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[head] : 0.0f;
+        s[g] = ModifyScore(s[g], p.softcap, slope, j, aligned) * kLog2e;
       }
       if (!allowed) s[g] = NegativeInfinity();
       const float factor = OnlineSoftmaxRescale(softmax[g], detail::WarpMax(s[g]));
@@ -180,7 +189,7 @@ __global__ void __launch_bounds__(kDecodeMaxVHeadDim)
   if (q_len == 0 || d >= p.v_head_dim) return;
   const int kv_len = p.cu_seqlens_k[seq + 1] - p.cu_seqlens_k[seq];
   const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
-  const int splits = DecodeSplits(KeyLimit(0, q_len, kv_len, key_length, p.causal));
+  const int splits = DecodeSplits(KeyLimit(0, q_len, kv_len, key_length, p.causal, p.window));
   const int kv_head = head / kGroup;
   const int g = head % kGroup;
   const int slot_floats = static_cast<int>(DecodeSlotFloats(kGroup, p.v_head_dim));

@@ -33,7 +33,11 @@ FlashPath SelectFlashPath(const FlashFwdParams& p) {
       p.o_row_stride % 2 == 0 && p.o_head_stride % 2 == 0 &&
       (p.mask == nullptr ||
        (Aligned(p.mask, 4) && (p.mask_col_stride == 0 || p.mask_col_stride == 1)));
-  if (tensor_core_layout && TensorCoreHeadDim(p) != 0) return FlashPath::kTensorCore;
+  // ScoreMods (windows, soft-capping, ALiBi) are in the generic, decode and plain kernels only:
+  // the tensor-core kernel at hdim 64 has no register left for even the window's start (it
+  // spilled 4 bytes with one more), so it awaits a variant of its own.
+  const bool mods = p.window.left >= 0 || p.window.right >= 0 || p.modifies_scores();
+  if (tensor_core_layout && TensorCoreHeadDim(p) != 0 && !mods) return FlashPath::kTensorCore;
   if (p.v_head_dim <= kGenericMaxVHeadDim && p.head_dim >= 1) return FlashPath::kGeneric;
   return FlashPath::kUnsupported;
 }

@@ -39,7 +39,11 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   const int kv_len = p.cu_seqlens_k[seq + 1] - k_begin;
   const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
-  const int limit = KeyLimit(i, q_len, kv_len, key_length, p.causal);
+  const int limit = KeyLimit(i, q_len, kv_len, key_length, p.causal, p.window);
+  const int start = KeyStart(i, q_len, kv_len, p.window);
+  const int aligned = i + kv_len - q_len;
+  const bool modify = p.modifies_scores();
+  const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[head] : 0.0f;
 
   const Element* q_row =
       static_cast<const Element*>(p.q) + (q_begin + i) * p.q_row_stride + head * p.q_head_stride;
@@ -52,7 +56,10 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
           ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride + i * p.mask_row_stride
           : nullptr;
 
-  for (int d = lane; d < p.head_dim; d += 32) q_s[d] = detail::ToFloat(q_row[d]) * p.scale_log2;
+  // Queries in log2 units, or (with soft-capping or ALiBi) in linear ones: ModifyScore then
+  // takes each score to log2 units.
+  const float q_scale = modify ? p.scale : p.scale_log2;
+  for (int d = lane; d < p.head_dim; d += 32) q_s[d] = detail::ToFloat(q_row[d]) * q_scale;
   __syncwarp();
 
   float acc[kOutPerLane];
@@ -60,14 +67,15 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   for (int t = 0; t < kOutPerLane; ++t) acc[t] = 0.0f;
   OnlineSoftmaxRow softmax = OnlineSoftmaxInit();
 
-  for (int j0 = 0; j0 < limit; j0 += 32) {
+  // From the 32-key block holding the window's first key: earlier ones are all blocked.
+  for (int j0 = start / 32 * 32; j0 < limit; j0 += 32) {
     const int j = j0 + lane;
     float s = NegativeInfinity();
-    if (j < limit && (mask_row == nullptr || mask_row[j * p.mask_col_stride] != 0)) {
+    if (j >= start && j < limit && (mask_row == nullptr || mask_row[j * p.mask_col_stride] != 0)) {
       const Element* k_row = k_base + j * p.k_row_stride;
       float dot = 0.0f;
       for (int d = 0; d < p.head_dim; ++d) dot = fmaf(q_s[d], detail::ToFloat(k_row[d]), dot);
-      s = dot;
+      s = modify ? ModifyScore(dot, p.softcap, slope, j, aligned) * kLog2e : dot;
     }
     // Every lane sees the same tile max, so every lane keeps the same running max; each lane's
     // sum covers its own keys and is reduced at the end.

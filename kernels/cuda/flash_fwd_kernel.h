@@ -8,6 +8,8 @@
 // scale + mask in registers, online softmax (online_softmax.h), then O += P V with P rounded to
 // the operand type. Key blocks past the last allowed key of the block's last row (causal, key
 // length) are never loaded. Rows with no allowed key get the mean of all values (v_mean).
+// It takes no ScoreMods (windows, soft-capping, ALiBi): SelectFlashPath sends those to the
+// generic kernel (flash_fwd_dispatch.cc says why).
 #ifndef ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
 #define ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
 
@@ -252,8 +254,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
 
     // Scale to log2 units; block what causality, key length, kv_len or the mask block. Tiles
     // wholly below every row's limit without a mask skip the per-element test.
-    const bool check = mask_ptr != nullptr ||
-                       !TileFullyAllowed(m0, n0, kBlockN, q_len, kv_len, key_length, p.causal);
+    const bool check = mask_ptr != nullptr || !TileFullyAllowed(m0, m0 + 1, n0, kBlockN, q_len,
+                                                                kv_len, key_length, p.causal);
     float tile_max[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int t = 0; t < Traits::kSTiles; ++t) {

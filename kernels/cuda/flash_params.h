@@ -16,6 +16,8 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/online_softmax.h"
+
 namespace attnserve::kernels::cuda {
 
 // The tensor-core operand type of q, k and v. Output and accumulation are always float32.
@@ -66,6 +68,14 @@ struct FlashFwdParams {
   float scale = 1.0f;       // multiplies q.k
   float scale_log2 = 1.0f;  // scale * log2(e): the kernels work in exp2 units
   bool causal = false;      // bottom-right aligned per sequence: j <= i + kv_len - q_len
+
+  // ScoreMods (attention_params.h): the window, soft-capping and ALiBi. With softcap or ALiBi
+  // a score is modified in linear units (scale·q·k, ModifyScore) and then taken to log2 units.
+  // alibi_slopes: device float32 [num_heads], or nullptr.
+  KeyWindow window;
+  float softcap = 0.0f;
+  const float* alibi_slopes = nullptr;
+  ATTNSERVE_HD bool modifies_scores() const { return softcap != 0.0f || alibi_slopes != nullptr; }
 
   // Optional boolean mask (0 = blocked), element (s, h, i, j) at
   // mask + s * mask_batch_stride + h * mask_head_stride + i * mask_row_stride + j * mask_col_stride

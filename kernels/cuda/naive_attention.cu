@@ -40,15 +40,23 @@ __device__ float BlockReduce(float x, bool is_max, float* scratch) {
   return r;
 }
 
+// ScoreMods as the softmax kernel takes them (FlashFwdParams' window, softcap, alibi_slopes).
+struct SoftmaxMods {
+  KeyWindow window;
+  float softcap;
+  const float* alibi_slopes;  // device [num_heads] or nullptr
+};
+
 // One block per (row, head) of one sequence: s holds scale * q.k in fp32, [num_heads, q_len,
-// kv_len]; writes the softmax over the allowed keys in place (fp32 weights) and as 16-bit P.
-// A row with no allowed key gets 1 / kv_len everywhere (reference semantics).
+// kv_len]; modifies the scores (soft-cap, ALiBi), then writes the softmax over the allowed keys
+// in place (fp32 weights) and as 16-bit P. A row with no allowed key gets 1 / kv_len everywhere
+// (reference semantics).
 template <typename Element>
 __global__ void __launch_bounds__(kSoftmaxThreads)
     MaskedSoftmaxKernel(float* __restrict__ s, Element* __restrict__ prob, int q_len, int kv_len,
                         int key_length, bool causal, const uint8_t* __restrict__ mask,
-                        int64_t mask_head_stride, int64_t mask_row_stride,
-                        int64_t mask_col_stride) {
+                        int64_t mask_head_stride, int64_t mask_row_stride, int64_t mask_col_stride,
+                        SoftmaxMods mods) {
   __shared__ float scratch[kSoftmaxThreads / 32];
   // One 1-D grid (grid y is capped at 65535 and heads are not): row fastest, then head.
   const int i = static_cast<int>(blockIdx.x % q_len);
@@ -56,12 +64,19 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   const int64_t row_offset = (int64_t{h} * q_len + i) * kv_len;
   float* row = s + row_offset;
   Element* prow = prob + row_offset;
-  const int limit = KeyLimit(i, q_len, kv_len, key_length, causal);
+  const int limit = KeyLimit(i, q_len, kv_len, key_length, causal, mods.window);
+  const int start = KeyStart(i, q_len, kv_len, mods.window);
   const uint8_t* mrow =
       mask != nullptr ? mask + h * mask_head_stride + i * mask_row_stride : nullptr;
   auto allowed = [&](int j) {
-    return j < limit && (mrow == nullptr || mrow[j * mask_col_stride] != 0);
+    return j >= start && j < limit && (mrow == nullptr || mrow[j * mask_col_stride] != 0);
   };
+  if (mods.softcap != 0.0f || mods.alibi_slopes != nullptr) {
+    const float slope = mods.alibi_slopes != nullptr ? mods.alibi_slopes[h] : 0.0f;
+    for (int j = threadIdx.x; j < kv_len; j += kSoftmaxThreads) {
+      row[j] = ModifyScore(row[j], mods.softcap, slope, j, i + kv_len - q_len);
+    }
+  }
   float mx = NegativeInfinity();
   for (int j = threadIdx.x; j < kv_len; j += kSoftmaxThreads) {
     if (allowed(j)) mx = fmaxf(mx, row[j]);
@@ -145,14 +160,15 @@ GpuStatus NaiveAttentionForward(const FlashFwdParams& p, ComputeType type,
     const int64_t blocks = int64_t{q_len} * p.num_heads;
     if (blocks > kMaxGridX) return {"naive attention: more than 2^31 - 1 rows x heads"};
     const unsigned grid = static_cast<unsigned>(blocks);
+    const SoftmaxMods mods{p.window, p.softcap, p.alibi_slopes};
     if (type == ComputeType::kFloat16) {
       MaskedSoftmaxKernel<<<grid, kSoftmaxThreads, 0, stream>>>(
           scores, static_cast<__half*>(prob), q_len, kv_len, key_length, p.causal, mask,
-          p.mask_head_stride, p.mask_row_stride, p.mask_col_stride);
+          p.mask_head_stride, p.mask_row_stride, p.mask_col_stride, mods);
     } else {
       MaskedSoftmaxKernel<<<grid, kSoftmaxThreads, 0, stream>>>(
           scores, static_cast<__nv_bfloat16*>(prob), q_len, kv_len, key_length, p.causal, mask,
-          p.mask_head_stride, p.mask_row_stride, p.mask_col_stride);
+          p.mask_head_stride, p.mask_row_stride, p.mask_col_stride, mods);
     }
     ATTNSERVE_GPU_RETURN_IF_ERROR(
         CudaCheck(cudaGetLastError(), "naive attention: masked softmax launch"));

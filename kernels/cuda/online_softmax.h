@@ -47,35 +47,75 @@ ATTNSERVE_HD float Exp2(float x) {
 
 ATTNSERVE_HD float Max(float a, float b) { return a > b ? a : b; }
 
+// A sliding window (ScoreMods in attention_params.h): row i may attend keys
+// i' - left <= j <= i' + right, i' = i + kv_len - q_len; -1 leaves a side open.
+struct KeyWindow {
+  int left = -1;
+  int right = -1;
+};
+
 // The number of keys row i of a sequence may attend to before the mask is consulted: keys at
-// j >= KeyLimit are blocked by causality (bottom-right aligned, j <= i + kv_len - q_len) or by
-// the key length. Mirrors AttentionParams::key_limit; key_length = kv_len when none is given.
-ATTNSERVE_HD int KeyLimit(int i, int q_len, int kv_len, int key_length, bool causal) {
+// j >= KeyLimit are blocked by causality (bottom-right aligned, j <= i + kv_len - q_len), by
+// the key length or by the window's right side. Mirrors AttentionParams::key_limit;
+// key_length = kv_len when none is given.
+ATTNSERVE_HD int KeyLimit(int i, int q_len, int kv_len, int key_length, bool causal,
+                          KeyWindow window = {}) {
   int limit = kv_len < key_length ? kv_len : key_length;
   if (causal) {
     int causal_limit = i + kv_len - q_len + 1;
     if (causal_limit < 0) causal_limit = 0;
     if (causal_limit < limit) limit = causal_limit;
   }
+  if (window.right >= 0) {
+    int window_limit = i + kv_len - q_len + window.right + 1;
+    if (window_limit < 0) window_limit = 0;
+    if (window_limit < limit) limit = window_limit;
+  }
   return limit;
+}
+
+// The first key row i may attend to: keys at j < KeyStart are before its window (0 without
+// one). Mirrors AttentionParams::key_start.
+ATTNSERVE_HD int KeyStart(int i, int q_len, int kv_len, KeyWindow window) {
+  if (window.left < 0) return 0;
+  const int start = i + kv_len - q_len - window.left;
+  return start < 0 ? 0 : start > kv_len ? kv_len : start;
 }
 
 // The number of key blocks of kBlockN keys a block of query rows [row_begin, row_end) visits:
 // every block at or past it holds only keys blocked for every row (fully blocked tiles are
 // skipped). REQUIRES row_begin < row_end.
 ATTNSERVE_HD int NumKeyBlocks(int row_begin, int row_end, int q_len, int kv_len, int key_length,
-                              bool causal, int block_n) {
+                              bool causal, int block_n, KeyWindow window = {}) {
   // The last row has the largest limit (limits grow with i); row_begin documents the range.
   (void)row_begin;
-  const int limit = KeyLimit(row_end - 1, q_len, kv_len, key_length, causal);
+  const int limit = KeyLimit(row_end - 1, q_len, kv_len, key_length, causal, window);
   return (limit + block_n - 1) / block_n;
 }
 
+// The first key block the rows [row_begin, ...) visit: every block before it lies before every
+// row's window (starts grow with i, so the first row's start is the least).
+ATTNSERVE_HD int FirstKeyBlock(int row_begin, int q_len, int kv_len, int block_n,
+                               KeyWindow window) {
+  return KeyStart(row_begin, q_len, kv_len, window) / block_n;
+}
+
 // Whether every key of [col_begin, col_begin + block_n) is below the limit of every row in
-// [row_begin, row_end): such a tile needs no per-element limit check (only the mask, if any).
-ATTNSERVE_HD bool TileFullyAllowed(int row_begin, int col_begin, int block_n, int q_len, int kv_len,
-                                   int key_length, bool causal) {
-  return col_begin + block_n <= KeyLimit(row_begin, q_len, kv_len, key_length, causal);
+// [row_begin, row_end) and at or past every such row's window start: such a tile needs no
+// per-element limit check (only the mask, if any). REQUIRES row_begin < row_end.
+ATTNSERVE_HD bool TileFullyAllowed(int row_begin, int row_end, int col_begin, int block_n,
+                                   int q_len, int kv_len, int key_length, bool causal,
+                                   KeyWindow window = {}) {
+  return col_begin + block_n <= KeyLimit(row_begin, q_len, kv_len, key_length, causal, window) &&
+         col_begin >= KeyStart(row_end - 1, q_len, kv_len, window);
+}
+
+// The other modifications of ScoreMods on one score s = scale·q·k (linear units): soft-capped,
+// then lowered by ALiBi's slope · |j - i'| (slope 0: none), i' the row's aligned position.
+ATTNSERVE_HD float ModifyScore(float s, float softcap, float slope, int j, int aligned_i) {
+  if (softcap != 0.0f) s = softcap * tanhf(s / softcap);
+  const float distance = static_cast<float>(j > aligned_i ? j - aligned_i : aligned_i - j);
+  return s - slope * distance;
 }
 
 // One row's online-softmax state. max_log2 is the running max of the allowed scores (log2

@@ -27,9 +27,6 @@ struct Limits {
   int64_t max_module_bytes = int64_t{1} << 30;
   // Most requests of one AttentionStream queued or computing at once. Default: 256.
   int64_t max_stream_in_flight = 256;
-  // Whether the backend computes AttentionOptions.window, softcap and alibi
-  // (kernels::Backend::supports_score_mods); refused UNIMPLEMENTED when not. Set by the host.
-  bool score_mods = true;
 };
 
 // What gRPC is told to accept (ServerBuilder::SetMaxReceiveMessageSize): twice

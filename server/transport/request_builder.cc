@@ -253,11 +253,6 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
     }
     f.mods.alibi_slopes = job->alibi_slopes.data();
   }
-  if (f.mods.any() && !limits.score_mods) {
-    return absl::UnimplementedError(
-        "options.window, options.softcap and options.alibi are not implemented by this server's "
-        "backend yet (the cuda kernels lack them; --backend=cpu computes them)");
-  }
 
   if (options.return_weights()) {
     const int64_t n = b * h * lq * lk;  // each factor is bounded, so no overflow

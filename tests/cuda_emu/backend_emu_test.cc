@@ -61,6 +61,36 @@ TEST_P(BackendEmuTest, EveryPrefillPath) {
   Check(wide, "naive only (Dv 264)");
 }
 
+// Sliding windows, soft-capping and ALiBi (ScoreMods) on every path: the tensor-core kernel
+// with whole key blocks before the window skipped, the generic kernel, the decode path, the
+// plain path. The weights path is checked against float64 too, so a modification both paths
+// dropped would show.
+TEST_P(BackendEmuTest, ScoreModsOnEveryPath) {
+  std::mt19937 rng(7);
+  Problem tc = MakeProblem(rng, 1, 2, 1, 20, 150, 64, 64);
+  tc.causal = true;
+  tc.mods = {.window_left = 24, .window_right = 0, .softcap = 2.0f};
+  tc.slopes = {0.5f, 0.125f};
+  Check(tc, "tensor cores: causal window of 25, soft-cap, ALiBi");
+  Problem both = MakeProblem(rng, 1, 2, 2, 12, 40, 64, 64);
+  both.mods = {.window_left = 3, .window_right = 5};
+  both.mask.resize(size_t(12) * 40);
+  for (size_t i = 0; i < both.mask.size(); ++i) both.mask[i] = rng() % 4 != 0;
+  Check(both, "tensor cores: window on both sides with a mask");
+  Problem generic = MakeProblem(rng, 1, 2, 2, 6, 45, 40, 72);
+  generic.mods = {.window_left = 40, .window_right = -1, .softcap = 1.5f};
+  generic.slopes = {0.25f, 1.0f};
+  Check(generic, "generic: window, soft-cap, ALiBi");
+  Problem decode = MakeProblem(rng, 2, 4, 2, 1, 300, 64, 64);
+  decode.mods = {.window_left = 70, .window_right = -1, .softcap = 3.0f};
+  decode.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  Check(decode, "decode: window across splits, soft-cap, ALiBi");
+  Problem wide = MakeProblem(rng, 1, 2, 2, 3, 9, 32, 264);
+  wide.mods = {.window_left = 1, .window_right = 1, .softcap = 1.0f};
+  wide.slopes = {0.5f, 0.5f};
+  Check(wide, "naive only (Dv 264): window, soft-cap, ALiBi");
+}
+
 // Decode steps (q_len 1): GQA 4/2, key lengths with 0 (a fully blocked row).
 TEST_P(BackendEmuTest, DecodeSteps) {
   std::mt19937 rng(2);

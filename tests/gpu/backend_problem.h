@@ -30,6 +30,8 @@ struct Problem {
   std::vector<float> q, k, v, out, weights;
   std::vector<uint8_t> mask;  // [B, 1, Lq, Lk] broadcast over heads when non-empty
   std::vector<int32_t> key_lengths;
+  ScoreMods mods;             // alibi_slopes from `slopes` when that is non-empty
+  std::vector<float> slopes;  // [hq]
 
   AttentionParams Params(bool with_weights) {
     AttentionParams p;
@@ -53,6 +55,8 @@ struct Problem {
     p.causal = causal;
     p.key_lengths = key_lengths.empty() ? nullptr : key_lengths.data();
     p.scale = 1.0f / std::sqrt(static_cast<float>(d));
+    p.mods = mods;
+    p.mods.alibi_slopes = slopes.empty() ? nullptr : slopes.data();
     return p;
   }
 };

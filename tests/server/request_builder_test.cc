@@ -33,8 +33,7 @@ TEST(RequestBuilderTest, AttendJobDescribesTheRequest) {
 }
 
 // AttentionOptions.window, softcap and alibi reach the kernel parameters; the standard ALiBi
-// slopes are the paper's (BLOOM's for a head count that is not a power of two); a backend
-// without them refuses the request UNIMPLEMENTED, naming the options.
+// slopes are the paper's (BLOOM's for a head count that is not a power of two).
 TEST(RequestBuilderTest, ScoreModsReachTheKernelParameters) {
   auto request = [](int64_t heads) {
     v1::AttendRequest r;
@@ -61,15 +60,6 @@ TEST(RequestBuilderTest, ScoreModsReachTheKernelParameters) {
   ASSERT_TRUE(six.ok()) << six.status();
   EXPECT_EQ((*six)->alibi_slopes,
             (std::vector<float>{0.25f, 0.0625f, 1.0f / 64, 1.0f / 256, 0.5f, 0.125f}));
-  Limits without;
-  without.score_mods = false;
-  auto refused = BuildAttendJob(request(8), without);
-  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(refused.status().message().find("options.window, options.softcap and options.alibi"),
-            std::string::npos);
-  v1::AttendRequest plain = request(8);
-  plain.clear_options();
-  EXPECT_TRUE(BuildAttendJob(plain, without).ok());
 }
 
 TEST(RequestBuilderTest, SignatureSeparatesKernelChangingShapes) {

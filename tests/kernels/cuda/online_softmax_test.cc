@@ -44,25 +44,48 @@ TEST(OnlineSoftmaxTest, SkippedKeyBlocksHoldNoAllowedKey) {
     const int q_len = 1 + rng() % 300, kv_len = 1 + rng() % 300;
     const int key_length = rng() % 3 == 0 ? static_cast<int>(rng() % (kv_len + 1)) : kv_len;
     const bool causal = rng() % 2;
+    // A sliding window on a third of the trials (either side may stay open).
+    KeyWindow window;
+    if (rng() % 3 == 0) {
+      window.left = static_cast<int>(rng() % 90) - 1;
+      window.right = static_cast<int>(rng() % 90) - 1;
+    }
     const int block_m = 64, block_n = rng() % 2 ? 64 : 128;
     for (int m0 = 0; m0 < q_len; m0 += block_m) {
       const int m1 = std::min(m0 + block_m, q_len);
-      const int n_blocks = NumKeyBlocks(m0, m1, q_len, kv_len, key_length, causal, block_n);
+      const int n_blocks = NumKeyBlocks(m0, m1, q_len, kv_len, key_length, causal, block_n, window);
+      const int nb_first = FirstKeyBlock(m0, q_len, kv_len, block_n, window);
       ASSERT_GE(n_blocks, 0);
       for (int i = m0; i < m1; ++i) {
-        const int limit = KeyLimit(i, q_len, kv_len, key_length, causal);
+        const int limit = KeyLimit(i, q_len, kv_len, key_length, causal, window);
+        const int start = KeyStart(i, q_len, kv_len, window);
+        // AttentionParams says the same of each row.
+        AttentionParams p;
+        p.q_len = q_len;
+        p.kv_len = kv_len;
+        p.causal = causal;
+        p.mods.window_left = window.left;
+        p.mods.window_right = window.right;
+        EXPECT_EQ(std::min(limit, key_length), std::min(p.key_limit(0, i), key_length));
+        EXPECT_EQ(start, p.key_start(i));
         // Every allowed key is inside a visited block ...
-        EXPECT_LE(limit, n_blocks * block_n);
-        // ... and a tile declared fully allowed is below every row's limit.
+        if (start < limit) {
+          EXPECT_LE(limit, n_blocks * block_n);
+          EXPECT_GE(start, nb_first * block_n);
+        }
+        // ... and a tile declared fully allowed is inside every row's range.
         for (int nb = 0; nb < n_blocks; ++nb) {
-          if (TileFullyAllowed(m0, nb * block_n, block_n, q_len, kv_len, key_length, causal)) {
+          if (TileFullyAllowed(m0, m1, nb * block_n, block_n, q_len, kv_len, key_length, causal,
+                               window)) {
             EXPECT_LE(nb * block_n + block_n, limit);
+            EXPECT_GE(nb * block_n, start);
           }
         }
       }
       // The last visited block holds an allowed key for the block's last row.
       if (n_blocks > 0) {
-        EXPECT_GT(KeyLimit(m1 - 1, q_len, kv_len, key_length, causal), (n_blocks - 1) * block_n);
+        EXPECT_GT(KeyLimit(m1 - 1, q_len, kv_len, key_length, causal, window),
+                  (n_blocks - 1) * block_n);
       }
     }
   }
