@@ -95,6 +95,19 @@ struct ScoreMods {
   bool any() const { return windowed() || softcap != 0.0f || alibi_slopes != nullptr; }
 };
 
+// Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"), the other kind:
+//   out[b, h, i, :] = φ(q_i)ᵀ S_i / (φ(q_i) · z_i),  S_i = sum_j φ(k_j) v_jᵀ,  z_i = sum_j φ(k_j)
+// over the allowed keys j (causality bottom-right aligned and key lengths, as above; no mask,
+// window, soft-cap, ALiBi or scale), φ applied to each element. A row whose normaliser
+// φ(q_i) · z_i is exactly 0 (no allowed key, or φ(q_i) = 0, or features that cancel) is all
+// zeros. Its cost is O((Lq + Lk) · D · Dv): the sums are running state, never an Lq x Lk matrix.
+enum class AttentionKind { kSoftmax, kLinear };
+enum class FeatureMap {
+  kEluPlusOne,  // elu(x) + 1: x + 1 for x > 0, exp(x) otherwise (always > 0; the paper's)
+  kRelu,        // max(x, 0)
+  kIdentity,    // x (normalisers may be 0 or negative)
+};
+
 // A [batch, heads, rows, cols]-indexed strided view of input elements whose type is given
 // elsewhere (AttentionParams::input_dtype). Strides count elements; the last dimension is
 // contiguous.
@@ -161,6 +174,8 @@ struct AttentionParams {
   const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
   float scale = 1.0f;                    // multiplies q.k before masking
   ScoreMods mods;                        // window, soft-cap, ALiBi (above)
+  AttentionKind kind = AttentionKind::kSoftmax;
+  FeatureMap feature_map = FeatureMap::kEluPlusOne;  // kLinear only
 
   int group_size() const { return num_heads / num_kv_heads; }
 

@@ -55,6 +55,10 @@ class Backend {
   // How FLOAT32 requests are computed, one line for GetServerInfo.
   virtual std::string float32_precision() const { return "fp32: float32 arithmetic"; }
 
+  // Whether Attend and MultiHead compute AttentionKind::kLinear items (attention_params.h). A
+  // backend without must never be given one.
+  virtual bool supports_linear_attention() const { return true; }
+
   // Computes every item of `batch`, writing each item's out (and weights when non-null).
   // REQUIRES: every item is valid (the server validates requests before they get here);
   // kernels do not re-check what a request controls. Returns non-OK only for failures of the

@@ -70,6 +70,8 @@ AttentionParams HeadAttentionParams(const MultiHeadParams& p, const ProjectedQkv
   a.key_lengths = p.key_lengths;
   a.scale = p.scale;
   a.mods = p.mods;
+  a.kind = p.kind;
+  a.feature_map = p.feature_map;
   return a;
 }
 

@@ -84,6 +84,8 @@ struct MultiHeadParams {
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
   ScoreMods mods;  // alibi_slopes: [h]
+  AttentionKind kind = AttentionKind::kSoftmax;
+  FeatureMap feature_map = FeatureMap::kEluPlusOne;
 };
 
 // One projection with a module's weights (nn.Linear), as decode sessions bound to a module use

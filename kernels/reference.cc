@@ -15,9 +15,49 @@ namespace {
 // `p` gives the shape and options; q_row[D] is the query and k_row(j)/v_row(j) the key and value
 // rows of the row's kv head (float or double, so the multi-head path can keep its float64
 // projections). Writes dense out_row[Dv] and weight_row[Lk].
+// φ of linear attention (attention_params.h), in float64.
+double Feature(FeatureMap map, double x) {
+  switch (map) {
+    case FeatureMap::kEluPlusOne:
+      return x > 0 ? x + 1 : std::exp(x);
+    case FeatureMap::kRelu:
+      return x > 0 ? x : 0;
+    case FeatureMap::kIdentity:
+      return x;
+  }
+  return x;
+}
+
+// One row of linear attention by its definition: sum over the allowed keys of
+// (φ(q)·φ(k_j)) v_j over sum of φ(q)·φ(k_j); weights as those terms over the normaliser.
+template <typename T, typename KRow, typename VRow>
+void LinearAttendRow(const AttentionParams& p, int b, int i, const T* q_row, KRow k_row, VRow v_row,
+                     double* out_row, double* weight_row) {
+  const int limit = p.key_limit(b, i);
+  std::vector<double> fq(p.head_dim);
+  for (int d = 0; d < p.head_dim; ++d) fq[d] = Feature(p.feature_map, q_row[d]);
+  std::vector<double> w(p.kv_len, 0.0);
+  double norm = 0;
+  for (int j = 0; j < limit; ++j) {
+    const auto* k = k_row(j);
+    for (int d = 0; d < p.head_dim; ++d) w[j] += fq[d] * Feature(p.feature_map, k[d]);
+    norm += w[j];
+  }
+  std::fill(out_row, out_row + p.v_head_dim, 0.0);
+  for (int j = 0; j < p.kv_len; ++j) {
+    weight_row[j] = norm != 0 ? w[j] / norm : 0.0;
+    if (j >= limit || norm == 0) continue;
+    const auto* v = v_row(j);
+    for (int d = 0; d < p.v_head_dim; ++d) out_row[d] += weight_row[j] * v[d];
+  }
+}
+
 template <typename T, typename KRow, typename VRow>
 void AttendRow(const AttentionParams& p, int b, int h, int i, const T* q_row, KRow k_row,
                VRow v_row, double* out_row, double* weight_row) {
+  if (p.kind == AttentionKind::kLinear) {
+    return LinearAttendRow(p, b, i, q_row, k_row, v_row, out_row, weight_row);
+  }
   const int limit = p.key_limit(b, i);
   const int start = p.key_start(i);
   const ScoreMods& mods = p.mods;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/linear_attention.h"
 #include "kernels/cpu/projection.h"
 #include "kernels/cpu/scratch.h"
 
@@ -211,9 +212,10 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
   int64_t pack_bytes = 0;
   for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
     const AttentionParams& p = batch[item];
-    // ScoreMods (windows, soft-capping, ALiBi) are in the float32 kernel only, for now.
+    // ScoreMods (windows, soft-capping, ALiBi) are in the float32 kernel only, for now; linear
+    // attention has its own (linear_attention.h).
     if (p.weights != nullptr || p.head_dim > kMaxBf16HeadDim || p.v_head_dim > kMaxBf16HeadDim ||
-        !ComputesInBf16(p.input_dtype) || p.mods.any()) {
+        !ComputesInBf16(p.input_dtype) || p.mods.any() || p.kind == AttentionKind::kLinear) {
       continue;
     }
     pack_offset[item] = pack_bytes;
@@ -229,6 +231,13 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
   std::vector<AttentionTask> tasks;
   for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
     const AttentionParams& p = batch[item];
+    if (p.kind == AttentionKind::kLinear) {  // one task per (b, h): i0 = -1 marks them
+      for (int b = 0; b < p.batch; ++b) {
+        for (int h = 0; h < p.num_heads; ++h)
+          tasks.push_back(AttentionTask{item, b, h, -1, nullptr});
+      }
+      continue;
+    }
     const bool bf16 = pack_offset[item] >= 0;
     const int blocks = (p.q_len + kQueryBlock - 1) / kQueryBlock;
     for (int b = 0; b < p.batch; ++b) {
@@ -257,7 +266,9 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
   pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
     const AttentionTask& task = tasks[t];
     const AttentionParams& p = batch[task.item];
-    if (task.packed != nullptr) {
+    if (task.i0 < 0) {
+      LinearAttentionHead(p, task.b, task.h);
+    } else if (task.packed != nullptr) {
       ScratchBuffer scratch(ScratchUse::kTask,
                             bf16_kernel_->scratch_bytes(p.head_dim, p.v_head_dim));
       bf16_kernel_->run(p, task.b, task.h, task.i0, task.packed, scratch.data());

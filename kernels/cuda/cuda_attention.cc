@@ -77,6 +77,13 @@ std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const Atte
 }
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
+  for (const AttentionParams& p : batch) {
+    // supports_linear_attention() is false: the server refuses such requests; never compute
+    // softmax attention in their place.
+    if (p.kind != AttentionKind::kSoftmax) {
+      return absl::UnimplementedError("cuda backend: no linear attention kernel yet");
+    }
+  }
   return ByOperandType(batch, options_.float32_compute,
                        [this](auto items, ComputeType type) { return AttendAs(items, type); });
 }

@@ -114,6 +114,8 @@ class CudaBackend final : public Backend {
 
   // See Backend.
   std::string name() const override { return "cuda"; }
+  // Not yet: no linear-attention kernel (issue 32).
+  bool supports_linear_attention() const override { return false; }
   std::vector<DeviceInfo> devices() const override;
   // pool_bytes: the workers' buffers plus the session pages (CudaMemoryFigures).
   std::vector<DeviceMemory> device_memory() const override;

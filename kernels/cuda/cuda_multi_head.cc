@@ -27,6 +27,11 @@
 namespace attnserve::kernels::cuda {
 
 absl::Status CudaBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
+  for (const MultiHeadParams& p : batch) {
+    if (p.kind != AttentionKind::kSoftmax) {  // as in Attend
+      return absl::UnimplementedError("cuda backend: no linear attention kernel yet");
+    }
+  }
   return ByOperandType(batch, options_.float32_compute,
                        [this](auto items, ComputeType type) { return MultiHeadAs(items, type); });
 }

@@ -27,6 +27,10 @@ struct Limits {
   int64_t max_module_bytes = int64_t{1} << 30;
   // Most requests of one AttentionStream queued or computing at once. Default: 256.
   int64_t max_stream_in_flight = 256;
+  // Whether the backend computes AttentionOptions.kind LINEAR
+  // (kernels::Backend::supports_linear_attention); refused UNIMPLEMENTED when not. Set by the
+  // host from its backend.
+  bool linear_attention = true;
 };
 
 // What gRPC is told to accept (ServerBuilder::SetMaxReceiveMessageSize): twice

@@ -146,7 +146,63 @@ struct OptionFields {
   const int32_t* key_lengths = nullptr;
   float scale = 1.0f;
   kernels::ScoreMods mods;
+  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
+  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
 };
+
+// AttentionOptions.kind LINEAR and what it does not take (attention.proto).
+absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits, OptionFields* f) {
+  const std::string kind = v1::AttentionKind_Name(options.kind());
+  if (options.kind() == v1::ATTENTION_KIND_SOFTMAX) {
+    if (options.feature_map() != v1::FEATURE_MAP_ELU_PLUS_ONE) {
+      return Invalid(
+          absl::StrCat("options.feature_map applies to kind ATTENTION_KIND_LINEAR only; "
+                       "was ",
+                       v1::FeatureMap_Name(options.feature_map()), " with ", kind));
+    }
+    return absl::OkStatus();
+  }
+  if (options.kind() != v1::ATTENTION_KIND_LINEAR) {
+    return Invalid(
+        absl::StrCat("options.kind must be ATTENTION_KIND_SOFTMAX or "
+                     "ATTENTION_KIND_LINEAR; was ",
+                     static_cast<int>(options.kind())));
+  }
+  const std::pair<bool, const char*> not_linear[] = {
+      {options.has_mask(), "mask"},        {options.has_window(), "window"},
+      {options.softcap() != 0, "softcap"}, {options.has_alibi(), "alibi"},
+      {options.has_scale(), "scale"},      {options.return_weights(), "return_weights"}};
+  for (const auto& [set, name] : not_linear) {
+    if (set) {
+      return Invalid(absl::StrCat("options.", name, " does not apply to kind ", kind,
+                                  " (linear attention has no softmax over scores)"));
+    }
+  }
+  switch (options.feature_map()) {
+    case v1::FEATURE_MAP_ELU_PLUS_ONE:
+      f->feature_map = kernels::FeatureMap::kEluPlusOne;
+      break;
+    case v1::FEATURE_MAP_RELU:
+      f->feature_map = kernels::FeatureMap::kRelu;
+      break;
+    case v1::FEATURE_MAP_IDENTITY:
+      f->feature_map = kernels::FeatureMap::kIdentity;
+      break;
+    default:
+      return Invalid(
+          absl::StrCat("options.feature_map must be one of FEATURE_MAP_ELU_PLUS_ONE, "
+                       "FEATURE_MAP_RELU, FEATURE_MAP_IDENTITY; was ",
+                       static_cast<int>(options.feature_map())));
+  }
+  if (!limits.linear_attention) {
+    return absl::UnimplementedError(
+        absl::StrCat("options.kind ", kind,
+                     " is not implemented by this server's backend yet (the cuda backend lacks it; "
+                     "--backend=cpu computes it)"));
+  }
+  f->kind = kernels::AttentionKind::kLinear;
+  return absl::OkStatus();
+}
 
 // The standard ALiBi slopes for `heads` heads (attention.proto, Alibi.standard), as BLOOM
 // computes them: 2^(-8h/n) for h = 1..n with n the largest power of two <= heads, then every
@@ -167,6 +223,7 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
                                           const Limits& limits, Job* job) {
   OptionFields f;
   f.causal = options.causal();
+  if (absl::Status s = BuildKind(options, limits, &f); !s.ok()) return s;
 
   if (options.has_mask()) {
     const v1::Tensor& m = options.mask();
@@ -278,6 +335,8 @@ void FillShared(const OptionFields& opts, Job* job, Params* p) {
   p->key_lengths = opts.key_lengths;
   p->scale = opts.scale;
   p->mods = opts.mods;
+  p->kind = opts.kind;
+  p->feature_map = opts.feature_map;
   // The inputs are views of the request's bytes, in the dtype they came in.
   p->input_dtype = job->dtype;
 }

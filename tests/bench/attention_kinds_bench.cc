@@ -1,9 +1,10 @@
-// The cost of a sliding window against full causal attention over the sequence length, on the
-// CPU backend (issue 32; figures in tests/bench/KINDS.md). Self-attention of one sequence,
-// float32, Hq = Hkv = heads, D = Dv = 64: for each L, full causal attention (up to
-// --max_full_len) and causal attention in a window of --window keys (left = window - 1,
-// right = 0), the best of --reps calls each, alternating, both in one process. Prints one line
-// per L: both times, their ratio, and the time per query row (what a window keeps flat).
+// The cost of a sliding window and of linear attention against full causal attention over the
+// sequence length, on the CPU backend (issue 32; figures in tests/bench/KINDS.md).
+// Self-attention of one sequence, float32, Hq = Hkv = heads, D = Dv = 64: for each L, full
+// causal attention (up to --max_full_len), causal attention in a window of --window keys
+// (left = window - 1, right = 0) and causal linear attention (elu + 1), the best of --reps calls
+// each, alternating, all in one process. Prints one line per L: the times, full / window, and
+// the times per query row (what a window and linear attention keep flat).
 //
 //   build/tests/bench/attention_kinds_bench [--threads=2] [--heads=1] [--window=4096]
 //       [--min_len=1024] [--max_len=262144] [--max_full_len=65536] [--reps=3]
@@ -66,9 +67,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("# %s, %d threads, kernel %s; heads %d, D 64, float32, causal; window %d keys\n",
-              CpuModel().c_str(), threads, attnserve::kernels::cpu::IsaName((*backend)->isa()), heads, window);
-  std::printf("%8s %12s %12s %8s %14s %14s\n", "L", "full_ms", "window_ms", "ratio",
-              "full_us/row", "window_us/row");
+              CpuModel().c_str(), threads, attnserve::kernels::cpu::IsaName((*backend)->isa()),
+              heads, window);
+  std::printf("%8s %12s %12s %12s %8s %14s %14s %14s\n", "L", "full_ms", "window_ms", "linear_ms",
+              "ratio", "full_us/row", "window_us/row", "linear_us/row");
   std::mt19937 rng(1);
   std::normal_distribution<float> normal;
   for (int64_t len = min_len; len <= max_len; len *= 2) {
@@ -92,26 +94,29 @@ int main(int argc, char** argv) {
     AttentionParams windowed = p;
     windowed.mods.window_left = window - 1;
     windowed.mods.window_right = 0;
+    AttentionParams linear = p;
+    linear.kind = attnserve::kernels::AttentionKind::kLinear;
     const bool full = len <= max_full_len;
-    double best_full = 1e30, best_window = 1e30;
+    double best[3] = {1e30, 1e30, 1e30};  // full, window, linear
+    const AttentionParams* ways[3] = {&p, &windowed, &linear};
     for (int r = 0; r < reps; ++r) {
-      for (const bool is_window : {false, true}) {
-        if (!is_window && !full) continue;
+      for (int way = 0; way < 3; ++way) {
+        if (way == 0 && !full) continue;
         const auto t0 = std::chrono::steady_clock::now();
-        if (!(*backend)->Attend({is_window ? windowed : p}).ok()) return 1;
+        if (!(*backend)->Attend({*ways[way]}).ok()) return 1;
         const double ms =
             std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
                 .count();
-        double& best = is_window ? best_window : best_full;
-        best = std::min(best, ms);
+        best[way] = std::min(best[way], ms);
       }
     }
     if (full) {
-      std::printf("%8d %12.2f %12.2f %8.2f %14.3f %14.3f\n", l, best_full, best_window,
-                  best_full / best_window, 1e3 * best_full / l, 1e3 * best_window / l);
+      std::printf("%8d %12.2f %12.2f %12.2f %8.2f %14.3f %14.3f %14.3f\n", l, best[0], best[1],
+                  best[2], best[0] / best[1], 1e3 * best[0] / l, 1e3 * best[1] / l,
+                  1e3 * best[2] / l);
     } else {
-      std::printf("%8d %12s %12.2f %8s %14s %14.3f\n", l, "-", best_window, "-", "-",
-                  1e3 * best_window / l);
+      std::printf("%8d %12s %12.2f %12.2f %8s %14s %14.3f %14.3f\n", l, "-", best[1], best[2], "-",
+                  "-", 1e3 * best[1] / l, 1e3 * best[2] / l);
     }
     std::fflush(stdout);
   }

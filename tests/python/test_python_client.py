@@ -145,6 +145,26 @@ class PythonClientTest(unittest.TestCase):
         self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
         self.assertIn("options.alibi.slopes must hold H (4) entries; had 1", e.exception.details())
 
+    def test_linear_attention(self):
+        # Katharopoulos et al.'s form in float64 NumPy: φ(q)ᵀ S / φ(q)·z over the causal keys.
+        rng = np.random.default_rng(6)
+        q = rng.standard_normal((1, 2, 30, 8), dtype=np.float32)
+        k = rng.standard_normal((1, 2, 30, 8), dtype=np.float32)
+        v = rng.standard_normal((1, 2, 30, 4), dtype=np.float32)
+
+        def phi(x):
+            x = x.astype(np.float64)
+            return np.where(x > 0, x + 1, np.exp(x))
+        w = np.einsum("bhid,bhjd->bhij", phi(q), phi(k)) * np.tril(np.ones((30, 30)))
+        want = np.einsum("bhij,bhjd->bhid", w / w.sum(-1, keepdims=True), v)
+        r = self.client.attend(q, k, v, causal=True, kind="linear")
+        np.testing.assert_allclose(r.output, want, atol=2e-5)
+        with self.assertRaises(grpc.RpcError) as e:
+            self.client.attend(q, k, v, kind="linear", return_weights=True)
+        self.assertEqual(e.exception.code(), grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("options.return_weights does not apply to kind ATTENTION_KIND_LINEAR",
+                      e.exception.details())
+
     def test_float16_and_bfloat16(self):
         rng = np.random.default_rng(2)
         q = rng.standard_normal((1, 2, 4, 8)).astype(np.float16)

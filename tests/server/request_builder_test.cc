@@ -62,6 +62,30 @@ TEST(RequestBuilderTest, ScoreModsReachTheKernelParameters) {
             (std::vector<float>{0.25f, 0.0625f, 1.0f / 64, 1.0f / 256, 0.5f, 0.125f}));
 }
 
+// Linear attention reaches the kernel parameters; a backend without it refuses it
+// UNIMPLEMENTED, naming the option (the CUDA backend, for now).
+TEST(RequestBuilderTest, LinearAttentionReachesTheKernelOrIsRefused) {
+  v1::AttendRequest r;
+  *r.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {1, 2, 3, 8}, std::vector<float>(48, 1));
+  *r.mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {1, 2, 3, 8}, std::vector<float>(48, 1));
+  *r.mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {1, 2, 3, 8}, std::vector<float>(48, 1));
+  r.mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);
+  r.mutable_options()->set_feature_map(v1::FEATURE_MAP_IDENTITY);
+  auto job = BuildAttendJob(r, Limits());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ((*job)->attend.kind, kernels::AttentionKind::kLinear);
+  EXPECT_EQ((*job)->attend.feature_map, kernels::FeatureMap::kIdentity);
+  Limits without;
+  without.linear_attention = false;
+  auto refused = BuildAttendJob(r, without);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(refused.status().message().find("options.kind ATTENTION_KIND_LINEAR"),
+            std::string::npos);
+  r.mutable_options()->set_kind(v1::ATTENTION_KIND_SOFTMAX);
+  r.mutable_options()->clear_feature_map();
+  EXPECT_TRUE(BuildAttendJob(r, without).ok());
+}
+
 TEST(RequestBuilderTest, SignatureSeparatesKernelChangingShapes) {
   auto make = [](int64_t d, v1::Dtype dtype) {
     v1::AttendRequest r;

@@ -354,6 +354,36 @@ TEST_F(ServiceTest, MalformedAttendRequestsGetClearErrors) {
       {"alibi slope count",
        [](auto* r) { r->mutable_options()->mutable_alibi()->add_slopes(0.5f); },
        StatusCode::kInvalidArgument, "options.alibi.slopes must hold H (4) entries; had 1"},
+      {"linear with a mask",
+       [](auto* r) {
+         r->mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);
+         *r->mutable_options()->mutable_mask() = MakeMask({5}, {1, 1, 1, 1, 1});
+       },
+       StatusCode::kInvalidArgument,
+       "options.mask does not apply to kind ATTENTION_KIND_LINEAR (linear attention has no "
+       "softmax over scores)"},
+      {"linear with weights",
+       [](auto* r) {
+         r->mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);
+         r->mutable_options()->set_return_weights(true);
+       },
+       StatusCode::kInvalidArgument,
+       "options.return_weights does not apply to kind ATTENTION_KIND_LINEAR"},
+      {"feature map with softmax",
+       [](auto* r) { r->mutable_options()->set_feature_map(v1::FEATURE_MAP_RELU); },
+       StatusCode::kInvalidArgument,
+       "options.feature_map applies to kind ATTENTION_KIND_LINEAR only; was FEATURE_MAP_RELU with "
+       "ATTENTION_KIND_SOFTMAX"},
+      {"unknown kind",
+       [](auto* r) { r->mutable_options()->set_kind(static_cast<v1::AttentionKind>(7)); },
+       StatusCode::kInvalidArgument,
+       "options.kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR; was 7"},
+      {"unknown feature map",
+       [](auto* r) {
+         r->mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);
+         r->mutable_options()->set_feature_map(static_cast<v1::FeatureMap>(9));
+       },
+       StatusCode::kInvalidArgument, "options.feature_map must be one of"},
       {"alibi slope NaN",
        [](auto* r) {
          for (const float x : {0.5f, 0.25f, std::nanf(""), 0.1f}) {

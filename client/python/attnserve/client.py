@@ -128,9 +128,20 @@ def _metadata(token, secure):
     return (("authorization", f"Bearer {token}"),) if token and not secure else None
 
 
+_KINDS = {"softmax": pb.ATTENTION_KIND_SOFTMAX, "linear": pb.ATTENTION_KIND_LINEAR}
+_FEATURE_MAPS = {"elu_plus_one": pb.FEATURE_MAP_ELU_PLUS_ONE, "relu": pb.FEATURE_MAP_RELU,
+                 "identity": pb.FEATURE_MAP_IDENTITY}
+
+
 def _options(causal, mask, key_lengths, scale, return_weights, window=None, softcap=0.0,
-             alibi=None) -> pb.AttentionOptions:
-    o = pb.AttentionOptions(causal=causal, return_weights=return_weights, softcap=float(softcap))
+             alibi=None, kind="softmax", feature_map=None) -> pb.AttentionOptions:
+    if kind not in _KINDS:
+        raise ValueError(f"kind must be one of {sorted(_KINDS)}; was {kind!r}")
+    if feature_map is not None and feature_map not in _FEATURE_MAPS:
+        raise ValueError(f"feature_map must be one of {sorted(_FEATURE_MAPS)}; was {feature_map!r}")
+    o = pb.AttentionOptions(causal=causal, return_weights=return_weights, softcap=float(softcap),
+                            kind=_KINDS[kind],
+                            feature_map=_FEATURE_MAPS[feature_map or "elu_plus_one"])
     if mask is not None:
         o.mask.CopyFrom(to_tensor(mask, "bool"))
     if key_lengths is not None:
@@ -153,7 +164,8 @@ def attend_request(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = F
                    key_lengths: Optional[Sequence[int]] = None, scale: Optional[float] = None,
                    return_weights: bool = False, dtype: Optional[str] = None,
                    window: Optional[Tuple[int, int]] = None, softcap: float = 0.0,
-                   alibi: Union[None, str, Sequence[float]] = None) -> pb.AttendRequest:
+                   alibi: Union[None, str, Sequence[float]] = None, kind: str = "softmax",
+                   feature_map: Optional[str] = None) -> pb.AttendRequest:
     """A pb.AttendRequest: attention on caller-projected tensors.
 
     q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (grouped-query when Hkv < Hq);
@@ -163,13 +175,14 @@ def attend_request(q: ArrayLike, k: ArrayLike, v: ArrayLike, *, causal: bool = F
     dtype: "float32", "float16" or "bfloat16" (default: q's own, float32 for other dtypes);
     k and v are sent in q's dtype. window: (left, right) sliding window (-1: that side open);
     softcap: logit soft-cap (0: none); alibi: "standard" or one slope per query head
-    (attention.proto, AttentionOptions, says how they combine).
+    (attention.proto, AttentionOptions, says how they combine). kind: "softmax" or "linear"
+    (linear attention; feature_map "elu_plus_one" by default, "relu" or "identity").
     """
     query = to_tensor(q, dtype)
     return pb.AttendRequest(query=query, key=to_tensor(k, query.dtype),
                             value=to_tensor(v, query.dtype),
                             options=_options(causal, mask, key_lengths, scale, return_weights,
-                                             window, softcap, alibi))
+                                             window, softcap, alibi, kind, feature_map))
 
 
 def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] = None,
@@ -179,8 +192,8 @@ def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] =
                        scale: Optional[float] = None, return_weights: bool = False,
                        dtype: Optional[str] = None, window: Optional[Tuple[int, int]] = None,
                        softcap: float = 0.0,
-                       alibi: Union[None, str, Sequence[float]] = None
-                       ) -> pb.MultiHeadAttentionRequest:
+                       alibi: Union[None, str, Sequence[float]] = None, kind: str = "softmax",
+                       feature_map: Optional[str] = None) -> pb.MultiHeadAttentionRequest:
     """A pb.MultiHeadAttentionRequest: the registered module `module` on query
     [B, Lq, d_model] and key/value [B, Lk, d_model] (both, or neither for self-attention).
     The options are attend_request's."""
@@ -189,7 +202,8 @@ def multi_head_request(module: str, query: ArrayLike, key: Optional[ArrayLike] =
     q = to_tensor(query, dtype)
     r = pb.MultiHeadAttentionRequest(module=module, query=q,
                                      options=_options(causal, mask, key_lengths, scale,
-                                                      return_weights, window, softcap, alibi))
+                                                      return_weights, window, softcap, alibi,
+                                                      kind, feature_map))
     if key is not None:
         r.key.CopyFrom(to_tensor(key, q.dtype))
         r.value.CopyFrom(to_tensor(value, q.dtype))
@@ -375,7 +389,7 @@ class Client(_Base):
                timeout: Optional[float] = None, **options: Any) -> Result:
         """Attention on projected tensors q [B, Hq, Lq, D], k [B, Hkv, Lk, D],
         v [B, Hkv, Lk, Dv]. options: causal, mask, key_lengths, scale, return_weights, dtype,
-        window, softcap, alibi (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
+        window, softcap, alibi, kind, feature_map (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
         response = self._throttled(self.stub.Attend, attend_request(q, k, v, **options), timeout)
         return _result(response, self.torch_out)
 

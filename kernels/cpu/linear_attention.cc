@@ -1,0 +1,68 @@
+#include "kernels/cpu/linear_attention.h"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/dtype.h"
+
+namespace attnserve::kernels::cpu {
+namespace {
+
+// n elements of a row of `type` at `src`, widened to float32, then φ applied.
+void Features(FeatureMap map, DType type, const void* src, int n, float* dst) {
+  ToFloat32(type, src, static_cast<size_t>(n), dst);
+  switch (map) {
+    case FeatureMap::kEluPlusOne:
+      for (int d = 0; d < n; ++d) dst[d] = dst[d] > 0 ? dst[d] + 1.0f : std::exp(dst[d]);
+      break;
+    case FeatureMap::kRelu:
+      for (int d = 0; d < n; ++d) dst[d] = dst[d] > 0 ? dst[d] : 0.0f;
+      break;
+    case FeatureMap::kIdentity:
+      break;
+  }
+}
+
+const void* Row(const AttentionParams& p, const InputView& view, int b, int h, int i) {
+  return static_cast<const char*>(view.data) + view.offset(b, h, i) * DTypeSize(p.input_dtype);
+}
+
+}  // namespace
+
+void LinearAttentionHead(const AttentionParams& p, int b, int h) {
+  const int dk = p.head_dim, dv = p.v_head_dim;
+  const int kvh = h / p.group_size();
+  std::vector<float> state(static_cast<size_t>(dk) * dv, 0.0f), z(dk, 0.0f);
+  std::vector<float> feature(dk), value(dv), acc(dv);
+  int added = 0;  // keys [0, added) are in the state
+  for (int i = 0; i < p.q_len; ++i) {
+    // Limits never fall as i grows (causality bottom-right aligned; key lengths fixed).
+    const int limit = p.key_limit(b, i);
+    for (; added < limit; ++added) {
+      Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, added), dk, feature.data());
+      ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, added), static_cast<size_t>(dv), value.data());
+      for (int d = 0; d < dk; ++d) {
+        const float f = feature[d];
+        z[d] += f;
+        float* s = state.data() + static_cast<int64_t>(d) * dv;
+        for (int c = 0; c < dv; ++c) s[c] += f * value[c];
+      }
+    }
+    Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, feature.data());
+    float norm = 0.0f;
+    for (int d = 0; d < dk; ++d) norm += feature[d] * z[d];
+    for (int c = 0; c < dv; ++c) acc[c] = 0.0f;
+    for (int d = 0; d < dk; ++d) {
+      const float f = feature[d];
+      const float* s = state.data() + static_cast<int64_t>(d) * dv;
+      for (int c = 0; c < dv; ++c) acc[c] += f * s[c];
+    }
+    float* out = p.out.row(b, h, i);
+    // A zero normaliser (no allowed key, φ(q) = 0, or features that cancel): zeros, as defined.
+    const float inv = norm != 0.0f ? 1.0f / norm : 0.0f;
+    for (int c = 0; c < dv; ++c) out[c] = acc[c] * inv;
+  }
+}
+
+}  // namespace attnserve::kernels::cpu
