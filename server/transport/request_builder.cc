@@ -152,22 +152,25 @@ struct OptionFields {
 
 // AttentionOptions.kind LINEAR and what it does not take (attention.proto).
 absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits, OptionFields* f) {
-  const std::string kind = v1::AttentionKind_Name(options.kind());
-  if (options.kind() == v1::ATTENTION_KIND_SOFTMAX) {
-    if (options.feature_map() != v1::FEATURE_MAP_ELU_PLUS_ONE) {
+  if (options.kind() == v1::ATTENTION_KIND_UNSPECIFIED ||
+      options.kind() == v1::ATTENTION_KIND_SOFTMAX) {
+    if (options.feature_map() != v1::FEATURE_MAP_UNSPECIFIED) {
       return Invalid(
-          absl::StrCat("options.feature_map applies to kind ATTENTION_KIND_LINEAR only; "
-                       "was ",
-                       v1::FeatureMap_Name(options.feature_map()), " with ", kind));
+          absl::StrCat("options.feature_map applies to kind ATTENTION_KIND_LINEAR only; was ",
+                       v1::FeatureMap_Name(options.feature_map()).empty()
+                           ? absl::StrCat(static_cast<int>(options.feature_map()))
+                           : v1::FeatureMap_Name(options.feature_map()),
+                       " with softmax attention"));
     }
     return absl::OkStatus();
   }
   if (options.kind() != v1::ATTENTION_KIND_LINEAR) {
     return Invalid(
         absl::StrCat("options.kind must be ATTENTION_KIND_SOFTMAX or "
-                     "ATTENTION_KIND_LINEAR; was ",
+                     "ATTENTION_KIND_LINEAR (or unset); was ",
                      static_cast<int>(options.kind())));
   }
+  const std::string kind = v1::AttentionKind_Name(options.kind());
   const std::pair<bool, const char*> not_linear[] = {
       {options.has_mask(), "mask"},        {options.has_window(), "window"},
       {options.softcap() != 0, "softcap"}, {options.has_alibi(), "alibi"},
@@ -179,6 +182,7 @@ absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits
     }
   }
   switch (options.feature_map()) {
+    case v1::FEATURE_MAP_UNSPECIFIED:
     case v1::FEATURE_MAP_ELU_PLUS_ONE:
       f->feature_map = kernels::FeatureMap::kEluPlusOne;
       break;

@@ -84,6 +84,8 @@ TEST(RequestBuilderTest, LinearAttentionReachesTheKernelOrIsRefused) {
   r.mutable_options()->set_kind(v1::ATTENTION_KIND_SOFTMAX);
   r.mutable_options()->clear_feature_map();
   EXPECT_TRUE(BuildAttendJob(r, without).ok());
+  r.mutable_options()->clear_kind();  // unset: softmax
+  EXPECT_TRUE(BuildAttendJob(r, without).ok());
 }
 
 TEST(RequestBuilderTest, SignatureSeparatesKernelChangingShapes) {

@@ -373,11 +373,11 @@ TEST_F(ServiceTest, MalformedAttendRequestsGetClearErrors) {
        [](auto* r) { r->mutable_options()->set_feature_map(v1::FEATURE_MAP_RELU); },
        StatusCode::kInvalidArgument,
        "options.feature_map applies to kind ATTENTION_KIND_LINEAR only; was FEATURE_MAP_RELU with "
-       "ATTENTION_KIND_SOFTMAX"},
+       "softmax attention"},
       {"unknown kind",
        [](auto* r) { r->mutable_options()->set_kind(static_cast<v1::AttentionKind>(7)); },
        StatusCode::kInvalidArgument,
-       "options.kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR; was 7"},
+       "options.kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR (or unset); was 7"},
       {"unknown feature map",
        [](auto* r) {
          r->mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);

@@ -128,20 +128,22 @@ def _metadata(token, secure):
     return (("authorization", f"Bearer {token}"),) if token and not secure else None
 
 
-_KINDS = {"softmax": pb.ATTENTION_KIND_SOFTMAX, "linear": pb.ATTENTION_KIND_LINEAR}
-_FEATURE_MAPS = {"elu_plus_one": pb.FEATURE_MAP_ELU_PLUS_ONE, "relu": pb.FEATURE_MAP_RELU,
-                 "identity": pb.FEATURE_MAP_IDENTITY}
+# "softmax" and an unset feature map go as the protos' unset values (nothing on the wire).
+_KINDS = {"softmax": pb.ATTENTION_KIND_UNSPECIFIED, "linear": pb.ATTENTION_KIND_LINEAR}
+_FEATURE_MAPS = {None: pb.FEATURE_MAP_UNSPECIFIED, "elu_plus_one": pb.FEATURE_MAP_ELU_PLUS_ONE,
+                 "relu": pb.FEATURE_MAP_RELU, "identity": pb.FEATURE_MAP_IDENTITY}
 
 
 def _options(causal, mask, key_lengths, scale, return_weights, window=None, softcap=0.0,
              alibi=None, kind="softmax", feature_map=None) -> pb.AttentionOptions:
     if kind not in _KINDS:
         raise ValueError(f"kind must be one of {sorted(_KINDS)}; was {kind!r}")
-    if feature_map is not None and feature_map not in _FEATURE_MAPS:
-        raise ValueError(f"feature_map must be one of {sorted(_FEATURE_MAPS)}; was {feature_map!r}")
+    if feature_map not in _FEATURE_MAPS:
+        names = sorted(k for k in _FEATURE_MAPS if k)
+        raise ValueError(f"feature_map must be one of {names}; was {feature_map!r}")
     o = pb.AttentionOptions(causal=causal, return_weights=return_weights, softcap=float(softcap),
                             kind=_KINDS[kind],
-                            feature_map=_FEATURE_MAPS[feature_map or "elu_plus_one"])
+                            feature_map=_FEATURE_MAPS[feature_map])
     if mask is not None:
         o.mask.CopyFrom(to_tensor(mask, "bool"))
     if key_lengths is not None:
