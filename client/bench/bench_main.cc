@@ -74,6 +74,12 @@ ABSL_FLAG(int, pool, 32, "prepared requests drawn from a --seq_len distribution"
 ABSL_FLAG(int, kv_heads, 0, "attend: key/value heads (default H)");
 ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
 ABSL_FLAG(bool, causal, false, "causal masking");
+ABSL_FLAG(std::string, kind, "softmax",
+          "softmax or linear (attention.proto, AttentionOptions.kind)");
+ABSL_FLAG(std::string, window, "",
+          "sliding window as LEFT,RIGHT (-1: that side open); empty: none");
+ABSL_FLAG(double, softcap, 0, "logit soft-cap (0: none)");
+ABSL_FLAG(bool, alibi, false, "ALiBi with the standard slopes");
 ABSL_FLAG(std::string, module, "demo", "mha: module name");
 ABSL_FLAG(int64_t, timeout_ms, 60000, "deadline of each unary call");
 ABSL_FLAG(int64_t, max_in_flight, 100000, "open loop: most requests outstanding");
@@ -285,6 +291,22 @@ int main(int argc, char** argv) {
   work.pool_size = absl::GetFlag(FLAGS_pool);
   work.kv_heads = absl::GetFlag(FLAGS_kv_heads);
   work.causal = absl::GetFlag(FLAGS_causal);
+  const std::string kind = absl::GetFlag(FLAGS_kind);
+  if (kind != "softmax" && kind != "linear") {
+    return Usage("--kind must be softmax or linear; was " + kind);
+  }
+  work.kind = kind == "linear" ? attnserve::v1::ATTENTION_KIND_LINEAR
+                               : attnserve::v1::ATTENTION_KIND_UNSPECIFIED;
+  const std::string window = absl::GetFlag(FLAGS_window);
+  if (!window.empty()) {
+    const std::vector<std::string> sides = absl::StrSplit(window, ',');
+    if (sides.size() != 2 || !absl::SimpleAtoi(sides[0], &work.window_left) ||
+        !absl::SimpleAtoi(sides[1], &work.window_right)) {
+      return Usage("--window must be LEFT,RIGHT (integers, -1: open); was " + window);
+    }
+  }
+  work.softcap = static_cast<float>(absl::GetFlag(FLAGS_softcap));
+  work.alibi = absl::GetFlag(FLAGS_alibi);
   work.module = absl::GetFlag(FLAGS_module);
   work.seed = load.seed;
 
@@ -378,6 +400,10 @@ int main(int argc, char** argv) {
                    {"seq_len", absl::GetFlag(FLAGS_seq_len)},
                    {"dtype", dtype},
                    {"causal", work.causal},
+                   {"kind", kind},
+                   {"window", window},
+                   {"softcap", work.softcap},
+                   {"alibi", work.alibi},
                    {"phase_duration_s", absl::GetFlag(FLAGS_duration_s)},
                    {"phase_requests", load.phase_requests},
                    {"warmup_s", absl::GetFlag(FLAGS_warmup_s)},

@@ -12,6 +12,18 @@
 namespace attnserve::bench {
 namespace {
 
+// The options every Attend and MultiHeadAttention request of the workload carries.
+void SetOptions(const WorkloadOptions& o, v1::AttentionOptions* options) {
+  options->set_causal(o.causal);
+  options->set_kind(o.kind);
+  if (o.window_left >= 0 || o.window_right >= 0) {
+    options->mutable_window()->set_left(o.window_left);
+    options->mutable_window()->set_right(o.window_right);
+  }
+  options->set_softcap(o.softcap);
+  if (o.alibi) options->mutable_alibi()->set_standard(true);
+}
+
 absl::StatusOr<double> Number(absl::string_view s, absl::string_view what) {
   double v;
   if (!absl::SimpleAtod(s, &v) || !std::isfinite(v)) {
@@ -184,7 +196,7 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& o) {
       *r->mutable_query() = random({s.batch, s.heads, s.seq_len, s.head_dim});
       *r->mutable_key() = random({s.batch, kv, s.seq_len, s.head_dim});
       *r->mutable_value() = random({s.batch, kv, s.seq_len, s.head_dim});
-      r->mutable_options()->set_causal(o.causal);
+      SetOptions(o, r->mutable_options());
       p.flops = AttendFlops(s.batch, s.heads, s.seq_len, s.seq_len, s.head_dim, s.head_dim);
       p.bytes = static_cast<int64_t>(r->ByteSizeLong());
       p.label = absl::StrCat(s.batch, "x", s.heads, "x", s.seq_len, "x", s.head_dim);
@@ -193,7 +205,7 @@ absl::StatusOr<Workload> Workload::Create(const WorkloadOptions& o) {
       auto r = std::make_shared<v1::MultiHeadAttentionRequest>();
       r->set_module(o.module);
       *r->mutable_query() = random({s.batch, s.seq_len, o.d_model});
-      r->mutable_options()->set_causal(o.causal);
+      SetOptions(o, r->mutable_options());
       p.flops = MultiHeadFlops(s.batch, s.seq_len, s.seq_len, o.d_model);
       p.bytes = static_cast<int64_t>(r->ByteSizeLong());
       p.label = absl::StrCat(s.batch, "x", s.seq_len, "x", o.d_model);

@@ -52,7 +52,7 @@ struct Prepared {
   // expected_length are filled in per session when sent.
   std::shared_ptr<const v1::ExtendSessionRequest> extend;
   int64_t tokens = 0;  // query rows: B * Lq
-  double flops = 0;    // dense multiply-add count x2 (causal masking not discounted)
+  double flops = 0;    // dense multiply-add count x2 (causal masking, windows not discounted)
   int64_t bytes = 0;   // serialised request size
   std::string label;   // e.g. "1x8x128x64"
 };
@@ -69,6 +69,12 @@ struct WorkloadOptions {
   int64_t kv_heads = 0;  // Attend: key/value heads; 0 = H
   v1::Dtype dtype = v1::DTYPE_FLOAT32;
   bool causal = false;
+  // The attention kind and FlashAttention's options (attention.proto, AttentionOptions), on
+  // Attend and MultiHeadAttention requests alike.
+  v1::AttentionKind kind = v1::ATTENTION_KIND_UNSPECIFIED;
+  int window_left = -1, window_right = -1;  // both -1: no window
+  float softcap = 0;
+  bool alibi = false;  // the standard slopes
   std::string module = "demo";
   int64_t d_model = 0;  // MultiHeadAttention: the module's width (from ListModules)
   int pool_size = 32;   // prepared requests when lengths are drawn from a distribution

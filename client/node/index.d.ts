@@ -42,6 +42,16 @@ export interface AttentionOptions {
   scale?: number;
   /** Return the softmax weights [B, H, Lq, Lk] too. */
   returnWeights?: boolean;
+  /** A sliding window [left, right] around the query's aligned position; -1 leaves a side open. */
+  window?: [number, number];
+  /** Logit soft-cap: scores become softcap·tanh(score / softcap). 0: none. */
+  softcap?: number;
+  /** ALiBi: 'standard' (the paper's slopes) or one slope per query head. */
+  alibi?: 'standard' | ArrayLike<number>;
+  /** 'softmax' (default) or 'linear' attention (Katharopoulos et al. 2020). */
+  kind?: 'softmax' | 'linear';
+  /** Linear attention's feature map (default 'elu_plus_one'). */
+  featureMap?: 'elu_plus_one' | 'relu' | 'identity';
   /** The dtype sent (default: the query's, else float32); key and value follow the query. */
   dtype?: Dtype;
   /** Per call deadline (default: the client's timeoutMs). */

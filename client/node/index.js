@@ -163,17 +163,45 @@ function fromTensor(t) {
   return { shape, dtype, data };
 }
 
+const KINDS = { softmax: 'ATTENTION_KIND_UNSPECIFIED', linear: 'ATTENTION_KIND_LINEAR' };
+const FEATURE_MAPS = {
+  elu_plus_one: 'FEATURE_MAP_ELU_PLUS_ONE',
+  relu: 'FEATURE_MAP_RELU',
+  identity: 'FEATURE_MAP_IDENTITY',
+};
+
 function attentionOptions(o = {}) {
   const out = { causal: !!o.causal, returnWeights: !!o.returnWeights };
   if (o.mask) out.mask = toMask(o.mask);
   if (o.keyLengths) out.keyLengths = Array.from(o.keyLengths, Number);
   if (o.scale !== undefined && o.scale !== null) out.scale = o.scale;
+  if (o.window) out.window = { left: Number(o.window[0]), right: Number(o.window[1]) };
+  if (o.softcap) out.softcap = Number(o.softcap);
+  if (o.alibi === 'standard') {
+    out.alibi = { standard: true };
+  } else if (o.alibi) {
+    out.alibi = { slopes: Array.from(o.alibi, Number) };
+  }
+  if (o.kind !== undefined) {
+    if (!(o.kind in KINDS)) throw new RangeError(`kind must be softmax or linear; was ${o.kind}`);
+    out.kind = KINDS[o.kind];
+  }
+  if (o.featureMap !== undefined) {
+    if (!(o.featureMap in FEATURE_MAPS)) {
+      const names = Object.keys(FEATURE_MAPS).join(', ');
+      throw new RangeError(`featureMap must be one of ${names}; was ${o.featureMap}`);
+    }
+    out.featureMap = FEATURE_MAPS[o.featureMap];
+  }
   return out;
 }
 
 /**
  * An AttendRequest message: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv].
- * options: causal, mask, keyLengths, scale, returnWeights, dtype (k and v are sent in q's).
+ * options: causal, mask, keyLengths, scale, returnWeights, dtype (k and v are sent in q's),
+ * window [left, right] (-1: open), softcap, alibi ('standard' or one slope per query head),
+ * kind ('softmax' or 'linear') and featureMap ('elu_plus_one', 'relu', 'identity'): see
+ * AttentionOptions in attention.proto.
  */
 function attendRequest(q, k, v, options = {}) {
   const query = toTensor(q, options.dtype);

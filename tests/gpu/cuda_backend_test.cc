@@ -123,6 +123,23 @@ TEST_P(CudaBackendTest, GroupedQueryHeads) {
   }
 }
 
+// Sliding windows, soft-capping and ALiBi (ScoreMods) at device sizes: prefills on the generic
+// kernel (SelectFlashPath sends them there), decode steps, the plain path, against float64.
+TEST_P(CudaBackendTest, WindowsSoftCapAndAlibi) {
+  std::mt19937 rng(12);
+  Problem prefill = MakeProblem(rng, 2, 8, 2, 300, 1500, 64, 64);
+  prefill.causal = true;
+  prefill.mods = {.window_left = 255, .window_right = 0, .softcap = 30.0f};
+  for (int h = 0; h < 8; ++h) prefill.slopes.push_back(std::ldexp(1.0f, -(h + 1)));
+  CheckAgainstReference(prefill, "causal window, soft-cap, ALiBi");
+  Problem both = MakeProblem(rng, 1, 4, 4, 200, 200, 128, 128);
+  both.mods = {.window_left = 16, .window_right = 16};
+  CheckAgainstReference(both, "window on both sides");
+  Problem decode = MakeProblem(rng, 3, 8, 1, 1, 2000, 128, 128);
+  decode.mods = {.window_left = 511, .window_right = -1, .softcap = 50.0f};
+  CheckAgainstReference(decode, "decode in a window");
+}
+
 // Decode steps (q_len == 1) take the decode path (flash_decode_kernel.h): GQA groups 8, 2 and
 // 1, key counts around its split size, key lengths with 0 (a fully blocked row), D = 80.
 TEST_P(CudaBackendTest, DecodeSteps) {
@@ -484,6 +501,21 @@ TEST(FlashDispatchTest, GenericOrNaiveOtherwise) {
   FlashFwdParams unaligned = DispatchParams(64, 64);
   unaligned.k = static_cast<const char*>(unaligned.k) + 8;
   EXPECT_EQ(SelectFlashPath(unaligned), FlashPath::kGeneric);
+}
+
+// The tensor-core kernel takes no ScoreMods (no register is left for them at hdim 64): a
+// window, a soft-cap or ALiBi sends a launch it would take to the generic kernel.
+TEST(FlashDispatchTest, ScoreModsTakeTheGenericKernel) {
+  static const float slopes[1] = {0.5f};
+  for (int which = 0; which < 4; ++which) {
+    FlashFwdParams p = DispatchParams(64, 64);
+    ASSERT_EQ(SelectFlashPath(p), FlashPath::kTensorCore);
+    if (which == 0) p.window.left = 8;
+    if (which == 1) p.window.right = 0;
+    if (which == 2) p.softcap = 30.0f;
+    if (which == 3) p.alibi_slopes = slopes;
+    EXPECT_EQ(SelectFlashPath(p), FlashPath::kGeneric) << which;
+  }
 }
 
 TEST(FlashDispatchTest, MaskLayoutsTheTensorCoreKernelCopies) {

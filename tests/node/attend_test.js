@@ -44,6 +44,53 @@ async function main() {
                 `backend ${r.timing.backend}`);
   }
 
+  // A window of one key (the query's own position, Lq == Lk): each output row is that key's
+  // value row, whatever the scores; linear attention against its definition, in float64 here.
+  {
+    const kk = tensor([B, Hkv, Lq, D], normal);
+    const vv = tensor([B, Hkv, Lq, D], normal);
+    const r = await client.attend(q, kk, vv, { window: [0, 0], softcap: 5, alibi: 'standard' });
+    const want = new Float64Array(B * Hq * Lq * D);
+    for (let b = 0; b < B; ++b) {
+      for (let h = 0; h < Hq; ++h) {
+        for (let i = 0; i < Lq; ++i) {
+          for (let d = 0; d < D; ++d) {
+            want[((b * Hq + h) * Lq + i) * D + d] =
+                vv.data[((b * Hkv + Math.floor(h / (Hq / Hkv))) * Lq + i) * D + d];
+          }
+        }
+      }
+    }
+    const err = maxError(r.output.data, want);
+    assert.ok(err < 1e-6, `window [0, 0]: max |error| ${err}`);
+    const phi = (x) => (x > 0 ? x + 1 : Math.exp(x));
+    const lin = await client.attend(q, kk, vv, { kind: 'linear', causal: true });
+    const wantLinear = new Float64Array(B * Hq * Lq * D);
+    for (let b = 0; b < B; ++b) {
+      for (let h = 0; h < Hq; ++h) {
+        const g = b * Hkv + Math.floor(h / (Hq / Hkv));
+        for (let i = 0; i < Lq; ++i) {
+          let norm = 0;
+          const row = new Float64Array(D);
+          for (let j = 0; j <= i; ++j) {
+            let w = 0;
+            for (let d = 0; d < D; ++d) {
+              const qd = q.data[((b * Hq + h) * Lq + i) * D + d];
+              w += phi(qd) * phi(kk.data[(g * Lq + j) * D + d]);
+            }
+            norm += w;
+            for (let d = 0; d < D; ++d) row[d] += w * vv.data[(g * Lq + j) * D + d];
+          }
+          for (let d = 0; d < D; ++d) wantLinear[((b * Hq + h) * Lq + i) * D + d] = row[d] / norm;
+        }
+      }
+    }
+    const linErr = maxError(lin.output.data, wantLinear);
+    assert.ok(linErr < 1e-5, `linear: max |error| ${linErr}`);
+    console.log(`Attend window [0, 0]: ${err.toExponential(2)}; ` +
+                `linear: ${linErr.toExponential(2)}`);
+  }
+
   // float16 and bfloat16: sent rounded, answered in the same dtype, widened by fromTensor.
   for (const [dtype, tolerance] of [['float16', 5e-3], ['bfloat16', 4e-2]]) {
     const r = await client.attend(q, k, v, { dtype });

@@ -8,7 +8,9 @@ async function main(): Promise<void> {
   const r: attnserve.Result = await client.multiHeadAttention('demo', x, { returnWeights: true, causal: true });
   const shape: number[] = r.output.shape;
   const us: number = r.timing.computeUs;
-  const a = await client.attend(x, x, x, { dtype: 'bfloat16', keyLengths: [3] });
+  const a = await client.attend(x, x, x, { dtype: 'bfloat16', keyLengths: [3], window: [4, 0],
+                                          softcap: 30, alibi: 'standard' });
+  await client.attend(x, x, x, { kind: 'linear', featureMap: 'relu' });
   const s = client.stream();
   s.write(1, attnserve.attendRequest(x, x, x));
   s.write(2, attnserve.multiHeadRequest('demo', x, { key: x, value: x }));
