@@ -33,10 +33,15 @@ int64_t KvPool::pages_used() const {
 }
 
 int64_t KvPool::pages_total() const {
-  int64_t largest = PageLayout{8, 128, 128, page_tokens_, kernels::DType::kFloat32}.page_bytes();
-  if (!arenas_.empty()) {
-    largest = 0;
-    for (const auto& [layout, arena] : arenas_) largest = std::max(largest, arena->page_bytes());
+  int64_t largest = 0;
+  for (const auto& [layout, arena] : arenas_) {
+    // An idle arena (kept until the idle release) is not a layout in use.
+    if (arena->users_ > 0 || arena->pages_used_ > 0) {
+      largest = std::max(largest, arena->page_bytes());
+    }
+  }
+  if (largest == 0) {
+    largest = PageLayout{8, 128, 128, page_tokens_, kernels::DType::kFloat32}.page_bytes();
   }
   return pool_bytes_ / largest;
 }

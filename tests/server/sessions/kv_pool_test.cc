@@ -134,9 +134,15 @@ TEST(KvPoolTest, AnIdleArenaIsKeptUntilReleasedOrItsPlaceIsNeeded) {
   std::vector<int32_t> held;
   ASSERT_TRUE((*pool)->Allocate(arena, 4, &held));
   for (const int32_t page : held) (*pool)->Unref(arena, page);
+  const int64_t in_use_total = (*pool)->pages_total();
   (*pool)->Release(arena);
   EXPECT_EQ((*pool)->bytes_used(), 0);
   EXPECT_EQ((*pool)->bytes_kept(), 4 * kLayout.page_bytes());
+  // An idle arena's layout no longer sizes the pool's capacity: the default layout's does
+  // (a float32 page of 8 heads of 128, larger than kLayout's).
+  const PageLayout fallback{8, 128, 128, 16, kernels::DType::kFloat32};
+  EXPECT_EQ((*pool)->pages_total(), (int64_t{64} << 20) / fallback.page_bytes());
+  EXPECT_NE((*pool)->pages_total(), in_use_total);
   EXPECT_EQ((*pool)->Acquire(kLayout).value(), arena);  // the same store
   EXPECT_EQ(stores, 1);
   (*pool)->Release(arena);
