@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   OnlineSoftmaxRow softmax = OnlineSoftmaxInit();
 
   // From the 32-key block holding the window's first key: earlier ones are all blocked.
-  for (int j0 = start / 32 * 32; j0 < limit; j0 += 32) {
+  for (int j0 = FirstKeyBlock(i, q_len, kv_len, 32, p.window) * 32; j0 < limit; j0 += 32) {
     const int j = j0 + lane;
     float s = NegativeInfinity();
     if (j >= start && j < limit && (mask_row == nullptr || mask_row[j * p.mask_col_stride] != 0)) {

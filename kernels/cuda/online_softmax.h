@@ -102,7 +102,9 @@ ATTNSERVE_HD int FirstKeyBlock(int row_begin, int q_len, int kv_len, int block_n
 
 // Whether every key of [col_begin, col_begin + block_n) is below the limit of every row in
 // [row_begin, row_end) and at or past every such row's window start: such a tile needs no
-// per-element limit check (only the mask, if any). REQUIRES row_begin < row_end.
+// per-element limit check (only the mask, if any). REQUIRES row_begin < row_end. (The
+// tensor-core kernel asks it without a window: SelectFlashPath keeps windows off that kernel
+// until it has a variant with a register to spare for the window's start.)
 ATTNSERVE_HD bool TileFullyAllowed(int row_begin, int row_end, int col_begin, int block_n,
                                    int q_len, int kv_len, int key_length, bool causal,
                                    KeyWindow window = {}) {

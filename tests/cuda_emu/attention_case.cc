@@ -148,6 +148,9 @@ Outcome RunCase(const Case& c, ComputeType type, uint32_t seed, const LaunchFn& 
   p.mask_row_stride = mr;
   p.mask_col_stride = mc;
   p.v_mean = v_mean.get();
+  p.window = {c.mods.window_left, c.mods.window_right};
+  p.softcap = c.mods.softcap;
+  p.alibi_slopes = c.slopes.empty() ? nullptr : c.slopes.data();
   std::vector<float> weights = launch(p);
 
   Outcome r;
@@ -174,6 +177,8 @@ Outcome RunCase(const Case& c, ComputeType type, uint32_t seed, const LaunchFn& 
     const int32_t kl = c.key_lengths.empty() ? lk : c.key_lengths[s];
     if (!c.key_lengths.empty()) a.key_lengths = &kl;
     a.scale = scale;
+    a.mods = c.mods;
+    a.mods.alibi_slopes = p.alibi_slopes;
     const Reference64 ref = ReferenceAttention64(a);
     r.ref_weights.insert(r.ref_weights.end(), ref.weights.begin(), ref.weights.end());
     for (int h = 0; h < H; ++h) {

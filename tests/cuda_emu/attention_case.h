@@ -60,6 +60,10 @@ struct Case {
   float k_poison = 0.0f;  // at key poison_key of sequence 0, kv head 0, col 0
   int poison_key = 0;
   float v_poison = 0.0f;  // at key 0 of sequence 0, kv head 0, column 3
+  // A sliding window and soft-cap (mods.alibi_slopes is ignored: ALiBi's slopes are `slopes`,
+  // one per query head, or none).
+  ScoreMods mods;
+  std::vector<float> slopes;
 };
 
 // 16-bit storage of the kernels' operand type, and the float value each element rounds to.

@@ -2,8 +2,9 @@
 // and the generic kernel), compiled as host C++ and executed by the emulator (emu.h), against
 // the float64 reference (kernels/reference.h), on every option: odd lengths, Lq = 1, causal
 // with Lq > Lk, key lengths, mask layouts (fully blocked rows and tiles), GQA, mixed-length
-// packs, D != Dv, and the NaN rule (attention_params.h). Each case runs with cp.async landing
-// at issue and at the wait (emu::CpAsyncMode).
+// packs, D != Dv, and the NaN rule (attention_params.h); sliding windows, soft-capping and ALiBi
+// on the generic and decode kernels (the ones that take them). Each case runs with cp.async
+// landing at issue and at the wait (emu::CpAsyncMode).
 //
 // The launches are flash_emu_kernels.cc's: this file holds the cases and includes no kernel
 // body, so that each mutant (make_mutant.sh) links it as it is and compiles only the kernels.
@@ -240,6 +241,48 @@ TEST(FlashGridTest, SixtyFiveThousandHeads) {
   EXPECT_EQ(o[size_t(2) * kD], -12345.0f);  // not emulated
 }
 
+// Sliding windows, soft-capping and ALiBi (ScoreMods), which SelectFlashPath gives the generic
+// kernel only: each one alone and all together, against the float64 reference. The windows
+// are small against the lengths so that a bound one key off moves many rows; the window
+// starts cross the kernel's 32-key blocks (whole blocks before them are skipped).
+class FlashModsEmuTest : public FlashEmuTest {};
+
+TEST_P(FlashModsEmuTest, WindowSoftcapAndAlibi) {
+  Case c = Base("causal_window");
+  c.seqs = {{40, 150}, {1, 70}, {66, 66}};
+  c.causal = true;
+  c.mods.window_left = 33;
+  c.mods.window_right = 0;
+  Check(c);
+  c = Base("two_sided_window");
+  c.seqs = {{50, 90}};
+  c.mods.window_left = 5;
+  c.mods.window_right = 3;
+  Check(c);
+  c = Base("softcap");
+  c.seqs = {{20, 45}};
+  c.mods.softcap = 0.75f;  // well below the scores' spread: the cap changes every row
+  Check(c);
+  c = Base("alibi");
+  c.seqs = {{20, 45}, {1, 9}};
+  c.num_heads = 4;
+  c.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};  // a different slope on each head
+  Check(c);
+  c = Base("together");
+  c.seqs = {{30, 100}};
+  c.causal = true;
+  c.key_lengths = {90};
+  c.mods = {.window_left = 40, .window_right = -1, .softcap = 1.5f};
+  c.slopes = {0.25f, 1.0f};
+  Check(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Generic, FlashModsEmuTest,
+    testing::Values(Param{Kernel::kGeneric, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtIssue},
+                    Param{Kernel::kGeneric, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtWait}),
+    ParamName);
+
 // The decode-shaped path (flash_decode_kernel.h): Lq = 1, GQA heads packed into a block's rows,
 // keys split in chunks of kDecodeSplitKeys and merged in order.
 class FlashDecodeEmuTest : public testing::TestWithParam<ComputeType> {
@@ -291,6 +334,19 @@ TEST_P(FlashDecodeEmuTest, Masks) {
     c.mask = m;
     Check(c);
   }
+}
+
+// ScoreMods on decode steps: a window whose start falls inside the second split, soft-cap and
+// ALiBi with GQA 4/2 (each query head of a group its own slope).
+TEST_P(FlashDecodeEmuTest, ScoreMods) {
+  Case c;
+  c.name = "decode_mods";
+  c.seqs = {{1, 600}, {1, 40}};
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.mods = {.window_left = 300, .window_right = -1, .softcap = 2.0f};
+  c.slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  Check(c);
 }
 
 // The NaN rule: NaN/+Inf in q makes that head's row NaN; NaN in v poisons its column.

@@ -118,6 +118,26 @@ case "$name" in
     file=linear.cc
     from="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;"
     to="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;" ;;
+  window_start_off_by_one)  # a sliding window one key shorter on its left (issue 32)
+    file=online_softmax.h
+    from="const int start = i + kv_len - q_len - window.left;"
+    to="const int start = i + kv_len - q_len - window.left + 1;" ;;
+  window_end_off_by_one)  # one key fewer after the aligned position (window.right)
+    file=online_softmax.h
+    from="int window_limit = i + kv_len - q_len + window.right + 1;"
+    to="int window_limit = i + kv_len - q_len + window.right;" ;;
+  softcap_dropped)  # scores never soft-capped
+    file=online_softmax.h
+    from="if (softcap != 0.0f) s = softcap * tanhf(s / softcap);"
+    to="" ;;
+  alibi_first_head_slope)  # every head biased by head 0's ALiBi slope
+    file=flash_fwd_generic_kernel.h
+    from="p.alibi_slopes[head]"
+    to="p.alibi_slopes[0]" ;;
+  decode_alibi_group_slope)  # the decode kernel's packed GQA rows given their kv head's slope
+    file=flash_decode_kernel.h
+    from="p.alibi_slopes[head]"
+    to="p.alibi_slopes[kv_head]" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \
