@@ -97,15 +97,16 @@ void KvPool::Release(Arena* arena) {
   MaybeFree(arena);
 }
 
-bool KvPool::IsRetired(const Arena* arena) const {
-  return std::any_of(retired_.begin(), retired_.end(),
-                     [arena](const auto& r) { return r.get() == arena; });
+std::vector<std::unique_ptr<Arena>>::const_iterator KvPool::FindRetired(const Arena* arena) const {
+  return std::find_if(retired_.begin(), retired_.end(),
+                      [arena](const auto& r) { return r.get() == arena; });
 }
+
+bool KvPool::IsRetired(const Arena* arena) const { return FindRetired(arena) != retired_.end(); }
 
 void KvPool::MaybeFree(Arena* arena) {
   if (arena->users_ > 0 || arena->pages_used_ > 0) return;
-  auto it = std::find_if(retired_.begin(), retired_.end(),
-                         [arena](const auto& r) { return r.get() == arena; });
+  auto it = FindRetired(arena);
   if (it != retired_.end()) retired_.erase(it);  // a live arena stays, idle
 }
 

@@ -137,6 +137,8 @@ class KvPool {
   const int page_tokens_;
   const int max_layouts_;
   const StoreFactory new_store_;
+  // `arena`'s place in retired_, or retired_.end() when it is live.
+  std::vector<std::unique_ptr<Arena>>::const_iterator FindRetired(const Arena* arena) const;
   bool IsRetired(const Arena* arena) const;
   // Frees `arena` when it was retired (its store lost) and no session uses it or its pages.
   void MaybeFree(Arena* arena);
