@@ -134,10 +134,16 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
   // after the same lookups).
   const absl::Status never = absl::NotFoundError(
       absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
-  // The owner may read the log; the caller learns nothing (the answer is `never`).
+  // The owner may read the log; the caller learns nothing (the answer is `never`). A tenant
+  // probing ids makes a line every 10 s, not one a call.
   const auto cross = [&] {
-    std::fprintf(stderr, "attnserve: %s by tenant '%s' of another tenant's session refused\n",
-                 std::string(op).c_str(), tenant.c_str());
+    if (int64_t left_out = 0; cross_tenant_log_.Admit(tenant, Now(), &left_out)) {
+      const std::string more =
+          left_out == 0 ? ""
+                        : absl::StrCat(" (and ", left_out, " more by it since its last such line)");
+      std::fprintf(stderr, "attnserve: %s by tenant '%s' of another tenant's session refused%s\n",
+                   std::string(op).c_str(), tenant.c_str(), more.c_str());
+    }
     RecordRefusal(tenant, "cross_tenant");
     return never;
   };

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "base/buffer.h"
+#include "base/log_throttle.h"
 #include "base/mutex.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
@@ -360,6 +361,9 @@ class SessionManager {
   // The sessions (session_table.h): ids, creation order, tenants, LRU, expiry, pinned use,
   // lost ids.
   std::unique_ptr<SessionTable> table_ ABSL_GUARDED_BY(mu_);
+  // The log line of a refused cross-tenant access: one a tenant every 10 s, with the count of
+  // those left out (the metric counts each).
+  LogThrottle cross_tenant_log_ ABSL_GUARDED_BY(mu_){absl::Seconds(10)};
 };
 
 }  // namespace attnserve::server::sessions

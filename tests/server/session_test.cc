@@ -1153,6 +1153,45 @@ TEST(SessionManagerTest, SessionsExpireAtTheirTimeAmongThousands) {
   EXPECT_EQ(manager->Usage().sessions, 0);
 }
 
+// A tenant probing another tenant's session ids gets one log line every 10 s (on the manager's
+// clock), the next one saying how many it left out; every probe is still answered as an id
+// never issued.
+TEST(SessionManagerTest, CrossTenantProbesAreLoggedOnceATenantEveryTenSeconds) {
+  batching::FakeClock clock;
+  server::sessions::SessionOptions options;
+  options.page_tokens = 4;
+  options.pool_bytes = 1 << 20;
+  options.clock = &clock;
+  auto manager = server::sessions::SessionManager::Create(options, nullptr).value();
+  server::sessions::SessionSpec spec;
+  spec.num_heads = spec.num_kv_heads = 1;
+  spec.head_dim = spec.v_head_dim = 4;
+  spec.tenant = "alice";
+  const std::string alices = manager->Create(spec).value().id;
+  const std::string line = "GetSession by tenant 'mallory' of another tenant's session refused";
+  const auto count = [](const std::string& text, const std::string& what) {
+    int n = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+    return n;
+  };
+  ::testing::internal::CaptureStderr();
+  for (int i = 0; i < 100; ++i) {
+    EXPECT_EQ(manager->Get("mallory", alices).status().code(), absl::StatusCode::kNotFound);
+  }
+  clock.Advance(absl::Seconds(9));
+  EXPECT_EQ(manager->Get("mallory", alices).status().code(), absl::StatusCode::kNotFound);
+  const std::string first = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(first, line), 1) << first;
+  EXPECT_EQ(count(first, "more by it"), 0) << first;
+  ::testing::internal::CaptureStderr();
+  clock.Advance(absl::Seconds(1));
+  EXPECT_EQ(manager->Get("mallory", alices).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager->Get("trudy", alices).status().code(), absl::StatusCode::kNotFound);
+  const std::string second = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(count(second, line + " (and 100 more by it since its last such line)"), 1) << second;
+  EXPECT_EQ(count(second, "by tenant 'trudy'"), 1) << second;  // throttled apart
+}
+
 TEST(SessionManagerTest, ThousandsOfCyclesLeakNoPage) {
   server::sessions::SessionOptions options;
   options.page_tokens = 4;
