@@ -58,6 +58,9 @@ class Backend {
   // Whether Attend and MultiHead compute AttentionKind::kLinear items (attention_params.h). A
   // backend without must never be given one.
   virtual bool supports_linear_attention() const { return true; }
+  // Whether PagedAttention takes score modifications (a window, soft-capping, ALiBi:
+  // PagedAttentionParams::modifies_scores). The server refuses sessions with them when not.
+  virtual bool supports_session_score_mods() const { return true; }
 
   // Computes every item of `batch`, writing each item's out (and weights when non-null).
   // REQUIRES: every item is valid (the server validates requests before they get here);

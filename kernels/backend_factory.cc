@@ -52,6 +52,10 @@ class SleepBackend final : public Backend {
   std::string name() const override { return "sleep"; }
   std::vector<DeviceInfo> devices() const override { return inner_->devices(); }
   std::string float32_precision() const override { return inner_->float32_precision(); }
+  bool supports_linear_attention() const override { return inner_->supports_linear_attention(); }
+  bool supports_session_score_mods() const override {
+    return inner_->supports_session_score_mods();
+  }
   absl::Status Attend(absl::Span<const AttentionParams> batch) override {
     const absl::Time start = absl::Now();
     absl::Status s = inner_->Attend(batch);

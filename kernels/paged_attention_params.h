@@ -43,11 +43,12 @@ namespace attnserve::kernels {
 // Keys per split of a sequence, for kernels that split (a constant: see batch invariance above).
 inline constexpr int kPagedSplitKeys = 256;
 
-// Flat, as FlashAttention's params are (the CUDA kernels take it by value; their register
-// budget is tight enough that the order of these fields matters to ptxas): the pages' geometry
-// is num_kv_heads, head_dim, v_head_dim, page_size and dtype, and layout() is its PageLayout,
-// which alone defines the offsets.
-struct PagedAttentionParams {
+// What every backend's kernels read. Flat, as FlashAttention's params are (the CUDA kernels
+// take exactly this struct by value; their register budget is tight enough that the order of
+// these fields matters to ptxas, and a field added here made the combine kernel spill, which
+// the build refuses): the pages' geometry is num_kv_heads, head_dim, v_head_dim, page_size and
+// dtype, and layout() is its PageLayout, which alone defines the offsets.
+struct PagedKernelParams {
   // Dimensions. REQUIRES: all >= 1, num_heads % num_kv_heads == 0.
   int num_seqs = 0;
   int num_heads = 0;     // query heads (Hq)
@@ -104,6 +105,22 @@ struct PagedAttentionParams {
   }
   int64_t k_page_stride() const { return layout().k_page_stride(); }
   int64_t v_page_stride() const { return layout().v_page_stride(); }
+};
+
+// A call: the kernels' params and the score modifications (ScoreMods, attention_params.h), as
+// Attend applies them to a causal row at its position pos = kv_lens[s] - q_lens[s] + r: the
+// score of key j is soft-capped (softcap · tanh(s / softcap); 0: none), then lowered by ALiBi's
+// alibi_slopes[h] · (pos - j) (nullptr: none; host memory, num_heads entries), and keys before
+// pos - window_left are blocked (-1: no window; the right side is the causal limit). Every row
+// keeps its own key. The reference and CPU backends take them; backends that do not say so
+// (Backend::supports_session_score_mods).
+struct PagedAttentionParams : PagedKernelParams {
+  int window_left = -1;
+  float softcap = 0.0f;
+  const float* alibi_slopes = nullptr;
+  bool modifies_scores() const {
+    return window_left >= 0 || softcap != 0.0f || alibi_slopes != nullptr;
+  }
 };
 
 }  // namespace attnserve::kernels

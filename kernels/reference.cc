@@ -318,20 +318,26 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
     const int kv_len = p.kv_lens[s];
     for (int i = 0; i < p.q_lens[s]; ++i) {
       const int64_t t = p.q_offsets[s] + i;
-      const int keys = kv_len - p.q_lens[s] + i + 1;  // causal, bottom-right aligned
+      const int pos = kv_len - p.q_lens[s] + i;
+      const int keys = pos + 1;  // causal, bottom-right aligned
+      // Keys before the window are blocked: the allowed ones are [start, keys).
+      const int start = p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0;
       for (int h = 0; h < p.num_heads; ++h) {
         const int kvh = h / group;
-        scores.assign(keys, 0.0);
+        scores.assign(keys, -INFINITY);
         double max_score = -INFINITY;
         bool any_nan = false;  // std::max skips NaN: a NaN score must not look like -Inf
-        for (int j = 0; j < keys; ++j) {
+        for (int j = start; j < keys; ++j) {
           const int64_t k0 = p.k_offset(pages[j / p.page_size], kvh, j % p.page_size);
           double dot = 0;
           for (int d = 0; d < p.head_dim; ++d) {
             dot += Element(p.q_dtype, p.q, (t * p.num_heads + h) * p.head_dim + d) *
                    Element(p.dtype, p.k_pages, k0 + d);
           }
-          scores[j] = static_cast<double>(p.scale) * dot;
+          double score = static_cast<double>(p.scale) * dot;
+          if (p.softcap != 0.0f) score = p.softcap * std::tanh(score / p.softcap);
+          if (p.alibi_slopes != nullptr) score -= double{p.alibi_slopes[h]} * (pos - j);
+          scores[j] = score;
           max_score = std::max(max_score, scores[j]);
           any_nan |= std::isnan(scores[j]);
         }
@@ -350,8 +356,8 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
           continue;
         }
         double sum = 0;
-        for (int j = 0; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-        for (int j = 0; j < keys; ++j) {
+        for (int j = start; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
+        for (int j = start; j < keys; ++j) {
           const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
           for (int d = 0; d < p.v_head_dim; ++d) {
             out[d] += scores[j] / sum * Element(p.dtype, p.v_pages, v0 + d);

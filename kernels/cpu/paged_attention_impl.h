@@ -44,6 +44,7 @@ constexpr float kNegInf = -__builtin_inff();
 static_assert(kSplit % kW == 0, "a split must be a whole number of vectors");
 
 int MinInt(int a, int b) { return a < b ? a : b; }
+int MaxInt(int a, int b) { return a > b ? a : b; }
 int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 int64_t Align16(int64_t n) { return RoundUp(n, 16); }
 
@@ -416,6 +417,34 @@ void PvRun(bool tail, const float* s, int64_t s_off, const void* v, int dv, int 
 // k_pf and v_pf span the task's keys (this split's and the later splits' of the task): the
 // scores prefetch this split's values, the sum over values prefetches the next split's keys, so
 // a task of many splits streams K and V without a break.
+// A split's raw scores s[0, n) of one row-head, scaled and then modified as ScoreMods says
+// (paged_attention_params.h): soft-capped (softcap · tanh(s / softcap), as 1 - 2 / (exp(2s /
+// softcap) + 1): ±softcap at ±infinity, NaN stays NaN), then lowered by slope · (pos - j), where
+// key x of the split is j = pos + offset + x (offset = k0 - pos). n is a whole number of vectors.
+inline void ModifyScores(float softcap, float slope, float scale, int offset, int n, float* s) {
+  const V vscale = PVec::Set1(scale);
+  if (softcap != 0.0f) {
+    const V cap = PVec::Set1(softcap), two_over_cap = PVec::Set1(2.0f / softcap);
+    const V one = PVec::Set1(1.0f), two = PVec::Set1(2.0f);
+    for (int x = 0; x < n; x += kW) {
+      const V e = PVec::Exp(PVec::Mul(PVec::Mul(PVec::Load(s + x), vscale), two_over_cap));
+      PVec::Store(s + x, PVec::Mul(cap, PVec::Sub(one, PVec::Div(two, PVec::Add(e, one)))));
+    }
+  } else {
+    for (int x = 0; x < n; x += kW) PVec::Store(s + x, PVec::Mul(PVec::Load(s + x), vscale));
+  }
+  if (slope != 0.0f) {
+    // slope · (j - pos) added, j - pos = offset + x + lane.
+    alignas(64) float lane[kW];
+    for (int y = 0; y < kW; ++y) lane[y] = static_cast<float>(y);
+    const V vslope = PVec::Set1(slope), vlane = PVec::Load(lane);
+    for (int x = 0; x < n; x += kW) {
+      const V dist = PVec::Add(vlane, PVec::Set1(static_cast<float>(offset + x)));
+      PVec::Store(s + x, PVec::Fmadd(vslope, dist, PVec::Load(s + x)));
+    }
+  }
+}
+
 template <DType T, bool kDotBf16>
 void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq, int kv_head,
                   int row0, int rows, int split, const Scratch& sc, const State& out,
@@ -467,25 +496,38 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
   //    otherwise idle here, and phase 3 would start with a burst of them).
   const int nk_pad = static_cast<int>(RoundUp(nk, kW));
   const V scale = PVec::Set1(p.scale);
+  const bool modify = p.softcap != 0.0f || p.alibi_slopes != nullptr;
   for (int i = 0; i < sh.n; ++i) {
     k_pf.Upto(k1 + static_cast<int>(int64_t{k_ahead} * (i + 1) / sh.n));
     float* s = sc.s + int64_t{i} * kSplit;
-    const int allowed = MinInt(nk, sq.first_pos + row0 + i / sh.group + 1 - k0);
-    if (allowed <= 0) {
+    const int pos = sq.first_pos + row0 + i / sh.group;  // the row's position
+    const int allowed = MinInt(nk, pos + 1 - k0);
+    // Keys [k0, k0 + blocked) lie before the row's window (ScoreMods): blocked.
+    const int blocked = p.window_left >= 0 ? pos - p.window_left - k0 : 0;
+    if (allowed <= 0 || blocked >= allowed) {
       // The row does not reach this split (the fold skips it): zero weights, an empty state.
       std::memset(s, 0, sizeof(float) * nk_pad);
       out.m[i] = kNegInf;
       out.l[i] = 0.0f;
       continue;
     }
+    if (modify) {
+      const int h = kv_head * sh.group + i % sh.group;
+      ModifyScores(p.softcap, p.alibi_slopes != nullptr ? p.alibi_slopes[h] : 0.0f, p.scale,
+                   k0 - pos, nk_pad, s);
+    }
     V vmax = PVec::Set1(kNegInf);
     for (int x = 0; x < nk_pad; x += kW) {
-      V v = PVec::Mul(PVec::Load(s + x), scale);
-      if (x + kW > allowed) {
-        // Lanes at or past `allowed` to -inf: a score there (NaN included) has no effect.
+      // Scaled here unless ModifyScores did (the modifications apply to scaled scores).
+      V v = modify ? PVec::Load(s + x) : PVec::Mul(PVec::Load(s + x), scale);
+      if (x + kW > allowed || x < blocked) {
+        // Lanes before the window or at or past `allowed` to -inf: a score there (NaN included)
+        // has no effect.
         alignas(64) float lanes[kW];
         PVec::Store(lanes, v);
-        for (int y = allowed - x < 0 ? 0 : allowed - x; y < kW; ++y) lanes[y] = kNegInf;
+        for (int y = 0; y < kW; ++y) {
+          if (x + y < blocked || x + y >= allowed) lanes[y] = kNegInf;
+        }
         v = PVec::Load(lanes);
       }
       PVec::Store(s + x, v);
@@ -678,22 +720,31 @@ void RunTyped(const PagedAttentionParams& p, const PagedTask& task, float* scrat
   const int first = task.partial != nullptr ? task.split : 0;
   const int last = task.partial != nullptr ? task.split + task.splits  // one past
                                            : (block_limit + kSplit - 1) / kSplit;
+  // Splits wholly before the window of the block's first row (whose window starts first) hold
+  // no allowed key for any of its rows: skipped, so that a windowed row costs O(window).
+  const int window_split =
+      p.window_left >= 0 ? MaxInt(0, sq.first_pos + task.row0 - p.window_left) / kSplit : 0;
+  const int from = MaxInt(first, window_split);
   const int k_end = MinInt(MinInt(last * kSplit, sq.kv_len), block_limit);
-  Prefetcher k_pf{k_base,     sh.k_page_stride, sq.pages,       p.page_size, task.kv_head,
-                  p.head_dim, sh.esize,         first * kSplit, k_end};
-  Prefetcher v_pf{v_base,       sh.v_page_stride, sq.pages,       p.page_size, task.kv_head,
-                  p.v_head_dim, sh.esize,         first * kSplit, k_end};
+  Prefetcher k_pf{k_base,     sh.k_page_stride, sq.pages,      p.page_size, task.kv_head,
+                  p.head_dim, sh.esize,         from * kSplit, k_end};
+  Prefetcher v_pf{v_base,       sh.v_page_stride, sq.pages,      p.page_size, task.kv_head,
+                  p.v_head_dim, sh.esize,         from * kSplit, k_end};
 
   if (task.partial != nullptr) {
     for (int split = first; split < last; ++split) {
-      ComputeSplit<T, kDotBf16>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc,
-                                StateAt(task.partial + (split - first) * StateFloats(sh), sh), k_pf,
-                                v_pf);
+      const State part = StateAt(task.partial + (split - first) * StateFloats(sh), sh);
+      if (split < from) {
+        ResetState(sh, part);  // empty: the combine folds nothing from it
+        continue;
+      }
+      ComputeSplit<T, kDotBf16>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc, part,
+                                k_pf, v_pf);
     }
     return;
   }
   ResetState(sh, sc.run);
-  for (int split = 0; split < last; ++split) {
+  for (int split = from; split < last; ++split) {
     ComputeSplit<T, kDotBf16>(p, sh, sq, task.kv_head, task.row0, task.rows, split, sc, sc.split,
                               k_pf, v_pf);
     for (int i = 0; i < sh.n; ++i) {

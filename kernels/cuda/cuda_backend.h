@@ -116,6 +116,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   // Not yet: no linear-attention kernel (issue 32).
   bool supports_linear_attention() const override { return false; }
+  // The paged kernels take no ScoreMods yet (sessions with them are refused by the server).
+  bool supports_session_score_mods() const override { return false; }
   std::vector<DeviceInfo> devices() const override;
   // pool_bytes: the workers' buffers plus the session pages (CudaMemoryFigures).
   std::vector<DeviceMemory> device_memory() const override;

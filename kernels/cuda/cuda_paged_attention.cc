@@ -28,6 +28,13 @@ namespace attnserve::kernels::cuda {
 
 absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   const bool device_pages = p.store != nullptr && p.store->on_device();
+  if (p.modifies_scores()) {
+    // supports_session_score_mods() is false: the server refuses such sessions. Host pages
+    // can still take the reference; device pages never compute without their modifications.
+    if (!device_pages) return Backend::PagedAttention(p);
+    return absl::UnimplementedError(
+        "cuda backend: paged attention with a window, soft-capping or ALiBi is not implemented");
+  }
   if (device_pages) {
     if (!IsDeviceStoreOf(*p.store, this)) {
       return absl::InvalidArgumentError(

@@ -56,7 +56,7 @@ struct PagedBlock {
   int n_rows;  // rows of the block in use, 1..kPagedRows; 0: nothing to do
 };
 
-ATTNSERVE_HD PagedBlock PagedBlockOf(const PagedAttentionParams& p, int64_t b, int row_blocks) {
+ATTNSERVE_HD PagedBlock PagedBlockOf(const PagedKernelParams& p, int64_t b, int row_blocks) {
   PagedBlock blk;
   const int row_block = static_cast<int>(b % row_blocks);
   b /= row_blocks;
@@ -69,15 +69,15 @@ ATTNSERVE_HD PagedBlock PagedBlockOf(const PagedAttentionParams& p, int64_t b, i
 }
 
 // Keys row `row` of sequence `seq` may attend to (causal, bottom-right aligned).
-ATTNSERVE_HD int PagedRowLimit(const PagedAttentionParams& p, int seq, int row) {
+ATTNSERVE_HD int PagedRowLimit(const PagedKernelParams& p, int seq, int row) {
   const int token = row / (p.num_heads / p.num_kv_heads);
   return p.kv_lens[seq] - p.q_lens[seq] + token + 1;
 }
 
 template <typename Element, int kOutPerLane>
 __global__ void __launch_bounds__(kPagedWarps * 32, 1)
-    PagedAttentionSplitKernel(const PagedAttentionParams p, const int row_blocks,
-                              const int max_splits, float* partial) {
+    PagedAttentionSplitKernel(const PagedKernelParams p, const int row_blocks, const int max_splits,
+                              float* partial) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int slot_floats = PagedSlotFloats(p.v_head_dim);
   float* q_s = reinterpret_cast<float*>(smem_raw);          // [kPagedRows, head_dim]
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
 // Block (row block, kv head, sequence) as in kernel 1; kPagedWarps * 32 threads.
 template <typename Element>
 __global__ void __launch_bounds__(kPagedWarps * 32)
-    PagedAttentionCombineKernel(const PagedAttentionParams p, const int row_blocks,
+    PagedAttentionCombineKernel(const PagedKernelParams p, const int row_blocks,
                                 const int max_splits, const float* partial) {
   const PagedBlock blk = PagedBlockOf(p, blockIdx.x, row_blocks);
   const int group = p.num_heads / p.num_kv_heads;

@@ -506,6 +506,127 @@ TEST_P(PagedAttentionIsaTest, FollowsTheNanRule) {
   EXPECT_TRUE(row_nan(12, 1));
 }
 
+// Score modifications (a window, soft-capping, ALiBi) as Attend applies them, against the
+// float64 paged reference: decode steps over many splits (windows ending inside, and far past,
+// the first splits, which the kernel skips), a prefill whose rows' windows start in different
+// splits, and GQA with a slope per query head. Each modification changes the answer (the
+// reference without it differs by far more than the bound).
+TEST_P(PagedAttentionIsaTest, ScoreModsMatchTheReference) {
+  std::unique_ptr<CpuBackend> backend = MakeBackend(GetParam(), 2);
+  const std::vector<float> slopes = {0.5f,     0.25f,   0.125f,  0.0625f,
+                                     0.03125f, 0.0156f, 0.0078f, 0.0039f};
+  struct ModCase {
+    const char* name;
+    int window_left;
+    float softcap;
+    bool alibi;
+  };
+  const ModCase cases[] = {{"window", 300, 0.0f, false},
+                           {"window of 1", 0, 0.0f, false},
+                           {"softcap", -1, 0.75f, false},
+                           {"alibi", -1, 0.0f, true},
+                           {"all three", 600, 1.5f, true}};
+  uint32_t seed = 500;
+  int index = 0;
+  for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (const ModCase& m : cases) {
+      PagedSpec spec{.num_heads = 8,
+                     .num_kv_heads = 2,
+                     .head_dim = 64,
+                     .v_head_dim = 64,
+                     .page_size = 16,
+                     .dtype = dtype,
+                     .seqs = {{1300, 1}, {600, 1}, {530, 40}, {40, 40}, {257, 2}},
+                     .seed = ++seed};
+      PagedCase c(spec);
+      PagedAttentionParams p = c.params();
+      p.window_left = m.window_left;
+      p.softcap = m.softcap;
+      p.alibi_slopes = m.alibi ? slopes.data() : nullptr;
+      const std::string what = absl::StrCat(m.name, " ", DTypeName(dtype));
+      // The float64 reference, computed once for every path (it does not depend on it).
+      static std::vector<Reference64> expected;
+      if (index == static_cast<int>(expected.size())) {
+        expected.push_back(ReferencePagedAttention64(p));
+        const Reference64 plain = ReferencePagedAttention64(c.params());
+        double effect = 0;
+        for (size_t n = 0; n < plain.out.size(); ++n) {
+          effect = std::max(effect, std::fabs(expected.back().out[n] - plain.out[n]));
+        }
+        EXPECT_GT(effect, 1e-2) << what << ": the case must matter";
+      }
+      const Reference64& want = expected[index++];
+      c.PoisonOutputs();
+      ASSERT_TRUE(backend->PagedAttention(p).ok());
+      EXPECT_LE(MaxAbsError(c.out(), want.out), 2e-5) << what;
+      EXPECT_LE(MaxAbsError(c.lse(), want.weights), 2e-5) << what;
+    }
+  }
+}
+
+// The paged reference's modifications are Attend's: each sequence's rows equal the dense float64
+// reference's causal rows with the same window {left, 0}, soft-cap and ALiBi (an independent
+// implementation: kernels/reference.cc's dense path).
+TEST(PagedAttentionTest, ReferenceScoreModsAreAttendsOnTheSameKeys) {
+  PagedSpec spec{.num_heads = 4,
+                 .num_kv_heads = 2,
+                 .head_dim = 32,
+                 .v_head_dim = 16,
+                 .page_size = 8,
+                 .seqs = {{70, 9}, {33, 33}},
+                 .seed = 77};
+  PagedCase c(spec);
+  const std::vector<float> slopes = {0.5f, 0.2f, 0.1f, 0.05f};
+  PagedAttentionParams p = c.params();
+  p.window_left = 12;
+  p.softcap = 1.25f;
+  p.alibi_slopes = slopes.data();
+  const Reference64 paged = ReferencePagedAttention64(p);
+  for (int s = 0; s < p.num_seqs; ++s) {
+    const int lk = p.kv_lens[s], lq = p.q_lens[s];
+    // The sequence's keys and values, dense [Lk, Hkv, D] from its pages.
+    std::vector<float> k(size_t(lk) * p.num_kv_heads * p.head_dim);
+    std::vector<float> v(size_t(lk) * p.num_kv_heads * p.v_head_dim);
+    for (int j = 0; j < lk; ++j) {
+      for (int g = 0; g < p.num_kv_heads; ++g) {
+        std::copy_n(c.k().begin() + p.k_offset(c.page(s, j), g, j % p.page_size), p.head_dim,
+                    k.begin() + (size_t(j) * p.num_kv_heads + g) * p.head_dim);
+        std::copy_n(c.v().begin() + p.v_offset(c.page(s, j), g, j % p.page_size), p.v_head_dim,
+                    v.begin() + (size_t(j) * p.num_kv_heads + g) * p.v_head_dim);
+      }
+    }
+    AttentionParams a;
+    a.batch = 1;
+    a.num_heads = p.num_heads;
+    a.num_kv_heads = p.num_kv_heads;
+    a.q_len = lq;
+    a.kv_len = lk;
+    a.head_dim = p.head_dim;
+    a.v_head_dim = p.v_head_dim;
+    const float* q = c.q().data() + size_t(p.q_offsets[s]) * p.num_heads * p.head_dim;
+    a.q = {q, 0, p.head_dim, int64_t{p.num_heads} * p.head_dim};
+    a.k = {k.data(), 0, p.head_dim, int64_t{p.num_kv_heads} * p.head_dim};
+    a.v = {v.data(), 0, p.v_head_dim, int64_t{p.num_kv_heads} * p.v_head_dim};
+    a.causal = true;
+    a.scale = p.scale;
+    a.mods = {
+        .window_left = 12, .window_right = 0, .softcap = 1.25f, .alibi_slopes = slopes.data()};
+    const Reference64 dense = ReferenceAttention64(a);  // out [H, Lq, Dv]
+    double worst = 0;
+    for (int h = 0; h < p.num_heads; ++h) {
+      for (int i = 0; i < lq; ++i) {
+        for (int d = 0; d < p.v_head_dim; ++d) {
+          const double x =
+              paged.out[((size_t(p.q_offsets[s]) + i) * p.num_heads + h) * p.v_head_dim + d];
+          const double y = dense.out[(size_t(h) * lq + i) * p.v_head_dim + d];
+          worst = std::max(worst, std::fabs(x - y));
+        }
+      }
+    }
+    EXPECT_LE(worst, 1e-12) << "sequence " << s;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Isas, PagedAttentionIsaTest,
     ::testing::Values(Path{Isa::kGeneric, Bf16Isa::kNone}, Path{Isa::kAvx2, Bf16Isa::kNone},

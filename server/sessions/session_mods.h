@@ -1,0 +1,47 @@
+// A session's score modifications (CreateSessionRequest's window, softcap and alibi): every
+// extend applies them as PagedAttentionParams says (kernels/paged_attention_params.h), so that a
+// session computes what Attend computes with the same options and causal set.
+#ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_MODS_H_
+#define ATTNSERVE_SERVER_SESSIONS_SESSION_MODS_H_
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/paged_attention_params.h"
+
+namespace attnserve::server::sessions {
+
+struct SessionMods {
+  int window_left = -1;             // keys before position - window_left blocked; -1: none
+  float softcap = 0.0f;             // 0: none
+  std::vector<float> alibi_slopes;  // one per query head, or empty: none
+
+  bool any() const { return window_left >= 0 || softcap != 0.0f || !alibi_slopes.empty(); }
+  // Equal for equal modifications, bit for bit (sessions with equal keys share a PagedAttention
+  // call); empty when there are none.
+  std::string Key() const {
+    if (!any()) return "";
+    std::string key = absl::StrCat(window_left, "/");
+    const auto bits = [&key](float f) {
+      uint32_t b;
+      std::memcpy(&b, &f, sizeof b);
+      absl::StrAppend(&key, b, ",");
+    };
+    bits(softcap);
+    for (float s : alibi_slopes) bits(s);
+    return key;
+  }
+  // Into p (which then points at alibi_slopes: this must outlive p's use).
+  void ApplyTo(kernels::PagedAttentionParams& p) const {
+    p.window_left = window_left;
+    p.softcap = softcap;
+    p.alibi_slopes = alibi_slopes.empty() ? nullptr : alibi_slopes.data();
+  }
+};
+
+}  // namespace attnserve::server::sessions
+
+#endif  // ATTNSERVE_SERVER_SESSIONS_SESSION_MODS_H_
