@@ -14,6 +14,25 @@ int64_t NewTokens(const v1::ExtendSessionRequest& request) {
 
 }  // namespace
 
+namespace {
+
+// What CreateRaw and CreateForModule ask for besides the binding.
+void SetOptions(const SessionOptions& options, v1::CreateSessionRequest* request) {
+  request->set_cache_dtype(options.cache_dtype);
+  if (options.scale.has_value()) request->set_scale(*options.scale);
+  request->set_pinned(options.pinned);
+  request->set_idle_ttl_us(absl::ToInt64Microseconds(options.idle_ttl));
+  if (options.window_left >= 0) {
+    request->mutable_window()->set_left(options.window_left);
+    request->mutable_window()->set_right(0);
+  }
+  request->set_softcap(options.softcap);
+  if (options.alibi_standard) request->mutable_alibi()->set_standard(true);
+  for (float slope : options.alibi_slopes) request->mutable_alibi()->add_slopes(slope);
+}
+
+}  // namespace
+
 absl::StatusOr<Session> Session::CreateRaw(Client* client, const HeadLayout& layout,
                                            const SessionOptions& options) {
   v1::CreateSessionRequest request;
@@ -22,10 +41,7 @@ absl::StatusOr<Session> Session::CreateRaw(Client* client, const HeadLayout& lay
   l->set_num_kv_heads(layout.num_kv_heads > 0 ? layout.num_kv_heads : layout.num_heads);
   l->set_head_dim(layout.head_dim);
   l->set_v_head_dim(layout.v_head_dim);
-  request.set_cache_dtype(options.cache_dtype);
-  if (options.scale.has_value()) request.set_scale(*options.scale);
-  request.set_pinned(options.pinned);
-  request.set_idle_ttl_us(absl::ToInt64Microseconds(options.idle_ttl));
+  SetOptions(options, &request);
   return Create(client, request, options.timeout);
 }
 
@@ -33,10 +49,7 @@ absl::StatusOr<Session> Session::CreateForModule(Client* client, const std::stri
                                                  const SessionOptions& options) {
   v1::CreateSessionRequest request;
   request.set_module(module);
-  request.set_cache_dtype(options.cache_dtype);
-  if (options.scale.has_value()) request.set_scale(*options.scale);
-  request.set_pinned(options.pinned);
-  request.set_idle_ttl_us(absl::ToInt64Microseconds(options.idle_ttl));
+  SetOptions(options, &request);
   return Create(client, request, options.timeout);
 }
 

@@ -56,6 +56,13 @@ struct SessionOptions {
   bool pinned = false;
   // Idle time after which the session is lost. Default (zero): the server's.
   absl::Duration idle_ttl = absl::ZeroDuration();
+  // Score modifications (attention.proto, CreateSessionRequest): a sliding window of
+  // window_left keys before each token's position (-1: none), a logit soft-cap (0: none), ALiBi
+  // with the standard slopes or with one slope per query head (empty: none).
+  int window_left = -1;
+  float softcap = 0.0f;
+  bool alibi_standard = false;
+  std::vector<float> alibi_slopes;
   // Deadline of each call the Session makes. Default (zero): ClientOptions::timeout.
   absl::Duration timeout = absl::ZeroDuration();
 };

@@ -219,6 +219,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   AttentionService::Options service_options;
   service_options.limits = options.limits;
   service_options.limits.linear_attention = host->backend_->supports_linear_attention();
+  service_options.limits.session_score_mods = host->backend_->supports_session_score_mods();
   service_options.allow_module_rpc = options.allow_module_rpc;
   service_options.auth = host->auth_.get();
   host->drain_ = std::make_shared<Drain>();

@@ -157,6 +157,10 @@ export interface SessionInfo {
   idleUs: number;
   parentId: string;
   scale: number;
+  /** Its score modifications: the window's left side (absent: none), soft-cap, ALiBi slopes. */
+  windowLeft?: number;
+  softcap: number;
+  alibiSlopes: number[];
 }
 
 export interface CreateSessionOptions {
@@ -170,6 +174,12 @@ export interface CreateSessionOptions {
   pinned?: boolean;
   /** 0: the server's idle TTL. */
   idleTtlUs?: number;
+  /** A sliding window: the keys before each token's position it attends. */
+  window?: number;
+  /** Logit soft-cap (0: none). */
+  softcap?: number;
+  /** ALiBi: 'standard' or one slope per query head. */
+  alibi?: 'standard' | ArrayLike<number>;
   /** With several replicas: the one to create it on (default: the next in turn). */
   replica?: string;
   timeoutMs?: number;

@@ -549,7 +549,9 @@ class Client {
    * Creates a decode session: options.module (a loaded module: extends send input
    * [L, d_model]) or options.layout ({numHeads, numKvHeads, headDim, vHeadDim}: extends send
    * projected q [L, Hq, D], k and v [L, Hkv, D], token-major); options.cacheDtype (float32,
-   * float16, bfloat16), scale, pinned, idleTtlUs. Resolves to the SessionInfo (sessionId, ...).
+   * float16, bfloat16), scale, pinned, idleTtlUs; window (the keys before each token's
+   * position it attends: a sliding window), softcap, alibi ('standard' or one slope per query
+   * head), as attend takes them with causal set. Resolves to the SessionInfo (sessionId, ...).
    * With several replicas it goes to options.replica, else to the next replica in turn; a
    * replica that issues an id naming another owner gets the session closed again, and the
    * call rejects with an Error saying to set that replica's --session_owner.
@@ -562,6 +564,15 @@ class Client {
     if (options.module) request.module = options.module;
     else request.layout = options.layout;
     if (options.scale !== undefined) request.scale = options.scale;
+    if (options.window !== undefined && options.window !== null) {
+      request.window = { left: Number(options.window), right: 0 };
+    }
+    if (options.softcap) request.softcap = Number(options.softcap);
+    if (options.alibi === 'standard') {
+      request.alibi = { standard: true };
+    } else if (options.alibi) {
+      request.alibi = { slopes: Array.from(options.alibi, Number) };
+    }
     const [stub, address] = this.replicaStub(options.replica);
     const info = (await this.unary('CreateSession', request, options.timeoutMs, stub)).session;
     if (address && sessionOwner(info.sessionId) !== address) {

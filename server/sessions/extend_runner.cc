@@ -1,7 +1,7 @@
 // SessionManager::Compute, the extend runner: per item at its first chunk the projections of
 // module sessions (Backend::Project), the queries as sent and the new keys and values into the
-// pages; then one PagedAttention call per (layout, heads, scale, query dtype) for each item's
-// next chunk; W_o for module items that are complete.
+// pages; then one PagedAttention call per (layout, heads, scale, query dtype, score mods) for
+// each item's next chunk; W_o for module items that are complete.
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -165,11 +165,14 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     if (!item.status.ok()) item.status = StoreFailure(item.status, store, *backend, s.id);
   }
 
-  // One PagedAttention call per (layout, query heads, scale, query dtype): the sequences of a
-  // call share them. Every row's bits depend on its own sequence alone (paged_attention_params.h).
-  // An item computes its next chunk: rows [done_rows, done_rows + rows) of its new tokens,
-  // attending to the cache up to its last row (chunk boundaries depend on the item alone).
-  std::map<std::tuple<const Arena*, int, uint32_t, kernels::DType>, std::vector<size_t>> groups;
+  // One PagedAttention call per (layout, query heads, scale, query dtype, score modifications):
+  // the sequences of a call share them. Every row's bits depend on its own sequence alone
+  // (paged_attention_params.h). An item computes its next chunk: rows [done_rows, done_rows + rows)
+  // of its new tokens, attending to the cache up to its last row (chunk boundaries depend on the
+  // item alone).
+  std::map<std::tuple<const Arena*, int, uint32_t, kernels::DType, std::string>,
+           std::vector<size_t>>
+      groups;
   std::vector<ExtendItem*> finished_modules;
   std::vector<int64_t> rows_now(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) {
@@ -179,7 +182,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     const Session& s = *item.lease.session_;
     uint32_t scale_bits;
     std::memcpy(&scale_bits, &s.scale, sizeof scale_bits);
-    groups[{s.arena, s.num_heads, scale_bits, item.q_dtype}].push_back(i);
+    groups[{s.arena, s.num_heads, scale_bits, item.q_dtype, s.mods.Key()}].push_back(i);
   }
   for (const auto& [key, members] : groups) {
     const Session& first = *items[members.front()]->lease.session_;
@@ -196,6 +199,7 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     p.k_pages = arena.store()->k_base();
     p.v_pages = arena.store()->v_base();
     p.scale = first.scale;
+    first.mods.ApplyTo(p);  // the group's (equal keys)
     int max_pages = 1;
     int64_t total_q = 0;
     for (size_t i : members) {

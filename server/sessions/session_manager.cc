@@ -181,6 +181,7 @@ SessionState SessionManager::StateLocked(const Session& s) {
   st.idle = Now() - s.last_used;
   st.parent_id = s.parent_id;
   st.scale = s.scale;
+  st.mods = s.mods;
   st.tenant = s.tenant;
   st.serial = s.serial;
   return st;
@@ -214,6 +215,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   }
   s->scale =
       spec.scale.has_value() ? *spec.scale : 1.0f / std::sqrt(static_cast<float>(layout.head_dim));
+  s->mods = spec.mods;
   s->pinned = spec.pinned;
   s->ttl = spec.idle_ttl > absl::ZeroDuration() ? std::min(spec.idle_ttl, options_.idle_ttl)
                                                 : options_.idle_ttl;
@@ -280,6 +282,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
   c->num_heads = p.num_heads;
   c->arena = arena;
   c->scale = p.scale;
+  c->mods = p.mods;
   c->pages = p.pages;
   for (int32_t page : c->pages) pool_->Ref(c->arena, page);
   c->length = p.length;

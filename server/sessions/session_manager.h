@@ -59,6 +59,7 @@
 #include "kernels/multi_head.h"
 #include "server/batching/clock.h"
 #include "server/sessions/kv_pool.h"
+#include "server/sessions/session_mods.h"
 
 namespace attnserve::metrics {
 class Metrics;
@@ -144,6 +145,7 @@ struct SessionSpec {
   int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
   kernels::DType cache_dtype = kernels::DType::kFloat32;
   std::optional<float> scale;
+  SessionMods mods;  // validated by the caller (alibi_slopes: one per query head)
   bool pinned = false;
   absl::Duration idle_ttl = absl::ZeroDuration();  // zero: the default
   std::string tenant;  // the creator's (auth.h); "" the anonymous tenant
@@ -160,6 +162,7 @@ struct SessionState {
   absl::Duration idle_ttl, idle;
   std::string parent_id;
   float scale = 1.0f;
+  SessionMods mods;
   std::string tenant;
   uint64_t serial = 0;  // the order of creation on this replica (ListSessions' pages)
 };

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 #include "kernels/multi_head.h"
 #include "server/sessions/kv_pool.h"
+#include "server/sessions/session_mods.h"
 
 namespace attnserve::server::sessions {
 
@@ -35,6 +36,7 @@ struct Session {
   int num_heads = 0;
   Arena* arena = nullptr;
   float scale = 1.0f;
+  SessionMods mods;
   std::vector<int32_t> pages;
   int64_t length = 0;
   bool pinned = false;

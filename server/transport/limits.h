@@ -31,6 +31,10 @@ struct Limits {
   // (kernels::Backend::supports_linear_attention); refused UNIMPLEMENTED when not. Set by the
   // host from its backend.
   bool linear_attention = true;
+  // Whether the backend's paged attention takes a window, soft-capping and ALiBi
+  // (kernels::Backend::supports_session_score_mods): sessions with them are refused
+  // UNIMPLEMENTED when not. Set by the host from its backend.
+  bool session_score_mods = true;
 };
 
 // What gRPC is told to accept (ServerBuilder::SetMaxReceiveMessageSize): twice

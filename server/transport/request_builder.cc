@@ -502,6 +502,61 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
   return job;
 }
 
+namespace {
+
+// The window, soft-cap and ALiBi slopes of a session with `heads` query heads (attention.proto,
+// CreateSessionRequest).
+absl::Status BuildSessionMods(const v1::CreateSessionRequest& request, int64_t heads,
+                              const Limits& limits, sessions::SessionMods* mods) {
+  if (request.has_window()) {
+    if (request.window().left() < 0) {
+      return Invalid(absl::StrCat("window.left must be >= 0 (the keys before each token's ",
+                                  "position a session attends); was ", request.window().left()));
+    }
+    if (request.window().right() != 0 && request.window().right() != -1) {
+      return Invalid(absl::StrCat("window.right must be 0 or -1 (a session is causal); was ",
+                                  request.window().right()));
+    }
+    mods->window_left = request.window().left();
+  }
+  if (!std::isfinite(request.softcap()) || request.softcap() < 0) {
+    return Invalid(absl::StrCat("softcap must be finite and >= 0; was ", request.softcap()));
+  }
+  mods->softcap = request.softcap();
+  if (request.has_alibi()) {
+    const v1::Alibi& alibi = request.alibi();
+    if (alibi.standard() == (alibi.slopes_size() != 0)) {
+      return Invalid(absl::StrCat("alibi must hold either slopes (", heads,
+                                  " entries, one per query head) or standard: true; had ",
+                                  alibi.slopes_size(), " slopes and standard ",
+                                  alibi.standard() ? "true" : "false"));
+    }
+    if (alibi.standard()) {
+      mods->alibi_slopes = StandardAlibiSlopes(heads);
+    } else {
+      if (alibi.slopes_size() != heads) {
+        return Invalid(absl::StrCat("alibi.slopes must hold one entry per query head (", heads,
+                                    "); had ", alibi.slopes_size()));
+      }
+      for (int i = 0; i < alibi.slopes_size(); ++i) {
+        if (!std::isfinite(alibi.slopes(i))) {
+          return Invalid(
+              absl::StrCat("alibi.slopes[", i, "] must be finite; was ", alibi.slopes(i)));
+        }
+      }
+      mods->alibi_slopes.assign(alibi.slopes().begin(), alibi.slopes().end());
+    }
+  }
+  if (mods->any() && !limits.session_score_mods) {
+    return absl::UnimplementedError(
+        "sessions with a window, softcap or alibi are not implemented by this server's backend "
+        "(--backend=cpu computes them)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRequest& request,
                                                        const ModuleRegistry& modules,
                                                        const Limits& limits) {
@@ -564,6 +619,12 @@ absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRe
   }
   spec.pinned = request.pinned();
   spec.idle_ttl = absl::Microseconds(request.idle_ttl_us());
+  if (absl::Status s = BuildSessionMods(
+          request, spec.module != nullptr ? spec.module->num_heads : spec.num_heads, limits,
+          &spec.mods);
+      !s.ok()) {
+    return s;
+  }
   return spec;
 }
 
@@ -829,6 +890,9 @@ void WriteSessionInfo(const sessions::SessionState& st, v1::SessionInfo* info) {
   info->set_idle_us(absl::ToInt64Microseconds(st.idle));
   info->set_parent_id(st.parent_id);
   info->set_scale(st.scale);
+  if (st.mods.window_left >= 0) info->set_window_left(st.mods.window_left);
+  info->set_softcap(st.mods.softcap);
+  for (float slope : st.mods.alibi_slopes) info->add_alibi_slopes(slope);
 }
 
 void WriteExtendResponse(const sessions::ExtendItem& item, const JobTiming& timing, absl::Time now,

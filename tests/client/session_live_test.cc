@@ -127,6 +127,36 @@ TEST(SessionLiveTest, PrefillAndStepsEqualCausalAttention) {
   EXPECT_EQ(s.Describe().value().length(), n);
 }
 
+// SessionOptions' score modifications reach the server: a window of one key (each token's own)
+// makes every output row its own value row, whatever the soft-cap and ALiBi do to the scores.
+TEST(SessionLiveTest, OptionsCarryTheScoreModifications) {
+  LiveServer server;
+  auto client = Client::Create(server.address()).value();
+  std::mt19937 rng(3);
+  const int64_t n = 9;
+  const auto q = Random(n, kHq, &rng), k = Random(n, kHkv, &rng), v = Random(n, kHkv, &rng);
+  SessionOptions options;
+  options.window_left = 0;
+  options.softcap = 5.0f;
+  options.alibi_standard = true;
+  Session s = Session::CreateRaw(client.get(), Layout(), options).value();
+  EXPECT_EQ(s.info().window_left(), 0);
+  EXPECT_EQ(s.info().softcap(), 5.0f);
+  EXPECT_EQ(s.info().alibi_slopes_size(), kHq);
+  auto r = s.Extend(Rows(q, kHq, 0, n), Rows(k, kHkv, 0, n), Rows(v, kHkv, 0, n));
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<float> own(size_t(n) * kHq * kD);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int h = 0; h < kHq; ++h) {
+      for (int d = 0; d < kD; ++d) {
+        own[(t * kHq + h) * kD + d] = v[(t * kHkv + h / (kHq / kHkv)) * kD + d];
+      }
+    }
+  }
+  std::vector<double> want(own.begin(), own.end());
+  EXPECT_LT(MaxError(r->output(), want), 1e-6);
+}
+
 TEST(SessionLiveTest, BatchAndStreamAnswerAsExtendDoes) {
   LiveServer server;
   auto client = Client::Create(server.address()).value();

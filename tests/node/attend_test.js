@@ -200,6 +200,27 @@ async function main() {
     (err) => err.code === attnserve.grpc.status.NOT_FOUND);
   console.log('decode session: prefill and steps match float64 causal attention');
 
+  // A session with a window of one key (each token's own), soft-capping and ALiBi: every output
+  // row is its own token's value row, whatever the scores (as Attend's window [0, 0] above).
+  const windowed = await client.createSession({
+    layout: { numHeads: SH, numKvHeads: SKV, headDim: SD }, window: 0, softcap: 5,
+    alibi: 'standard',
+  });
+  assert.equal(windowed.windowLeft, 0);
+  assert.equal(windowed.softcap, 5);
+  assert.equal(windowed.alibiSlopes.length, SH);
+  const w = await client.extendSession(windowed.sessionId, {
+    q: slice(sq, SH, 0, SL), k: slice(sk, SKV, 0, SL), v: slice(sv, SKV, 0, SL),
+  });
+  let werr = 0;
+  for (let i = 0; i < SL; i++) for (let h = 0; h < SH; h++) for (let d = 0; d < SD; d++) {
+    const own = sv.data[(i * SKV + Math.floor(h / (SH / SKV))) * SD + d];
+    werr = Math.max(werr, Math.abs(w.output.data[(i * SH + h) * SD + d] - own));
+  }
+  assert.ok(werr < 1e-6, `windowed session: max |error| ${werr}`);
+  await client.closeSession(windowed.sessionId);
+  console.log('decode session with a window of one key: each row is its own value row');
+
   console.log(`GetServerInfo: attnserve ${info.version}; stream answered ${answers.size}; ` +
               'all checks passed');
   client.close();

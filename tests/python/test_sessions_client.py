@@ -39,6 +39,7 @@ class FakeSessions(pb_grpc.AttentionServiceServicer):
     def CreateSession(self, request, context):
         with self.lock:
             self._count("CreateSession")
+            self.last_create = request
             self.next += 1
             sid = f"{self.owner_override or self.owner}/inst/{self.next}"
             self.lengths[sid] = 0
@@ -171,6 +172,20 @@ class SessionClientTest(unittest.TestCase):
             self.assertEqual(self.a.service.lengths, {})
             self.assertEqual(self.a.service.expected, [0, 5, 6])
             self.assertRaises(ValueError, s.extend, tokens(1), tokens(1), tokens(1))
+
+    def test_score_modifications_reach_the_create_request(self):
+        with attnserve.Client(self.a.address) as client:
+            client.create_session(layout=LAYOUT, window=4095, softcap=30.0, alibi="standard")
+            r = self.a.service.last_create
+            self.assertTrue(r.HasField("window"))
+            self.assertEqual((r.window.left, r.window.right), (4095, 0))
+            self.assertEqual(r.softcap, 30.0)
+            self.assertTrue(r.alibi.standard)
+            client.create_session(layout=LAYOUT, alibi=[0.5, 0.25])
+            r = self.a.service.last_create
+            self.assertFalse(r.HasField("window"))
+            self.assertEqual(list(r.alibi.slopes), [0.5, 0.25])
+            self.assertRaises(ValueError, client.create_session, layout=LAYOUT, alibi="bloom")
 
     def test_a_retry_after_a_lost_response_is_reported(self):
         self.a.service.lose_first_response = True

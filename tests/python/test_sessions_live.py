@@ -25,14 +25,24 @@ from attnserve import pb
 from live_server import LiveServer
 
 
-def causal64(q, k, v, scale=None):
-    """q [Lq, Hq, D], k/v [Lk, Hkv, D*] token-major -> [Lq, Hq, Dv], bottom-right causal."""
+def causal64(q, k, v, scale=None, window=None, softcap=0.0, slopes=None):
+    """q [Lq, Hq, D], k/v [Lk, Hkv, D*] token-major -> [Lq, Hq, Dv], bottom-right causal;
+    window: keys before each query's position it may attend; softcap: s -> cap·tanh(s / cap);
+    slopes: ALiBi, s - slope_h·(i' - j); in that order, as FlashAttention applies them."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     lq, hq, d = q.shape
     lk, hkv, _ = k.shape
     k, v = np.repeat(k, hq // hkv, axis=1), np.repeat(v, hq // hkv, axis=1)
     s = np.einsum("ihd,jhd->hij", q, k) * (scale or 1 / np.sqrt(d))
-    allowed = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + lk - lq
+    pos = np.arange(lq)[:, None] + lk - lq  # each query's position i'
+    key = np.arange(lk)[None, :]
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if slopes is not None:
+        s = s - np.asarray(slopes, np.float64)[:, None, None] * np.abs(key - pos)[None]
+    allowed = key <= pos
+    if window is not None:
+        allowed &= key >= pos - window
     s = np.where(allowed[None], s, -1e9)
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
@@ -80,6 +90,24 @@ class LiveSessionTest(unittest.TestCase):
                     np.testing.assert_allclose(r.output, want, atol=tol, err_msg=f"{dtype} {a}")
                 info = s.describe()
                 self.assertEqual((info.length, info.layout.num_kv_heads), (21, 2))
+
+    def test_window_softcap_and_alibi_sessions(self):
+        # A sliding window of 7 keys, soft-capping and the standard ALiBi slopes of 8 heads
+        # (2^-1 .. 2^-8, the paper's), over prefills and steps; against numpy in float64.
+        rng = np.random.default_rng(5)
+        q, k, v = (tokens(rng, 40, h, 16) for h in (8, 2, 2))
+        slopes = [2.0 ** -h for h in range(1, 9)]
+        with self.client.create_session(layout=attnserve.layout(8, 16, 2), window=6,
+                                        softcap=2.0, alibi="standard") as s:
+            info = s.describe()
+            self.assertEqual((info.window_left, info.softcap), (6, 2.0))
+            np.testing.assert_allclose(info.alibi_slopes, slopes)
+            for a, b in ((0, 30), (30, 31), (31, 40)):
+                r = s.extend(q[a:b], k[a:b], v[a:b])
+                want = causal64(q[a:b], k[:b], v[:b], window=6, softcap=2.0, slopes=slopes)
+                np.testing.assert_allclose(r.output, want, atol=2e-5, err_msg=f"{a}")
+            plain = causal64(q[31:40], k, v)
+            self.assertGreater(np.abs(r.output - plain).max(), 1e-2)
 
     def test_module_session_equals_the_module_over_the_whole_sequence(self):
         rng = np.random.default_rng(2)

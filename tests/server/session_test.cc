@@ -4,6 +4,7 @@
 // restarted; pool full; bad ids; ABORTED); no page leaks; batch invariance, bitwise. A gated
 // backend and a fake clock make every ordering deterministic; no test depends on a timing window.
 #include <cmath>
+#include <functional>
 #include <random>
 #include <set>
 #include <string>
@@ -185,9 +186,12 @@ class SessionTest : public ::testing::Test {
     EXPECT_TRUE(stub_->ListSessions(&context, {}, &response).ok());
     return response.usage();
   }
-  // The causal Attend of tokens [0, t) of `s`, token-major [t, Hq, Dv].
-  std::vector<float> CausalAttend(const Sequence& s, int64_t t) {
+  // The causal Attend of tokens [0, t) of `s` (with `options`, causal set), token-major
+  // [t, Hq, Dv].
+  std::vector<float> CausalAttend(const Sequence& s, int64_t t,
+                                  const v1::AttentionOptions& options = {}) {
     v1::AttendRequest r;
+    *r.mutable_options() = options;
     *r.mutable_query() =
         F32(HeadMajor(Rows(s.q, s.hq * s.d, 0, t), t, s.hq, s.d), {1, s.hq, t, s.d});
     *r.mutable_key() =
@@ -253,6 +257,128 @@ TEST_F(SessionTest, RawSessionAfterPrefillsAndStepsEqualsOneCausalAttend) {
   EXPECT_EQ(info.length(), 23);
   EXPECT_EQ(info.pages(), 6);
   EXPECT_EQ(info.layout().v_head_dim(), 6);
+}
+
+// The score modifications of a session (a window, soft-cap, ALiBi) in CreateSessionRequest and
+// in AttentionOptions alike.
+struct Mods {
+  int window_left;
+  float softcap;
+  std::vector<float> slopes;
+  void To(v1::CreateSessionRequest* r) const {
+    r->mutable_window()->set_left(window_left);
+    r->set_softcap(softcap);
+    for (float slope : slopes) r->mutable_alibi()->add_slopes(slope);
+  }
+  void To(v1::AttentionOptions* o) const {
+    o->mutable_window()->set_left(window_left);
+    o->mutable_window()->set_right(0);
+    o->set_softcap(softcap);
+    for (float slope : slopes) o->mutable_alibi()->add_slopes(slope);
+  }
+};
+
+// A session with a sliding window, soft-capping and ALiBi computes what a causal Attend with the
+// same options computes, through prefills and steps across pages (and windows starting inside
+// pages and splits), on the reference and the CPU backends; GetSession reports them and a fork
+// keeps them.
+TEST_F(SessionTest, ScoreModsSessionsEqualAttendWithTheSameOptions) {
+  const Mods mods{.window_left = 5, .softcap = 1.5f, .slopes = {0.5f, 0.25f, 0.125f, 0.0625f}};
+  for (const bool cpu : {false, true}) {
+    Restart(SmallPages(), cpu);
+    const Sequence s(4, 2, 8, 6, 23, 11);
+    v1::CreateSessionRequest create;
+    create.mutable_layout()->set_num_heads(4);
+    create.mutable_layout()->set_num_kv_heads(2);
+    create.mutable_layout()->set_head_dim(8);
+    create.mutable_layout()->set_v_head_dim(6);
+    create.set_cache_dtype(v1::DTYPE_FLOAT32);
+    mods.To(&create);
+    v1::CreateSessionResponse created;
+    {
+      grpc::ClientContext context;
+      const grpc::Status st = stub_->CreateSession(&context, create, &created);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+    const std::string id = created.session().session_id();
+    EXPECT_EQ(created.session().window_left(), 5);
+    EXPECT_EQ(created.session().softcap(), 1.5f);
+    EXPECT_EQ(created.session().alibi_slopes_size(), 4);
+    std::vector<float> got;
+    const std::vector<int64_t> cuts = {0, 7, 8, 9, 15, 16, 17, 20};
+    for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+      const std::vector<float> out = Step(id, s, cuts[i], cuts[i + 1]);
+      got.insert(got.end(), out.begin(), out.end());
+    }
+    // The fork continues as the parent would (both hold the same tokens and options).
+    const std::string fork = Fork(id);
+    const std::vector<float> parent_tail = Step(id, s, 20, 23);
+    const std::vector<float> fork_tail = Step(fork, s, 20, 23);
+    EXPECT_EQ(parent_tail, fork_tail) << (cpu ? "cpu" : "reference");
+    got.insert(got.end(), parent_tail.begin(), parent_tail.end());
+    v1::AttentionOptions options;
+    mods.To(&options);
+    const std::vector<float> want = CausalAttend(s, s.t, options);
+    EXPECT_LE(MaxAbsDiff(got, want), 2e-6) << (cpu ? "cpu" : "reference");
+    // Without the modifications the answer is far from it: the case tests them.
+    EXPECT_GT(MaxAbsDiff(got, CausalAttend(s, s.t)), 1e-2);
+  }
+}
+
+// A backend whose paged attention takes no score modifications (the CUDA backend today).
+class NoSessionModsBackend final : public kernels::Backend {
+ public:
+  std::string name() const override { return "no-session-mods"; }
+  std::vector<kernels::DeviceInfo> devices() const override { return inner_.devices(); }
+  bool supports_session_score_mods() const override { return false; }
+  absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
+    return inner_.Attend(batch);
+  }
+  absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> batch) override {
+    return inner_.MultiHead(batch);
+  }
+
+ private:
+  kernels::ReferenceBackend inner_;
+};
+
+TEST_F(SessionTest, ScoreModsAreCheckedAndRefusedWhereTheBackendLacksThem) {
+  Start(SmallPages());
+  const auto create = [&](const std::function<void(v1::CreateSessionRequest*)>& edit) {
+    v1::CreateSessionRequest r;
+    r.mutable_layout()->set_num_heads(4);
+    r.mutable_layout()->set_num_kv_heads(2);
+    r.mutable_layout()->set_head_dim(8);
+    r.set_cache_dtype(v1::DTYPE_FLOAT32);
+    edit(&r);
+    v1::CreateSessionResponse response;
+    grpc::ClientContext context;
+    return stub_->CreateSession(&context, r, &response);
+  };
+  const struct {
+    std::function<void(v1::CreateSessionRequest*)> edit;
+    std::string message;
+  } bad[] = {
+      {[](auto* r) { r->mutable_window()->set_left(-1); }, "window.left must be >= 0"},
+      {[](auto* r) { r->mutable_window()->set_right(3); }, "window.right must be 0 or -1"},
+      {[](auto* r) { r->set_softcap(-1.0f); }, "softcap must be finite and >= 0; was -1"},
+      {[](auto* r) { r->mutable_alibi()->add_slopes(0.5f); },
+       "alibi.slopes must hold one entry per query head (4); had 1"},
+      {[](auto* r) { r->mutable_alibi(); }, "alibi must hold either slopes"},
+  };
+  for (const auto& b : bad) {
+    const grpc::Status st = create(b.edit);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.message;
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr(b.message));
+  }
+  EXPECT_TRUE(create([](auto* r) { r->mutable_alibi()->set_standard(true); }).ok());
+
+  TearDown();
+  Start(SmallPages(), std::make_unique<NoSessionModsBackend>());
+  const grpc::Status refused = create([](auto* r) { r->set_softcap(2.0f); });
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  EXPECT_THAT(refused.error_message(), ::testing::HasSubstr("softcap"));
+  EXPECT_TRUE(create([](auto*) {}).ok());  // plain sessions are still served
 }
 
 v1::Tensor Encode(const v1::Tensor& f32, v1::Dtype dtype) {

@@ -50,6 +50,10 @@ class GatedBackend final : public kernels::Backend {
 
   std::string name() const override { return inner_->name(); }
   std::vector<kernels::DeviceInfo> devices() const override { return inner_->devices(); }
+  bool supports_linear_attention() const override { return inner_->supports_linear_attention(); }
+  bool supports_session_score_mods() const override {
+    return inner_->supports_session_score_mods();
+  }
   absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
     int rows = 0;
     for (const kernels::AttentionParams& p : batch) rows += p.batch * p.q_len;

@@ -433,13 +433,17 @@ class Client(_Base):
                        layout: Optional[pb.HeadLayout] = None, *,
                        cache_dtype: str = "float32", scale: Optional[float] = None,
                        pinned: bool = False, idle_ttl_s: Optional[float] = None,
+                       window: Optional[int] = None, softcap: float = 0.0,
+                       alibi: Union[None, str, Sequence[float]] = None,
                        timeout: Optional[float] = None) -> Session:
         """A new decode session: bound to the loaded `module` (extend(input=[L, d_model])), or
         to a raw `layout` (attnserve.layout(num_heads, head_dim, num_kv_heads); extend(q, k,
-        v) token-major). cache_dtype: "float32", "float16" or "bfloat16". Use the Session as a
-        context manager, or close() it. With several replicas it goes to the next in turn."""
+        v) token-major). cache_dtype: "float32", "float16" or "bfloat16". window (keys before
+        each token), softcap and alibi as in attend (the session is causal). Use the Session as
+        a context manager, or close() it. With several replicas it goes to the next in turn."""
         request = _s.create_session_request(module, layout, cache_dtype=cache_dtype,
-                                            scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s)
+                                            scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s,
+                                            window=window, softcap=softcap, alibi=alibi)
         stub, address = self._replica_stub()
         info = stub.CreateSession(request, **self._kw(timeout)).session
         error = self._check_owner(info, address)
@@ -571,10 +575,13 @@ class AsyncClient(_Base):
                              layout: Optional[pb.HeadLayout] = None, *,
                              cache_dtype: str = "float32", scale: Optional[float] = None,
                              pinned: bool = False, idle_ttl_s: Optional[float] = None,
+                             window: Optional[int] = None, softcap: float = 0.0,
+                             alibi: Union[None, str, Sequence[float]] = None,
                              timeout: Optional[float] = None) -> AsyncSession:
         """Client.create_session as a coroutine; the AsyncSession's methods are coroutines."""
         request = _s.create_session_request(module, layout, cache_dtype=cache_dtype,
-                                            scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s)
+                                            scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s,
+                                            window=window, softcap=softcap, alibi=alibi)
         stub, address = self._replica_stub()
         info = (await stub.CreateSession(request, **self._kw(timeout))).session
         error = self._check_owner(info, address)

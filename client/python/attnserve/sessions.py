@@ -102,10 +102,16 @@ def layout(num_heads: int, head_dim: int, num_kv_heads: Optional[int] = None,
 def create_session_request(module: Optional[str] = None,
                            layout: Optional[pb.HeadLayout] = None, *,
                            cache_dtype: str = "float32", scale: Optional[float] = None,
-                           pinned: bool = False,
-                           idle_ttl_s: Optional[float] = None) -> pb.CreateSessionRequest:
+                           pinned: bool = False, idle_ttl_s: Optional[float] = None,
+                           window: Optional[int] = None, softcap: float = 0.0,
+                           alibi: Union[None, str, Sequence[float]] = None
+                           ) -> pb.CreateSessionRequest:
     """A pb.CreateSessionRequest bound to `module` or to `layout` (exactly one).
-    cache_dtype: "float32", "float16" or "bfloat16". idle_ttl_s: None for the server's."""
+    cache_dtype: "float32", "float16" or "bfloat16". idle_ttl_s: None for the server's.
+    window: the keys before each token's position it attends (a sliding window; Mistral's
+    window of w keys is window=w - 1); softcap: logit soft-cap (0: none); alibi: "standard" or
+    one slope per query head. A session with them computes what Attend computes with the same
+    options and causal=True."""
     from attnserve.tensors import DTYPES
     if (module is None) == (layout is None):
         raise ValueError("give exactly one of module and layout")
@@ -117,6 +123,15 @@ def create_session_request(module: Optional[str] = None,
         r.layout.CopyFrom(layout)
     if scale is not None:
         r.scale = float(scale)
+    if window is not None:
+        r.window.left, r.window.right = int(window), 0
+    r.softcap = float(softcap)
+    if isinstance(alibi, str):
+        if alibi != "standard":
+            raise ValueError(f'alibi must be "standard" or one slope per query head; was {alibi!r}')
+        r.alibi.standard = True
+    elif alibi is not None:
+        r.alibi.slopes.extend(float(x) for x in alibi)
     return r
 
 
