@@ -77,7 +77,8 @@ ABSL_FLAG(bool, causal, false, "causal masking");
 ABSL_FLAG(std::string, kind, "softmax",
           "softmax or linear (attention.proto, AttentionOptions.kind)");
 ABSL_FLAG(std::string, window, "",
-          "sliding window as LEFT,RIGHT (-1: that side open); empty: none");
+          "sliding window as LEFT,RIGHT (-1: that side open; decode sessions: RIGHT 0 or -1); "
+          "empty: none");
 ABSL_FLAG(double, softcap, 0, "logit soft-cap (0: none)");
 ABSL_FLAG(bool, alibi, false, "ALiBi with the standard slopes");
 ABSL_FLAG(std::string, module, "demo", "mha: module name");
@@ -366,6 +367,11 @@ int main(int argc, char** argv) {
     attnserve::SessionOptions sopts;
     sopts.cache_dtype = work.dtype;
     sopts.timeout = load.timeout;
+    // --window, --softcap, --alibi: the sessions' score modifications (a session is causal:
+    // the window's left side is what counts).
+    sopts.window_left = work.window_left;
+    sopts.softcap = work.softcap;
+    sopts.alibi_standard = work.alibi;
     std::mt19937 rng(static_cast<uint32_t>(load.seed));
     std::normal_distribution<float> normal;
     auto random = [&](std::vector<int64_t> shape) {
