@@ -28,7 +28,8 @@
 //
 // The NaN rule of attention_params.h applies. Every row has at least one allowed key here; a row
 // whose allowed scores are all -Inf (rule 2) attends uniformly to all kv_lens[s] keys of its
-// sequence, as the same row of a dense causal Attend does, and its lse is -Inf.
+// sequence, as the same row of a dense causal Attend does (with a window: to the keys of its
+// window, the only ones a session still holds), and its lse is -Inf.
 #ifndef ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
 #define ATTNSERVE_KERNELS_PAGED_ATTENTION_PARAMS_H_
 

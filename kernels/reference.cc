@@ -345,11 +345,14 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
         if (max_score == -INFINITY && !any_nan) {
           // Every allowed score is -Inf: the row is treated as fully blocked and attends
           // uniformly to every key of the sequence, as a dense causal Attend's row does (the NaN
-          // rule, attention_params.h); its log-sum-exp is -Inf.
-          for (int j = 0; j < kv_len; ++j) {
+          // rule, attention_params.h), or with a window to every key of its window; its
+          // log-sum-exp is -Inf.
+          const int from = p.window_left >= 0 ? start : 0;
+          const int to = p.window_left >= 0 ? keys : kv_len;
+          for (int j = from; j < to; ++j) {
             const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
             for (int d = 0; d < p.v_head_dim; ++d) {
-              out[d] += Element(p.dtype, p.v_pages, v0 + d) / kv_len;
+              out[d] += Element(p.dtype, p.v_pages, v0 + d) / (to - from);
             }
           }
           lse[t * p.num_heads + h] = -INFINITY;

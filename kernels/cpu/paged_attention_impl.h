@@ -634,14 +634,15 @@ void FoldRow(const Shape& sh, const State& st, const State& sp, int i) {
 // True when query row r (of the sequence) has allowed keys in `split`.
 bool Reaches(const Seq& sq, int r, int split) { return split * kSplit <= sq.first_pos + r; }
 
-// The mean of all kv_len value rows of the sequence's kv head (what a row whose allowed scores
-// are all -inf gets, as in attention_params.h's NaN rule 2), summed in key order.
+// The mean of the value rows [from, to) of the sequence's kv head (what a row whose allowed
+// scores are all -inf gets, as in attention_params.h's NaN rule 2: all kv_len keys, or with a
+// window the row's window), summed in key order.
 template <DType T>
 void MeanOfValues(const PagedAttentionParams& p, const Shape& sh, const Seq& sq, int kv_head,
-                  float* mean) {
+                  int from, int to, float* mean) {
   std::memset(mean, 0, sizeof(float) * sh.dvp);
   const char* v_base = static_cast<const char*>(p.v_pages);
-  for (int j = 0; j < sq.kv_len; ++j) {
+  for (int j = from; j < to; ++j) {
     const void* v = v_base + (sq.pages[j / p.page_size] * sh.v_page_stride +
                               (int64_t{kv_head} * p.page_size + j % p.page_size) * p.v_head_dim) *
                                  sh.esize;
@@ -649,7 +650,7 @@ void MeanOfValues(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
       PVec::Store(mean + c, PVec::Add(PVec::Load(mean + c), LoadSome<T>(v, c, p.v_head_dim - c)));
     }
   }
-  const V inv = PVec::Set1(1.0f / static_cast<float>(sq.kv_len));
+  const V inv = PVec::Set1(1.0f / static_cast<float>(to - from));
   for (int c = 0; c < sh.dvp; c += kW) PVec::Store(mean + c, PVec::Mul(PVec::Load(mean + c), inv));
 }
 
@@ -667,8 +668,14 @@ void Finish(const PagedAttentionParams& p, const Shape& sh, int seq, const Seq& 
     // l == 0 exactly when every allowed score was -inf (not m == -inf: a NaN score can be lost
     // by the max, never by the sum, which keeps the row NaN as the NaN rule wants).
     if (l == 0.0f) {
-      if (!have_mean) MeanOfValues<T>(p, sh, sq, kv_head, mean);
-      have_mean = true;
+      if (p.window_left >= 0) {
+        // The row's own window (the pages before it may be gone: session_table.h, dropped).
+        const int pos = sq.first_pos + row0 + i / sh.group;
+        MeanOfValues<T>(p, sh, sq, kv_head, MaxInt(0, pos - p.window_left), pos + 1, mean);
+      } else if (!have_mean) {
+        MeanOfValues<T>(p, sh, sq, kv_head, 0, sq.kv_len, mean);
+        have_mean = true;
+      }
       for (int c = 0; c < dv; c += kW)
         PVec::StoreN(out + c, PVec::Load(mean + c), MinInt(kW, dv - c));
       if (p.lse != nullptr) p.lse[t * p.num_heads + h] = kNegInf;

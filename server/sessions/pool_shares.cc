@@ -49,7 +49,7 @@ PoolUsage SessionManager::Usage() {
   absl::flat_hash_map<std::pair<const Arena*, int32_t>, int64_t> filled;
   const int64_t page_tokens = pool_->page_tokens();
   for (const auto& [serial, s] : table_->all()) {
-    for (size_t i = 0; i < s->pages.size(); ++i) {
+    for (size_t i = s->dropped; i < s->pages.size(); ++i) {
       const int64_t n = std::min<int64_t>(page_tokens, s->length - int64_t(i) * page_tokens);
       int64_t& f = filled[{s->arena, s->pages[i]}];
       f = std::max(f, n);

@@ -159,6 +159,7 @@ void SessionManager::EndLease(Lease& lease, bool keep) {
     }
     s.pages = std::move(lease.pages_.table);
     s.length += lease.new_tokens_;
+    DropPagesBeforeWindowLocked(s);
     TouchLocked(s);
     if (metrics_ != nullptr) {
       metrics_->RecordSessionTokens(lease.new_tokens_ == 1 ? "decode" : "prefill",

@@ -10,6 +10,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/paged_attention_params.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager_internal.h"
 #include "server/sessions/session_table.h"
@@ -86,8 +87,25 @@ void SessionManager::SetOwner(std::string owner) {
 void SessionManager::TouchLocked(Session& s) { table_->Touch(s, Now()); }
 
 void SessionManager::FreePagesLocked(Session& s) {
-  for (int32_t page : s.pages) pool_->Unref(s.arena, page);
+  for (size_t i = s.dropped; i < s.pages.size(); ++i) pool_->Unref(s.arena, s.pages[i]);
   s.pages.clear();
+  s.dropped = 0;
+}
+
+void SessionManager::DropPagesBeforeWindowLocked(Session& s) {
+  if (s.mods.window_left < 0) return;
+  // The next query (at position s.length) attends from s.length - window_left on, and the
+  // paged kernels read whole splits of kPagedSplitKeys keys from the one holding it: every page
+  // wholly before that split is never read again, by this session or by its later forks.
+  const int64_t first_key = std::max<int64_t>(0, s.length - s.mods.window_left);
+  const int64_t first_split_key = first_key / kernels::kPagedSplitKeys * kernels::kPagedSplitKeys;
+  const int64_t keep_from = std::min<int64_t>(first_split_key / pool_->page_tokens(),
+                                              static_cast<int64_t>(s.pages.size()) - 1);
+  for (; s.dropped < keep_from; ++s.dropped) {
+    pool_->Unref(s.arena, s.pages[s.dropped]);
+    s.pages[s.dropped] = kDroppedPage;
+    if (s.pinned) table_->AddPinnedBytes(-s.arena->page_bytes());
+  }
 }
 
 void SessionManager::RemoveLocked(const std::shared_ptr<Session>& s,
@@ -173,8 +191,10 @@ SessionState SessionManager::StateLocked(const Session& s) {
   st.v_head_dim = l.v_head_dim;
   st.cache_dtype = l.dtype;
   st.length = s.length;
-  st.pages = static_cast<int64_t>(s.pages.size());
-  for (int32_t p : s.pages) st.shared_pages += s.arena->refs(p) > 1 ? 1 : 0;
+  st.pages = s.held_pages();
+  for (size_t i = s.dropped; i < s.pages.size(); ++i) {
+    st.shared_pages += s.arena->refs(s.pages[i]) > 1 ? 1 : 0;
+  }
   st.bytes = st.pages * s.arena->page_bytes();
   st.pinned = s.pinned;
   st.idle_ttl = s.ttl;
@@ -284,7 +304,8 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
   c->scale = p.scale;
   c->mods = p.mods;
   c->pages = p.pages;
-  for (int32_t page : c->pages) pool_->Ref(c->arena, page);
+  c->dropped = p.dropped;
+  for (size_t i = c->dropped; i < c->pages.size(); ++i) pool_->Ref(c->arena, c->pages[i]);
   c->length = p.length;
   c->pinned = pinned;
   c->ttl = idle_ttl > absl::ZeroDuration() ? std::min(idle_ttl, options_.idle_ttl) : p.ttl;

@@ -326,6 +326,8 @@ class SessionManager {
   void RemoveLocked(const std::shared_ptr<Session>& s, absl::string_view lost_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the pages of a windowed session that no later query reads (session_table.h, dropped).
+  void DropPagesBeforeWindowLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   SessionState StateLocked(const Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<SessionState> AddLocked(std::shared_ptr<Session> s)

@@ -27,6 +27,9 @@
 namespace attnserve::server::sessions {
 
 // One session's record: what it computes, its pages, its use, and its places in the table.
+// A page table entry whose page left its session's sliding window and was freed.
+inline constexpr int32_t kDroppedPage = -1;
+
 struct Session {
   std::string id;
   std::string tenant;   // whose it is (session_manager.h, "Tenants")
@@ -37,7 +40,11 @@ struct Session {
   Arena* arena = nullptr;
   float scale = 1.0f;
   SessionMods mods;
+  // Its page table: pages[i] holds tokens [i · page_tokens, (i + 1) · page_tokens). The first
+  // `dropped` entries left a sliding window and went back to the pool (kDroppedPage): no later
+  // query reads them (SessionManager::DropPagesBeforeWindowLocked).
   std::vector<int32_t> pages;
+  int64_t dropped = 0;
   int64_t length = 0;
   bool pinned = false;
   absl::Duration ttl;
@@ -48,8 +55,9 @@ struct Session {
   std::string parent_id;
   std::list<Session*>::iterator lru;
 
-  // Bytes of the pages it holds (a page it shares counted in full).
-  int64_t bytes() const { return static_cast<int64_t>(pages.size()) * arena->page_bytes(); }
+  // Pages it holds (not those dropped) and their bytes (a page it shares counted in full).
+  int64_t held_pages() const { return static_cast<int64_t>(pages.size()) - dropped; }
+  int64_t bytes() const { return held_pages() * arena->page_bytes(); }
 };
 
 class SessionTable {

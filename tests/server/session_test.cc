@@ -325,6 +325,52 @@ TEST_F(SessionTest, ScoreModsSessionsEqualAttendWithTheSameOptions) {
   }
 }
 
+// A windowed session gives back the pages that have left its window (all but the 256-key split
+// holding the window's start and those after it), and still answers as Attend does; so does a
+// fork taken after pages were dropped. Pages of 4 tokens, a window of 40 keys.
+TEST_F(SessionTest, AWindowedSessionFreesThePagesBeforeItsWindow) {
+  for (const bool cpu : {false, true}) {
+    Restart(SmallPages(), cpu);
+    const Mods mods{.window_left = 40, .softcap = 0.0f, .slopes = {}};
+    const Sequence s(2, 1, 8, 8, 700, 21);
+    v1::CreateSessionRequest create;
+    create.mutable_layout()->set_num_heads(2);
+    create.mutable_layout()->set_num_kv_heads(1);
+    create.mutable_layout()->set_head_dim(8);
+    create.set_cache_dtype(v1::DTYPE_FLOAT32);
+    mods.To(&create);
+    v1::CreateSessionResponse created;
+    {
+      grpc::ClientContext context;
+      ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
+    }
+    const std::string id = created.session().session_id();
+    std::vector<float> got;
+    for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{
+             {0, 300}, {300, 301}, {301, 600}, {600, 601}, {601, 650}}) {
+      const std::vector<float> out = Step(id, s, from, to);
+      got.insert(got.end(), out.begin(), out.end());
+    }
+    // At 650 tokens the next token attends from 610 on: the split of keys [512, 768) onwards
+    // stays, pages 128.. of 163 (pages of 4 tokens); 128 went back to the pool.
+    v1::SessionInfo info;
+    ASSERT_TRUE(Get(id, &info).ok());
+    EXPECT_EQ(info.length(), 650);
+    EXPECT_EQ(info.pages(), 163 - 128);
+    EXPECT_EQ(Usage().pages_used(), 163 - 128);
+    const std::string fork = Fork(id);
+    const std::vector<float> tail = Step(id, s, 650, 700);
+    EXPECT_EQ(Step(fork, s, 650, 700), tail) << (cpu ? "cpu" : "reference");
+    got.insert(got.end(), tail.begin(), tail.end());
+    v1::AttentionOptions options;
+    mods.To(&options);
+    EXPECT_LE(MaxAbsDiff(got, CausalAttend(s, s.t, options)), 2e-6) << (cpu ? "cpu" : "reference");
+    ASSERT_TRUE(Close(id).ok());
+    ASSERT_TRUE(Close(fork).ok());
+    EXPECT_EQ(Usage().pages_used(), 0);
+  }
+}
+
 // A backend whose paged attention takes no score modifications (the CUDA backend today).
 class NoSessionModsBackend final : public kernels::Backend {
  public:
