@@ -56,7 +56,7 @@ class Backend {
   virtual std::string float32_precision() const { return "fp32: float32 arithmetic"; }
 
   // Whether Attend and MultiHead compute AttentionKind::kLinear items (attention_params.h). A
-  // backend without must never be given one.
+  // backend without must never be given one (the server gives them to its CPU backend).
   virtual bool supports_linear_attention() const { return true; }
   // Whether PagedAttention takes score modifications (a window, soft-capping, ALiBi:
   // PagedAttentionParams::modifies_scores). The server refuses sessions with them when not.

@@ -191,7 +191,15 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         });
   }
 
-  host->executor_ = std::make_unique<Executor>(host->backend_.get(), metrics);
+  if (!host->backend_->supports_linear_attention()) {
+    // Linear attention, which the backend lacks, on the CPU (its recurrent form is O(L) and
+    // memory-bound: a GPU server's CPU cores do it well).
+    auto cpu = kernels::MakeBackend("cpu", options.backend_threads, options.cpu_float32_precision);
+    if (!cpu.ok()) return cpu.status();
+    host->fallback_ = *std::move(cpu);
+  }
+  host->executor_ =
+      std::make_unique<Executor>(host->backend_.get(), host->fallback_.get(), metrics);
   auto dispatcher = BatchingDispatcher::Create(options.batching, host->executor_.get(), metrics);
   if (!dispatcher.ok()) return dispatcher.status();
   const batching::BatcherOptions& batcher = (*dispatcher)->options();
@@ -218,7 +226,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   }
   AttentionService::Options service_options;
   service_options.limits = options.limits;
-  service_options.limits.linear_attention = host->backend_->supports_linear_attention();
+  service_options.limits.linear_attention =
+      host->backend_->supports_linear_attention() || host->fallback_ != nullptr;
   service_options.limits.session_score_mods = host->backend_->supports_session_score_mods();
   service_options.allow_module_rpc = options.allow_module_rpc;
   service_options.auth = host->auth_.get();
@@ -286,6 +295,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         options.idle_release, &host->idle_clock_, [h] { return h->drain_->activity(); },
         [h] {
           h->backend_->ReleaseIdleMemory();
+          if (h->fallback_ != nullptr) h->fallback_->ReleaseIdleMemory();
           h->sessions_->ReleaseIdleMemory();
           AllocatorReleaseFreeMemory();
         });

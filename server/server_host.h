@@ -145,6 +145,9 @@ class ServerHost {
   // factory; read by service_ and idle_releaser_.
   std::shared_ptr<Drain> drain_;
   std::unique_ptr<kernels::Backend> backend_;
+  // The CPU backend, for what backend_ lacks (linear attention on the CUDA backend); null when
+  // backend_ has it all.
+  std::unique_ptr<kernels::Backend> fallback_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> memory_hook_;  // reads backend_: declared after
   ModuleRegistry modules_;
   std::unique_ptr<Executor> executor_;
@@ -156,7 +159,8 @@ class ServerHost {
 
   std::unique_ptr<grpc::Server> server_;
   batching::RealClock idle_clock_;
-  std::unique_ptr<IdleReleaser> idle_releaser_;  // reads drain_, backend_, sessions_: goes first
+  // Reads drain_, backend_, fallback_, sessions_: goes first.
+  std::unique_ptr<IdleReleaser> idle_releaser_;
   int port_ = 0;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

@@ -78,8 +78,8 @@ std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const Atte
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
   for (const AttentionParams& p : batch) {
-    // supports_linear_attention() is false: the server refuses such requests; never compute
-    // softmax attention in their place.
+    // supports_linear_attention() is false: the server computes such requests on its CPU
+    // backend (server/core/executor.h); never compute softmax attention in their place.
     if (p.kind != AttentionKind::kSoftmax) {
       return absl::UnimplementedError("cuda backend: no linear attention kernel yet");
     }

@@ -20,6 +20,12 @@ std::vector<std::unique_ptr<Job>> Executor::Run(std::vector<std::unique_ptr<Job>
   return {};
 }
 
+kernels::Backend* Executor::BackendFor(const Job& job) const {
+  const kernels::AttentionKind kind =
+      job.kind == JobKind::kAttend ? job.attend.kind : job.multi_head.kind;
+  return fallback_ != nullptr && kind == kernels::AttentionKind::kLinear ? fallback_ : backend_;
+}
+
 Executor::Computed Executor::Compute(std::vector<std::unique_ptr<Job>> batch) {
   const absl::Time start = absl::Now();
   Computed computed;
@@ -36,23 +42,24 @@ Executor::Computed Executor::Compute(std::vector<std::unique_ptr<Job>> batch) {
   if (live.empty()) return computed;
 
   absl::Status& status = computed.status;
+  kernels::Backend* backend = BackendFor(*live.front());  // a batch is of one signature
   if (live.front()->kind == JobKind::kAttend) {
     std::vector<kernels::AttentionParams> params;
     params.reserve(live.size());
     for (const auto& job : live) params.push_back(job->attend);
-    status = backend_->Attend(params);
+    status = backend->Attend(params);
   } else {
     std::vector<kernels::MultiHeadParams> params;
     params.reserve(live.size());
     for (const auto& job : live) params.push_back(job->multi_head);
-    status = backend_->MultiHead(params);
+    status = backend->MultiHead(params);
   }
   if (!status.ok()) {
     status = absl::InternalError(
-        absl::StrCat("backend ", backend_->name(), " failed: ", status.message()));
+        absl::StrCat("backend ", backend->name(), " failed: ", status.message()));
   }
   const absl::Time end = absl::Now();
-  const std::string backend_name = backend_->name();
+  const std::string backend_name = backend->name();
   if (metrics_ != nullptr) {
     int64_t tokens = 0;
     double flops = 0;

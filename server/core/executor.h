@@ -12,12 +12,14 @@
 
 namespace attnserve::server {
 
-// Thread-safe (the backend is). Does not own the backend.
+// Thread-safe (the backends are). Does not own the backends.
 class Executor {
  public:
-  // `metrics` may be null (no metrics recorded).
-  Executor(kernels::Backend* backend, metrics::Metrics* metrics)
-      : backend_(backend), metrics_(metrics) {}
+  // Computes on `backend`, and linear attention on `fallback` when it is set (a backend that
+  // lacks it: kernels::Backend::supports_linear_attention). `metrics` may be null (no metrics
+  // recorded).
+  Executor(kernels::Backend* backend, kernels::Backend* fallback, metrics::Metrics* metrics)
+      : backend_(backend), fallback_(fallback), metrics_(metrics) {}
 
   // Computes `batch` (jobs of one signature, so one kind) with one backend call, fills each
   // job's timing and calls Finish on every job: OK, or the backend's error for all of them.
@@ -43,7 +45,11 @@ class Executor {
   std::vector<std::unique_ptr<Job>> RunExtends(std::vector<std::unique_ptr<Job>> live,
                                                absl::Time start);
 
+  // The backend for a batch of `job`'s signature (one kind of attention a batch).
+  kernels::Backend* BackendFor(const Job& job) const;
+
   kernels::Backend* backend_;
+  kernels::Backend* fallback_;
   metrics::Metrics* metrics_;
 };
 

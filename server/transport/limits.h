@@ -27,9 +27,9 @@ struct Limits {
   int64_t max_module_bytes = int64_t{1} << 30;
   // Most requests of one AttentionStream queued or computing at once. Default: 256.
   int64_t max_stream_in_flight = 256;
-  // Whether the backend computes AttentionOptions.kind LINEAR
-  // (kernels::Backend::supports_linear_attention); refused UNIMPLEMENTED when not. Set by the
-  // host from its backend.
+  // Whether the server computes AttentionOptions.kind LINEAR (its backend, or the CPU backend
+  // it falls back to: kernels::Backend::supports_linear_attention); refused UNIMPLEMENTED when
+  // not. Set by the host.
   bool linear_attention = true;
   // Whether the backend's paged attention takes a window, soft-capping and ALiBi
   // (kernels::Backend::supports_session_score_mods): sessions with them are refused

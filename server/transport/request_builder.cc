@@ -355,10 +355,15 @@ void SetSizes(int64_t tokens, double flops, Job* job) {
 }
 
 // The signature: what must be equal for jobs to share a kernel launch.
+// Linear attention is a signature of its own: a batch is of one kind, computed by one backend
+// (the executor's fallback when the backend lacks it).
 std::string Signature(const Job& job, absl::string_view extra) {
+  const kernels::AttentionKind kind =
+      job.kind == JobKind::kAttend ? job.attend.kind : job.multi_head.kind;
   return absl::StrCat(job.kind == JobKind::kAttend ? "attend" : "mha", "/",
                       kernels::DTypeName(job.dtype), "/", extra, "/w",
-                      job.weights_shape.empty() ? 0 : 1);
+                      job.weights_shape.empty() ? 0 : 1,
+                      kind == kernels::AttentionKind::kLinear ? "/linear" : "");
 }
 
 }  // namespace

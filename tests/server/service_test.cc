@@ -536,6 +536,63 @@ TEST_F(ServiceTest, LimitsAnswerResourceExhausted) {
   EXPECT_THAT(r2.status().message(), HasSubstr("--max_tensor_elements"));
 }
 
+// A backend without linear attention (as the CUDA backend is): the reference for softmax
+// attention, and a failure should a linear item ever reach it.
+class NoLinearBackend final : public kernels::Backend {
+ public:
+  std::string name() const override { return "no-linear"; }
+  std::vector<kernels::DeviceInfo> devices() const override { return inner_.devices(); }
+  bool supports_linear_attention() const override { return false; }
+  absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
+    for (const kernels::AttentionParams& p : batch) {
+      if (p.kind == kernels::AttentionKind::kLinear) return absl::InternalError("linear item");
+    }
+    return inner_.Attend(batch);
+  }
+  absl::Status MultiHead(absl::Span<const kernels::MultiHeadParams> batch) override {
+    for (const kernels::MultiHeadParams& p : batch) {
+      if (p.kind == kernels::AttentionKind::kLinear) return absl::InternalError("linear item");
+    }
+    return inner_.MultiHead(batch);
+  }
+
+ private:
+  kernels::ReferenceBackend inner_;
+};
+
+// Linear attention on a server whose backend lacks it is computed by the CPU fallback: the same
+// bits as a CPU server's (batch invariance), Timing.backend "cpu"; softmax attention stays on
+// the server's backend.
+TEST(ServerHostTest, LinearAttentionFallsBackToTheCpuWhereTheBackendLacksIt) {
+  auto metrics = metrics::Metrics::Create({}).value();
+  server::ServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.backend_threads = 2;
+  auto host =
+      server::ServerHost::Start(options, std::make_unique<NoLinearBackend>(), metrics.get());
+  ASSERT_TRUE(host.ok()) << host.status();
+  options.backend = "cpu";
+  auto cpu_host = server::ServerHost::Start(options, metrics.get());
+  ASSERT_TRUE(cpu_host.ok()) << cpu_host.status();
+  auto client = Client::Create("127.0.0.1:" + std::to_string((*host)->port())).value();
+  auto cpu_client = Client::Create("127.0.0.1:" + std::to_string((*cpu_host)->port())).value();
+
+  AttendCase c = MakeAttendCase(v1::DTYPE_FLOAT32, 2, 4, 2, 7, 9, 16, 8, true, false);
+  v1::AttendRequest linear = c.request;
+  linear.mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);
+  auto got = client->Attend(linear);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->timing().backend(), "cpu");
+  auto want = cpu_client->Attend(linear);
+  ASSERT_TRUE(want.ok()) << want.status();
+  EXPECT_EQ(got->output().data(), want->output().data());
+
+  auto softmax = client->Attend(c.request);
+  ASSERT_TRUE(softmax.ok()) << softmax.status();
+  EXPECT_EQ(softmax->timing().backend(), "no-linear");
+  EXPECT_LE(MaxAbsError(TensorToFloats(softmax->output()).value(), c.expected.out), 1e-5);
+}
+
 TEST(ParseModuleSpecTest, ParsesNamePathAndHeads) {
   auto a = server::ParseModuleSpec("bert=/m/bert.safetensors:12");
   ASSERT_TRUE(a.ok());
