@@ -224,6 +224,11 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     di->set_name(d.name);
     di->set_memory_bytes(d.memory_bytes);
   }
+  if (host->fallback_ != nullptr) {
+    v1::BackendInfo* fallback_info = &info.backends.emplace_back();
+    fallback_info->set_name(host->fallback_->name());
+    fallback_info->set_active(false);
+  }
   AttentionService::Options service_options;
   service_options.limits = options.limits;
   service_options.limits.linear_attention =

@@ -590,6 +590,14 @@ TEST(ServerHostTest, LinearAttentionFallsBackToTheCpuWhereTheBackendLacksIt) {
   auto softmax = client->Attend(c.request);
   ASSERT_TRUE(softmax.ok()) << softmax.status();
   EXPECT_EQ(softmax->timing().backend(), "no-linear");
+  // GetServerInfo lists the CPU backend beside the active one.
+  auto info = client->GetServerInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->backends_size(), 2);
+  EXPECT_EQ(info->backends(0).name(), "no-linear");
+  EXPECT_TRUE(info->backends(0).active());
+  EXPECT_EQ(info->backends(1).name(), "cpu");
+  EXPECT_FALSE(info->backends(1).active());
   EXPECT_LE(MaxAbsError(TensorToFloats(softmax->output()).value(), c.expected.out), 1e-5);
 }
 
