@@ -170,6 +170,11 @@ const FEATURE_MAPS = {
   identity: 'FEATURE_MAP_IDENTITY',
 };
 
+// An Alibi message from 'standard' or one slope per query head.
+function alibiMessage(alibi) {
+  return alibi === 'standard' ? { standard: true } : { slopes: Array.from(alibi, Number) };
+}
+
 function attentionOptions(o = {}) {
   const out = { causal: !!o.causal, returnWeights: !!o.returnWeights };
   if (o.mask) out.mask = toMask(o.mask);
@@ -177,11 +182,7 @@ function attentionOptions(o = {}) {
   if (o.scale !== undefined && o.scale !== null) out.scale = o.scale;
   if (o.window) out.window = { left: Number(o.window[0]), right: Number(o.window[1]) };
   if (o.softcap) out.softcap = Number(o.softcap);
-  if (o.alibi === 'standard') {
-    out.alibi = { standard: true };
-  } else if (o.alibi) {
-    out.alibi = { slopes: Array.from(o.alibi, Number) };
-  }
+  if (o.alibi) out.alibi = alibiMessage(o.alibi);
   if (o.kind !== undefined) {
     if (!(o.kind in KINDS)) throw new RangeError(`kind must be softmax or linear; was ${o.kind}`);
     out.kind = KINDS[o.kind];
@@ -568,11 +569,7 @@ class Client {
       request.window = { left: Number(options.window), right: 0 };
     }
     if (options.softcap) request.softcap = Number(options.softcap);
-    if (options.alibi === 'standard') {
-      request.alibi = { standard: true };
-    } else if (options.alibi) {
-      request.alibi = { slopes: Array.from(options.alibi, Number) };
-    }
+    if (options.alibi) request.alibi = alibiMessage(options.alibi);
     const [stub, address] = this.replicaStub(options.replica);
     const info = (await this.unary('CreateSession', request, options.timeoutMs, stub)).session;
     if (address && sessionOwner(info.sessionId) !== address) {

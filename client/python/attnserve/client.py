@@ -152,12 +152,7 @@ def _options(causal, mask, key_lengths, scale, return_weights, window=None, soft
         o.scale = float(scale)
     if window is not None:
         o.window.left, o.window.right = (int(x) for x in window)
-    if isinstance(alibi, str):
-        if alibi != "standard":
-            raise ValueError(f'alibi must be "standard" or one slope per query head; was {alibi!r}')
-        o.alibi.standard = True
-    elif alibi is not None:
-        o.alibi.slopes.extend(float(x) for x in alibi)
+    _s.set_alibi(o, alibi)
     return o
 
 

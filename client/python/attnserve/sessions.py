@@ -126,13 +126,19 @@ def create_session_request(module: Optional[str] = None,
     if window is not None:
         r.window.left, r.window.right = int(window), 0
     r.softcap = float(softcap)
+    set_alibi(r, alibi)
+    return r
+
+
+def set_alibi(message, alibi: Union[None, str, Sequence[float]]) -> None:
+    """message.alibi (AttentionOptions or CreateSessionRequest) from "standard", one slope per
+    query head, or None (none)."""
     if isinstance(alibi, str):
         if alibi != "standard":
             raise ValueError(f'alibi must be "standard" or one slope per query head; was {alibi!r}')
-        r.alibi.standard = True
+        message.alibi.standard = True
     elif alibi is not None:
-        r.alibi.slopes.extend(float(x) for x in alibi)
-    return r
+        message.alibi.slopes.extend(float(x) for x in alibi)
 
 
 def extend_request(session_id: str = "", q: Optional[ArrayLike] = None,
