@@ -371,6 +371,69 @@ TEST_F(SessionTest, AWindowedSessionFreesThePagesBeforeItsWindow) {
   }
 }
 
+// A module session with a window and ALiBi (the standard slopes of its heads) answers as
+// MultiHeadAttention with the same options does.
+TEST_F(SessionTest, ModuleSessionsTakeScoreModsAsMultiHeadAttentionDoes) {
+  for (const bool cpu : {false, true}) {
+    ASSERT_NO_FATAL_FAILURE(Restart(SmallPages(), cpu));
+    SCOPED_TRACE(cpu ? "cpu" : "reference");
+    auto c = testing::LoadSeedCase("seed_demo");
+    ASSERT_TRUE(c.ok()) << c.status();
+    v1::LoadModuleRequest load;
+    load.set_name("demo_mods");
+    load.set_safetensors(c->bytes);
+    v1::LoadModuleResponse loaded;
+    {
+      grpc::ClientContext context;
+      ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
+    }
+    const int64_t d = c->weights.d_model, t = c->q_len;
+    const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);
+    v1::CreateSessionRequest create;
+    create.set_module("demo_mods");
+    create.set_cache_dtype(v1::DTYPE_FLOAT32);
+    create.mutable_window()->set_left(3);
+    create.mutable_alibi()->set_standard(true);
+    v1::CreateSessionResponse created;
+    {
+      grpc::ClientContext context;
+      const grpc::Status st = stub_->CreateSession(&context, create, &created);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+    EXPECT_EQ(created.session().alibi_slopes_size(), c->weights.num_heads);
+    std::vector<float> got;
+    for (int64_t from = 0; from < t;) {
+      const int64_t to = from == 0 ? t / 2 : from + 1;
+      v1::ExtendSessionRequest r;
+      r.set_session_id(created.session().session_id());
+      *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
+      v1::ExtendSessionResponse response;
+      const grpc::Status st = Extend(r, &response);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+      const std::vector<float> out = Floats(response.output());
+      got.insert(got.end(), out.begin(), out.end());
+      from = to;
+    }
+    v1::MultiHeadAttentionRequest mha;
+    mha.set_module("demo_mods");
+    *mha.mutable_query() = F32(input, {1, t, d});
+    mha.mutable_options()->set_causal(true);
+    mha.mutable_options()->mutable_window()->set_left(3);
+    mha.mutable_options()->mutable_window()->set_right(0);
+    mha.mutable_options()->mutable_alibi()->set_standard(true);
+    v1::MultiHeadAttentionResponse expected;
+    grpc::ClientContext context;
+    ASSERT_TRUE(stub_->MultiHeadAttention(&context, mha, &expected).ok());
+    EXPECT_LE(MaxAbsDiff(got, Floats(expected.output())), 1e-4);
+    mha.mutable_options()->clear_window();
+    mha.mutable_options()->clear_alibi();
+    v1::MultiHeadAttentionResponse plain;
+    grpc::ClientContext plain_context;
+    ASSERT_TRUE(stub_->MultiHeadAttention(&plain_context, mha, &plain).ok());
+    EXPECT_GT(MaxAbsDiff(got, Floats(plain.output())), 1e-3);  // the options matter here
+  }
+}
+
 // A backend whose paged attention takes no score modifications (the CUDA backend today).
 class NoSessionModsBackend final : public kernels::Backend {
  public:
