@@ -412,11 +412,6 @@ void PvRun(bool tail, const float* s, int64_t s_off, const void* v, int dv, int 
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// One split of one task: the split-local state of every row-head into `out`.
-// k_pf and v_pf span the task's keys (this split's and the later splits' of the task): the
-// scores prefetch this split's values, the sum over values prefetches the next split's keys, so
-// a task of many splits streams K and V without a break.
 // A split's raw scores s[0, n) of one row-head, scaled and then modified as ScoreMods says
 // (paged_attention_params.h): soft-capped (softcap · tanh(s / softcap), as 1 - 2 / (exp(2s /
 // softcap) + 1): ±softcap at ±infinity, NaN stays NaN), then lowered by slope · (pos - j), where
@@ -445,6 +440,11 @@ inline void ModifyScores(float softcap, float slope, float scale, int offset, in
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// One split of one task: the split-local state of every row-head into `out`.
+// k_pf and v_pf span the task's keys (this split's and the later splits' of the task): the
+// scores prefetch this split's values, the sum over values prefetches the next split's keys, so
+// a task of many splits streams K and V without a break.
 template <DType T, bool kDotBf16>
 void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq, int kv_head,
                   int row0, int rows, int split, const Scratch& sc, const State& out,
