@@ -136,6 +136,21 @@ void SessionManager::DropLostLocked() {
   for (const auto& s : lost) RemoveLocked(s, kDeviceReset);
 }
 
+absl::Status SessionManager::CrossTenantLocked(const std::string& tenant, absl::string_view op,
+                                               absl::Status never) {
+  // The owner may read the log; the caller learns nothing (the answer is `never`). A tenant
+  // probing ids makes a line every 10 s, not one a call.
+  if (int64_t left_out = 0; cross_tenant_log_.Admit(tenant, Now(), &left_out)) {
+    const std::string more =
+        left_out == 0 ? ""
+                      : absl::StrCat(" (and ", left_out, " more by it since its last such line)");
+    std::fprintf(stderr, "attnserve: %s by tenant '%s' of another tenant's session refused%s\n",
+                 std::string(op).c_str(), tenant.c_str(), more.c_str());
+  }
+  RecordRefusal(tenant, "cross_tenant");
+  return never;
+}
+
 absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::string& tenant,
                                                                     const std::string& id,
                                                                     absl::string_view op) {
@@ -152,21 +167,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
   // after the same lookups).
   const absl::Status never = absl::NotFoundError(
       absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
-  // The owner may read the log; the caller learns nothing (the answer is `never`). A tenant
-  // probing ids makes a line every 10 s, not one a call.
-  const auto cross = [&] {
-    if (int64_t left_out = 0; cross_tenant_log_.Admit(tenant, Now(), &left_out)) {
-      const std::string more =
-          left_out == 0 ? ""
-                        : absl::StrCat(" (and ", left_out, " more by it since its last such line)");
-      std::fprintf(stderr, "attnserve: %s by tenant '%s' of another tenant's session refused%s\n",
-                   std::string(op).c_str(), tenant.c_str(), more.c_str());
-    }
-    RecordRefusal(tenant, "cross_tenant");
-    return never;
-  };
   if (std::shared_ptr<Session> s = table_->Find(id); s != nullptr) {
-    if (s->tenant != tenant) return cross();
+    if (s->tenant != tenant) return CrossTenantLocked(tenant, op, never);
     if (!s->busy && Now() - s->last_used >= s->ttl) {
       RemoveLocked(s, "expired");
       return Lost("expired", id);
@@ -174,7 +176,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
     return s;
   }
   if (const SessionTable::LostId* lost = table_->FindLost(id); lost != nullptr) {
-    if (lost->tenant != tenant) return cross();
+    if (lost->tenant != tenant) return CrossTenantLocked(tenant, op, never);
     return Lost(lost->reason, id);
   }
   return never;

@@ -326,6 +326,10 @@ class SessionManager {
   void RemoveLocked(const std::shared_ptr<Session>& s, absl::string_view lost_reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FreePagesLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A refused access to another tenant's session: logged (throttled) and counted; returns
+  // `never`, the answer an id never issued gets.
+  absl::Status CrossTenantLocked(const std::string& tenant, absl::string_view op,
+                                 absl::Status never) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the pages of a windowed session that no later query reads (session_table.h, dropped).
   void DropPagesBeforeWindowLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
