@@ -20,9 +20,12 @@ IdleReleaser::Activity Drain::activity() const {
   return {open_, opened_};
 }
 
-void Drain::BeginRead() {
+bool Drain::BeginRead() {
   MutexLock lock(&mu_);
   ++reading_;
+  // Under mu_: a Begin whose AwaitReads took mu_ before this saw no read of ours, and its
+  // store of draining_ (before that) is visible here.
+  return draining();
 }
 
 void Drain::EndRead() {

@@ -48,7 +48,11 @@ class Drain {
   IdleReleaser::Activity activity() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Reads: a compute call from its admission to the hand-over of its request ---
-  void BeginRead() ABSL_LOCKS_EXCLUDED(mu_);
+  // Counts a read and returns whether the drain had begun then, in one step: a call that finds
+  // it not begun is waited for by AwaitReads, so it may be served; one that finds it begun must
+  // be refused (and its read ended). (Asking draining() later could refuse a call the drain was
+  // already waiting for.)
+  [[nodiscard]] bool BeginRead() ABSL_LOCKS_EXCLUDED(mu_);
   void EndRead() ABSL_LOCKS_EXCLUDED(mu_);
 
   // --- Listeners ---

@@ -232,9 +232,10 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
                                                       metrics::Rpc rpc, Build build) {
   auto* reactor = new StreamedUnaryReactor(context, dispatcher_);
   // Before the Call counts the arrival (attnserve_requests_in_flight): a drain that begins once
-  // the call is counted waits for its read (Drain::AwaitReads). A call refused before its read ends
-  // it on return; one that is read, once its request is handed over.
-  options_.drain->BeginRead();
+  // the call is counted waits for its read (Drain::AwaitReads), and only a call that found the
+  // drain begun here is refused for it. A call refused before its read ends the read on return;
+  // one that is read, once its request is handed over.
+  const bool drain_begun = options_.drain->BeginRead();
   absl::Cleanup refused_before_reading = [this] { options_.drain->EndRead(); };
   auto call = std::make_unique<Call>(
       metrics_, rpc, reactor->caller(),
@@ -263,7 +264,7 @@ StreamedUnaryReactor* AttentionService::ServeStreamed(grpc::CallbackServerContex
   // drain, a long queue of compute) Submit refuses after the read, and asking it twice cost
   // server CPU on every call (tests/bench/cpu_per_call.sh, tiny calls, means of 3 rounds in two
   // runs on the loaded 2-core machine: 58 and 74 us per call with, 52 and 59 without).
-  if (options_.drain->draining()) {
+  if (drain_begun) {
     // Before the gate, whose DEADLINE_EXCEEDED would not tell the caller to go elsewhere.
     call->Finish(absl::UnavailableError("the server is shutting down; retry on another replica"),
                  nullptr, metrics::DropReason::kShutdown);

@@ -54,14 +54,28 @@ TEST(DrainTest, CountsCallsForTheIdleReleaserAndWaitsForTheLastOne) {
   EXPECT_EQ(drain.activity().opened, 2);
 }
 
+// A read counted before the drain began is one the drain waits for (the call is served); one
+// counted after is told to refuse its call. The python drain test's early calls, counted in
+// flight, were once refused by a later look at draining().
+TEST(DrainTest, BeginReadSaysWhetherTheDrainHadBegun) {
+  Drain drain;
+  EXPECT_FALSE(drain.BeginRead());
+  drain.Begin();
+  EXPECT_TRUE(drain.BeginRead());
+  drain.EndRead();
+  std::thread reader([&] { drain.EndRead(); });
+  drain.AwaitReads(absl::InfiniteFuture());  // waited for both
+  reader.join();
+}
+
 TEST(DrainTest, AwaitReadsReturnsOnTheLastReadOrWhenCut) {
   Drain drain;
-  drain.BeginRead();
+  EXPECT_FALSE(drain.BeginRead());
   std::thread reader([&] { drain.EndRead(); });
   drain.AwaitReads(absl::InfiniteFuture());  // returns once the read ended
   reader.join();
 
-  drain.BeginRead();  // a read that never ends
+  EXPECT_FALSE(drain.BeginRead());  // a read that never ends
   drain.CallOpened();
   std::thread cutter([&] { drain.Cut(absl::InfinitePast()); });
   drain.AwaitReads(absl::InfiniteFuture());                  // returns at the cut
