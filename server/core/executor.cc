@@ -21,9 +21,8 @@ std::vector<std::unique_ptr<Job>> Executor::Run(std::vector<std::unique_ptr<Job>
 }
 
 kernels::Backend* Executor::BackendFor(const Job& job) const {
-  const kernels::AttentionKind kind =
-      job.kind == JobKind::kAttend ? job.attend.kind : job.multi_head.kind;
-  return fallback_ != nullptr && kind == kernels::AttentionKind::kLinear ? fallback_ : backend_;
+  return fallback_ != nullptr && job.attention_kind() == kernels::AttentionKind::kLinear ? fallback_
+                                                                                         : backend_;
 }
 
 Executor::Computed Executor::Compute(std::vector<std::unique_ptr<Job>> batch) {

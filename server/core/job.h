@@ -61,6 +61,10 @@ struct Job {
 
   kernels::AttentionParams attend;      // kAttend
   kernels::MultiHeadParams multi_head;  // kMultiHead
+  // The kind of attention a kAttend or kMultiHead job computes.
+  kernels::AttentionKind attention_kind() const {
+    return kind == JobKind::kAttend ? attend.kind : multi_head.kind;
+  }
 
   // kSessionExtend: the extends, each holding its session's lease (or failed validation, with
   // its status set and no lease); `session_batch` for ExtendSessions (per-item results, the job
