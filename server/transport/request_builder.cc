@@ -222,6 +222,41 @@ std::vector<float> StandardAlibiSlopes(int64_t heads) {
   return slopes;
 }
 
+// A soft-cap (attention.proto, AttentionOptions.softcap and CreateSessionRequest.softcap) named
+// `field` in errors.
+absl::Status CheckSoftcap(float softcap, absl::string_view field) {
+  if (!std::isfinite(softcap) || softcap < 0) {
+    return Invalid(absl::StrCat(field, " must be finite and >= 0; was ", softcap));
+  }
+  return absl::OkStatus();
+}
+
+// ALiBi slopes for `heads` query heads from `alibi` (slopes or standard), named `field` in
+// errors.
+absl::Status BuildAlibi(const v1::Alibi& alibi, int64_t heads, absl::string_view field,
+                        std::vector<float>* slopes) {
+  if (alibi.standard() == (alibi.slopes_size() != 0)) {
+    return Invalid(absl::StrCat(field, " must hold either slopes (H = ", heads,
+                                " entries) or standard: true; had ", alibi.slopes_size(),
+                                " slopes and standard ", alibi.standard() ? "true" : "false"));
+  }
+  if (alibi.standard()) {
+    *slopes = StandardAlibiSlopes(heads);
+    return absl::OkStatus();
+  }
+  if (alibi.slopes_size() != heads) {
+    return Invalid(absl::StrCat(field, ".slopes must hold H (", heads, ") entries; had ",
+                                alibi.slopes_size()));
+  }
+  for (int i = 0; i < alibi.slopes_size(); ++i) {
+    if (!std::isfinite(alibi.slopes(i))) {
+      return Invalid(absl::StrCat(field, ".slopes[", i, "] must be finite; was ", alibi.slopes(i)));
+    }
+  }
+  slopes->assign(alibi.slopes().begin(), alibi.slopes().end());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b, int64_t h,
                                           int64_t lq, int64_t lk, int64_t head_dim,
                                           const Limits& limits, Job* job) {
@@ -285,32 +320,12 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
     f.mods.window_left = options.window().left();
     f.mods.window_right = options.window().right();
   }
-  if (!std::isfinite(options.softcap()) || options.softcap() < 0) {
-    return Invalid(
-        absl::StrCat("options.softcap must be finite and >= 0; was ", options.softcap()));
-  }
+  if (absl::Status s = CheckSoftcap(options.softcap(), "options.softcap"); !s.ok()) return s;
   f.mods.softcap = options.softcap();
   if (options.has_alibi()) {
-    const v1::Alibi& alibi = options.alibi();
-    if (alibi.standard() == (alibi.slopes_size() != 0)) {
-      return Invalid(absl::StrCat("options.alibi must hold either slopes (H = ", h,
-                                  " entries) or standard: true; had ", alibi.slopes_size(),
-                                  " slopes and standard ", alibi.standard() ? "true" : "false"));
-    }
-    if (alibi.standard()) {
-      job->alibi_slopes = StandardAlibiSlopes(h);
-    } else {
-      if (alibi.slopes_size() != h) {
-        return Invalid(absl::StrCat("options.alibi.slopes must hold H (", h, ") entries; had ",
-                                    alibi.slopes_size()));
-      }
-      for (int i = 0; i < alibi.slopes_size(); ++i) {
-        if (!std::isfinite(alibi.slopes(i))) {
-          return Invalid(
-              absl::StrCat("options.alibi.slopes[", i, "] must be finite; was ", alibi.slopes(i)));
-        }
-      }
-      job->alibi_slopes.assign(alibi.slopes().begin(), alibi.slopes().end());
+    if (absl::Status s = BuildAlibi(options.alibi(), h, "options.alibi", &job->alibi_slopes);
+        !s.ok()) {
+      return s;
     }
     f.mods.alibi_slopes = job->alibi_slopes.data();
   }
@@ -358,12 +373,10 @@ void SetSizes(int64_t tokens, double flops, Job* job) {
 // Linear attention is a signature of its own: a batch is of one kind, computed by one backend
 // (the executor's fallback when the backend lacks it).
 std::string Signature(const Job& job, absl::string_view extra) {
-  const kernels::AttentionKind kind =
-      job.kind == JobKind::kAttend ? job.attend.kind : job.multi_head.kind;
   return absl::StrCat(job.kind == JobKind::kAttend ? "attend" : "mha", "/",
                       kernels::DTypeName(job.dtype), "/", extra, "/w",
                       job.weights_shape.empty() ? 0 : 1,
-                      kind == kernels::AttentionKind::kLinear ? "/linear" : "");
+                      job.attention_kind() == kernels::AttentionKind::kLinear ? "/linear" : "");
 }
 
 }  // namespace
@@ -524,32 +537,12 @@ absl::Status BuildSessionMods(const v1::CreateSessionRequest& request, int64_t h
     }
     mods->window_left = request.window().left();
   }
-  if (!std::isfinite(request.softcap()) || request.softcap() < 0) {
-    return Invalid(absl::StrCat("softcap must be finite and >= 0; was ", request.softcap()));
-  }
+  if (absl::Status s = CheckSoftcap(request.softcap(), "softcap"); !s.ok()) return s;
   mods->softcap = request.softcap();
   if (request.has_alibi()) {
-    const v1::Alibi& alibi = request.alibi();
-    if (alibi.standard() == (alibi.slopes_size() != 0)) {
-      return Invalid(absl::StrCat("alibi must hold either slopes (", heads,
-                                  " entries, one per query head) or standard: true; had ",
-                                  alibi.slopes_size(), " slopes and standard ",
-                                  alibi.standard() ? "true" : "false"));
-    }
-    if (alibi.standard()) {
-      mods->alibi_slopes = StandardAlibiSlopes(heads);
-    } else {
-      if (alibi.slopes_size() != heads) {
-        return Invalid(absl::StrCat("alibi.slopes must hold one entry per query head (", heads,
-                                    "); had ", alibi.slopes_size()));
-      }
-      for (int i = 0; i < alibi.slopes_size(); ++i) {
-        if (!std::isfinite(alibi.slopes(i))) {
-          return Invalid(
-              absl::StrCat("alibi.slopes[", i, "] must be finite; was ", alibi.slopes(i)));
-        }
-      }
-      mods->alibi_slopes.assign(alibi.slopes().begin(), alibi.slopes().end());
+    if (absl::Status s = BuildAlibi(request.alibi(), heads, "alibi", &mods->alibi_slopes);
+        !s.ok()) {
+      return s;
     }
   }
   if (mods->any() && !limits.session_score_mods) {

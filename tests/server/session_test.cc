@@ -472,7 +472,7 @@ TEST_F(SessionTest, ScoreModsAreCheckedAndRefusedWhereTheBackendLacksThem) {
       {[](auto* r) { r->mutable_window()->set_right(3); }, "window.right must be 0 or -1"},
       {[](auto* r) { r->set_softcap(-1.0f); }, "softcap must be finite and >= 0; was -1"},
       {[](auto* r) { r->mutable_alibi()->add_slopes(0.5f); },
-       "alibi.slopes must hold one entry per query head (4); had 1"},
+       "alibi.slopes must hold H (4) entries; had 1"},
       {[](auto* r) { r->mutable_alibi(); }, "alibi must hold either slopes"},
   };
   for (const auto& b : bad) {
