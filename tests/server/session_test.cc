@@ -129,6 +129,14 @@ class SessionTest : public ::testing::Test {
     host_.reset();
   }
 
+  // The new session's state (a failure is a test failure).
+  v1::SessionInfo Create(const v1::CreateSessionRequest& r) {
+    v1::CreateSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status s = stub_->CreateSession(&context, r, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return response.session();
+  }
   std::string CreateRaw(int hq, int hkv, int d, int dv, bool pinned = false) {
     v1::CreateSessionRequest r;
     r.mutable_layout()->set_num_heads(hq);
@@ -137,11 +145,34 @@ class SessionTest : public ::testing::Test {
     r.mutable_layout()->set_v_head_dim(dv);
     r.set_cache_dtype(v1::DTYPE_FLOAT32);
     r.set_pinned(pinned);
-    v1::CreateSessionResponse response;
+    return Create(r).session_id();
+  }
+  grpc::Status LoadModule(const std::string& name, const std::string& safetensors) {
+    v1::LoadModuleRequest r;
+    r.set_name(name);
+    r.set_safetensors(safetensors);
+    v1::LoadModuleResponse response;
     grpc::ClientContext context;
-    const grpc::Status s = stub_->CreateSession(&context, r, &response);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return response.session().session_id();
+    return stub_->LoadModule(&context, r, &response);
+  }
+  // Extends module session `id` with the t inputs [t, d]: the first half as one prefill, then
+  // one token at a time; returns the outputs in order.
+  std::vector<float> PrefillHalfThenSteps(const std::string& id, const std::vector<float>& input,
+                                          int64_t d, int64_t t) {
+    std::vector<float> got;
+    for (int64_t from = 0; from < t;) {
+      const int64_t to = from == 0 ? t / 2 : from + 1;
+      v1::ExtendSessionRequest r;
+      r.set_session_id(id);
+      *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
+      v1::ExtendSessionResponse response;
+      const grpc::Status st = Extend(r, &response);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+      const std::vector<float> out = Floats(response.output());
+      got.insert(got.end(), out.begin(), out.end());
+      from = to;
+    }
+    return got;
   }
   grpc::Status Extend(const v1::ExtendSessionRequest& r, v1::ExtendSessionResponse* response,
                       std::string* lost = nullptr) {
@@ -294,16 +325,11 @@ TEST_F(SessionTest, ScoreModsSessionsEqualAttendWithTheSameOptions) {
     create.mutable_layout()->set_v_head_dim(6);
     create.set_cache_dtype(v1::DTYPE_FLOAT32);
     mods.To(&create);
-    v1::CreateSessionResponse created;
-    {
-      grpc::ClientContext context;
-      const grpc::Status st = stub_->CreateSession(&context, create, &created);
-      ASSERT_TRUE(st.ok()) << st.error_message();
-    }
-    const std::string id = created.session().session_id();
-    EXPECT_EQ(created.session().window_left(), 5);
-    EXPECT_EQ(created.session().softcap(), 1.5f);
-    EXPECT_EQ(created.session().alibi_slopes_size(), 4);
+    const v1::SessionInfo created = Create(create);
+    const std::string id = created.session_id();
+    EXPECT_EQ(created.window_left(), 5);
+    EXPECT_EQ(created.softcap(), 1.5f);
+    EXPECT_EQ(created.alibi_slopes_size(), 4);
     std::vector<float> got;
     const std::vector<int64_t> cuts = {0, 7, 8, 9, 15, 16, 17, 20};
     for (size_t i = 0; i + 1 < cuts.size(); ++i) {
@@ -339,12 +365,7 @@ TEST_F(SessionTest, AWindowedSessionFreesThePagesBeforeItsWindow) {
     create.mutable_layout()->set_head_dim(8);
     create.set_cache_dtype(v1::DTYPE_FLOAT32);
     mods.To(&create);
-    v1::CreateSessionResponse created;
-    {
-      grpc::ClientContext context;
-      ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
-    }
-    const std::string id = created.session().session_id();
+    const std::string id = Create(create).session_id();
     std::vector<float> got;
     for (const auto& [from, to] : std::vector<std::pair<int64_t, int64_t>>{
              {0, 300}, {300, 301}, {301, 600}, {600, 601}, {601, 650}}) {
@@ -379,14 +400,7 @@ TEST_F(SessionTest, ModuleSessionsTakeScoreModsAsMultiHeadAttentionDoes) {
     SCOPED_TRACE(cpu ? "cpu" : "reference");
     auto c = testing::LoadSeedCase("seed_demo");
     ASSERT_TRUE(c.ok()) << c.status();
-    v1::LoadModuleRequest load;
-    load.set_name("demo_mods");
-    load.set_safetensors(c->bytes);
-    v1::LoadModuleResponse loaded;
-    {
-      grpc::ClientContext context;
-      ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
-    }
+    ASSERT_TRUE(LoadModule("demo_mods", c->bytes).ok());
     const int64_t d = c->weights.d_model, t = c->q_len;
     const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);
     v1::CreateSessionRequest create;
@@ -394,26 +408,9 @@ TEST_F(SessionTest, ModuleSessionsTakeScoreModsAsMultiHeadAttentionDoes) {
     create.set_cache_dtype(v1::DTYPE_FLOAT32);
     create.mutable_window()->set_left(3);
     create.mutable_alibi()->set_standard(true);
-    v1::CreateSessionResponse created;
-    {
-      grpc::ClientContext context;
-      const grpc::Status st = stub_->CreateSession(&context, create, &created);
-      ASSERT_TRUE(st.ok()) << st.error_message();
-    }
-    EXPECT_EQ(created.session().alibi_slopes_size(), c->weights.num_heads);
-    std::vector<float> got;
-    for (int64_t from = 0; from < t;) {
-      const int64_t to = from == 0 ? t / 2 : from + 1;
-      v1::ExtendSessionRequest r;
-      r.set_session_id(created.session().session_id());
-      *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
-      v1::ExtendSessionResponse response;
-      const grpc::Status st = Extend(r, &response);
-      ASSERT_TRUE(st.ok()) << st.error_message();
-      const std::vector<float> out = Floats(response.output());
-      got.insert(got.end(), out.begin(), out.end());
-      from = to;
-    }
+    const v1::SessionInfo created = Create(create);
+    EXPECT_EQ(created.alibi_slopes_size(), c->weights.num_heads);
+    const std::vector<float> got = PrefillHalfThenSteps(created.session_id(), input, d, t);
     v1::MultiHeadAttentionRequest mha;
     mha.set_module("demo_mods");
     *mha.mutable_query() = F32(input, {1, t, d});
@@ -700,36 +697,13 @@ TEST_F(SessionTest, ModuleSessionsEqualMultiHeadAttentionAndTheSeedVectors) {
       SCOPED_TRACE(absl::StrCat(name, cpu ? " on the cpu backend" : " on the reference backend"));
       auto c = testing::LoadSeedCase(name);
       ASSERT_TRUE(c.ok()) << c.status();
-      v1::LoadModuleRequest load;
-      load.set_name("seed_" + name);
-      load.set_safetensors(c->bytes);
-      v1::LoadModuleResponse loaded;
-      {
-        grpc::ClientContext context;
-        ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
-      }
+      ASSERT_TRUE(LoadModule("seed_" + name, c->bytes).ok());
       const int64_t d = c->weights.d_model, t = c->q_len;
       const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);  // batch item 0
       v1::CreateSessionRequest create;
       create.set_module("seed_" + name);
       create.set_cache_dtype(v1::DTYPE_FLOAT32);
-      v1::CreateSessionResponse created;
-      {
-        grpc::ClientContext context;
-        ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
-      }
-      std::vector<float> got;
-      for (int64_t from = 0; from < t;) {
-        const int64_t to = from == 0 ? t / 2 : from + 1;
-        v1::ExtendSessionRequest r;
-        r.set_session_id(created.session().session_id());
-        *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
-        v1::ExtendSessionResponse response;
-        ASSERT_TRUE(Extend(r, &response).ok());
-        const std::vector<float> out = Floats(response.output());
-        got.insert(got.end(), out.begin(), out.end());
-        from = to;
-      }
+      const std::vector<float> got = PrefillHalfThenSteps(Create(create).session_id(), input, d, t);
       v1::MultiHeadAttentionRequest mha;
       mha.set_module("seed_" + name);
       *mha.mutable_query() = F32(input, {1, t, d});
@@ -753,27 +727,16 @@ TEST_F(SessionTest, AnUnloadedModulesSessionsKeepItsWeights) {
   Start(SmallPages());
   auto c = testing::LoadSeedCase("causal");
   ASSERT_TRUE(c.ok()) << c.status();
-  v1::LoadModuleRequest load;
-  load.set_name("m");
-  load.set_safetensors(c->bytes);
-  v1::LoadModuleResponse loaded;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->LoadModule(&context, load, &loaded).ok());
-  }
+  ASSERT_TRUE(LoadModule("m", c->bytes).ok());
   const int64_t d = c->weights.d_model, t = c->q_len;
   const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);
   v1::CreateSessionRequest create;
   create.set_module("m");
   create.set_cache_dtype(v1::DTYPE_FLOAT32);
-  v1::CreateSessionResponse created;
-  {
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub_->CreateSession(&context, create, &created).ok());
-  }
+  const v1::SessionInfo created = Create(create);
   auto extend = [&](int64_t from, int64_t to) {
     v1::ExtendSessionRequest r;
-    r.set_session_id(created.session().session_id());
+    r.set_session_id(created.session_id());
     *r.mutable_input() = F32(Rows(input, d, from, to), {to - from, d});
     v1::ExtendSessionResponse response;
     const grpc::Status st = Extend(r, &response);
@@ -795,7 +758,8 @@ TEST_F(SessionTest, AnUnloadedModulesSessionsKeepItsWeights) {
   const std::vector<float> torch(c->expected_output.begin(), c->expected_output.begin() + t * d);
   EXPECT_LE(MaxAbsDiff(got, torch), 1e-4);
   grpc::ClientContext context;
-  EXPECT_EQ(stub_->CreateSession(&context, create, &created).error_code(),
+  v1::CreateSessionResponse refused;
+  EXPECT_EQ(stub_->CreateSession(&context, create, &refused).error_code(),
             grpc::StatusCode::NOT_FOUND);
 }
 
