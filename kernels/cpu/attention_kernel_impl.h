@@ -342,20 +342,17 @@ void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int p
   }
 }
 
-// Soft-capping and ALiBi (ScoreMods) on a tile of scores st[j][r] of keys j0.. for head h, in
-// that order. softcap · tanh(s / softcap) as softcap · (1 - 2 / (exp(2s / softcap) + 1)): ±softcap
-// at ±infinity, NaN stays NaN.
+// Soft-capping (vec_tiles.h, SoftCap) and ALiBi (ScoreMods) on a tile of scores st[j][r] of keys
+// j0.. for head h, in that order.
 void ModifyScores(const AttentionParams& p, int h, int j0, int keys, int padded_rows,
                   const Scratch& s) {
   const ScoreMods& mods = p.mods;
   if (mods.softcap != 0.0f) {
-    const V cap = Vec::Set1(mods.softcap), two_over_cap = Vec::Set1(2.0f / mods.softcap);
-    const V one = Vec::Set1(1.0f), two = Vec::Set1(2.0f);
+    const SoftCap<Vec> softcap(mods.softcap);
     for (int j = 0; j < keys; ++j) {
       for (int r = 0; r < padded_rows; r += kW) {
         float* at = s.st + j * kQ + r;
-        const V e = Vec::Exp(Vec::Mul(Vec::Load(at), two_over_cap));
-        Vec::Store(at, Vec::Mul(cap, Vec::Sub(one, Vec::Div(two, Vec::Add(e, one)))));
+        Vec::Store(at, softcap(Vec::Load(at)));
       }
     }
   }

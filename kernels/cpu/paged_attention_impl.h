@@ -413,18 +413,14 @@ void PvRun(bool tail, const float* s, int64_t s_off, const void* v, int dv, int 
 }
 
 // A split's raw scores s[0, n) of one row-head, scaled and then modified as ScoreMods says
-// (paged_attention_params.h): soft-capped (softcap · tanh(s / softcap), as 1 - 2 / (exp(2s /
-// softcap) + 1): ±softcap at ±infinity, NaN stays NaN), then lowered by slope · (pos - j), where
-// key x of the split is j = pos + offset + x (offset = k0 - pos). n is a whole number of vectors.
+// (paged_attention_params.h): soft-capped (vec_tiles.h, SoftCap, as the fused body does), then
+// lowered by slope · (pos - j), where key x of the split is j = pos + offset + x (offset = k0 -
+// pos). n is a whole number of vectors.
 inline void ModifyScores(float softcap, float slope, float scale, int offset, int n, float* s) {
   const V vscale = PVec::Set1(scale);
   if (softcap != 0.0f) {
-    const V cap = PVec::Set1(softcap), two_over_cap = PVec::Set1(2.0f / softcap);
-    const V one = PVec::Set1(1.0f), two = PVec::Set1(2.0f);
-    for (int x = 0; x < n; x += kW) {
-      const V e = PVec::Exp(PVec::Mul(PVec::Mul(PVec::Load(s + x), vscale), two_over_cap));
-      PVec::Store(s + x, PVec::Mul(cap, PVec::Sub(one, PVec::Div(two, PVec::Add(e, one)))));
-    }
+    const SoftCap<PVec> cap(softcap);
+    for (int x = 0; x < n; x += kW) PVec::Store(s + x, cap(PVec::Mul(PVec::Load(s + x), vscale)));
   } else {
     for (int x = 0; x < n; x += kW) PVec::Store(s + x, PVec::Mul(PVec::Load(s + x), vscale));
   }

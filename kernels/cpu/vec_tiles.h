@@ -1,6 +1,7 @@
 // The register tiles of the CPU kernels' bodies, over an instruction set's vector operations
 // (vec_avx512.h, vec_avx2.h, vec_generic.h): each per-ISA translation unit names its traits as
-// one of these, with the sizes that fit its registers (the unit says why).
+// one of these, with the sizes that fit its registers (the unit says why). Also the score
+// modification both bodies compute alike (SoftCap).
 #ifndef ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
 #define ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
 
@@ -26,6 +27,24 @@ struct PagedTiles : Ops {
   static constexpr int kPvRows = PvRows;
   static constexpr int kPvVecs = PvVecs;
   static constexpr bool kBf16Dot = false;
+};
+
+// Logit soft-capping (ScoreMods::softcap) of a vector of scores, as both the fused and the paged
+// body compute it, so that a session and an Attend with the same soft-cap agree: cap · tanh(s /
+// cap) as cap · (1 - 2 / (exp(2s / cap) + 1)), which is ±cap at ±infinity and keeps NaN.
+template <class Ops>
+struct SoftCap {
+  using V = typename Ops::V;
+  explicit SoftCap(float c)
+      : cap(Ops::Set1(c)),
+        two_over_cap(Ops::Set1(2.0f / c)),
+        one(Ops::Set1(1.0f)),
+        two(Ops::Set1(2.0f)) {}
+  V operator()(V s) const {
+    const V e = Ops::Exp(Ops::Mul(s, two_over_cap));
+    return Ops::Mul(cap, Ops::Sub(one, Ops::Div(two, Ops::Add(e, one))));
+  }
+  V cap, two_over_cap, one, two;
 };
 
 }  // namespace attnserve::kernels::cpu
