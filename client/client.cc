@@ -13,6 +13,16 @@
 #include "grpcpp/security/credentials.h"
 
 namespace attnserve {
+namespace client_internal {
+
+// An asynchronous unary call: its context, which holds a reference to its channel.
+class PendingCall {
+ public:
+  virtual ~PendingCall() = default;
+  grpc::ClientContext context;
+};
+
+}  // namespace client_internal
 namespace {
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -57,18 +67,14 @@ bool IsIpv6Literal(const std::string& a) {
   return absl::StartsWith(a, "[") && a.find("]:") != std::string::npos;
 }
 
-// One unary call in flight: owns what gRPC reads and writes until the completion runs.
+// One unary call in flight: owns what gRPC reads and writes until the call is destroyed.
 template <typename Request, typename Response>
-struct AsyncCall {
-  grpc::ClientContext context;
+struct AsyncCall : client_internal::PendingCall {
   std::shared_ptr<const Request> request;
   Response response;
   Client::Callback<Response> done;
-  std::function<void(const grpc::ClientContext&, const grpc::Status&)> record;  // may be empty
 
-  void Complete(const grpc::Status& status) {
-    std::unique_ptr<AsyncCall> self(this);
-    if (record) record(context, status);
+  void Deliver(const grpc::Status& status) {
     if (status.ok()) {
       done(std::move(response));
     } else {
@@ -221,7 +227,41 @@ void Client::Record(const grpc::ClientContext& context, const grpc::Status& stat
   throttle_->Record(static_cast<absl::StatusCode>(status.error_code()), pushback);
 }
 
-Client::~Client() = default;
+Client::~Client() {
+  std::vector<std::shared_ptr<PendingCall>> in_flight;
+  {
+    MutexLock lock(&calls_mu_);
+    for (const auto& [raw, call] : calls_) in_flight.push_back(call);
+  }
+  // Outside the lock: a cancelled call's callback may run before TryCancel returns. The
+  // references keep every context alive until it has been told.
+  for (const auto& call : in_flight) call->context.TryCancel();
+  in_flight.clear();
+  MutexLock lock(&calls_mu_);
+  while (unfinished_calls_ != 0) calls_finished_.Wait(&calls_mu_);
+}
+
+void Client::Start(std::shared_ptr<PendingCall> call) {
+  MutexLock lock(&calls_mu_);
+  PendingCall* raw = call.get();
+  calls_.emplace(raw, std::move(call));
+  ++unfinished_calls_;
+}
+
+void Client::Finish(PendingCall* call) {
+  std::shared_ptr<PendingCall> owned;
+  {
+    MutexLock lock(&calls_mu_);
+    auto it = calls_.find(call);
+    owned = std::move(it->second);
+    calls_.erase(it);
+  }
+  // The context, and with it this call's channel reference, goes here (or in ~Client if it
+  // holds the call for a moment): never after the destructor may have released the channels.
+  owned.reset();
+  MutexLock lock(&calls_mu_);
+  if (--unfinished_calls_ == 0) calls_finished_.NotifyAll();
+}
 
 v1::AttentionService::Stub& Client::NextStub() {
   if (stubs_.size() == 1) return *stubs_[0];
@@ -288,13 +328,18 @@ absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Duration t
       done(s);                                                                                     \
       return;                                                                                      \
     }                                                                                              \
-    auto* call = new AsyncCall<v1::Rpc##Request, v1::Rpc##Response>;                               \
+    auto owned = std::make_shared<AsyncCall<v1::Rpc##Request, v1::Rpc##Response>>();               \
+    auto* call = owned.get();                                                                      \
     call->request = std::move(request);                                                            \
     call->done = std::move(done);                                                                  \
-    call->record = [this](const grpc::ClientContext& c, const grpc::Status& s) { Record(c, s); };  \
     Prepare(&call->context, timeout);                                                              \
+    Start(std::move(owned));                                                                       \
     NextStub().async()->Rpc(&call->context, call->request.get(), &call->response,                  \
-                            [call](grpc::Status s) { call->Complete(s); });                        \
+                            [this, call](grpc::Status s) {                                         \
+                              Record(call->context, s);                                            \
+                              call->Deliver(s);                                                    \
+                              Finish(call);                                                        \
+                            });                                                                    \
   }                                                                                                \
   std::future<absl::StatusOr<v1::Rpc##Response>> Client::Rpc##Async(                               \
       const v1::Rpc##Request& request, absl::Duration timeout) {                                   \
@@ -306,12 +351,17 @@ ATTNSERVE_CLIENT_ASYNC(MultiHeadAttention)
 #undef ATTNSERVE_CLIENT_ASYNC
 
 void Client::GetServerInfoAsync(Callback<v1::GetServerInfoResponse> done, absl::Duration timeout) {
-  auto* call = new AsyncCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>;
+  auto owned = std::make_shared<AsyncCall<v1::GetServerInfoRequest, v1::GetServerInfoResponse>>();
+  auto* call = owned.get();
   call->request = std::make_shared<const v1::GetServerInfoRequest>();
   call->done = std::move(done);
   Prepare(&call->context, timeout);
+  Start(std::move(owned));
   NextStub().async()->GetServerInfo(&call->context, call->request.get(), &call->response,
-                                    [call](grpc::Status s) { call->Complete(s); });
+                                    [this, call](grpc::Status s) {
+                                      call->Deliver(s);
+                                      Finish(call);
+                                    });
 }
 
 std::unique_ptr<AttentionStream> Client::OpenStream(
@@ -510,13 +560,18 @@ void Client::ExtendSessionAsync(std::shared_ptr<const v1::ExtendSessionRequest> 
     done(s);
     return;
   }
-  auto* call = new AsyncCall<v1::ExtendSessionRequest, v1::ExtendSessionResponse>;
+  auto owned = std::make_shared<AsyncCall<v1::ExtendSessionRequest, v1::ExtendSessionResponse>>();
+  auto* call = owned.get();
   call->request = std::move(request);
   call->done = std::move(done);
-  call->record = [this](const grpc::ClientContext& c, const grpc::Status& s) { Record(c, s); };
   Prepare(&call->context, timeout);
+  Start(std::move(owned));
   (*stub)->async()->ExtendSession(&call->context, call->request.get(), &call->response,
-                                  [call](grpc::Status s) { call->Complete(s); });
+                                  [this, call](grpc::Status s) {
+                                    Record(call->context, s);
+                                    call->Deliver(s);
+                                    Finish(call);
+                                  });
 }
 
 absl::StatusOr<std::unique_ptr<AttentionStream>> Client::OpenStreamForSession(

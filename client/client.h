@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -38,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "attnserve/v1/attention.grpc.pb.h"
+#include "base/mutex.h"
 #include "client/throttle.h"
 #include "grpcpp/channel.h"
 
@@ -117,6 +119,10 @@ std::string ServiceConfigJson(const ClientOptions& options);
 // names (use one "dns:///name:port" whose records list the servers instead).
 absl::StatusOr<std::string> MultiAddressTarget(const std::vector<std::string>& addresses);
 
+namespace client_internal {
+class PendingCall;  // client.cc
+}  // namespace client_internal
+
 // Thread-safe: one Client may be shared by any number of threads.
 class Client {
  public:
@@ -131,6 +137,13 @@ class Client {
   // Uses an existing channel (TLS, custom arguments, in-process); options.channels and the
   // service config options are ignored (they are the channel's).
   Client(std::shared_ptr<grpc::Channel> channel, const ClientOptions& options = {});
+  // Cancels the asynchronous unary calls still in flight and waits until each one's callback
+  // has returned, so no callback outlives the client and the client's channels are released
+  // here, on the caller's thread: gRPC 1.51 tears its shared callback queue down when the
+  // last channel goes, and a teardown started on one of that queue's own threads (the last
+  // channel reference dropped by a finishing call) joins itself and frees the queue twice.
+  // So never destroy a Client from inside one of its callbacks (that would wait forever).
+  // Streams (OpenStream) are the caller's own objects and end when the caller destroys them.
   ~Client();
 
   // One method per rpc of attnserve.v1.AttentionService (see the proto for semantics and
@@ -240,6 +253,13 @@ class Client {
   // A throttled call's answer, with its trailing metadata (the pushback).
   void Record(const grpc::ClientContext& context, const grpc::Status& status);
 
+  // One asynchronous unary call (client.cc). Start registers it (the registry owns it until
+  // it completes); Finish, on the gRPC thread after its callback, takes it out, destroys it
+  // (its context, so its channel reference) and only then counts it finished.
+  using PendingCall = client_internal::PendingCall;
+  void Start(std::shared_ptr<PendingCall> call);
+  void Finish(PendingCall* call);
+
   std::vector<std::shared_ptr<grpc::Channel>> channels_;
   std::vector<std::unique_ptr<v1::AttentionService::Stub>> stubs_;
   std::atomic<uint64_t> next_stub_{0};
@@ -251,6 +271,10 @@ class Client {
   ClientOptions options_;
   absl::Status throttle_status_;  // ValidateThrottleOptions(options_.throttle)
   std::unique_ptr<Throttle> throttle_;
+  Mutex calls_mu_;
+  std::map<PendingCall*, std::shared_ptr<PendingCall>> calls_ ABSL_GUARDED_BY(calls_mu_);
+  size_t unfinished_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;  // started, not yet Finish'ed
+  CondVar calls_finished_;
   friend class AttentionStream;
 };
 

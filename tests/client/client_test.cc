@@ -188,12 +188,34 @@ class FakeService final : public v1::AttentionService::Service {
     calls_.fetch_add(1);
     return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "a limit");
   }
+  // Holds every Attend until Release() (ClientLifetimeTest).
+  grpc::Status Attend(grpc::ServerContext*, const v1::AttendRequest*,
+                      v1::AttendResponse*) override {
+    MutexLock lock(&mu_);
+    ++attends_;
+    changed_.NotifyAll();
+    while (!released_) changed_.Wait(&mu_);
+    return grpc::Status(grpc::StatusCode::ABORTED, "released");
+  }
+  void AwaitAttends(int n) {
+    MutexLock lock(&mu_);
+    while (attends_ < n) changed_.Wait(&mu_);
+  }
+  void Release() {
+    MutexLock lock(&mu_);
+    released_ = true;
+    changed_.NotifyAll();
+  }
   int calls() const { return calls_.load(); }
 
  private:
   const std::string name_;
   const int failures_;
   std::atomic<int> calls_{0};
+  Mutex mu_;
+  CondVar changed_;
+  int attends_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 struct FakeServer {
@@ -209,6 +231,30 @@ struct FakeServer {
   int port = 0;
   std::unique_ptr<grpc::Server> server;
 };
+
+// A client destroyed with calls in flight cancels them and returns only after every callback
+// has: no callback may run against a destroyed client, and the last reference to a channel
+// must not be dropped on a gRPC thread (~Client in client.h says why).
+TEST(ClientLifetimeTest, DestroyingTheClientCancelsItsCallsAndWaitsForTheirCallbacks) {
+  FakeServer fake("a", 0);
+  auto client = Client::Create(fake.address()).value();  // no deadline: only a cancel ends them
+  constexpr int kCalls = 3;
+  Mutex mu;
+  std::vector<absl::StatusCode> codes;
+  for (int i = 0; i < kCalls; ++i) {
+    client->AttendAsync(SmallAttend(i), [&](absl::StatusOr<v1::AttendResponse> r) {
+      MutexLock lock(&mu);
+      codes.push_back(r.status().code());
+    });
+  }
+  fake.service.AwaitAttends(kCalls);
+  client.reset();
+  {
+    MutexLock lock(&mu);
+    EXPECT_EQ(codes, std::vector<absl::StatusCode>(kCalls, absl::StatusCode::kCancelled));
+  }
+  fake.service.Release();
+}
 
 TEST(RetryTest, UnavailableIsRetriedWithBackoff) {
   FakeServer fake("a", 2);
