@@ -1,10 +1,10 @@
 #include "kernels/cpu/linear_attention.h"
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "kernels/dtype.h"
+#include "kernels/linear_state.h"
 
 namespace attnserve::kernels::cpu {
 namespace {
@@ -12,16 +12,7 @@ namespace {
 // n elements of a row of `type` at `src`, widened to float32, then φ applied.
 void Features(FeatureMap map, DType type, const void* src, int n, float* dst) {
   ToFloat32(type, src, static_cast<size_t>(n), dst);
-  switch (map) {
-    case FeatureMap::kEluPlusOne:
-      for (int d = 0; d < n; ++d) dst[d] = dst[d] > 0 ? dst[d] + 1.0f : std::exp(dst[d]);
-      break;
-    case FeatureMap::kRelu:
-      for (int d = 0; d < n; ++d) dst[d] = dst[d] > 0 ? dst[d] : 0.0f;
-      break;
-    case FeatureMap::kIdentity:
-      break;
-  }
+  ApplyFeatureMap(map, dst, n);
 }
 
 const void* Row(const AttentionParams& p, const InputView& view, int b, int h, int i) {
@@ -42,26 +33,10 @@ void LinearAttentionHead(const AttentionParams& p, int b, int h) {
     for (; added < limit; ++added) {
       Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, added), dk, feature.data());
       ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, added), static_cast<size_t>(dv), value.data());
-      for (int d = 0; d < dk; ++d) {
-        const float f = feature[d];
-        z[d] += f;
-        float* s = state.data() + static_cast<int64_t>(d) * dv;
-        for (int c = 0; c < dv; ++c) s[c] += f * value[c];
-      }
+      LinearAddKey(feature.data(), value.data(), dk, dv, state.data(), z.data());
     }
     Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, feature.data());
-    float norm = 0.0f;
-    for (int d = 0; d < dk; ++d) norm += feature[d] * z[d];
-    for (int c = 0; c < dv; ++c) acc[c] = 0.0f;
-    for (int d = 0; d < dk; ++d) {
-      const float f = feature[d];
-      const float* s = state.data() + static_cast<int64_t>(d) * dv;
-      for (int c = 0; c < dv; ++c) acc[c] += f * s[c];
-    }
-    float* out = p.out.row(b, h, i);
-    // A zero normaliser (no allowed key, φ(q) = 0, or features that cancel): zeros, as defined.
-    const float inv = norm != 0.0f ? 1.0f / norm : 0.0f;
-    for (int c = 0; c < dv; ++c) out[c] = acc[c] * inv;
+    LinearReadQuery(feature.data(), state.data(), z.data(), dk, dv, acc.data(), p.out.row(b, h, i));
   }
 }
 

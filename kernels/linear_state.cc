@@ -1,0 +1,45 @@
+#include "kernels/linear_state.h"
+
+#include <cmath>
+#include <cstdint>
+
+namespace attnserve::kernels {
+
+void ApplyFeatureMap(FeatureMap map, float* x, int n) {
+  switch (map) {
+    case FeatureMap::kEluPlusOne:
+      for (int d = 0; d < n; ++d) x[d] = x[d] > 0 ? x[d] + 1.0f : std::exp(x[d]);
+      break;
+    case FeatureMap::kRelu:
+      for (int d = 0; d < n; ++d) x[d] = x[d] > 0 ? x[d] : 0.0f;
+      break;
+    case FeatureMap::kIdentity:
+      break;
+  }
+}
+
+void LinearAddKey(const float* feature, const float* value, int d, int dv, float* s, float* z) {
+  for (int i = 0; i < d; ++i) {
+    const float f = feature[i];
+    z[i] += f;
+    float* row = s + static_cast<int64_t>(i) * dv;
+    for (int c = 0; c < dv; ++c) row[c] += f * value[c];
+  }
+}
+
+void LinearReadQuery(const float* feature, const float* s, const float* z, int d, int dv,
+                     float* acc, float* out) {
+  float norm = 0.0f;
+  for (int i = 0; i < d; ++i) norm += feature[i] * z[i];
+  for (int c = 0; c < dv; ++c) acc[c] = 0.0f;
+  for (int i = 0; i < d; ++i) {
+    const float f = feature[i];
+    const float* row = s + static_cast<int64_t>(i) * dv;
+    for (int c = 0; c < dv; ++c) acc[c] += f * row[c];
+  }
+  // A zero normaliser (no key, φ(q) = 0, or features that cancel): zeros, as defined.
+  const float inv = norm != 0.0f ? 1.0f / norm : 0.0f;
+  for (int c = 0; c < dv; ++c) out[c] = acc[c] * inv;
+}
+
+}  // namespace attnserve::kernels

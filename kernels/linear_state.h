@@ -1,0 +1,34 @@
+// The running state of causal linear attention (attention_params.h, AttentionKind::kLinear),
+// stepped one key and one query row at a time: for one kv head, S = sum_j φ(k_j) v_jᵀ [D][Dv]
+// and z = sum_j φ(k_j) [D], in float32, keys taken in order.
+//
+// Two callers step it with these functions, so their rows agree bit for bit: the CPU backend's
+// linear Attend (kernels/cpu/linear_attention.cc, the recurrent form over a request's keys) and
+// linear decode sessions (server/sessions/linear_extend.cc, the state kept between extends), so
+// a session's rows are those of a causal Attend over all its tokens on the CPU backend. Compiled
+// once, at -O3 for the baseline instruction set (no reassociation: the sums run in the order
+// written), whatever the backend.
+//
+// Thread-safety: pure functions of their arguments.
+#ifndef ATTNSERVE_KERNELS_LINEAR_STATE_H_
+#define ATTNSERVE_KERNELS_LINEAR_STATE_H_
+
+#include "kernels/attention_params.h"
+
+namespace attnserve::kernels {
+
+// x[0..n) = φ(x[0..n)).
+void ApplyFeatureMap(FeatureMap map, float* x, int n);
+
+// Takes one key into the state: z += φ(k), S += φ(k) vᵀ. `feature` is φ(k) [d], `value` v [dv];
+// `s` is S [d][dv] row-major, `z` [d].
+void LinearAddKey(const float* feature, const float* value, int d, int dv, float* s, float* z);
+
+// One query row against the state: out = φ(q)ᵀ S / (φ(q) · z), all zeros when the normaliser is
+// exactly 0 (the kind's definition). `feature` is φ(q) [d]; `acc` is scratch [dv]; out [dv].
+void LinearReadQuery(const float* feature, const float* s, const float* z, int d, int dv,
+                     float* acc, float* out);
+
+}  // namespace attnserve::kernels
+
+#endif  // ATTNSERVE_KERNELS_LINEAR_STATE_H_
