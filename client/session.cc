@@ -29,6 +29,8 @@ void SetOptions(const SessionOptions& options, v1::CreateSessionRequest* request
   request->set_softcap(options.softcap);
   if (options.alibi_standard) request->mutable_alibi()->set_standard(true);
   for (float slope : options.alibi_slopes) request->mutable_alibi()->add_slopes(slope);
+  request->set_kind(options.kind);
+  request->set_feature_map(options.feature_map);
 }
 
 }  // namespace

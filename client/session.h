@@ -63,6 +63,11 @@ struct SessionOptions {
   float softcap = 0.0f;
   bool alibi_standard = false;
   std::vector<float> alibi_slopes;
+  // The kind of attention: ATTENTION_KIND_LINEAR for a linear-attention session (its state only,
+  // O(D·Dv) bytes a kv head whatever its length; no score modifications, no scale), with its
+  // feature map (unset: elu + 1). Default: softmax.
+  v1::AttentionKind kind = v1::ATTENTION_KIND_UNSPECIFIED;
+  v1::FeatureMap feature_map = v1::FEATURE_MAP_UNSPECIFIED;
   // Deadline of each call the Session makes. Default (zero): ClientOptions::timeout.
   absl::Duration timeout = absl::ZeroDuration();
 };

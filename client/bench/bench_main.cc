@@ -17,6 +17,7 @@
 #include <malloc.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -372,6 +373,7 @@ int main(int argc, char** argv) {
     sopts.window_left = work.window_left;
     sopts.softcap = work.softcap;
     sopts.alibi_standard = work.alibi;
+    sopts.kind = work.kind;  // --kind=linear: linear-attention sessions
     std::mt19937 rng(static_cast<uint32_t>(load.seed));
     std::normal_distribution<float> normal;
     auto random = [&](std::vector<int64_t> shape) {
@@ -379,14 +381,29 @@ int main(int argc, char** argv) {
       for (float& x : v) x = normal(rng);
       return attnserve::MakeTensor(work.dtype, shape, v);
     };
-    const v1::Tensor q = random({prefill, layout.num_heads, layout.head_dim});
-    const v1::Tensor k = random({prefill, layout.num_kv_heads, layout.head_dim});
-    const v1::Tensor v = random({prefill, layout.num_kv_heads, layout.head_dim});
+    // Prefilled in extends of at most kChunk tokens (the same random tokens again in each), so
+    // that long contexts stay within the request limits.
+    constexpr int64_t kChunk = 8192;
+    const int64_t chunk = std::min(prefill, kChunk);
+    const v1::Tensor q = random({chunk, layout.num_heads, layout.head_dim});
+    const v1::Tensor k = random({chunk, layout.num_kv_heads, layout.head_dim});
+    const v1::Tensor v = random({chunk, layout.num_kv_heads, layout.head_dim});
+    const auto first_rows = [](const v1::Tensor& t, int64_t rows) {
+      v1::Tensor out = t;
+      out.set_shape(0, rows);
+      out.mutable_data()->resize(t.data().size() / t.shape(0) * rows);
+      return out;
+    };
     for (int i = 0; i < sessions; ++i) {
       auto session = attnserve::Session::CreateRaw(client->get(), layout, sopts);
       if (!session.ok()) return Usage("CreateSession: " + session.status().ToString());
-      auto r = session->Extend(q, k, v);
-      if (!r.ok()) return Usage("prefill: " + r.status().ToString());
+      for (int64_t from = 0; from < prefill; from += chunk) {
+        const int64_t rows = std::min(chunk, prefill - from);
+        auto r = rows == chunk ? session->Extend(q, k, v)
+                               : session->Extend(first_rows(q, rows), first_rows(k, rows),
+                                                 first_rows(v, rows));
+        if (!r.ok()) return Usage("prefill: " + r.status().ToString());
+      }
       load.session_ids.push_back(session->id());
       load.session_lengths.push_back(session->length());
       open_sessions.push_back(*std::move(session));

@@ -161,6 +161,9 @@ export interface SessionInfo {
   windowLeft?: number;
   softcap: number;
   alibiSlopes: number[];
+  /** 'ATTENTION_KIND_SOFTMAX' or 'ATTENTION_KIND_LINEAR', and a linear session's feature map. */
+  kind: string;
+  featureMap: string;
 }
 
 export interface CreateSessionOptions {
@@ -180,6 +183,10 @@ export interface CreateSessionOptions {
   softcap?: number;
   /** ALiBi: 'standard' or one slope per query head. */
   alibi?: 'standard' | ArrayLike<number>;
+  /** 'linear': a linear-attention session (its running state only; no window, softcap, alibi
+   * or scale), with featureMap as attend's. Default: softmax. */
+  kind?: 'softmax' | 'linear';
+  featureMap?: 'elu_plus_one' | 'relu' | 'identity';
   /** With several replicas: the one to create it on (default: the next in turn). */
   replica?: string;
   timeoutMs?: number;

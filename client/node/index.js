@@ -183,6 +183,13 @@ function attentionOptions(o = {}) {
   if (o.window) out.window = { left: Number(o.window[0]), right: Number(o.window[1]) };
   if (o.softcap) out.softcap = Number(o.softcap);
   if (o.alibi) out.alibi = alibiMessage(o.alibi);
+  setKind(out, o);
+  return out;
+}
+
+// out.kind and out.featureMap (AttentionOptions or CreateSessionRequest) from o.kind ('softmax'
+// or 'linear') and o.featureMap ('elu_plus_one', 'relu', 'identity').
+function setKind(out, o) {
   if (o.kind !== undefined) {
     if (!(o.kind in KINDS)) throw new RangeError(`kind must be softmax or linear; was ${o.kind}`);
     out.kind = KINDS[o.kind];
@@ -194,7 +201,6 @@ function attentionOptions(o = {}) {
     }
     out.featureMap = FEATURE_MAPS[o.featureMap];
   }
-  return out;
 }
 
 /**
@@ -552,7 +558,9 @@ class Client {
    * projected q [L, Hq, D], k and v [L, Hkv, D], token-major); options.cacheDtype (float32,
    * float16, bfloat16), scale, pinned, idleTtlUs; window (the keys before each token's
    * position it attends: a sliding window), softcap, alibi ('standard' or one slope per query
-   * head), as attend takes them with causal set. Resolves to the SessionInfo (sessionId, ...).
+   * head), as attend takes them with causal set; kind 'linear' (featureMap as attend's) for a
+   * linear-attention session, which keeps only its running state: its memory and step time do
+   * not grow with its length. Resolves to the SessionInfo (sessionId, ...).
    * With several replicas it goes to options.replica, else to the next replica in turn; a
    * replica that issues an id naming another owner gets the session closed again, and the
    * call rejects with an Error saying to set that replica's --session_owner.
@@ -570,6 +578,7 @@ class Client {
     }
     if (options.softcap) request.softcap = Number(options.softcap);
     if (options.alibi) request.alibi = alibiMessage(options.alibi);
+    setKind(request, options);
     const [stub, address] = this.replicaStub(options.replica);
     const info = (await this.unary('CreateSession', request, options.timeoutMs, stub)).session;
     if (address && sessionOwner(info.sessionId) !== address) {

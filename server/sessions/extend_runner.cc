@@ -1,7 +1,8 @@
 // SessionManager::Compute, the extend runner: per item at its first chunk the projections of
 // module sessions (Backend::Project), the queries as sent and the new keys and values into the
 // pages; then one PagedAttention call per (layout, heads, scale, query dtype, score mods) for
-// each item's next chunk; W_o for module items that are complete.
+// each item's next chunk; W_o for module items that are complete. Linear-attention items are
+// computed whole after the projections (linear_extend.cc).
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -101,6 +102,24 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
     }
   }
 
+  // Linear-attention items: the whole extend at once (its cost is O(L·D·Dv) whatever the
+  // session's length), their state into fresh pages (linear_extend.cc).
+  std::vector<ExtendItem*> finished_modules;
+  for (size_t i = 0; i < items.size(); ++i) {
+    ExtendItem& item = *items[i];
+    if (!item.status.ok() || item.written || item.kind != kernels::AttentionKind::kLinear) continue;
+    ComputeLinear(item, projected[i].data(), *backend);
+    Buffer<float>().swap(projected[i]);
+    if (!item.status.ok()) continue;
+    if (item.module != nullptr) {
+      finished_modules.push_back(&item);  // W_o below, with the softmax ones
+      continue;
+    }
+    item.out = std::move(item.attention);
+    item.length_after = item.lease.session_->length + item.new_tokens;
+    item.lease.computed_ = true;
+  }
+
   // Per item, at its first chunk: the queries as sent (kept for the later chunks: in the cache
   // dtype when they are exactly in it, else in float32; only K and V are rounded to the cache's
   // type, as the proto says), and the new K and V written into its pages. The pages written are the
@@ -173,7 +192,6 @@ void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backe
   std::map<std::tuple<const Arena*, int, uint32_t, kernels::DType, std::string>,
            std::vector<size_t>>
       groups;
-  std::vector<ExtendItem*> finished_modules;
   std::vector<int64_t> rows_now(items.size(), 0);
   for (size_t i = 0; i < items.size(); ++i) {
     const ExtendItem& item = *items[i];

@@ -60,7 +60,10 @@ absl::Status SessionManager::BeginExtend(const std::string& tenant, const std::s
                                            " but session '", id, "' holds ", s.length,
                                            " tokens; nothing was appended"));
   }
-  if (s.length + new_tokens > options_.max_session_tokens) {
+  // A linear session's length costs nothing (its state is all it keeps): only each extend is
+  // bounded (by the request's limits).
+  if (s.kind != kernels::AttentionKind::kLinear &&
+      s.length + new_tokens > options_.max_session_tokens) {
     return absl::ResourceExhaustedError(
         absl::StrCat("session '", id, "' holds ", s.length, " tokens; ", new_tokens,
                      " more would exceed the server's limit of ", options_.max_session_tokens,
@@ -78,24 +81,13 @@ absl::Status SessionManager::BeginExtend(const std::string& tenant, const std::s
   item->num_kv_heads = s.arena->layout().num_kv_heads;
   item->head_dim = s.arena->layout().head_dim;
   item->v_head_dim = s.arena->layout().v_head_dim;
+  item->kind = s.kind;
   return absl::OkStatus();
 }
 
-absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
-  Lease& lease = item.lease;
-  Session& s = *lease.session_;
-  Arena* arena = s.arena;
-  const int64_t page_tokens = pool_->page_tokens();
-  const int64_t have = static_cast<int64_t>(s.pages.size());
-  const int64_t need = CeilDiv(s.length + lease.new_tokens_, page_tokens);
-  const bool copy = s.length % page_tokens != 0 && arena->refs(s.pages.back()) > 1;
-  const int64_t fresh = need - have + (copy ? 1 : 0);
-  if (fresh == 0) {
-    lease.pages_ = PageReservation{s.pages, {}, {}};
-    lease.reserved_ = true;
-    return absl::OkStatus();
-  }
-  if (s.pinned && table_->pinned_bytes() + (need - have) * arena->page_bytes() >
+absl::Status SessionManager::CheckReserveLocked(const Session& s, const Arena& arena, int64_t fresh,
+                                                int64_t growth) {
+  if (s.pinned && table_->pinned_bytes() + growth * arena.page_bytes() >
                       static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "session '", s.id, "' is pinned, and pinned sessions would hold more than their share of ",
@@ -103,7 +95,7 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
         " bytes, --session_max_pinned_fraction)"));
   }
   if (s.pinned) {
-    if (absl::Status st = CheckTenantPinnedLocked(s.tenant, (need - have) * arena->page_bytes());
+    if (absl::Status st = CheckTenantPinnedLocked(s.tenant, growth * arena.page_bytes());
         !st.ok()) {
       return st;
     }
@@ -112,28 +104,61 @@ absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
   if (shares.max < 1.0) {
     const int64_t held = TenantBytesLocked(s.tenant);
     const int64_t cap = static_cast<int64_t>(shares.max * pool_->bytes_total());
-    if (held + fresh * arena->page_bytes() > cap) {
+    if (held + fresh * arena.page_bytes() > cap) {
       RecordRefusal(s.tenant, "max_share");
       return absl::ResourceExhaustedError(absl::StrCat(
           "tenant '", s.tenant, "' holds ", held, " bytes of the session pool; ", fresh,
-          " more pages of ", arena->page_bytes(), " bytes would take it over its max_share (",
+          " more pages of ", arena.page_bytes(), " bytes would take it over its max_share (",
           shares.max, " of ", pool_->bytes_total(), " bytes); close sessions first"));
     }
   }
-  std::vector<int32_t> pages;
-  bool ok = pool_->Allocate(arena, fresh, &pages);
-  if (!ok && options_.when_full == WhenFull::kEvictLru)
-    ok = EvictForLocked(s, arena, fresh, &pages);
-  if (!ok) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "the session pool is full (", pool_->bytes_used(), " of ", pool_->bytes_total(),
-        " bytes used; ", fresh, " more pages of ", arena->page_bytes(), " bytes needed) and ",
-        options_.when_full == WhenFull::kRefuse
-            ? "the server refuses rather than evicts (--session_when_full=refuse)"
-            : "no idle unpinned session is left to evict",
-        "; close sessions or retry later"));
-  }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::AllocateLocked(const Session& s, Arena* arena, int64_t fresh,
+                                            std::vector<int32_t>* pages) {
+  bool ok = pool_->Allocate(arena, fresh, pages);
+  if (!ok && options_.when_full == WhenFull::kEvictLru) ok = EvictForLocked(s, arena, fresh, pages);
+  if (ok) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "the session pool is full (", pool_->bytes_used(), " of ", pool_->bytes_total(),
+      " bytes used; ", fresh, " more pages of ", arena->page_bytes(), " bytes needed) and ",
+      options_.when_full == WhenFull::kRefuse
+          ? "the server refuses rather than evicts (--session_when_full=refuse)"
+          : "no idle unpinned session is left to evict",
+      "; close sessions or retry later"));
+}
+
+absl::Status SessionManager::ReserveLocked(ExtendItem& item) {
+  Lease& lease = item.lease;
+  Session& s = *lease.session_;
+  Arena* arena = s.arena;
+  const int64_t page_tokens = pool_->page_tokens();
+  const int64_t have = static_cast<int64_t>(s.pages.size());
   PageReservation& r = lease.pages_;
+  if (s.kind == kernels::AttentionKind::kLinear) {
+    // The new state goes to fresh pages, and each old page (shared with forks, perhaps) is
+    // released when the extend commits: a rollback leaves the old state untouched.
+    const int64_t n = LinearStatePages(arena->layout());
+    if (absl::Status st = CheckReserveLocked(s, *arena, n, n - have); !st.ok()) return st;
+    std::vector<int32_t> pages;
+    if (absl::Status st = AllocateLocked(s, arena, n, &pages); !st.ok()) return st;
+    r = PageReservation{pages, pages, {}};
+    for (int64_t i = 0; i < have; ++i) r.copies.push_back({s.pages[i], pages[i]});
+    lease.reserved_ = true;
+    return absl::OkStatus();
+  }
+  const int64_t need = CeilDiv(s.length + lease.new_tokens_, page_tokens);
+  const bool copy = s.length % page_tokens != 0 && arena->refs(s.pages.back()) > 1;
+  const int64_t fresh = need - have + (copy ? 1 : 0);
+  if (fresh == 0) {
+    r = PageReservation{s.pages, {}, {}};
+    lease.reserved_ = true;
+    return absl::OkStatus();
+  }
+  if (absl::Status st = CheckReserveLocked(s, *arena, fresh, need - have); !st.ok()) return st;
+  std::vector<int32_t> pages;
+  if (absl::Status st = AllocateLocked(s, arena, fresh, &pages); !st.ok()) return st;
   r = PageReservation{s.pages, {}, {}};
   size_t next = 0;
   if (copy) {  // the shared last page, partly filled, gets a private copy to write into

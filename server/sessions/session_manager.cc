@@ -191,7 +191,7 @@ SessionState SessionManager::StateLocked(const Session& s) {
   st.num_kv_heads = l.num_kv_heads;
   st.head_dim = l.head_dim;
   st.v_head_dim = l.v_head_dim;
-  st.cache_dtype = l.dtype;
+  st.cache_dtype = s.cache_dtype;
   st.length = s.length;
   st.pages = s.held_pages();
   for (size_t i = s.dropped; i < s.pages.size(); ++i) {
@@ -204,6 +204,8 @@ SessionState SessionManager::StateLocked(const Session& s) {
   st.parent_id = s.parent_id;
   st.scale = s.scale;
   st.mods = s.mods;
+  st.kind = s.kind;
+  st.feature_map = s.feature_map;
   st.tenant = s.tenant;
   st.serial = s.serial;
   return st;
@@ -222,7 +224,13 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
   s->tenant = spec.tenant;
   PageLayout layout;
   layout.page_size = options_.page_tokens;  // the pool's (KvPool::Create)
-  layout.dtype = spec.cache_dtype;
+  // A linear session's pages hold its float32 state (linear_extend.cc), whatever the dtype its
+  // keys and values are rounded to.
+  layout.dtype =
+      spec.kind == kernels::AttentionKind::kLinear ? kernels::DType::kFloat32 : spec.cache_dtype;
+  s->cache_dtype = spec.cache_dtype;
+  s->kind = spec.kind;
+  s->feature_map = spec.feature_map;
   if (spec.module != nullptr) {
     s->module_name = spec.module_name;
     s->module = spec.module;
@@ -303,8 +311,11 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
   c->module = p.module;
   c->num_heads = p.num_heads;
   c->arena = arena;
+  c->cache_dtype = p.cache_dtype;
   c->scale = p.scale;
   c->mods = p.mods;
+  c->kind = p.kind;
+  c->feature_map = p.feature_map;
   c->pages = p.pages;
   c->dropped = p.dropped;
   for (size_t i = c->dropped; i < c->pages.size(); ++i) pool_->Ref(c->arena, c->pages[i]);

@@ -146,6 +146,10 @@ struct SessionSpec {
   kernels::DType cache_dtype = kernels::DType::kFloat32;
   std::optional<float> scale;
   SessionMods mods;  // validated by the caller (alibi_slopes: one per query head)
+  // Linear attention (attention.proto, CreateSessionRequest.kind; no mods, no scale): the
+  // session keeps its running state, not keys and values (linear_extend.cc).
+  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
+  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
   bool pinned = false;
   absl::Duration idle_ttl = absl::ZeroDuration();  // zero: the default
   std::string tenant;  // the creator's (auth.h); "" the anonymous tenant
@@ -163,6 +167,8 @@ struct SessionState {
   std::string parent_id;
   float scale = 1.0f;
   SessionMods mods;
+  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
+  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
   std::string tenant;
   uint64_t serial = 0;  // the order of creation on this replica (ListSessions' pages)
 };
@@ -246,6 +252,7 @@ struct ExtendItem {
   std::string module_name;
   std::shared_ptr<const kernels::MultiHeadWeights> module;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
+  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
 };
 
 class SessionManager {
@@ -338,6 +345,16 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Reserves the pages of one extend (item.new_table, fresh, replaced).
   absl::Status ReserveLocked(ExtendItem& item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED unless `fresh` more pages of `arena` for session `s` (`growth` of them
+  // kept when it commits) keep it within the pinned shares and its tenant's max_share.
+  absl::Status CheckReserveLocked(const Session& s, const Arena& arena, int64_t fresh,
+                                  int64_t growth) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocates `fresh` pages of `arena` for `s` (evicting when the options say so), or the
+  // RESOURCE_EXHAUSTED status of a full pool.
+  absl::Status AllocateLocked(const Session& s, Arena* arena, int64_t fresh,
+                              std::vector<int32_t>* pages) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A linear-attention extend (linear_extend.cc): its rows and its new state, in fresh pages.
+  void ComputeLinear(ExtendItem& item, const float* projected, kernels::Backend& backend);
   // Evicts idle unpinned sessions, least recently used first, until `fresh` pages of `arena`
   // are allocated into *pages: first of tenants holding more than their guaranteed share, then
   // of `s`'s own tenant; never another tenant's within its share. False when nothing may go.

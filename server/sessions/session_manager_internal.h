@@ -1,9 +1,9 @@
 // The parts of SessionManager shared by its files: session_manager.cc (create, fork, close,
 // describe, list over the session table, session_table.h), session_lease.cc (an extend's lease:
 // the reservation of its pages as a transaction, committed or rolled back), pool_shares.cc (the
-// pool's usage, tenants' shares, eviction) and extend_runner.cc (Compute: the new keys and values
-// into the pages, the attention in chunks, the projections of module sessions). Not for use
-// outside server/sessions/.
+// pool's usage, tenants' shares, eviction), extend_runner.cc (Compute: the new keys and values
+// into the pages, the attention in chunks, the projections of module sessions) and
+// linear_extend.cc (linear-attention sessions' state). Not for use outside server/sessions/.
 #ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
 #define ATTNSERVE_SERVER_SESSIONS_SESSION_MANAGER_INTERNAL_H_
 
@@ -24,6 +24,12 @@ namespace attnserve::server::sessions {
 
 // The loss reason of sessions whose pages were on a device the backend re-initialised.
 inline constexpr absl::string_view kDeviceReset = "device reset";
+
+// Pages of a linear-attention session's state in its float32 layout (linear_extend.cc): z and
+// the D rows of S of each kv head, one per slot.
+inline int64_t LinearStatePages(const PageLayout& layout) {
+  return (int64_t{layout.head_dim} + layout.page_size - 1) / layout.page_size;
+}
 
 // Ids: "<owner>/<instance>/<key>" (session_ids.cc).
 inline constexpr int kMaxIdChars = 256;

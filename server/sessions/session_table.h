@@ -20,6 +20,8 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "kernels/attention_params.h"
+#include "kernels/dtype.h"
 #include "kernels/multi_head.h"
 #include "server/sessions/kv_pool.h"
 #include "server/sessions/session_mods.h"
@@ -38,8 +40,12 @@ struct Session {
   std::shared_ptr<const kernels::MultiHeadWeights> module;
   int num_heads = 0;
   Arena* arena = nullptr;
+  kernels::DType cache_dtype = kernels::DType::kFloat32;  // a linear session's arena is float32
   float scale = 1.0f;
   SessionMods mods;
+  // Linear attention: `pages` hold the running state (linear_extend.cc), not keys and values.
+  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
+  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
   // Its page table: pages[i] holds tokens [i · page_tokens, (i + 1) · page_tokens). The first
   // `dropped` entries left a sliding window and went back to the pool (kDroppedPage): no later
   // query reads them (SessionManager::DropPagesBeforeWindowLocked).

@@ -150,6 +150,34 @@ struct OptionFields {
   kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
 };
 
+// A feature map of linear attention (FeatureMap; unset: ELU_PLUS_ONE), named `field` in errors.
+absl::Status BuildFeatureMap(v1::FeatureMap map, absl::string_view field,
+                             kernels::FeatureMap* out) {
+  switch (map) {
+    case v1::FEATURE_MAP_UNSPECIFIED:
+    case v1::FEATURE_MAP_ELU_PLUS_ONE:
+      *out = kernels::FeatureMap::kEluPlusOne;
+      return absl::OkStatus();
+    case v1::FEATURE_MAP_RELU:
+      *out = kernels::FeatureMap::kRelu;
+      return absl::OkStatus();
+    case v1::FEATURE_MAP_IDENTITY:
+      *out = kernels::FeatureMap::kIdentity;
+      return absl::OkStatus();
+    default:
+      return Invalid(absl::StrCat(field,
+                                  " must be one of FEATURE_MAP_ELU_PLUS_ONE, FEATURE_MAP_RELU, "
+                                  "FEATURE_MAP_IDENTITY; was ",
+                                  static_cast<int>(map)));
+  }
+}
+
+// The name of a feature map that has one, else its number (for messages).
+std::string FeatureMapName(v1::FeatureMap map) {
+  const std::string& name = v1::FeatureMap_Name(map);
+  return name.empty() ? absl::StrCat(static_cast<int>(map)) : name;
+}
+
 // AttentionOptions.kind LINEAR and what it does not take (attention.proto).
 absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits, OptionFields* f) {
   if (options.kind() == v1::ATTENTION_KIND_UNSPECIFIED ||
@@ -157,10 +185,7 @@ absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits
     if (options.feature_map() != v1::FEATURE_MAP_UNSPECIFIED) {
       return Invalid(
           absl::StrCat("options.feature_map applies to kind ATTENTION_KIND_LINEAR only; was ",
-                       v1::FeatureMap_Name(options.feature_map()).empty()
-                           ? absl::StrCat(static_cast<int>(options.feature_map()))
-                           : v1::FeatureMap_Name(options.feature_map()),
-                       " with softmax attention"));
+                       FeatureMapName(options.feature_map()), " with softmax attention"));
     }
     return absl::OkStatus();
   }
@@ -181,22 +206,10 @@ absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits
                                   " (linear attention has no softmax over scores)"));
     }
   }
-  switch (options.feature_map()) {
-    case v1::FEATURE_MAP_UNSPECIFIED:
-    case v1::FEATURE_MAP_ELU_PLUS_ONE:
-      f->feature_map = kernels::FeatureMap::kEluPlusOne;
-      break;
-    case v1::FEATURE_MAP_RELU:
-      f->feature_map = kernels::FeatureMap::kRelu;
-      break;
-    case v1::FEATURE_MAP_IDENTITY:
-      f->feature_map = kernels::FeatureMap::kIdentity;
-      break;
-    default:
-      return Invalid(
-          absl::StrCat("options.feature_map must be one of FEATURE_MAP_ELU_PLUS_ONE, "
-                       "FEATURE_MAP_RELU, FEATURE_MAP_IDENTITY; was ",
-                       static_cast<int>(options.feature_map())));
+  if (absl::Status s =
+          BuildFeatureMap(options.feature_map(), "options.feature_map", &f->feature_map);
+      !s.ok()) {
+    return s;
   }
   if (!limits.linear_attention) {
     return absl::UnimplementedError(
@@ -553,6 +566,44 @@ absl::Status BuildSessionMods(const v1::CreateSessionRequest& request, int64_t h
   return absl::OkStatus();
 }
 
+// CreateSessionRequest.kind and feature_map, and what LINEAR does not take (attention.proto).
+absl::Status BuildSessionKind(const v1::CreateSessionRequest& request,
+                              sessions::SessionSpec* spec) {
+  switch (request.kind()) {
+    case v1::ATTENTION_KIND_UNSPECIFIED:
+    case v1::ATTENTION_KIND_SOFTMAX:
+      if (request.feature_map() != v1::FEATURE_MAP_UNSPECIFIED) {
+        return Invalid(absl::StrCat("feature_map applies to kind ATTENTION_KIND_LINEAR only; was ",
+                                    FeatureMapName(request.feature_map()),
+                                    " with softmax attention"));
+      }
+      return absl::OkStatus();
+    case v1::ATTENTION_KIND_LINEAR:
+      break;
+    default:
+      return Invalid(absl::StrCat(
+          "kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR (or unset); was ",
+          static_cast<int>(request.kind())));
+  }
+  const std::pair<bool, const char*> not_linear[] = {{request.has_window(), "window"},
+                                                     {request.softcap() != 0, "softcap"},
+                                                     {request.has_alibi(), "alibi"},
+                                                     {request.has_scale(), "scale"}};
+  for (const auto& [set, name] : not_linear) {
+    if (set) {
+      return Invalid(absl::StrCat(name,
+                                  " does not apply to kind ATTENTION_KIND_LINEAR (linear "
+                                  "attention has no softmax over scores)"));
+    }
+  }
+  if (absl::Status s = BuildFeatureMap(request.feature_map(), "feature_map", &spec->feature_map);
+      !s.ok()) {
+    return s;
+  }
+  spec->kind = kernels::AttentionKind::kLinear;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRequest& request,
@@ -623,6 +674,7 @@ absl::StatusOr<sessions::SessionSpec> BuildSessionSpec(const v1::CreateSessionRe
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = BuildSessionKind(request, &spec); !s.ok()) return s;
   return spec;
 }
 
@@ -720,6 +772,10 @@ absl::Status FillExtendItem(const v1::ExtendSessionRequest& r, const std::string
   if (auto s = manager.BeginExtend(tenant, r.session_id(), expected, L, item); !s.ok()) return s;
   item->wire_dtype = WireDType(first.dtype()).value();
   item->return_lse = r.return_lse();
+  if (item->return_lse && item->kind == kernels::AttentionKind::kLinear) {
+    return Invalid("return_lse does not apply to session '", r.session_id(),
+                   "': it computes linear attention, which has no scores to sum");
+  }
   if (item->module != nullptr) {
     if (!module) {
       return Invalid("session '", r.session_id(), "' is bound to module '", item->module_name,
@@ -867,6 +923,22 @@ bool HasWork(const Job& job) {
   return false;
 }
 
+namespace {
+
+v1::FeatureMap WireFeatureMap(kernels::FeatureMap map) {
+  switch (map) {
+    case kernels::FeatureMap::kEluPlusOne:
+      return v1::FEATURE_MAP_ELU_PLUS_ONE;
+    case kernels::FeatureMap::kRelu:
+      return v1::FEATURE_MAP_RELU;
+    case kernels::FeatureMap::kIdentity:
+      return v1::FEATURE_MAP_IDENTITY;
+  }
+  return v1::FEATURE_MAP_UNSPECIFIED;
+}
+
+}  // namespace
+
 void WriteSessionInfo(const sessions::SessionState& st, v1::SessionInfo* info) {
   info->set_session_id(st.id);
   if (!st.module_name.empty()) {
@@ -891,6 +963,12 @@ void WriteSessionInfo(const sessions::SessionState& st, v1::SessionInfo* info) {
   if (st.mods.window_left >= 0) info->set_window_left(st.mods.window_left);
   info->set_softcap(st.mods.softcap);
   for (float slope : st.mods.alibi_slopes) info->add_alibi_slopes(slope);
+  if (st.kind == kernels::AttentionKind::kLinear) {
+    info->set_kind(v1::ATTENTION_KIND_LINEAR);
+    info->set_feature_map(WireFeatureMap(st.feature_map));
+  } else {
+    info->set_kind(v1::ATTENTION_KIND_SOFTMAX);
+  }
 }
 
 void WriteExtendResponse(const sessions::ExtendItem& item, const JobTiming& timing, absl::Time now,

@@ -221,6 +221,34 @@ async function main() {
   await client.closeSession(windowed.sessionId);
   console.log('decode session with a window of one key: each row is its own value row');
 
+  // A linear-attention session (relu features) over prefills and steps: each extend's rows are
+  // those of a causal linear Attend over every token so far.
+  const linear = await client.createSession({
+    layout: { numHeads: SH, numKvHeads: SKV, headDim: SD }, kind: 'linear', featureMap: 'relu',
+  });
+  assert.equal(linear.kind, 'ATTENTION_KIND_LINEAR');
+  assert.equal(linear.featureMap, 'FEATURE_MAP_RELU');
+  const all = await client.attend(
+    { shape: [1, SH, SL, SD], data: headMajor(sq, SH, 0, SL) },
+    { shape: [1, SKV, SL, SD], data: headMajor(sk, SKV, 0, SL) },
+    { shape: [1, SKV, SL, SD], data: headMajor(sv, SKV, 0, SL) },
+    { kind: 'linear', featureMap: 'relu', causal: true });
+  let lerr = 0;
+  for (const [from, to] of [[0, 4], [4, 5], [5, SL]]) {
+    const r = await client.extendSession(linear.sessionId, {
+      q: slice(sq, SH, from, to), k: slice(sk, SKV, from, to), v: slice(sv, SKV, from, to),
+    });
+    for (let i = from; i < to; i++) for (let h = 0; h < SH; h++) for (let d = 0; d < SD; d++) {
+      const want = all.output.data[(h * SL + i) * SD + d];
+      lerr = Math.max(lerr, Math.abs(r.output.data[((i - from) * SH + h) * SD + d] - want));
+    }
+  }
+  assert.ok(lerr < 1e-6, `linear session: max |error| ${lerr}`);
+  assert.equal(Number((await client.getSession(linear.sessionId)).pages),
+               Math.ceil(SD / Number(info.sessions.pageTokens)));
+  await client.closeSession(linear.sessionId);
+  console.log(`linear decode session: equals a causal linear Attend (${lerr.toExponential(2)})`);
+
   console.log(`GetServerInfo: attnserve ${info.version}; stream answered ${answers.size}; ` +
               'all checks passed');
   client.close();

@@ -49,6 +49,20 @@ def causal64(q, k, v, scale=None, window=None, softcap=0.0, slopes=None):
     return np.einsum("hij,jhd->ihd", w, v)
 
 
+def linear64(q, k, v, feature_map="elu_plus_one"):
+    """Causal linear attention (attention.proto, AttentionOptions.kind) by its definition over
+    token-major q [Lq, Hq, D], k/v [Lk, Hkv, D*] (the last Lq keys are the queries'), float64."""
+    phi = {"elu_plus_one": lambda x: np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))),
+           "relu": lambda x: np.maximum(x, 0), "identity": lambda x: x}[feature_map]
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    lq, hq, _ = q.shape
+    lk, hkv, _ = k.shape
+    k, v = np.repeat(k, hq // hkv, axis=1), np.repeat(v, hq // hkv, axis=1)
+    w = np.einsum("ihd,jhd->hij", phi(q), phi(k))
+    w = np.where(np.arange(lk)[None, None, :] <= (np.arange(lq) + lk - lq)[None, :, None], w, 0)
+    return np.einsum("hij,jhd->ihd", w, v) / w.sum(-1).T[:, :, None]
+
+
 def module64(t, num_heads, x):
     """The reference module's causal self-attention over x [L, d_model], float64."""
     def lin(a, n):
@@ -108,6 +122,26 @@ class LiveSessionTest(unittest.TestCase):
                 np.testing.assert_allclose(r.output, want, atol=2e-5, err_msg=f"{a}")
             plain = causal64(q[31:40], k, v)
             self.assertGreater(np.abs(r.output - plain).max(), 1e-2)
+
+    def test_linear_session_equals_linear_attention_and_stays_its_size(self):
+        # Prefills and steps of a linear-attention session against its definition in float64;
+        # its pages stay ceil(D / page_tokens) however many tokens it holds.
+        rng = np.random.default_rng(6)
+        q, k, v = (tokens(rng, 300, h, 16) for h in (8, 2, 2))
+        page_tokens = self.client.server_info().sessions.page_tokens
+        for feature_map in ("elu_plus_one", "relu"):
+            with self.client.create_session(layout=attnserve.layout(8, 16, 2), kind="linear",
+                                            feature_map=feature_map) as s:
+                info = s.describe()
+                self.assertEqual(info.kind, attnserve.pb.ATTENTION_KIND_LINEAR)
+                for a, b in ((0, 260), (260, 261), (261, 300)):
+                    r = s.extend(q[a:b], k[a:b], v[a:b])
+                    want = linear64(q[a:b], k[:b], v[:b], feature_map)
+                    np.testing.assert_allclose(r.output, want, atol=2e-5, rtol=1e-4,
+                                               err_msg=f"{feature_map} {a}")
+                    self.assertEqual(s.describe().pages, -(-16 // page_tokens))
+            with self.assertRaises(ValueError):
+                self.client.create_session(layout=attnserve.layout(8, 16, 2), kind="lineaer")
 
     def test_module_session_equals_the_module_over_the_whole_sequence(self):
         rng = np.random.default_rng(2)

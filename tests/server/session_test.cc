@@ -507,6 +507,195 @@ std::vector<float> Decode(const v1::Tensor& t) {
   return v;
 }
 
+// A linear-attention session (CreateSessionRequest.kind) computes, bit for bit, what a causal
+// linear Attend over all its tokens computes on the CPU backend, for each feature map, through
+// prefills and steps, with the Attend's keys and values rounded to the cache's type (queries as
+// sent). Its state takes ceil(D / page_tokens) pages however long it grows.
+TEST_F(SessionTest, LinearSessionsEqualACausalLinearAttendBitForBit) {
+  ASSERT_NO_FATAL_FAILURE(Restart(SmallPages(), /*cpu=*/true));  // D = 8: 2 pages of 4 tokens
+  for (const v1::FeatureMap map :
+       {v1::FEATURE_MAP_UNSPECIFIED, v1::FEATURE_MAP_RELU, v1::FEATURE_MAP_IDENTITY}) {
+    for (const v1::Dtype cache : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
+      SCOPED_TRACE(v1::FeatureMap_Name(map) + " " + v1::Dtype_Name(cache));
+      const Sequence s(4, 2, 8, 6, 23, 31);
+      v1::CreateSessionRequest create;
+      create.mutable_layout()->set_num_heads(4);
+      create.mutable_layout()->set_num_kv_heads(2);
+      create.mutable_layout()->set_head_dim(8);
+      create.mutable_layout()->set_v_head_dim(6);
+      create.set_cache_dtype(cache);
+      create.set_kind(v1::ATTENTION_KIND_LINEAR);
+      create.set_feature_map(map);
+      const v1::SessionInfo created = Create(create);
+      EXPECT_EQ(created.kind(), v1::ATTENTION_KIND_LINEAR);
+      EXPECT_EQ(created.feature_map(),
+                map == v1::FEATURE_MAP_UNSPECIFIED ? v1::FEATURE_MAP_ELU_PLUS_ONE : map);
+      EXPECT_EQ(created.cache_dtype(), cache);
+      std::vector<float> got;
+      const std::vector<int64_t> cuts = {0, 7, 8, 9, 17, 18, 23};
+      for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+        const std::vector<float> out = Step(created.session_id(), s, cuts[i], cuts[i + 1]);
+        got.insert(got.end(), out.begin(), out.end());
+        v1::SessionInfo info;
+        ASSERT_TRUE(Get(created.session_id(), &info).ok());
+        EXPECT_EQ(info.pages(), 2) << "after " << cuts[i + 1] << " tokens";
+        EXPECT_EQ(info.bytes(), 2 * (2 * 4 * (8 + 6) * 4)) << "two float32 pages";
+      }
+      Sequence rounded = s;
+      if (cache != v1::DTYPE_FLOAT32) {
+        rounded.k = Decode(Encode(F32(s.k, {int64_t(s.k.size())}), cache));
+        rounded.v = Decode(Encode(F32(s.v, {int64_t(s.v.size())}), cache));
+      }
+      v1::AttentionOptions linear;
+      linear.set_kind(v1::ATTENTION_KIND_LINEAR);
+      linear.set_feature_map(map);
+      EXPECT_EQ(got, CausalAttend(rounded, s.t, linear));
+      if (cache != v1::DTYPE_FLOAT32) {
+        EXPECT_NE(got, CausalAttend(s, s.t, linear)) << "the keys and values were rounded";
+      }
+      ASSERT_TRUE(Close(created.session_id()).ok());
+    }
+  }
+  EXPECT_EQ(Usage().pages_used(), 0);
+}
+
+// A fork shares its parent's state (its pages) until either is extended; then each continues
+// as a linear Attend over its own tokens, the parent untouched by the fork's extends.
+TEST_F(SessionTest, LinearSessionForksShareTheStateUntilExtended) {
+  ASSERT_NO_FATAL_FAILURE(Restart(SmallPages(), /*cpu=*/true));
+  const Sequence s(2, 1, 8, 8, 12, 41);
+  Sequence other = s;
+  const Sequence tail(2, 1, 8, 8, 12, 43);
+  for (int64_t i = 6 * 2 * 8; i < int64_t(other.q.size()); ++i) other.q[i] = tail.q[i];
+  for (int64_t i = 6 * 8; i < int64_t(other.k.size()); ++i) other.k[i] = tail.k[i];
+  for (int64_t i = 6 * 8; i < int64_t(other.v.size()); ++i) other.v[i] = tail.v[i];
+  v1::CreateSessionRequest create;
+  create.mutable_layout()->set_num_heads(2);
+  create.mutable_layout()->set_num_kv_heads(1);
+  create.mutable_layout()->set_head_dim(8);
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  create.set_kind(v1::ATTENTION_KIND_LINEAR);
+  const std::string parent = Create(create).session_id();
+  std::vector<float> got_parent = Step(parent, s, 0, 6);
+  std::vector<float> got_child = got_parent;
+  const std::string child = Fork(parent);
+  v1::SessionInfo info;
+  ASSERT_TRUE(Get(child, &info).ok());
+  EXPECT_EQ(info.kind(), v1::ATTENTION_KIND_LINEAR);
+  EXPECT_EQ(info.shared_pages(), 2);
+  EXPECT_EQ(Usage().pages_used(), 2);
+  for (int64_t t = 6; t < 12; ++t) {
+    const std::vector<float> c = Step(child, other, t, t + 1);
+    got_child.insert(got_child.end(), c.begin(), c.end());
+  }
+  ASSERT_TRUE(Get(child, &info).ok());
+  EXPECT_EQ(info.shared_pages(), 0);
+  EXPECT_EQ(Usage().pages_used(), 4);
+  const std::vector<float> p = Step(parent, s, 6, 12);
+  got_parent.insert(got_parent.end(), p.begin(), p.end());
+  v1::AttentionOptions linear;
+  linear.set_kind(v1::ATTENTION_KIND_LINEAR);
+  EXPECT_EQ(got_parent, CausalAttend(s, 12, linear));
+  EXPECT_EQ(got_child, CausalAttend(other, 12, linear));
+  EXPECT_NE(got_parent, got_child);
+}
+
+// A module session of kind LINEAR computes as MultiHeadAttention with a causal linear kind (its
+// projections in other batches: within float32 rounding, not bit for bit).
+TEST_F(SessionTest, LinearModuleSessionsEqualLinearMultiHeadAttention) {
+  ASSERT_NO_FATAL_FAILURE(Restart(SmallPages(), /*cpu=*/true));
+  auto c = testing::LoadSeedCase("seed_demo");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(LoadModule("demo_linear", c->bytes).ok());
+  const int64_t d = c->weights.d_model, t = c->q_len;
+  const std::vector<float> input(c->query.begin(), c->query.begin() + t * d);
+  v1::CreateSessionRequest create;
+  create.set_module("demo_linear");
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  create.set_kind(v1::ATTENTION_KIND_LINEAR);
+  const v1::SessionInfo created = Create(create);
+  const std::vector<float> got = PrefillHalfThenSteps(created.session_id(), input, d, t);
+  v1::MultiHeadAttentionRequest mha;
+  mha.set_module("demo_linear");
+  *mha.mutable_query() = F32(input, {1, t, d});
+  mha.mutable_options()->set_causal(true);
+  mha.mutable_options()->set_kind(v1::ATTENTION_KIND_LINEAR);
+  v1::MultiHeadAttentionResponse expected;
+  grpc::ClientContext context;
+  ASSERT_TRUE(stub_->MultiHeadAttention(&context, mha, &expected).ok());
+  EXPECT_LE(MaxAbsDiff(got, Floats(expected.output())), 1e-5);
+  mha.mutable_options()->clear_kind();
+  v1::MultiHeadAttentionResponse softmax;
+  grpc::ClientContext softmax_context;
+  ASSERT_TRUE(stub_->MultiHeadAttention(&softmax_context, mha, &softmax).ok());
+  EXPECT_GT(MaxAbsDiff(got, Floats(softmax.output())), 1e-3);  // the kind matters here
+}
+
+// What LINEAR does not take is refused naming the field; a linear session's length is not
+// bounded by --max_sequence_length (each extend is), a softmax session's is.
+TEST_F(SessionTest, LinearSessionsRefuseWhatTheyDoNotTakeAndOutgrowTheSequenceLimit) {
+  server::ServerOptions options = SmallPages();
+  options.limits.max_sequence_length = 8;
+  Start(options);
+  const auto create = [&](const std::function<void(v1::CreateSessionRequest*)>& edit,
+                          v1::SessionInfo* info = nullptr) {
+    v1::CreateSessionRequest r;
+    r.mutable_layout()->set_num_heads(2);
+    r.mutable_layout()->set_num_kv_heads(2);
+    r.mutable_layout()->set_head_dim(4);
+    r.set_cache_dtype(v1::DTYPE_FLOAT32);
+    r.set_kind(v1::ATTENTION_KIND_LINEAR);
+    edit(&r);
+    v1::CreateSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status st = stub_->CreateSession(&context, r, &response);
+    if (info != nullptr) *info = response.session();
+    return st;
+  };
+  const struct {
+    std::function<void(v1::CreateSessionRequest*)> edit;
+    std::string message;
+  } bad[] = {
+      {[](auto* r) { r->mutable_window()->set_left(4); }, "window does not apply to kind"},
+      {[](auto* r) { r->set_softcap(2.0f); }, "softcap does not apply to kind"},
+      {[](auto* r) { r->mutable_alibi()->set_standard(true); }, "alibi does not apply to kind"},
+      {[](auto* r) { r->set_scale(0.5f); }, "scale does not apply to kind"},
+      {[](auto* r) { r->set_feature_map(static_cast<v1::FeatureMap>(9)); },
+       "feature_map must be one of FEATURE_MAP_ELU_PLUS_ONE, FEATURE_MAP_RELU, "
+       "FEATURE_MAP_IDENTITY; was 9"},
+      {[](auto* r) { r->set_kind(static_cast<v1::AttentionKind>(7)); },
+       "kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR (or unset); was 7"},
+      {[](auto* r) {
+         r->clear_kind();
+         r->set_feature_map(v1::FEATURE_MAP_RELU);
+       },
+       "feature_map applies to kind ATTENTION_KIND_LINEAR only; was FEATURE_MAP_RELU"},
+  };
+  for (const auto& b : bad) {
+    const grpc::Status st = create(b.edit);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << b.message;
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr(b.message));
+  }
+  v1::SessionInfo linear, softmax;
+  ASSERT_TRUE(create([](auto*) {}, &linear).ok());
+  ASSERT_TRUE(create([](auto* r) { r->clear_kind(); }, &softmax).ok());
+  EXPECT_EQ(softmax.kind(), v1::ATTENTION_KIND_SOFTMAX);
+  const Sequence s(2, 2, 4, 4, 24, 61);
+  v1::ExtendSessionRequest with_lse = s.Extend(linear.session_id(), 0, 8);
+  with_lse.set_return_lse(true);
+  v1::ExtendSessionResponse response;
+  const grpc::Status lse = Extend(with_lse, &response);
+  EXPECT_EQ(lse.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(lse.error_message(), HasSubstr("return_lse does not apply"));
+  for (int64_t from = 0; from < 24; from += 8) {
+    ASSERT_TRUE(Extend(s.Extend(linear.session_id(), from, from + 8), &response).ok()) << from;
+    EXPECT_EQ(response.length(), from + 8);
+  }
+  ASSERT_TRUE(Extend(s.Extend(softmax.session_id(), 0, 8), &response).ok());
+  EXPECT_EQ(Extend(s.Extend(softmax.session_id(), 8, 16), &response).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+}
+
 TEST_F(SessionTest, HalfPrecisionCachesEqualAnAttendInTheSameDtype) {
   Start(SmallPages());
   for (const v1::Dtype dtype : {v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {

@@ -128,22 +128,10 @@ def _metadata(token, secure):
     return (("authorization", f"Bearer {token}"),) if token and not secure else None
 
 
-# "softmax" and an unset feature map go as the protos' unset values (nothing on the wire).
-_KINDS = {"softmax": pb.ATTENTION_KIND_UNSPECIFIED, "linear": pb.ATTENTION_KIND_LINEAR}
-_FEATURE_MAPS = {None: pb.FEATURE_MAP_UNSPECIFIED, "elu_plus_one": pb.FEATURE_MAP_ELU_PLUS_ONE,
-                 "relu": pb.FEATURE_MAP_RELU, "identity": pb.FEATURE_MAP_IDENTITY}
-
-
 def _options(causal, mask, key_lengths, scale, return_weights, window=None, softcap=0.0,
              alibi=None, kind="softmax", feature_map=None) -> pb.AttentionOptions:
-    if kind not in _KINDS:
-        raise ValueError(f"kind must be one of {sorted(_KINDS)}; was {kind!r}")
-    if feature_map not in _FEATURE_MAPS:
-        names = sorted(k for k in _FEATURE_MAPS if k)
-        raise ValueError(f"feature_map must be one of {names}; was {feature_map!r}")
-    o = pb.AttentionOptions(causal=causal, return_weights=return_weights, softcap=float(softcap),
-                            kind=_KINDS[kind],
-                            feature_map=_FEATURE_MAPS[feature_map])
+    o = pb.AttentionOptions(causal=causal, return_weights=return_weights, softcap=float(softcap))
+    _s.set_kind(o, kind, feature_map)
     if mask is not None:
         o.mask.CopyFrom(to_tensor(mask, "bool"))
     if key_lengths is not None:
@@ -430,15 +418,19 @@ class Client(_Base):
                        pinned: bool = False, idle_ttl_s: Optional[float] = None,
                        window: Optional[int] = None, softcap: float = 0.0,
                        alibi: Union[None, str, Sequence[float]] = None,
+                       kind: str = "softmax", feature_map: Optional[str] = None,
                        timeout: Optional[float] = None) -> Session:
         """A new decode session: bound to the loaded `module` (extend(input=[L, d_model])), or
         to a raw `layout` (attnserve.layout(num_heads, head_dim, num_kv_heads); extend(q, k,
         v) token-major). cache_dtype: "float32", "float16" or "bfloat16". window (keys before
-        each token), softcap and alibi as in attend (the session is causal). Use the Session as
-        a context manager, or close() it. With several replicas it goes to the next in turn."""
+        each token), softcap and alibi as in attend (the session is causal). kind="linear" makes
+        a linear-attention session (feature_map as in attend): it keeps only its running state,
+        so its memory and step time do not grow with its length. Use the Session as a context
+        manager, or close() it. With several replicas it goes to the next in turn."""
         request = _s.create_session_request(module, layout, cache_dtype=cache_dtype,
                                             scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s,
-                                            window=window, softcap=softcap, alibi=alibi)
+                                            window=window, softcap=softcap, alibi=alibi,
+                                            kind=kind, feature_map=feature_map)
         stub, address = self._replica_stub()
         info = stub.CreateSession(request, **self._kw(timeout)).session
         error = self._check_owner(info, address)
@@ -572,11 +564,13 @@ class AsyncClient(_Base):
                              pinned: bool = False, idle_ttl_s: Optional[float] = None,
                              window: Optional[int] = None, softcap: float = 0.0,
                              alibi: Union[None, str, Sequence[float]] = None,
+                             kind: str = "softmax", feature_map: Optional[str] = None,
                              timeout: Optional[float] = None) -> AsyncSession:
         """Client.create_session as a coroutine; the AsyncSession's methods are coroutines."""
         request = _s.create_session_request(module, layout, cache_dtype=cache_dtype,
                                             scale=scale, pinned=pinned, idle_ttl_s=idle_ttl_s,
-                                            window=window, softcap=softcap, alibi=alibi)
+                                            window=window, softcap=softcap, alibi=alibi,
+                                            kind=kind, feature_map=feature_map)
         stub, address = self._replica_stub()
         info = (await stub.CreateSession(request, **self._kw(timeout))).session
         error = self._check_owner(info, address)

@@ -104,14 +104,17 @@ def create_session_request(module: Optional[str] = None,
                            cache_dtype: str = "float32", scale: Optional[float] = None,
                            pinned: bool = False, idle_ttl_s: Optional[float] = None,
                            window: Optional[int] = None, softcap: float = 0.0,
-                           alibi: Union[None, str, Sequence[float]] = None
+                           alibi: Union[None, str, Sequence[float]] = None,
+                           kind: str = "softmax", feature_map: Optional[str] = None
                            ) -> pb.CreateSessionRequest:
     """A pb.CreateSessionRequest bound to `module` or to `layout` (exactly one).
     cache_dtype: "float32", "float16" or "bfloat16". idle_ttl_s: None for the server's.
     window: the keys before each token's position it attends (a sliding window; Mistral's
     window of w keys is window=w - 1); softcap: logit soft-cap (0: none); alibi: "standard" or
     one slope per query head. A session with them computes what Attend computes with the same
-    options and causal=True."""
+    options and causal=True. kind: "softmax" or "linear" (a linear-attention session, which
+    keeps only its running state; feature_map "elu_plus_one" by default, "relu" or
+    "identity")."""
     from attnserve.tensors import DTYPES
     if (module is None) == (layout is None):
         raise ValueError("give exactly one of module and layout")
@@ -127,7 +130,26 @@ def create_session_request(module: Optional[str] = None,
         r.window.left, r.window.right = int(window), 0
     r.softcap = float(softcap)
     set_alibi(r, alibi)
+    set_kind(r, kind, feature_map)
     return r
+
+
+# "softmax" and an unset feature map go as the protos' unset values (nothing on the wire).
+KINDS = {"softmax": pb.ATTENTION_KIND_UNSPECIFIED, "linear": pb.ATTENTION_KIND_LINEAR}
+FEATURE_MAPS = {None: pb.FEATURE_MAP_UNSPECIFIED, "elu_plus_one": pb.FEATURE_MAP_ELU_PLUS_ONE,
+                "relu": pb.FEATURE_MAP_RELU, "identity": pb.FEATURE_MAP_IDENTITY}
+
+
+def set_kind(message, kind: str, feature_map: Optional[str]) -> None:
+    """message.kind and message.feature_map (AttentionOptions or CreateSessionRequest) from
+    "softmax" or "linear" and None, "elu_plus_one", "relu" or "identity"."""
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}; was {kind!r}")
+    if feature_map not in FEATURE_MAPS:
+        names = sorted(k for k in FEATURE_MAPS if k)
+        raise ValueError(f"feature_map must be one of {names}; was {feature_map!r}")
+    message.kind = KINDS[kind]
+    message.feature_map = FEATURE_MAPS[feature_map]
 
 
 def set_alibi(message, alibi: Union[None, str, Sequence[float]]) -> None:
