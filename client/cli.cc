@@ -9,6 +9,9 @@
 //   attnserve-cli session [--module=demo | --layout=Hq,Hkv,D] [--prefill=P | --file=F]
 //                         [--steps=N] [--dtype=...] [--cache_dtype=...]
 //
+// attend, mha and session also take the kinds of attention: --window=LEFT,RIGHT (a session:
+// LEFT,0), --softcap=CAP, --alibi (the standard slopes), --kind=linear [--feature_map=relu].
+//
 // Security: --tls_ca_file (turns TLS on; the CA that signed the server's certificate),
 // --tls_cert_file/--tls_key_file (mutual TLS), --tls_server_name (name the certificate is checked
 // against, for IP targets), --auth_token_file (sent as "authorization: Bearer <token>").
@@ -24,8 +27,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -50,6 +55,13 @@ ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
 ABSL_FLAG(bool, causal, false, "causal masking");
 ABSL_FLAG(bool, weights, false, "ask for the attention weights");
 ABSL_FLAG(std::string, module, "demo", "mha: module name");
+ABSL_FLAG(std::string, window, "",
+          "attend, mha: a sliding window LEFT,RIGHT (-1: a side left open); session: LEFT,0");
+ABSL_FLAG(double, softcap, 0, "attend, mha, session: logit soft-cap (0: none)");
+ABSL_FLAG(bool, alibi, false, "attend, mha, session: ALiBi with the standard slopes");
+ABSL_FLAG(std::string, kind, "softmax", "attend, mha, session: softmax or linear attention");
+ABSL_FLAG(std::string, feature_map, "",
+          "linear attention's feature map: elu_plus_one (default), relu or identity");
 ABSL_FLAG(std::string, file, "",
           "seed: a seed-vector safetensors file; session: the prefill's tensors");
 ABSL_FLAG(double, tolerance, 1e-5, "seed: largest absolute error accepted");
@@ -143,9 +155,68 @@ absl::StatusOr<std::vector<int64_t>> ParseShape(size_t rank) {
   return shape;
 }
 
-void SetOptions(v1::AttentionOptions* options) {
+// --window, --softcap, --alibi, --kind and --feature_map (attention.proto, AttentionOptions and
+// CreateSessionRequest), validated here only as far as parsing goes: the server names what it
+// refuses.
+struct Kinds {
+  std::optional<std::pair<int, int>> window;
+  float softcap = 0;
+  bool alibi = false;
+  v1::AttentionKind kind = v1::ATTENTION_KIND_UNSPECIFIED;
+  v1::FeatureMap feature_map = v1::FEATURE_MAP_UNSPECIFIED;
+};
+
+absl::StatusOr<Kinds> ParseKinds() {
+  Kinds k;
+  if (const std::string w = absl::GetFlag(FLAGS_window); !w.empty()) {
+    const std::vector<std::string> sides = absl::StrSplit(w, ',');
+    int left = 0, right = 0;
+    if (sides.size() != 2 || !absl::SimpleAtoi(sides[0], &left) ||
+        !absl::SimpleAtoi(sides[1], &right)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--window needs LEFT,RIGHT (two integers); got '", w, "'"));
+    }
+    k.window = {left, right};
+  }
+  k.softcap = static_cast<float>(absl::GetFlag(FLAGS_softcap));
+  k.alibi = absl::GetFlag(FLAGS_alibi);
+  if (const std::string kind = absl::GetFlag(FLAGS_kind); kind == "linear") {
+    k.kind = v1::ATTENTION_KIND_LINEAR;
+  } else if (kind != "softmax") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kind must be softmax or linear; got '", kind, "'"));
+  }
+  if (const std::string map = absl::GetFlag(FLAGS_feature_map); !map.empty()) {
+    const std::pair<const char*, v1::FeatureMap> maps[] = {
+        {"elu_plus_one", v1::FEATURE_MAP_ELU_PLUS_ONE},
+        {"relu", v1::FEATURE_MAP_RELU},
+        {"identity", v1::FEATURE_MAP_IDENTITY}};
+    bool found = false;
+    for (const auto& [name, value] : maps) {
+      if (map == name) k.feature_map = value, found = true;
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--feature_map must be elu_plus_one, relu or identity; got '", map, "'"));
+    }
+  }
+  return k;
+}
+
+absl::Status SetOptions(v1::AttentionOptions* options) {
   options->set_causal(absl::GetFlag(FLAGS_causal));
   options->set_return_weights(absl::GetFlag(FLAGS_weights));
+  auto k = ParseKinds();
+  if (!k.ok()) return k.status();
+  if (k->window.has_value()) {
+    options->mutable_window()->set_left(k->window->first);
+    options->mutable_window()->set_right(k->window->second);
+  }
+  options->set_softcap(k->softcap);
+  if (k->alibi) options->mutable_alibi()->set_standard(true);
+  options->set_kind(k->kind);
+  options->set_feature_map(k->feature_map);
+  return absl::OkStatus();
 }
 
 int Attend(attnserve::Client& client, absl::Duration timeout) {
@@ -163,7 +234,7 @@ int Attend(attnserve::Client& client, absl::Duration timeout) {
   *request.mutable_key() = attnserve::MakeTensor(*dtype, kv_shape, Random(Product(kv_shape), &rng));
   *request.mutable_value() =
       attnserve::MakeTensor(*dtype, kv_shape, Random(Product(kv_shape), &rng));
-  SetOptions(request.mutable_options());
+  if (absl::Status st = SetOptions(request.mutable_options()); !st.ok()) return Fail(st);
   auto response = client.Attend(request, timeout);
   if (!response.ok()) return Fail(response.status());
   PrintTensor("output", response->output());
@@ -192,7 +263,7 @@ int MultiHead(attnserve::Client& client, absl::Duration timeout) {
   request.set_module(absl::GetFlag(FLAGS_module));
   const std::vector<int64_t> q_shape = {(*shape)[0], (*shape)[1], d_model};
   *request.mutable_query() = attnserve::MakeTensor(*dtype, q_shape, Random(Product(q_shape), &rng));
-  SetOptions(request.mutable_options());
+  if (absl::Status st = SetOptions(request.mutable_options()); !st.ok()) return Fail(st);
   auto response = client.MultiHeadAttention(request, timeout);
   if (!response.ok()) return Fail(response.status());
   PrintTensor("output", response->output());
@@ -307,6 +378,20 @@ int RunSession(attnserve::Client& client, absl::Duration timeout) {
     if (!cache.ok()) return Fail(cache.status());
     options.cache_dtype = *cache;
   }
+  auto kinds = ParseKinds();
+  if (!kinds.ok()) return Fail(kinds.status());
+  if (kinds->window.has_value()) {
+    if (kinds->window->second != 0) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("--window: a session is causal; give LEFT,0 (got right ",
+                       kinds->window->second, ")")));
+    }
+    options.window_left = kinds->window->first;
+  }
+  options.softcap = kinds->softcap;
+  options.alibi_standard = kinds->alibi;
+  options.kind = kinds->kind;
+  options.feature_map = kinds->feature_map;
   const std::string layout_flag = absl::GetFlag(FLAGS_layout);
   int64_t hq = 0, hkv = 0, d = 0, d_model = 0;
   absl::StatusOr<attnserve::Session> session = absl::UnknownError("unset");

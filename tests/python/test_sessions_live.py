@@ -306,6 +306,17 @@ class ToolsTest(unittest.TestCase):
                             "session", "--module=demo", "--prefill=8", "--steps=2")
         self.assertIn("step 1: length 10", out)
         self.assertIn("output: DTYPE_FLOAT32 [1, 64]", out)
+        # The kinds of attention: a linear-attention session, a windowed soft-capped ALiBi one.
+        for kinds in (["--kind=linear", "--feature_map=relu"],
+                      ["--window=7,0", "--softcap=3", "--alibi"]):
+            out = self.run_tool(os.environ["ATTNSERVE_CLI"], f"--target={self.server.target}",
+                                "session", "--layout=4,2,16", "--prefill=20", "--steps=2", *kinds)
+            self.assertIn("step 1: length 22", out, kinds)
+        r = subprocess.run([os.environ["ATTNSERVE_CLI"], f"--target={self.server.target}",
+                            "session", "--layout=4,2,16", "--kind=linear", "--window=7,0"],
+                           capture_output=True, text=True, timeout=240)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("window does not apply to kind ATTENTION_KIND_LINEAR", r.stderr)
         with attnserve.Client(self.server.target) as client:
             self.assertEqual(client.list_sessions().usage.sessions, 0)  # closed
 
