@@ -55,8 +55,8 @@ void SessionManager::ComputeLinear(ExtendItem& item, const float* projected,
   }
 
   // The state before this extend (zeros before the first).
-  std::vector<float> S(static_cast<size_t>(hkv * state_s), 0.0f), z(static_cast<size_t>(hkv) * d,
-                                                                    0.0f);
+  std::vector<float> S(static_cast<size_t>(hkv * state_s), 0.0f),
+      z(static_cast<size_t>(hkv) * d, 0.0f);
   if (!s.pages.empty()) {
     std::vector<float> k_page, v_page;
     const float* k_base = nullptr;
@@ -98,8 +98,8 @@ void SessionManager::ComputeLinear(ExtendItem& item, const float* projected,
   const size_t esize = kernels::DTypeSize(src);
   const int64_t q_row = int64_t{hq} * d, k_row = int64_t{hkv} * d, v_row = int64_t{hkv} * dv;
   const char* q = static_cast<const char*>(module ? static_cast<const void*>(projected) : item.q);
-  const char* k = module ? reinterpret_cast<const char*>(projected + q_row)
-                         : static_cast<const char*>(item.k);
+  const char* k =
+      module ? reinterpret_cast<const char*>(projected + q_row) : static_cast<const char*>(item.k);
   const char* v = module ? reinterpret_cast<const char*>(projected + q_row + k_row)
                          : static_cast<const char*>(item.v);
   const int64_t q_ld = module ? q_row + k_row + v_row : q_row;  // elements between tokens
