@@ -196,8 +196,8 @@ absl::StatusOr<Kinds> ParseKinds() {
       if (map == name) k.feature_map = value, found = true;
     }
     if (!found) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--feature_map must be elu_plus_one, relu or identity; got '", map, "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("--feature_map must be elu_plus_one, relu or identity; got '", map, "'"));
     }
   }
   return k;
@@ -382,9 +382,8 @@ int RunSession(attnserve::Client& client, absl::Duration timeout) {
   if (!kinds.ok()) return Fail(kinds.status());
   if (kinds->window.has_value()) {
     if (kinds->window->second != 0) {
-      return Fail(absl::InvalidArgumentError(
-          absl::StrCat("--window: a session is causal; give LEFT,0 (got right ",
-                       kinds->window->second, ")")));
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--window: a session is causal; give LEFT,0 (got right ", kinds->window->second, ")")));
     }
     options.window_left = kinds->window->first;
   }

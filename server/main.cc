@@ -136,6 +136,9 @@ ABSL_FLAG(int64_t, session_prefill_chunk_tokens, kDefaults.sessions.prefill_chun
 ABSL_FLAG(std::string, session_owner, kDefaults.sessions.owner,
           "the replica's address in session ids (empty: the listening host:port, the hostname "
           "for a wildcard address); clients route a session's calls by it");
+ABSL_FLAG(std::string, session_snapshot_dir, kDefaults.session_snapshot_dir,
+          "a folder the drain writes the sessions to (sessions.snapshot, at most "
+          "--session_pool_bytes), restored by the next server of the same owner (empty: off)");
 ABSL_FLAG(int64_t, max_sessions, kDefaults.sessions.max_sessions,
           "most decode sessions held at once");
 
@@ -243,6 +246,7 @@ int Run() {
   options.sessions.max_pinned_fraction = absl::GetFlag(FLAGS_session_max_pinned_fraction);
   options.sessions.prefill_chunk_tokens = absl::GetFlag(FLAGS_session_prefill_chunk_tokens);
   options.sessions.owner = absl::GetFlag(FLAGS_session_owner);
+  options.session_snapshot_dir = absl::GetFlag(FLAGS_session_snapshot_dir);
   options.sessions.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);

@@ -121,6 +121,17 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
   return grpc::SslServerCredentials(ssl);
 }
 
+// The owner named in session ids when --session_owner is empty: the listening host and `port`,
+// or the hostname for a wildcard address.
+std::string SessionOwner(const std::string& listen_address, const std::string& port) {
+  std::string host_name = listen_address.substr(0, listen_address.rfind(':'));
+  if (host_name.empty() || host_name == "0.0.0.0" || host_name == "[::]" || host_name == "::") {
+    char name[256] = {};
+    host_name = gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
+  }
+  return absl::StrCat(host_name, ":", port);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
@@ -190,6 +201,8 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
           metrics->SetTenantUsage(by_label);
         });
   }
+
+  if (!options.session_snapshot_dir.empty()) host->RestoreSessions(options);
 
   if (!host->backend_->supports_linear_attention()) {
     // Linear attention, which the backend lacks, on the CPU (its recurrent form is O(L) and
@@ -306,13 +319,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         });
   }
   if (options.sessions.owner.empty()) {
-    // Session ids name the replica: the address it listens on, or the hostname for a wildcard.
-    std::string host_name = options.listen_address.substr(0, options.listen_address.rfind(':'));
-    if (host_name.empty() || host_name == "0.0.0.0" || host_name == "[::]" || host_name == "::") {
-      char name[256] = {};
-      host_name = gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
-    }
-    host->sessions_->SetOwner(absl::StrCat(host_name, ":", host->port_));
+    host->sessions_->SetOwner(SessionOwner(options.listen_address, std::to_string(host->port_)));
   }
   host->server_->GetHealthCheckService()->SetServingStatus(true);
   return host;
@@ -363,6 +370,61 @@ void ServerHost::Shutdown(absl::Duration grace) {
       GRPC_QUEUE_SHUTDOWN) {
   }
   grpc_completion_queue_destroy(shutdown_cq);
+  // Every call has been answered: no extend holds a session.
+  if (!snapshot_path_.empty()) {
+    const absl::Time start = absl::Now();
+    auto written = sessions_->WriteSnapshot(snapshot_path_);
+    if (written.ok()) {
+      std::fprintf(stderr, "attnserve: wrote %lld sessions (%lld pages, %lld bytes) to %s in %s\n",
+                   static_cast<long long>(written->sessions),
+                   static_cast<long long>(written->pages), static_cast<long long>(written->bytes),
+                   snapshot_path_.c_str(), absl::FormatDuration(absl::Now() - start).c_str());
+    } else {
+      std::fprintf(stderr, "attnserve: the sessions are lost: %s\n",
+                   std::string(written.status().message()).c_str());
+    }
+  }
+}
+
+void ServerHost::RestoreSessions(const ServerOptions& options) {
+  snapshot_path_ = options.session_snapshot_dir + "/sessions.snapshot";
+  // The ids name the owner, which must be known before the first call: --session_owner, or the
+  // host:port of a fixed port (a port picked at random names another replica each time).
+  if (options.sessions.owner.empty()) {
+    const std::string port = options.listen_address.substr(options.listen_address.rfind(':') + 1);
+    if (port == "0") {
+      std::fprintf(stderr,
+                   "attnserve: %s not restored: listening on port 0, this replica's owner is not "
+                   "known before it listens; set --session_owner\n",
+                   snapshot_path_.c_str());
+      return;
+    }
+    sessions_->SetOwner(SessionOwner(options.listen_address, port));
+  }
+  const absl::Time start = absl::Now();
+  auto restored = sessions_->RestoreSnapshot(
+      snapshot_path_,
+      [this](const std::string& name) -> std::shared_ptr<const kernels::MultiHeadWeights> {
+        auto module = modules_.Get(name);
+        if (!module.ok()) return nullptr;
+        return std::shared_ptr<const kernels::MultiHeadWeights>(*module, &(*module)->weights);
+      });
+  if (restored.ok()) {
+    std::fprintf(
+        stderr, "attnserve: restored %lld sessions (%lld pages) from %s in %s; %lld lost%s%s\n",
+        static_cast<long long>(restored->sessions), static_cast<long long>(restored->pages),
+        snapshot_path_.c_str(), absl::FormatDuration(absl::Now() - start).c_str(),
+        static_cast<long long>(restored->lost),
+        restored->lost == 0 ? "" : ", first: ", restored->why_lost.c_str());
+    // Restored once: a later crash must not bring back these sessions as they were.
+    std::remove(snapshot_path_.c_str());
+  } else if (!absl::IsNotFound(restored.status())) {
+    // Kept aside for inspection (the next drain writes a new snapshot).
+    const std::string refused = snapshot_path_ + ".refused";
+    std::rename(snapshot_path_.c_str(), refused.c_str());
+    std::fprintf(stderr, "attnserve: sessions not restored (kept as %s): %s\n", refused.c_str(),
+                 std::string(restored.status().message()).c_str());
+  }
 }
 
 void ServerHost::EndGracePeriod() {

@@ -88,6 +88,11 @@ struct ServerOptions {
   // listening host:port, the hostname for a wildcard address). max_sessions is a flag of its
   // own (--max_sessions); max_session_tokens is set from limits.max_sequence_length.
   sessions::SessionOptions sessions;
+  // Non-empty: a folder where the drain writes the sessions (sessions.snapshot) once the last
+  // call is answered, and from which the next server of the same owner restores them before
+  // its first call (server/sessions/session_snapshot.cc). The file holds the pool's pages in
+  // use plus under a kilobyte a session: the disk it needs is at most --session_pool_bytes.
+  std::string session_snapshot_dir;
   // Once no call has been open or arrived for this long, the memory kept between calls (the
   // backend's per-thread scratch, the allocator's free pages) goes back to the system
   // (server/core/idle_release.h). Zero: never. Default: 2 s.
@@ -139,6 +144,9 @@ class ServerHost {
 
  private:
   ServerHost() = default;
+  // Restores the sessions of options.session_snapshot_dir (Start, before the first call) and
+  // sets snapshot_path_, where Shutdown writes them.
+  void RestoreSessions(const ServerOptions& options);
 
   std::unique_ptr<Authenticator> auth_;  // read by sessions_ and service_: goes last
   // The drain and the count of open calls (core/drain.h), shared with gRPC's interceptor
@@ -162,6 +170,7 @@ class ServerHost {
   // Reads drain_, backend_, fallback_, sessions_: goes first.
   std::unique_ptr<IdleReleaser> idle_releaser_;
   int port_ = 0;
+  std::string snapshot_path_;  // empty: no snapshots
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };

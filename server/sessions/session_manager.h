@@ -308,6 +308,32 @@ class SessionManager {
   // leases.
   void Compute(absl::Span<ExtendItem* const> items, kernels::Backend* backend);
 
+  // Snapshots (session_snapshot.cc): a replica's sessions on local disk across a restart.
+  // What a snapshot held, or what of it came back.
+  struct SnapshotStats {
+    int64_t sessions = 0;  // written, or restored
+    int64_t pages = 0;     // distinct pages (a page forks share once)
+    int64_t bytes = 0;     // of the file
+    int64_t lost = 0;      // sessions not restored: their module missing or changed, or no room
+    std::string why_lost;  // the first such reason, for the log
+  };
+  // Writes every session to `path` (a temporary file beside it, flushed to disk, then renamed
+  // over it: a crash leaves the old file or the new one, never a torn one). For the end of a
+  // drain: REQUIRES no extend in flight (FAILED_PRECONDITION otherwise, nothing written).
+  // INTERNAL for a failure of the disk (nothing left behind).
+  absl::StatusOr<SnapshotStats> WriteSnapshot(const std::string& path);
+  // Restores the sessions of the snapshot at `path`, with their ids, tenants, settings, lengths
+  // and pages, and makes their instance this process's own too (their ids stay valid). For the
+  // start of a server, before its first call: REQUIRES no session yet. A module session comes
+  // back only if `module_named(name)` gives weights equal to those it was created with (else it
+  // is lost, as a session whose pages do not fit in the pool). NOT_FOUND: no file; DATA_LOSS: a
+  // torn or corrupt file (checksums), FAILED_PRECONDITION: a snapshot of another owner, or of
+  // another page size; nothing is restored then.
+  absl::StatusOr<SnapshotStats> RestoreSnapshot(
+      const std::string& path,
+      const std::function<std::shared_ptr<const kernels::MultiHeadWeights>(const std::string&)>&
+          module_named);
+
   // "session lost (<reason>): ..." status helpers (the proto's contract).
   static absl::Status Lost(absl::string_view reason, absl::string_view id);
   // The reason of a status made by Lost, or empty.
@@ -383,6 +409,8 @@ class SessionManager {
 
   mutable Mutex mu_;
   std::string owner_ ABSL_GUARDED_BY(mu_);
+  // Instances whose sessions a snapshot restored (their ids are this process's too).
+  std::vector<std::string> adopted_instances_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
   // The sessions (session_table.h): ids, creation order, tenants, LRU, expiry, pinned use,
   // lost ids.

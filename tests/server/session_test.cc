@@ -4,7 +4,10 @@
 // restarted; pool full; bad ids; ABORTED); no page leaks; batch invariance, bitwise. A gated
 // backend and a fake clock make every ordering deterministic; no test depends on a timing window.
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <random>
 #include <set>
 #include <string>
@@ -127,6 +130,7 @@ class SessionTest : public ::testing::Test {
   void TearDown() override {
     if (gate_ != nullptr) gate_->Open();
     host_.reset();
+    gate_ = nullptr;
   }
 
   // The new session's state (a failure is a test failure).
@@ -950,6 +954,164 @@ TEST_F(SessionTest, AnUnloadedModulesSessionsKeepItsWeights) {
   v1::CreateSessionResponse refused;
   EXPECT_EQ(stub_->CreateSession(&context, create, &refused).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+// Snapshots (ServerOptions::session_snapshot_dir): what a replica's sessions compute after a
+// restart equals, bit for bit, what they compute on a server that never stopped.
+class SnapshotTest : public SessionTest {
+ protected:
+  static constexpr int64_t kHalf = 9, kEnd = 13;
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "attnserve_snapshot_" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    SessionTest::TearDown();
+    std::filesystem::remove_all(dir_);
+  }
+  server::ServerOptions Options(bool snapshots, const std::string& owner = "replica-a") {
+    server::ServerOptions options = SmallPages();
+    options.sessions.owner = owner;
+    if (snapshots) options.session_snapshot_dir = dir_;
+    return options;
+  }
+  std::string path() const { return dir_ + "/sessions.snapshot"; }
+  // Five sessions of every sort, created and extended with tokens [0, kHalf): a pinned float32
+  // one, a float16 one with a window and a soft-cap, a linear one, a module one and (after the
+  // first extends) a fork of the first. Returns their ids.
+  std::vector<std::string> CreateAndPrefill() {
+    std::vector<std::string> ids;
+    ids.push_back(CreateRaw(4, 2, 8, 6, /*pinned=*/true));
+    v1::CreateSessionRequest windowed;
+    windowed.mutable_layout()->set_num_heads(4);
+    windowed.mutable_layout()->set_num_kv_heads(2);
+    windowed.mutable_layout()->set_head_dim(8);
+    windowed.set_cache_dtype(v1::DTYPE_FLOAT16);
+    windowed.mutable_window()->set_left(5);
+    windowed.set_softcap(1.5f);
+    ids.push_back(Create(windowed).session_id());
+    v1::CreateSessionRequest linear = windowed;
+    linear.clear_window();
+    linear.clear_softcap();
+    linear.set_cache_dtype(v1::DTYPE_FLOAT32);
+    linear.set_kind(v1::ATTENTION_KIND_LINEAR);
+    ids.push_back(Create(linear).session_id());
+    v1::CreateSessionRequest module;
+    module.set_module("demo");
+    module.set_cache_dtype(v1::DTYPE_FLOAT32);
+    ids.push_back(Create(module).session_id());
+    Extend(ids, 0, 5);
+    ids.push_back(Fork(ids[0]));
+    Extend(ids, 5, kHalf);
+    return ids;
+  }
+  // Extends each session with tokens [from, to); returns the outputs, session after session.
+  std::vector<float> Extend(const std::vector<std::string>& ids, int64_t from, int64_t to) {
+    std::vector<float> out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      std::vector<float> o;
+      if (i == 3) {
+        const std::vector<float> input = Random(kEnd * 64, 97);
+        v1::ExtendSessionRequest r;
+        r.set_session_id(ids[i]);
+        *r.mutable_input() = F32(Rows(input, 64, from, to), {to - from, 64});
+        v1::ExtendSessionResponse response;
+        const grpc::Status st = SessionTest::Extend(r, &response);
+        EXPECT_TRUE(st.ok()) << st.error_message();
+        o = Floats(response.output());
+      } else {
+        const Sequence s(4, 2, 8, i == 1 || i == 2 ? 8 : 6, kEnd,
+                         90 + static_cast<uint32_t>(i % 4));
+        o = Step(ids[i], s, from, to);
+      }
+      out.insert(out.end(), o.begin(), o.end());
+    }
+    return out;
+  }
+  std::string dir_;
+};
+
+TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
+  // The uninterrupted run.
+  Start(Options(false));
+  const std::vector<std::string> baseline = CreateAndPrefill();
+  const std::vector<float> want = Extend(baseline, kHalf, kEnd);
+  SessionTest::TearDown();
+
+  Start(Options(true));
+  const std::vector<std::string> ids = CreateAndPrefill();
+  std::vector<v1::SessionInfo> before(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(Get(ids[i], &before[i]).ok());
+  const v1::SessionPoolUsage usage = Usage();
+  SessionTest::TearDown();  // the drain writes the snapshot
+  ASSERT_TRUE(std::filesystem::exists(path()));
+
+  Start(Options(true));  // restores it, and removes the file
+  EXPECT_FALSE(std::filesystem::exists(path()));
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::SessionInfo after;
+    ASSERT_TRUE(Get(ids[i], &after).ok()) << i;
+    after.clear_idle_us();
+    before[i].clear_idle_us();
+    EXPECT_EQ(after.SerializeAsString(), before[i].SerializeAsString()) << after.DebugString();
+  }
+  const v1::SessionPoolUsage restored = Usage();
+  EXPECT_EQ(restored.SerializeAsString(), usage.SerializeAsString()) << restored.DebugString();
+  v1::SessionInfo fork;
+  ASSERT_TRUE(Get(ids[4], &fork).ok());
+  EXPECT_GT(fork.shared_pages(), 0) << "the fork still shares pages with its parent";
+  EXPECT_EQ(restored.pinned_sessions(), 1);
+  EXPECT_EQ(Extend(ids, kHalf, kEnd), want);
+  // An id this instance never issued still answers as lost on restart.
+  std::string unknown = ids[0];
+  unknown.back() = unknown.back() == '0' ? '1' : '0';
+  std::string lost;
+  v1::ExtendSessionResponse response;
+  const grpc::Status st =
+      SessionTest::Extend(Sequence(4, 2, 8, 6, 1, 1).Extend(unknown, 0, 1), &response, &lost);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(lost, "restarted");
+}
+
+// A torn or corrupt snapshot, or another replica's, is refused whole (kept aside as
+// sessions.snapshot.refused): its sessions are lost, never wrong, and the server serves.
+TEST_F(SnapshotTest, ATornCorruptOrForeignSnapshotIsRefusedAndItsSessionsLost) {
+  const std::vector<std::function<void(std::string*)>> damage = {
+      [](std::string* b) { (*b)[b->size() / 2] ^= 0x10; },  // one bit of a page
+      [](std::string* b) { b->resize(b->size() - 7); },     // torn
+      [](std::string* b) { b->resize(b->size() / 3); },
+      [](std::string*) {},  // intact, but restored by another owner
+  };
+  for (size_t d = 0; d < damage.size(); ++d) {
+    SCOPED_TRACE(d);
+    Start(Options(true));
+    const std::vector<std::string> ids = CreateAndPrefill();
+    SessionTest::TearDown();
+    std::string bytes;
+    {
+      std::ifstream in(path(), std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    damage[d](&bytes);
+    std::ofstream(path(), std::ios::binary | std::ios::trunc) << bytes;
+    Start(Options(true, d + 1 == damage.size() ? "replica-b" : "replica-a"));
+    EXPECT_FALSE(std::filesystem::exists(path()));
+    EXPECT_TRUE(std::filesystem::exists(path() + ".refused"));
+    for (const std::string& id : ids) {
+      v1::SessionInfo info;
+      const grpc::Status st = Get(id, &info);
+      EXPECT_EQ(st.error_code(), d + 1 == damage.size() ? grpc::StatusCode::NOT_FOUND
+                                                        : grpc::StatusCode::FAILED_PRECONDITION)
+          << st.error_message();
+    }
+    EXPECT_EQ(Usage().sessions(), 0);
+    EXPECT_EQ(Usage().pages_used(), 0);
+    CreateRaw(4, 2, 8, 6);  // and it serves
+    SessionTest::TearDown();
+    std::filesystem::remove(path());
+  }
 }
 
 TEST_F(SessionTest, ForksDivergeWithoutTouchingTheParent) {
