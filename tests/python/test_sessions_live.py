@@ -276,6 +276,50 @@ class RoutingTest(unittest.TestCase):
             b.stop()
 
 
+class RestartTest(unittest.TestCase):
+    """--session_snapshot_dir through the real binary: SIGTERM, a new process, the same session."""
+
+    def test_sessions_survive_sigterm_and_a_new_process_bit_for_bit(self):
+        rng = np.random.default_rng(9)
+        q, k, v = (tokens(rng, 40, h, 16) for h in (8, 2, 2))
+
+        def steps(client, session):
+            return [session.extend(q[i:i + 1], k[i:i + 1], v[i:i + 1]).output
+                    for i in range(30, 40)]
+
+        steady = LiveServer("--backend=cpu")  # the uninterrupted run
+        try:
+            with attnserve.Client(steady.target) as c:
+                s = c.create_session(layout=attnserve.layout(8, 16, 2), cache_dtype="float16")
+                s.extend(q[:30], k[:30], v[:30])
+                want = steps(c, s)
+        finally:
+            self.assertEqual(steady.stop(), 0)
+        with tempfile.TemporaryDirectory() as d:
+            flags = ("--backend=cpu", f"--session_snapshot_dir={d}", "--session_owner=replica-r")
+            first = LiveServer(*flags)
+            try:
+                with attnserve.Client(first.target) as c:
+                    s = c.create_session(layout=attnserve.layout(8, 16, 2), cache_dtype="float16")
+                    s.extend(q[:30], k[:30], v[:30])
+                    session_id = s.id
+            finally:
+                self.assertEqual(first.stop(), 0)
+            self.assertTrue(os.path.exists(os.path.join(d, "sessions.snapshot")))
+            second = LiveServer(*flags)
+            try:
+                self.assertIn("restored 1 sessions", second.log())
+                with attnserve.Client(second.target) as c:
+                    info = c.stub.GetSession(attnserve.pb.GetSessionRequest(
+                        session_id=session_id)).session
+                    self.assertEqual(info.length, 30)
+                    got = steps(c, attnserve.Session(c, info))
+            finally:
+                self.assertEqual(second.stop(), 0)
+        for i, (a, b) in enumerate(zip(got, want)):
+            self.assertTrue(np.array_equal(a, b), f"step {30 + i}")
+
+
 @unittest.skipUnless(os.environ.get("ATTNSERVE_CLI") and os.environ.get("ATTNSERVE_BENCH"),
                      "ATTNSERVE_CLI and ATTNSERVE_BENCH not set")
 class ToolsTest(unittest.TestCase):
