@@ -19,9 +19,9 @@
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <map>
 #include <utility>
@@ -249,7 +249,7 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::WriteSnapshot(
     w.Num(static_cast<uint32_t>(s.pages.size()));
     for (size_t i = 0; i < s.pages.size(); ++i) {
       w.Num(i < static_cast<size_t>(s.dropped) ? kNoPage
-                                                : page_index[std::make_pair(s.arena, s.pages[i])]);
+                                               : page_index[std::make_pair(s.arena, s.pages[i])]);
     }
   }
   const uint64_t length = w.bytes();
@@ -322,10 +322,9 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
                      "', not of this one ('", owner_, "'): their ids name it (--session_owner)"));
   }
   if (page_tokens != static_cast<uint32_t>(pool_->page_tokens())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("session snapshot ", path, " has pages of ", page_tokens,
-                     " tokens; this server's are of ", pool_->page_tokens(),
-                     " (--session_page_tokens)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session snapshot ", path, " has pages of ", page_tokens, " tokens; this server's are of ",
+        pool_->page_tokens(), " (--session_page_tokens)"));
   }
 
   // What the restore holds until it commits, released on any failure: the arenas, the pages
@@ -423,8 +422,8 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
       if (j < s->dropped) {
         if (ref != kNoPage) return torn();
         s->pages[j] = kDroppedPage;
-      } else if (ref >= pages.size() || (pages[ref].first != nullptr &&
-                                         pages[ref].first != s->arena)) {
+      } else if (ref >= pages.size() ||
+                 (pages[ref].first != nullptr && pages[ref].first != s->arena)) {
         return torn();
       } else if (pages[ref].first == nullptr) {
         why = "the pool has no room for its pages";
@@ -461,8 +460,8 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
   }
   for (Arena* a : arenas) pool_->Release(a);
   stats.sessions = static_cast<int64_t>(restored.size());
-  stats.bytes = std::ftell(f) + static_cast<long>(sizeof kEnd + sizeof(uint64_t) +
-                                                  sizeof(uint32_t));
+  stats.bytes =
+      std::ftell(f) + static_cast<long>(sizeof kEnd + sizeof(uint64_t) + sizeof(uint32_t));
   for (std::shared_ptr<Session>& s : restored) {
     s->last_used = Now();  // idle from the restore on
     table_->Add(std::move(s));
