@@ -333,6 +333,7 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
   std::vector<std::pair<Arena*, int32_t>> pages;
   std::vector<std::shared_ptr<Session>> restored;
   const auto fail = [&](absl::Status st) {
+    mu_.AssertHeld();  // called with it held, below
     for (const auto& [arena, page] : pages) {
       if (arena != nullptr) pool_->Unref(arena, page);
     }
