@@ -321,6 +321,11 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (options.sessions.owner.empty()) {
     host->sessions_->SetOwner(SessionOwner(options.listen_address, std::to_string(host->port_)));
   }
+  if (host->restored_snapshot_) {
+    // Restored once, and served from now on: a later crash must not bring these sessions back
+    // as they were. (Had the start failed, the next one would restore them again.)
+    std::remove(host->snapshot_path_.c_str());
+  }
   host->server_->GetHealthCheckService()->SetServingStatus(true);
   return host;
 }
@@ -416,8 +421,7 @@ void ServerHost::RestoreSessions(const ServerOptions& options) {
         snapshot_path_.c_str(), absl::FormatDuration(absl::Now() - start).c_str(),
         static_cast<long long>(restored->lost),
         restored->lost == 0 ? "" : ", first: ", restored->why_lost.c_str());
-    // Restored once: a later crash must not bring back these sessions as they were.
-    std::remove(snapshot_path_.c_str());
+    restored_snapshot_ = true;  // removed once the server is up (Start)
   } else if (!absl::IsNotFound(restored.status())) {
     // Kept aside for inspection (the next drain writes a new snapshot).
     const std::string refused = snapshot_path_ + ".refused";

@@ -171,6 +171,7 @@ class ServerHost {
   std::unique_ptr<IdleReleaser> idle_releaser_;
   int port_ = 0;
   std::string snapshot_path_;  // empty: no snapshots
+  bool restored_snapshot_ = false;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
