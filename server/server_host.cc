@@ -202,7 +202,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         });
   }
 
-  if (!options.session_snapshot_dir.empty()) host->RestoreSessions(options);
+  if (!options.session_snapshot_dir.empty()) host->RestoreSessions(options, metrics);
 
   if (!host->backend_->supports_linear_attention()) {
     // Linear attention, which the backend lacks, on the CPU (its recurrent form is O(L) and
@@ -391,7 +391,7 @@ void ServerHost::Shutdown(absl::Duration grace) {
   }
 }
 
-void ServerHost::RestoreSessions(const ServerOptions& options) {
+void ServerHost::RestoreSessions(const ServerOptions& options, metrics::Metrics* metrics) {
   snapshot_path_ = options.session_snapshot_dir + "/sessions.snapshot";
   // The ids name the owner, which must be known before the first call: --session_owner, or the
   // host:port of a fixed port (a port picked at random names another replica each time).
@@ -422,6 +422,7 @@ void ServerHost::RestoreSessions(const ServerOptions& options) {
         static_cast<long long>(restored->lost),
         restored->lost == 0 ? "" : ", first: ", restored->why_lost.c_str());
     restored_snapshot_ = true;  // removed once the server is up (Start)
+    if (metrics != nullptr) metrics->RecordSessionsRestored(restored->sessions, restored->lost);
   } else if (!absl::IsNotFound(restored.status())) {
     // Kept aside for inspection (the next drain writes a new snapshot).
     const std::string refused = snapshot_path_ + ".refused";

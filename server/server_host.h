@@ -146,7 +146,7 @@ class ServerHost {
   ServerHost() = default;
   // Restores the sessions of options.session_snapshot_dir (Start, before the first call) and
   // sets snapshot_path_, where Shutdown writes them.
-  void RestoreSessions(const ServerOptions& options);
+  void RestoreSessions(const ServerOptions& options, metrics::Metrics* metrics);
 
   std::unique_ptr<Authenticator> auth_;  // read by sessions_ and service_: goes last
   // The drain and the count of open calls (core/drain.h), shared with gRPC's interceptor

@@ -185,9 +185,14 @@ Metrics::Metrics(const MetricsOptions& options)
   sessions_active_ = gauge("attnserve_sessions_active", "Open decode sessions.");
   auto& lost = Build<Counter>(r, "attnserve_sessions_lost_total",
                               "Decode sessions lost, by reason (evicted, expired, device_reset: "
-                              "their KV pages were on a device the backend re-initialised).");
+                              "their KV pages were on a device the backend re-initialised; "
+                              "restart: a snapshot's session that did not come back).");
   sessions_lost_ = {&lost.Add({{"reason", "evicted"}}), &lost.Add({{"reason", "expired"}}),
-                    &lost.Add({{"reason", "device_reset"}})};
+                    &lost.Add({{"reason", "device_reset"}}), &lost.Add({{"reason", "restart"}})};
+  sessions_restored_ =
+      &Build<Counter>(r, "attnserve_sessions_restored_total",
+                      "Decode sessions a snapshot brought back at start (--session_snapshot_dir).")
+           .Add({});
   tenant_sessions_ = &Build<Gauge>(r, "attnserve_tenant_sessions",
                                    "Open decode sessions by tenant (a tenant of the tenants file, "
                                    "anonymous, or other).");
@@ -369,6 +374,11 @@ void Metrics::RecordTenantRefusal(std::string_view tenant_label, std::string_vie
 
 void Metrics::RecordSessionLost(std::string_view reason) {
   sessions_lost_[reason == "evicted" ? 0 : reason == "expired" ? 1 : 2]->Increment();
+}
+
+void Metrics::RecordSessionsRestored(int64_t restored, int64_t lost) {
+  sessions_restored_->Increment(static_cast<double>(restored));
+  sessions_lost_[3]->Increment(static_cast<double>(lost));
 }
 
 void Metrics::RecordSessionTokens(std::string_view phase, int64_t tokens) {

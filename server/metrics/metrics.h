@@ -48,7 +48,10 @@
 //   attnserve_session_pool_tokens        gauge                  tokens cached (shared once)
 //   attnserve_session_pages_shared       gauge                  pages held by several sessions
 //   attnserve_sessions_active            gauge                  open sessions
-//   attnserve_sessions_lost_total        counter   {reason}     evicted / expired / device_reset
+//   attnserve_sessions_lost_total        counter   {reason}     evicted / expired / device_reset /
+//                                                                 restart (a snapshot's session
+//                                                                 that did not come back)
+//   attnserve_sessions_restored_total    counter                sessions a snapshot brought back
 //   attnserve_session_tokens_appended_total counter {phase}     prefill / decode tokens
 //   attnserve_session_extend_duration_seconds histogram {phase} compute time of an extend's
 //                                                                 batch (per extend)
@@ -266,6 +269,8 @@ class Metrics {
   void SetSessionPool(const SessionPool& pool);
   // A session was lost: reason "evicted" or "expired".
   void RecordSessionLost(std::string_view reason);
+  // A snapshot restored at start (--session_snapshot_dir): `restored` sessions back, `lost` not.
+  void RecordSessionsRestored(int64_t restored, int64_t lost);
   // Per tenant label (above), its sessions and pool bytes (from an OnScrape callback): labels
   // not given are set to 0.
   struct TenantUsage {
@@ -323,7 +328,8 @@ class Metrics {
   prometheus::Gauge* session_tokens_;
   prometheus::Gauge* session_pages_shared_;
   prometheus::Gauge* sessions_active_;
-  std::array<prometheus::Counter*, 3> sessions_lost_;            // evicted, expired, device_reset
+  std::array<prometheus::Counter*, 4> sessions_lost_;  // evicted, expired, device_reset, restart
+  prometheus::Counter* sessions_restored_ = nullptr;
   std::array<prometheus::Counter*, 2> session_tokens_appended_;  // prefill, decode
   std::array<prometheus::Histogram*, 2> session_extend_duration_;
 

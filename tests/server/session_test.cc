@@ -1050,6 +1050,8 @@ TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
 
   Start(Options(true));  // restores it, and removes the file
   EXPECT_FALSE(std::filesystem::exists(path()));
+  EXPECT_EQ(Metric("attnserve_sessions_restored_total", {}), 5);
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"restart\""}), 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     v1::SessionInfo after;
     ASSERT_TRUE(Get(ids[i], &after).ok()) << i;
@@ -1098,6 +1100,26 @@ TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
       SessionTest::Extend(Sequence(4, 2, 8, 6, 1, 1).Extend(unknown, 0, 1), &response, &lost);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(lost, "restarted");
+}
+
+// A module session comes back only to its module, loaded at start with the same weights: one
+// whose module was loaded by LoadModule (gone with the process) is lost, and counted.
+TEST_F(SnapshotTest, ASessionWhoseModuleIsNotLoadedAtStartIsLost) {
+  Start(Options(true));
+  auto c = testing::LoadSeedCase("seed_demo");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(LoadModule("loaded_by_rpc", c->bytes).ok());
+  v1::CreateSessionRequest create;
+  create.set_module("loaded_by_rpc");
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  const std::string gone = Create(create).session_id();
+  const std::string kept = CreateRaw(4, 2, 8, 6);
+  SessionTest::TearDown();
+  Start(Options(true));
+  EXPECT_EQ(Metric("attnserve_sessions_restored_total", {}), 1);
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"restart\""}), 1);
+  EXPECT_TRUE(Get(kept).ok());
+  EXPECT_EQ(Get(gone).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
 // A torn or corrupt snapshot, or another replica's, is refused whole (kept aside as

@@ -68,6 +68,7 @@ TEST(MetricsTest, EveryFamilyHasItsType) {
       {"attnserve_session_pages_shared", "gauge"},
       {"attnserve_sessions_active", "gauge"},
       {"attnserve_sessions_lost_total", "counter"},
+      {"attnserve_sessions_restored_total", "counter"},
       {"attnserve_session_tokens_appended_total", "counter"},
       {"attnserve_session_extend_duration_seconds", "histogram"},
   };
