@@ -1102,6 +1102,37 @@ TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
   EXPECT_EQ(lost, "restarted");
 }
 
+// Pages a backend keeps on a device (a store without host pointers): a linear session steps its
+// state through ReadPage and WriteRows, and a snapshot reads and restores them the same way;
+// the rows equal, bit for bit, those of the same session on host pages, restart included.
+TEST_F(SnapshotTest, LinearSessionsAndSnapshotsReachDevicePagesThroughTheStore) {
+  const Sequence s(4, 2, 8, 6, 20, 77);
+  v1::CreateSessionRequest create;
+  create.mutable_layout()->set_num_heads(4);
+  create.mutable_layout()->set_num_kv_heads(2);
+  create.mutable_layout()->set_head_dim(8);
+  create.mutable_layout()->set_v_head_dim(6);
+  create.set_cache_dtype(v1::DTYPE_FLOAT16);
+  create.set_kind(v1::ATTENTION_KIND_LINEAR);
+  Start(Options(false));  // host pages
+  std::string id = Create(create).session_id();
+  std::vector<float> want = Step(id, s, 0, 11);
+  for (const auto& out : {Step(id, s, 11, 12), Step(id, s, 12, 20)}) {
+    want.insert(want.end(), out.begin(), out.end());
+  }
+  SessionTest::TearDown();
+
+  Start(Options(true), std::make_unique<testing::LosableStoreBackend>(/*device=*/true));
+  id = Create(create).session_id();
+  std::vector<float> got = Step(id, s, 0, 11);
+  SessionTest::TearDown();  // the snapshot reads the device pages
+  Start(Options(true), std::make_unique<testing::LosableStoreBackend>(/*device=*/true));
+  for (const auto& out : {Step(id, s, 11, 12), Step(id, s, 12, 20)}) {
+    got.insert(got.end(), out.begin(), out.end());
+  }
+  EXPECT_EQ(got, want);
+}
+
 // A module session comes back only to its module, loaded at start with the same weights: one
 // whose module was loaded by LoadModule (gone with the process) is lost, and counted.
 TEST_F(SnapshotTest, ASessionWhoseModuleIsNotLoadedAtStartIsLost) {

@@ -16,16 +16,18 @@
 
 namespace attnserve::testing {
 
+// With `device`, it passes for a device's store: on_device() and no base pointers, so that only
+// WriteRows, CopyPage and ReadPage reach its pages (as the host reaches a GPU's).
 class LosableStore final : public kernels::PageStore {
  public:
-  explicit LosableStore(std::unique_ptr<kernels::PageStore> host)
-      : PageStore(host->shape()), host_(std::move(host)) {}
+  explicit LosableStore(std::unique_ptr<kernels::PageStore> host, bool device = false)
+      : PageStore(host->shape()), host_(std::move(host)), device_(device) {}
 
   void Lose() { lost_ = true; }
 
-  bool on_device() const override { return false; }
-  void* k_base() const override { return host_->k_base(); }
-  void* v_base() const override { return host_->v_base(); }
+  bool on_device() const override { return device_; }
+  void* k_base() const override { return device_ ? nullptr : host_->k_base(); }
+  void* v_base() const override { return device_ ? nullptr : host_->v_base(); }
   bool lost() const override { return lost_; }
   absl::Status WriteRows(const void* k_rows, const void* v_rows,
                          absl::Span<const int64_t> rows) override {
@@ -44,13 +46,17 @@ class LosableStore final : public kernels::PageStore {
 
  private:
   std::unique_ptr<kernels::PageStore> host_;
+  const bool device_;
   std::atomic<bool> lost_{false};
 };
 
 // The reference backend, with its session pages in LosableStores (every store it made, in
-// stores(), for the test to lose); PagedAttention on a lost store fails as a device would.
+// stores(), for the test to lose); PagedAttention on a lost store fails as a device would. With
+// `device`, the stores pass for a device's (its paged attention cannot read them: for what
+// reaches pages through the store alone, linear sessions and snapshots).
 class LosableStoreBackend final : public kernels::Backend {
  public:
+  explicit LosableStoreBackend(bool device = false) : device_(device) {}
   std::string name() const override { return "reference"; }
   std::vector<kernels::DeviceInfo> devices() const override { return reference_.devices(); }
   absl::Status Attend(absl::Span<const kernels::AttentionParams> batch) override {
@@ -63,7 +69,7 @@ class LosableStoreBackend final : public kernels::Backend {
       const kernels::PageStoreShape& shape) override {
     auto host = kernels::NewHostPageStore(shape);
     if (!host.ok()) return host.status();
-    auto store = std::make_unique<LosableStore>(*std::move(host));
+    auto store = std::make_unique<LosableStore>(*std::move(host), device_);
     stores_.push_back(store.get());
     return store;
   }
@@ -75,6 +81,7 @@ class LosableStoreBackend final : public kernels::Backend {
   const std::vector<LosableStore*>& stores() const { return stores_; }
 
  private:
+  const bool device_;
   kernels::ReferenceBackend reference_;
   std::vector<LosableStore*> stores_;  // owned by the pool; valid while their arenas live
 };
