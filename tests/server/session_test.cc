@@ -3,6 +3,8 @@
 // sequence of prefills and steps; forks; every documented code (lost: evicted, expired,
 // restarted; pool full; bad ids; ABORTED); no page leaks; batch invariance, bitwise. A gated
 // backend and a fake clock make every ordering deterministic; no test depends on a timing window.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -962,8 +964,9 @@ class SnapshotTest : public SessionTest {
  protected:
   static constexpr int64_t kHalf = 9, kEnd = 13;
   void SetUp() override {
-    dir_ = ::testing::TempDir() + "attnserve_snapshot_" +
-           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    dir_ = absl::StrCat(::testing::TempDir(), "attnserve_snapshot_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_",
+                        getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
   }
