@@ -18,6 +18,7 @@
 // could still truncate it) or a corrupt one is refused whole, DATA_LOSS, and its sessions are
 // lost, never wrong.
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -196,9 +197,16 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::WriteSnapshot(
     }
   }
 
+  // The callers' keys and values: readable by this user only, whatever the umask.
   const std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) return IoError("creating", tmp);
+  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return IoError("creating", tmp);
+  // (A file left by an earlier, killed drain would keep its mode otherwise.)
+  FILE* f = fchmod(fd, 0600) == 0 ? fdopen(fd, "wb") : nullptr;
+  if (f == nullptr) {
+    close(fd);
+    return IoError("opening", tmp);
+  }
   Writer w(f);
   w.Put(kMagic, sizeof kMagic);
   w.Num(kVersion);

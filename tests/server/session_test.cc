@@ -1050,6 +1050,9 @@ TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
   const v1::SessionPoolUsage usage = Usage();
   SessionTest::TearDown();  // the drain writes the snapshot
   ASSERT_TRUE(std::filesystem::exists(path()));
+  EXPECT_EQ(std::filesystem::status(path()).permissions(),
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write)
+      << "the callers' keys and values, for this user only";
 
   Start(Options(true));  // restores it, and removes the file
   EXPECT_FALSE(std::filesystem::exists(path()));
