@@ -162,11 +162,8 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
                                             parsed->owner, "', not to this one ('", owner_,
                                             "'): send its calls there"));
   }
-  if (parsed->instance != instance_ &&
-      std::find(adopted_instances_.begin(), adopted_instances_.end(), parsed->instance) ==
-          adopted_instances_.end()) {
-    return Lost("restarted", id);
-  }
+  // An id of another instance is looked up too: a snapshot restores sessions with their ids
+  // (session_snapshot.cc). One that is not here answers "restarted", below.
   // Another tenant's session, live or lost, is answered as one never issued (the same status,
   // after the same lookups).
   const absl::Status never = absl::NotFoundError(
@@ -183,7 +180,7 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
     if (lost->tenant != tenant) return CrossTenantLocked(tenant, op, never);
     return Lost(lost->reason, id);
   }
-  // An id of an instance a snapshot restored that did not come back (or was never issued).
+  // An id of an earlier process whose session did not come back (or was never issued).
   if (parsed->instance != instance_) return Lost("restarted", id);
   return never;
 }

@@ -322,8 +322,8 @@ class SessionManager {
   // drain: REQUIRES no extend in flight (FAILED_PRECONDITION otherwise, nothing written).
   // INTERNAL for a failure of the disk (nothing left behind).
   absl::StatusOr<SnapshotStats> WriteSnapshot(const std::string& path);
-  // Restores the sessions of the snapshot at `path`, with their ids, tenants, settings, lengths
-  // and pages, and makes their instance this process's own too (their ids stay valid). For the
+  // Restores the sessions of the snapshot at `path`, with their ids (which stay valid: a session
+  // is found by its id, whichever process issued it), tenants, settings, lengths and pages. For the
   // start of a server, before its first call: REQUIRES no session yet. A module session comes
   // back only if `module_named(name)` gives weights equal to those it was created with (else it
   // is lost, as a session whose pages do not fit in the pool). NOT_FOUND: no file; DATA_LOSS: a
@@ -409,8 +409,6 @@ class SessionManager {
 
   mutable Mutex mu_;
   std::string owner_ ABSL_GUARDED_BY(mu_);
-  // Instances whose sessions a snapshot restored (their ids are this process's too).
-  std::vector<std::string> adopted_instances_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<KvPool> pool_ ABSL_GUARDED_BY(mu_);
   // The sessions (session_table.h): ids, creation order, tenants, LRU, expiry, pinned use,
   // lost ids.

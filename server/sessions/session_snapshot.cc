@@ -1,7 +1,7 @@
 // SessionManager::WriteSnapshot and RestoreSnapshot: a replica's sessions on local disk across a
 // restart (issue 33, "restart without loss"). One file, little-endian:
 //
-//   "ATTNSNP1"  u32 version (1)  str owner  u32 n  str instances[n]  u32 page_tokens
+//   "ATTNSNP1"  u32 version (1)  str owner  u32 page_tokens
 //   u32 layouts   { i32 num_kv_heads, head_dim, v_head_dim  u8 dtype }
 //   u64 pages     { u32 layout  K bytes (k_page_bytes)  V bytes (v_page_bytes) }
 //   u64 sessions  { str id, tenant, module  u32 module checksum  i32 num_heads  u32 layout
@@ -10,9 +10,7 @@
 //                   i64 dropped  u32 n  u64 page[n] (an index above, or kNoPage: dropped) }
 //   "ATTNEND!"  u64 bytes before the trailer  u32 CRC-32 of them
 //
-// (str: u32 length, then the bytes.) The instances are this process's and those whose sessions
-// it restored in turn: ids of every one stay valid across any number of restarts. A page forks
-// share is written once. The trailer's length
+// (str: u32 length, then the bytes.) A page forks share is written once. The trailer's length
 // and checksum are verified over the whole file before anything is restored: a torn file (the
 // process killed while writing leaves the temporary file, never this one; a disk that lies
 // could still truncate it) or a corrupt one is refused whole, DATA_LOSS, and its sessions are
@@ -211,9 +209,6 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::WriteSnapshot(
   w.Put(kMagic, sizeof kMagic);
   w.Num(kVersion);
   w.Str(owner_);
-  w.Num(static_cast<uint32_t>(1 + adopted_instances_.size()));
-  w.Str(instance_);
-  for (const std::string& adopted : adopted_instances_) w.Str(adopted);
   w.Num(static_cast<uint32_t>(pool_->page_tokens()));
   w.Num(static_cast<uint32_t>(layouts.size()));
   for (const Arena* a : layouts) {
@@ -326,11 +321,6 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
         absl::StrCat(path, " is not an attnserve session snapshot of version ", kVersion));
   }
   const std::string owner = r.Str();
-  std::vector<std::string> instances(r.Num<uint32_t>());
-  if (!r.ok() || instances.size() > 4096) {
-    return absl::DataLossError(absl::StrCat("session snapshot ", path, " does not parse"));
-  }
-  for (std::string& instance : instances) instance = r.Str();
   const uint32_t page_tokens = r.Num<uint32_t>();
   if (owner != owner_) {
     return absl::FailedPreconditionError(
@@ -482,9 +472,6 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
   for (std::shared_ptr<Session>& s : restored) {
     s->last_used = Now();  // idle from the restore on
     table_->Add(std::move(s));
-  }
-  for (const std::string& instance : instances) {
-    if (instance != instance_) adopted_instances_.push_back(instance);
   }
   return stats;
 }
