@@ -20,12 +20,6 @@
 namespace attnserve::server::sessions {
 namespace {
 
-// A failure of the backend itself, for an extend.
-absl::Status BackendFailure(const kernels::Backend& backend, const absl::Status& status) {
-  return absl::InternalError(
-      absl::StrCat("backend ", backend.name(), " failed: ", status.message()));
-}
-
 // Converts `n` elements from `from` to `to` (both float types).
 void Convert(kernels::DType from, const void* src, kernels::DType to, void* dst, int64_t n,
              std::vector<float>* tmp) {
@@ -50,16 +44,18 @@ void ConvertRows(kernels::DType from, const void* src, int64_t src_ld, kernels::
   }
 }
 
-// A failure of the pool's store (a device's) for session `id`: the session is lost when the
-// store lost its pages (the device was re-initialised), else the extend fails as a failure of
-// the backend.
+}  // namespace
+
+absl::Status BackendFailure(const kernels::Backend& backend, const absl::Status& status) {
+  return absl::InternalError(
+      absl::StrCat("backend ", backend.name(), " failed: ", status.message()));
+}
+
 absl::Status StoreFailure(const absl::Status& status, const kernels::PageStore& store,
                           const kernels::Backend& backend, const std::string& id) {
   if (store.lost()) return SessionManager::Lost(kDeviceReset, id);
   return BackendFailure(backend, status);
 }
-
-}  // namespace
 
 void SessionManager::Compute(absl::Span<ExtendItem* const> items, kernels::Backend* backend) {
   const absl::Time start = absl::Now();

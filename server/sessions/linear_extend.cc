@@ -13,7 +13,6 @@
 #include <cstring>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/linear_state.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"
@@ -44,9 +43,7 @@ void SessionManager::ComputeLinear(ExtendItem& item, const float* projected,
   const int group = hq / hkv;
   const int64_t state_s = int64_t{d} * dv;  // elements of one head's S
   const auto failed = [&](const absl::Status& st) {
-    item.status = store.lost() ? Lost(kDeviceReset, s.id)
-                               : absl::InternalError(absl::StrCat("backend ", backend.name(),
-                                                                  " failed: ", st.message()));
+    item.status = StoreFailure(st, store, backend, s.id);
   };
   if (item.return_lse) {  // the request builder refuses it; never computed without scores
     item.status = absl::InvalidArgumentError(

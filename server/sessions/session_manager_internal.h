@@ -13,10 +13,13 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "kernels/backend.h"
 #include "kernels/multi_head.h"
+#include "kernels/page_store.h"
 #include "server/sessions/kv_pool.h"
 #include "server/sessions/session_table.h"
 
@@ -24,6 +27,14 @@ namespace attnserve::server::sessions {
 
 // The loss reason of sessions whose pages were on a device the backend re-initialised.
 inline constexpr absl::string_view kDeviceReset = "device reset";
+
+// A failure of the backend itself, for an extend (extend_runner.cc).
+absl::Status BackendFailure(const kernels::Backend& backend, const absl::Status& status);
+// A failure of the pool's store (a device's) for session `id`: the session is lost when the
+// store lost its pages (the device was re-initialised), else the extend fails as a failure of
+// the backend.
+absl::Status StoreFailure(const absl::Status& status, const kernels::PageStore& store,
+                          const kernels::Backend& backend, const std::string& id);
 
 // Pages of a linear-attention session's state in its float32 layout (linear_extend.cc): z and
 // the D rows of S of each kv head, one per slot.
