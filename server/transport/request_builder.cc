@@ -178,39 +178,60 @@ std::string FeatureMapName(v1::FeatureMap map) {
   return name.empty() ? absl::StrCat(static_cast<int>(map)) : name;
 }
 
-// AttentionOptions.kind LINEAR and what it does not take (attention.proto).
-absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits, OptionFields* f) {
-  if (options.kind() == v1::ATTENTION_KIND_UNSPECIFIED ||
-      options.kind() == v1::ATTENTION_KIND_SOFTMAX) {
-    if (options.feature_map() != v1::FEATURE_MAP_UNSPECIFIED) {
-      return Invalid(
-          absl::StrCat("options.feature_map applies to kind ATTENTION_KIND_LINEAR only; was ",
-                       FeatureMapName(options.feature_map()), " with softmax attention"));
-    }
-    return absl::OkStatus();
+// A kind of attention and its feature map (AttentionOptions and CreateSessionRequest:
+// attention.proto), each field named `prefix` + its name in errors: *linear when LINEAR, whose
+// feature map goes to *feature_map, and which refuses every option `not_linear` names as set.
+absl::Status BuildAttentionKind(v1::AttentionKind kind, v1::FeatureMap map,
+                                absl::string_view prefix,
+                                std::initializer_list<std::pair<bool, const char*>> not_linear,
+                                bool* linear, kernels::FeatureMap* feature_map) {
+  *linear = false;
+  switch (kind) {
+    case v1::ATTENTION_KIND_UNSPECIFIED:
+    case v1::ATTENTION_KIND_SOFTMAX:
+      if (map != v1::FEATURE_MAP_UNSPECIFIED) {
+        return Invalid(absl::StrCat(prefix,
+                                    "feature_map applies to kind ATTENTION_KIND_LINEAR only; was ",
+                                    FeatureMapName(map), " with softmax attention"));
+      }
+      return absl::OkStatus();
+    case v1::ATTENTION_KIND_LINEAR:
+      break;
+    default:
+      return Invalid(absl::StrCat(
+          prefix, "kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR (or unset); was ",
+          static_cast<int>(kind)));
   }
-  if (options.kind() != v1::ATTENTION_KIND_LINEAR) {
-    return Invalid(
-        absl::StrCat("options.kind must be ATTENTION_KIND_SOFTMAX or "
-                     "ATTENTION_KIND_LINEAR (or unset); was ",
-                     static_cast<int>(options.kind())));
-  }
-  const std::string kind = v1::AttentionKind_Name(options.kind());
-  const std::pair<bool, const char*> not_linear[] = {
-      {options.has_mask(), "mask"},        {options.has_window(), "window"},
-      {options.softcap() != 0, "softcap"}, {options.has_alibi(), "alibi"},
-      {options.has_scale(), "scale"},      {options.return_weights(), "return_weights"}};
   for (const auto& [set, name] : not_linear) {
     if (set) {
-      return Invalid(absl::StrCat("options.", name, " does not apply to kind ", kind,
-                                  " (linear attention has no softmax over scores)"));
+      return Invalid(absl::StrCat(prefix, name,
+                                  " does not apply to kind ATTENTION_KIND_LINEAR (linear "
+                                  "attention has no softmax over scores)"));
     }
   }
-  if (absl::Status s =
-          BuildFeatureMap(options.feature_map(), "options.feature_map", &f->feature_map);
+  if (absl::Status s = BuildFeatureMap(map, absl::StrCat(prefix, "feature_map"), feature_map);
       !s.ok()) {
     return s;
   }
+  *linear = true;
+  return absl::OkStatus();
+}
+
+// AttentionOptions.kind LINEAR and what it does not take (attention.proto).
+absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits, OptionFields* f) {
+  bool linear = false;
+  if (absl::Status s = BuildAttentionKind(options.kind(), options.feature_map(), "options.",
+                                          {{options.has_mask(), "mask"},
+                                           {options.has_window(), "window"},
+                                           {options.softcap() != 0, "softcap"},
+                                           {options.has_alibi(), "alibi"},
+                                           {options.has_scale(), "scale"},
+                                           {options.return_weights(), "return_weights"}},
+                                          &linear, &f->feature_map);
+      !s.ok() || !linear) {
+    return s;
+  }
+  const std::string kind = v1::AttentionKind_Name(options.kind());
   if (!limits.linear_attention) {
     return absl::UnimplementedError(
         absl::StrCat("options.kind ", kind,
@@ -569,38 +590,17 @@ absl::Status BuildSessionMods(const v1::CreateSessionRequest& request, int64_t h
 // CreateSessionRequest.kind and feature_map, and what LINEAR does not take (attention.proto).
 absl::Status BuildSessionKind(const v1::CreateSessionRequest& request,
                               sessions::SessionSpec* spec) {
-  switch (request.kind()) {
-    case v1::ATTENTION_KIND_UNSPECIFIED:
-    case v1::ATTENTION_KIND_SOFTMAX:
-      if (request.feature_map() != v1::FEATURE_MAP_UNSPECIFIED) {
-        return Invalid(absl::StrCat("feature_map applies to kind ATTENTION_KIND_LINEAR only; was ",
-                                    FeatureMapName(request.feature_map()),
-                                    " with softmax attention"));
-      }
-      return absl::OkStatus();
-    case v1::ATTENTION_KIND_LINEAR:
-      break;
-    default:
-      return Invalid(absl::StrCat(
-          "kind must be ATTENTION_KIND_SOFTMAX or ATTENTION_KIND_LINEAR (or unset); was ",
-          static_cast<int>(request.kind())));
-  }
-  const std::pair<bool, const char*> not_linear[] = {{request.has_window(), "window"},
-                                                     {request.softcap() != 0, "softcap"},
-                                                     {request.has_alibi(), "alibi"},
-                                                     {request.has_scale(), "scale"}};
-  for (const auto& [set, name] : not_linear) {
-    if (set) {
-      return Invalid(absl::StrCat(name,
-                                  " does not apply to kind ATTENTION_KIND_LINEAR (linear "
-                                  "attention has no softmax over scores)"));
-    }
-  }
-  if (absl::Status s = BuildFeatureMap(request.feature_map(), "feature_map", &spec->feature_map);
+  bool linear = false;
+  if (absl::Status s = BuildAttentionKind(request.kind(), request.feature_map(), "",
+                                          {{request.has_window(), "window"},
+                                           {request.softcap() != 0, "softcap"},
+                                           {request.has_alibi(), "alibi"},
+                                           {request.has_scale(), "scale"}},
+                                          &linear, &spec->feature_map);
       !s.ok()) {
     return s;
   }
-  spec->kind = kernels::AttentionKind::kLinear;
+  if (linear) spec->kind = kernels::AttentionKind::kLinear;
   return absl::OkStatus();
 }
 
