@@ -105,6 +105,18 @@ std::vector<float> HeadMajor(const std::vector<float>& a, int64_t t, int h, int 
   return out;
 }
 
+// A CreateSessionRequest of a raw head layout (dv 0: D) with a cache of `cache`'s type.
+v1::CreateSessionRequest RawLayout(int hq, int hkv, int d, int dv,
+                                   v1::Dtype cache = v1::DTYPE_FLOAT32) {
+  v1::CreateSessionRequest r;
+  r.mutable_layout()->set_num_heads(hq);
+  r.mutable_layout()->set_num_kv_heads(hkv);
+  r.mutable_layout()->set_head_dim(d);
+  r.mutable_layout()->set_v_head_dim(dv);
+  r.set_cache_dtype(cache);
+  return r;
+}
+
 class SessionTest : public ::testing::Test {
  public:
   void Start(
@@ -144,12 +156,7 @@ class SessionTest : public ::testing::Test {
     return response.session();
   }
   std::string CreateRaw(int hq, int hkv, int d, int dv, bool pinned = false) {
-    v1::CreateSessionRequest r;
-    r.mutable_layout()->set_num_heads(hq);
-    r.mutable_layout()->set_num_kv_heads(hkv);
-    r.mutable_layout()->set_head_dim(d);
-    r.mutable_layout()->set_v_head_dim(dv);
-    r.set_cache_dtype(v1::DTYPE_FLOAT32);
+    v1::CreateSessionRequest r = RawLayout(hq, hkv, d, dv);
     r.set_pinned(pinned);
     return Create(r).session_id();
   }
@@ -524,12 +531,7 @@ TEST_F(SessionTest, LinearSessionsEqualACausalLinearAttendBitForBit) {
     for (const v1::Dtype cache : {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16}) {
       SCOPED_TRACE(v1::FeatureMap_Name(map) + " " + v1::Dtype_Name(cache));
       const Sequence s(4, 2, 8, 6, 23, 31);
-      v1::CreateSessionRequest create;
-      create.mutable_layout()->set_num_heads(4);
-      create.mutable_layout()->set_num_kv_heads(2);
-      create.mutable_layout()->set_head_dim(8);
-      create.mutable_layout()->set_v_head_dim(6);
-      create.set_cache_dtype(cache);
+      v1::CreateSessionRequest create = RawLayout(4, 2, 8, 6, cache);
       create.set_kind(v1::ATTENTION_KIND_LINEAR);
       create.set_feature_map(map);
       const v1::SessionInfo created = Create(create);
@@ -575,11 +577,7 @@ TEST_F(SessionTest, LinearSessionForksShareTheStateUntilExtended) {
   for (int64_t i = 6 * 2 * 8; i < int64_t(other.q.size()); ++i) other.q[i] = tail.q[i];
   for (int64_t i = 6 * 8; i < int64_t(other.k.size()); ++i) other.k[i] = tail.k[i];
   for (int64_t i = 6 * 8; i < int64_t(other.v.size()); ++i) other.v[i] = tail.v[i];
-  v1::CreateSessionRequest create;
-  create.mutable_layout()->set_num_heads(2);
-  create.mutable_layout()->set_num_kv_heads(1);
-  create.mutable_layout()->set_head_dim(8);
-  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  v1::CreateSessionRequest create = RawLayout(2, 1, 8, 0);
   create.set_kind(v1::ATTENTION_KIND_LINEAR);
   const std::string parent = Create(create).session_id();
   std::vector<float> got_parent = Step(parent, s, 0, 6);
@@ -645,11 +643,7 @@ TEST_F(SessionTest, LinearSessionsRefuseWhatTheyDoNotTakeAndOutgrowTheSequenceLi
   Start(options);
   const auto create = [&](const std::function<void(v1::CreateSessionRequest*)>& edit,
                           v1::SessionInfo* info = nullptr) {
-    v1::CreateSessionRequest r;
-    r.mutable_layout()->set_num_heads(2);
-    r.mutable_layout()->set_num_kv_heads(2);
-    r.mutable_layout()->set_head_dim(4);
-    r.set_cache_dtype(v1::DTYPE_FLOAT32);
+    v1::CreateSessionRequest r = RawLayout(2, 2, 4, 0);
     r.set_kind(v1::ATTENTION_KIND_LINEAR);
     edit(&r);
     v1::CreateSessionResponse response;
@@ -987,11 +981,7 @@ class SnapshotTest : public SessionTest {
   std::vector<std::string> CreateAndPrefill() {
     std::vector<std::string> ids;
     ids.push_back(CreateRaw(4, 2, 8, 6, /*pinned=*/true));
-    v1::CreateSessionRequest windowed;
-    windowed.mutable_layout()->set_num_heads(4);
-    windowed.mutable_layout()->set_num_kv_heads(2);
-    windowed.mutable_layout()->set_head_dim(8);
-    windowed.set_cache_dtype(v1::DTYPE_FLOAT16);
+    v1::CreateSessionRequest windowed = RawLayout(4, 2, 8, 0, v1::DTYPE_FLOAT16);
     windowed.mutable_window()->set_left(5);
     windowed.set_softcap(1.5f);
     ids.push_back(Create(windowed).session_id());
@@ -1113,12 +1103,7 @@ TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
 // the rows equal, bit for bit, those of the same session on host pages, restart included.
 TEST_F(SnapshotTest, LinearSessionsAndSnapshotsReachDevicePagesThroughTheStore) {
   const Sequence s(4, 2, 8, 6, 20, 77);
-  v1::CreateSessionRequest create;
-  create.mutable_layout()->set_num_heads(4);
-  create.mutable_layout()->set_num_kv_heads(2);
-  create.mutable_layout()->set_head_dim(8);
-  create.mutable_layout()->set_v_head_dim(6);
-  create.set_cache_dtype(v1::DTYPE_FLOAT16);
+  v1::CreateSessionRequest create = RawLayout(4, 2, 8, 6, v1::DTYPE_FLOAT16);
   create.set_kind(v1::ATTENTION_KIND_LINEAR);
   Start(Options(false));  // host pages
   std::string id = Create(create).session_id();
