@@ -1,11 +1,14 @@
 #include "client/client.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "base/mutex.h"
 #include "client/float_codec.h"
 #include "client/stream.h"
@@ -420,27 +423,162 @@ absl::StatusOr<v1::CreateSessionResponse> Client::CreateSession(
       "address clients reach it by"));
 }
 
-#define ATTNSERVE_SESSION_METHOD(Rpc, throttled)                                          \
-  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,          \
-                                                absl::Duration timeout) {                 \
-    absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id()); \
-    if (!stub.ok()) return stub.status();                                                 \
-    if (throttled) {                                                                      \
-      if (absl::Status s = Admit(); !s.ok()) return s;                                    \
-    }                                                                                     \
-    grpc::ClientContext context;                                                          \
-    Prepare(&context, timeout);                                                           \
-    v1::Rpc##Response response;                                                           \
-    grpc::Status status = (*stub)->Rpc(&context, request, &response);                     \
-    if (throttled) Record(context, status);                                               \
-    if (!status.ok()) return FromGrpc(status);                                            \
-    return response;                                                                      \
+// --- Moved sessions ---
+
+namespace {
+
+// Hops a call follows (a session moved on while the call followed it is rare; a loop of
+// moves is a server's bug).
+constexpr int kMaxHops = 8;
+// The moves remembered (old id -> new id); beyond it the client forgets them all and learns
+// again from the servers, which remember them too.
+constexpr size_t kMaxMovesRemembered = 65536;
+
+std::string Trailer(const grpc::ClientContext& context, const std::string& key) {
+  const auto& metadata = context.GetServerTrailingMetadata();
+  auto it = metadata.find(key);
+  return it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
+bool IsMoving(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable &&
+         absl::StrContains(status.message(), "' is moving to another replica");
+}
+
+// How long to wait before sending a call to a moving session again: the server's pushback,
+// within the deadline.
+absl::Duration MovingWait(const grpc::ClientContext& context, absl::Time deadline) {
+  int64_t ms = 20;
+  if (const std::string pushback = Trailer(context, "grpc-retry-pushback-ms"); !pushback.empty()) {
+    ms = std::clamp<int64_t>(std::atoll(pushback.c_str()), 1, 1000);
   }
-ATTNSERVE_SESSION_METHOD(ExtendSession, true)
-ATTNSERVE_SESSION_METHOD(ForkSession, false)
-ATTNSERVE_SESSION_METHOD(CloseSession, false)
-ATTNSERVE_SESSION_METHOD(GetSession, false)
-#undef ATTNSERVE_SESSION_METHOD
+  return std::min(absl::Milliseconds(ms), std::max(deadline - absl::Now(), absl::ZeroDuration()));
+}
+
+absl::Time DeadlineOf(absl::Duration timeout) {
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+}
+
+absl::Duration Remaining(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return absl::InfiniteDuration();
+  return std::max(deadline - absl::Now(), absl::Nanoseconds(1));
+}
+
+}  // namespace
+
+std::string Client::Resolve(const std::string& id) const {
+  MutexLock lock(&moved_mu_);
+  std::string at = id;
+  for (int hop = 0; hop < kMaxHops; ++hop) {
+    auto it = moved_.find(at);
+    if (it == moved_.end()) break;
+    at = it->second;
+  }
+  return at;
+}
+
+void Client::RememberMove(const std::string& from, const std::string& to) {
+  MutexLock lock(&moved_mu_);
+  if (moved_.size() >= kMaxMovesRemembered) moved_.clear();
+  moved_[from] = to;
+}
+
+std::string Client::FindMoved(const std::string& id, absl::Time deadline) {
+  absl::StatusOr<std::string> owner = SessionOwner(id);
+  for (size_t i = 0; i < replica_addresses_.size(); ++i) {
+    if (owner.ok() && replica_addresses_[i] == *owner) continue;
+    grpc::ClientContext context;
+    Prepare(&context, std::min(Remaining(deadline), absl::Seconds(2)));
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    v1::GetSessionResponse response;
+    replica_stubs_[i]->GetSession(&context, request, &response).ok();
+    if (std::string to = Trailer(context, "attnserve-session-moved"); !to.empty()) return to;
+  }
+  return "";
+}
+
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration timeout,
+                                             bool throttled, bool resend,
+                                             grpc::Status (v1::AttentionService::Stub::*rpc)(
+                                                 grpc::ClientContext*, const Request&, Response*)) {
+  const absl::Time deadline =
+      DeadlineOf(timeout <= absl::ZeroDuration() ? options_.timeout : timeout);
+  request.set_session_id(Resolve(request.session_id()));
+  bool asked_others = false;
+  for (int hop = 0;; ++hop) {
+    absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id());
+    if (!stub.ok()) return stub.status();
+    if (throttled) {
+      if (absl::Status s = Admit(); !s.ok()) return s;
+    }
+    grpc::ClientContext context;
+    Prepare(&context, Remaining(deadline));
+    Response response;
+    const grpc::Status status = ((**stub).*rpc)(&context, request, &response);
+    if (throttled) Record(context, status);
+    if (status.ok()) return response;
+    const absl::Status s = FromGrpc(status);
+    if (hop == kMaxHops || absl::Now() >= deadline) return s;
+    if (std::string to = Trailer(context, "attnserve-session-moved"); !to.empty()) {
+      RememberMove(request.session_id(), to);
+      request.set_session_id(to);
+      continue;
+    }
+    if (IsMoving(s)) {
+      absl::SleepFor(MovingWait(context, deadline));
+      continue;
+    }
+    // Its replica unreachable (or shutting down): did the session move to another?
+    if (s.code() == absl::StatusCode::kUnavailable && !asked_others &&
+        replica_addresses_.size() > 1 && Trailer(context, "grpc-retry-pushback-ms").empty()) {
+      asked_others = true;
+      if (std::string to = FindMoved(request.session_id(), deadline); !to.empty()) {
+        RememberMove(request.session_id(), to);
+        if (resend) {
+          request.set_session_id(to);
+          continue;
+        }
+      }
+    }
+    return s;
+  }
+}
+
+absl::StatusOr<v1::ExtendSessionResponse> Client::ExtendSession(
+    const v1::ExtendSessionRequest& request, absl::Duration timeout) {
+  return SessionCall(request, timeout, /*throttled=*/true,
+                     /*resend=*/request.has_expected_length(),
+                     &v1::AttentionService::Stub::ExtendSession);
+}
+
+absl::StatusOr<v1::ForkSessionResponse> Client::ForkSession(const v1::ForkSessionRequest& request,
+                                                            absl::Duration timeout) {
+  return SessionCall(request, timeout, /*throttled=*/false, /*resend=*/false,
+                     &v1::AttentionService::Stub::ForkSession);
+}
+
+absl::StatusOr<v1::CloseSessionResponse> Client::CloseSession(
+    const v1::CloseSessionRequest& request, absl::Duration timeout) {
+  return SessionCall(request, timeout, /*throttled=*/false, /*resend=*/true,
+                     &v1::AttentionService::Stub::CloseSession);
+}
+
+absl::StatusOr<v1::MoveSessionResponse> Client::MoveSession(const v1::MoveSessionRequest& request,
+                                                            absl::Duration timeout) {
+  absl::StatusOr<v1::MoveSessionResponse> moved =
+      SessionCall(request, timeout, /*throttled=*/false, /*resend=*/false,
+                  &v1::AttentionService::Stub::MoveSession);
+  if (moved.ok()) RememberMove(Resolve(request.session_id()), moved->session_id());
+  return moved;
+}
+
+absl::StatusOr<v1::GetSessionResponse> Client::GetSession(const v1::GetSessionRequest& request,
+                                                          absl::Duration timeout) {
+  return SessionCall(request, timeout, /*throttled=*/false, /*resend=*/true,
+                     &v1::AttentionService::Stub::GetSession);
+}
 
 absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
     const v1::ListSessionsRequest& request, const std::string& replica, absl::Duration timeout) {
@@ -466,6 +604,49 @@ absl::StatusOr<v1::ListSessionsResponse> Client::ListSessions(
 }
 
 absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
+    const v1::ExtendSessionsRequest& request, absl::Duration timeout) {
+  const absl::Time deadline =
+      DeadlineOf(timeout <= absl::ZeroDuration() ? options_.timeout : timeout);
+  v1::ExtendSessionsRequest resolved = request;
+  for (v1::ExtendSessionRequest& step : *resolved.mutable_steps()) {
+    step.set_session_id(Resolve(step.session_id()));
+  }
+  absl::StatusOr<v1::ExtendSessionsResponse> response =
+      ExtendSessionsOnce(resolved, Remaining(deadline));
+  // Steps whose session moved (sent again under its new id) or is moving (again, after a
+  // pause), until none is left or the deadline passes.
+  for (int hop = 0; response.ok() && hop < kMaxHops && absl::Now() < deadline; ++hop) {
+    std::vector<int> again;
+    bool moving = false;
+    v1::ExtendSessionsRequest retry;
+    for (int i = 0; i < response->results_size() && i < resolved.steps_size(); ++i) {
+      const v1::ExtendSessionResult& r = response->results(i);
+      const absl::Status s(static_cast<absl::StatusCode>(r.code()), r.message());
+      v1::ExtendSessionRequest* step = resolved.mutable_steps(i);
+      if (!r.moved_to().empty()) {
+        RememberMove(step->session_id(), r.moved_to());
+        step->set_session_id(r.moved_to());
+      } else if (IsMoving(s)) {
+        moving = true;
+      } else {
+        continue;
+      }
+      again.push_back(i);
+      *retry.add_steps() = *step;
+    }
+    if (again.empty()) break;
+    if (moving) absl::SleepFor(std::min(absl::Milliseconds(20), deadline - absl::Now()));
+    absl::StatusOr<v1::ExtendSessionsResponse> more =
+        ExtendSessionsOnce(retry, Remaining(deadline));
+    if (!more.ok()) break;  // the first answer stands for these steps
+    for (size_t j = 0; j < again.size() && static_cast<int>(j) < more->results_size(); ++j) {
+      *response->mutable_results(again[j]) = std::move(*more->mutable_results(static_cast<int>(j)));
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessionsOnce(
     const v1::ExtendSessionsRequest& request, absl::Duration timeout) {
   // Group the steps by the stub of their replica, keeping each step's index.
   struct Group {
@@ -551,6 +732,11 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
 
 void Client::ExtendSessionAsync(std::shared_ptr<const v1::ExtendSessionRequest> request,
                                 Callback<v1::ExtendSessionResponse> done, absl::Duration timeout) {
+  if (std::string id = Resolve(request->session_id()); id != request->session_id()) {
+    auto resolved = std::make_shared<v1::ExtendSessionRequest>(*request);
+    resolved->set_session_id(std::move(id));
+    request = std::move(resolved);
+  }
   absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request->session_id());
   if (!stub.ok()) {
     done(stub.status());
@@ -566,18 +752,26 @@ void Client::ExtendSessionAsync(std::shared_ptr<const v1::ExtendSessionRequest> 
   call->done = std::move(done);
   Prepare(&call->context, timeout);
   Start(std::move(owned));
-  (*stub)->async()->ExtendSession(&call->context, call->request.get(), &call->response,
-                                  [this, call](grpc::Status s) {
-                                    Record(call->context, s);
-                                    call->Deliver(s);
-                                    Finish(call);
-                                  });
+  (*stub)->async()->ExtendSession(
+      &call->context, call->request.get(), &call->response, [this, call, timeout](grpc::Status s) {
+        Record(call->context, s);
+        if (std::string to = Trailer(call->context, "attnserve-session-moved"); !to.empty()) {
+          // Sent again under the new id (a call of its own, started before this one finishes).
+          RememberMove(call->request->session_id(), to);
+          auto moved = std::make_shared<v1::ExtendSessionRequest>(*call->request);
+          moved->set_session_id(to);
+          ExtendSessionAsync(std::move(moved), std::move(call->done), timeout);
+        } else {
+          call->Deliver(s);
+        }
+        Finish(call);
+      });
 }
 
 absl::StatusOr<std::unique_ptr<AttentionStream>> Client::OpenStreamForSession(
     const std::string& session_id, std::function<void(v1::AttentionStreamResponse)> on_response,
     absl::Duration timeout) {
-  absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(session_id);
+  absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(Resolve(session_id));
   if (!stub.ok()) return stub.status();
   std::unique_ptr<AttentionStream> stream(new AttentionStream(std::move(on_response)));
   Prepare(&stream->context_, timeout <= absl::ZeroDuration() ? absl::InfiniteDuration() : timeout);
@@ -595,6 +789,19 @@ absl::StatusOr<std::string> SessionOwner(const std::string& session_id) {
         absl::StrCat("session_id must be \"<owner>/<instance>/<key>\"; was '", session_id, "'"));
   }
   return session_id.substr(0, second);
+}
+
+bool IsSessionMoved(const absl::Status& status) { return !SessionMovedTo(status).empty(); }
+
+std::string SessionMovedTo(const absl::Status& status) {
+  constexpr absl::string_view kPrefix = "session moved to '";
+  if (status.code() != absl::StatusCode::kFailedPrecondition ||
+      !absl::StartsWith(status.message(), kPrefix)) {
+    return "";
+  }
+  const absl::string_view rest = status.message().substr(kPrefix.size());
+  const size_t end = rest.find('\'');
+  return end == absl::string_view::npos ? "" : std::string(rest.substr(0, end));
 }
 
 bool IsSessionLost(const absl::Status& status) {

@@ -24,6 +24,19 @@
 // owner; an owner that is none of the client's addresses is INVALID_ARGUMENT, raised by the
 // client before anything is sent (start each replica with its owner set to the address clients
 // use for it). A client of one target sends everything to that target.
+//
+// Moved sessions (the server's MoveSession, and drains with --session_peers) are followed: a
+// call answered "session moved to '<new id>'" (FAILED_PRECONDITION with the trailing metadata
+// attnserve-session-moved; nothing was done) is sent again under the new id, to its owner, and
+// the client remembers the move, so every later call naming the old id goes to the new one
+// (ExtendSessionResponse.session_id says the id in use). A call to a session being moved
+// (UNAVAILABLE "... is moving") is sent again after the server's pushback, within its deadline.
+// When a session's replica cannot be reached (UNAVAILABLE without a pushback: it may have
+// moved its sessions and stopped), a client of several replicas asks the others whether the
+// session moved to them; it then sends GetSession and CloseSession again, and ExtendSession
+// when it carries expected_length (attnserve::Session's always do), and otherwise returns the
+// UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. Streams
+// (OpenStreamForSession) do not follow: an item's ExtendSessionResult.moved_to names the new id.
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
@@ -217,6 +230,11 @@ class Client {
       const v1::CloseSessionRequest& request, absl::Duration timeout = absl::ZeroDuration());
   absl::StatusOr<v1::GetSessionResponse> GetSession(const v1::GetSessionRequest& request,
                                                     absl::Duration timeout = absl::ZeroDuration());
+  // An operator's move of a session to another replica (the admin role; see the proto): sent
+  // to the session's replica, which must list `request.peer` in its --session_peers. The
+  // client remembers the move.
+  absl::StatusOr<v1::MoveSessionResponse> MoveSession(
+      const v1::MoveSessionRequest& request, absl::Duration timeout = absl::ZeroDuration());
   // One replica's sessions: `replica` (one of the client's addresses), or empty for the next
   // one in turn (the only one of a single-target client).
   absl::StatusOr<v1::ListSessionsResponse> ListSessions(
@@ -253,6 +271,24 @@ class Client {
   // A throttled call's answer, with its trailing metadata (the pushback).
   void Record(const grpc::ClientContext& context, const grpc::Status& status);
 
+  // Moved sessions (see "Moved sessions" above).
+  // The id a session has now, following the moves this client has seen from `id`.
+  std::string Resolve(const std::string& id) const ABSL_LOCKS_EXCLUDED(moved_mu_);
+  void RememberMove(const std::string& from, const std::string& to) ABSL_LOCKS_EXCLUDED(moved_mu_);
+  // The new id of session `id` as another replica than its owner knows it (a replica it was
+  // moved to), asked by GetSession until `deadline`; "" when none answers so.
+  std::string FindMoved(const std::string& id, absl::Time deadline);
+  // A session rpc, following moves: `rpc` of the stub of the request's session. `resend`: the
+  // call may be sent again after its replica could not be reached (see above).
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> SessionCall(Request request, absl::Duration timeout, bool throttled,
+                                       bool resend,
+                                       grpc::Status (v1::AttentionService::Stub::*rpc)(
+                                           grpc::ClientContext*, const Request&, Response*));
+  // ExtendSessions once, each step to its replica (no following).
+  absl::StatusOr<v1::ExtendSessionsResponse> ExtendSessionsOnce(
+      const v1::ExtendSessionsRequest& request, absl::Duration timeout);
+
   // One asynchronous unary call (client.cc). Start registers it (the registry owns it until
   // it completes); Finish, on the gRPC thread after its callback, takes it out, destroys it
   // (its context, so its channel reference) and only then counts it finished.
@@ -275,6 +311,8 @@ class Client {
   std::map<PendingCall*, std::shared_ptr<PendingCall>> calls_ ABSL_GUARDED_BY(calls_mu_);
   size_t unfinished_calls_ ABSL_GUARDED_BY(calls_mu_) = 0;  // started, not yet Finish'ed
   CondVar calls_finished_;
+  mutable Mutex moved_mu_;
+  std::map<std::string, std::string> moved_ ABSL_GUARDED_BY(moved_mu_);  // old id -> new id
   friend class AttentionStream;
 };
 
@@ -291,6 +329,10 @@ absl::StatusOr<std::vector<float>> TensorToFloats(const v1::Tensor& tensor);
 // The owner part of a session id "<owner>/<instance>/<key>" (the owner may itself hold
 // '/'); INVALID_ARGUMENT naming the id when it does not have that form.
 absl::StatusOr<std::string> SessionOwner(const std::string& session_id);
+// Whether `status` says a session was moved to another replica ("session moved to '<new id>'",
+// FAILED_PRECONDITION; the client follows such answers itself), and the new id ("" when not).
+bool IsSessionMoved(const absl::Status& status);
+std::string SessionMovedTo(const absl::Status& status);
 // Whether `status` says a session was lost (evicted, expired, or its server restarted):
 // FAILED_PRECONDITION with a message starting "session lost (". The caller creates a new
 // session and prefills it again.

@@ -89,6 +89,9 @@ v1::ExtendSessionRequest Session::Prepare(v1::ExtendSessionRequest request) cons
 
 void Session::Applied(const v1::ExtendSessionResponse& response) {
   info_.set_length(response.length());
+  // The id the session has now: another one once it moved to another replica (the Client
+  // followed the move).
+  if (!response.session_id().empty()) info_.set_session_id(response.session_id());
 }
 
 absl::StatusOr<v1::ExtendSessionResponse> Session::Extend(const v1::Tensor& query,

@@ -94,6 +94,8 @@ class Session {
   // Closes the session unless Close or Release was called; errors are ignored.
   ~Session();
 
+  // Its id: the one created, or its new one once an extend found it moved to another replica
+  // (the Client follows moves: client.h).
   const std::string& id() const { return info_.session_id(); }
   // Tokens the session holds, as far as this object knows (updated by every extend and
   // Describe).

@@ -139,6 +139,14 @@ ABSL_FLAG(std::string, session_owner, kDefaults.sessions.owner,
 ABSL_FLAG(std::string, session_snapshot_dir, kDefaults.session_snapshot_dir,
           "a folder the drain writes the sessions to (sessions.snapshot, at most "
           "--session_pool_bytes), restored by the next server of the same owner (empty: off)");
+ABSL_FLAG(std::vector<std::string>, session_peers, {},
+          "comma-separated host:port of the replicas this one may move its sessions to: "
+          "MoveSession, and a drain, which moves every session to them before it stops");
+ABSL_FLAG(std::string, session_peer_token_file, "",
+          "file holding the bearer token sent to --session_peers (their AcceptSessions needs the "
+          "admin role); empty: --auth_token_file's token, if any");
+ABSL_FLAG(std::string, session_peer_ca_file, "",
+          "PEM roots that verify the TLS certificates of --session_peers (empty: plaintext)");
 ABSL_FLAG(int64_t, max_sessions, kDefaults.sessions.max_sessions,
           "most decode sessions held at once");
 
@@ -264,6 +272,28 @@ int Run() {
     }
   }
   options.tenants_file = absl::GetFlag(FLAGS_tenants_file);
+  for (const std::string& peer : absl::GetFlag(FLAGS_session_peers)) {
+    if (!peer.empty()) options.session_peers.peers.push_back(peer);
+  }
+  options.session_peers.token = options.auth_token;
+  if (const std::string path = absl::GetFlag(FLAGS_session_peer_token_file); !path.empty()) {
+    auto token = attnserve::ReadFileToString(path);
+    if (!token.ok()) {
+      std::fprintf(stderr, "attnserve: --session_peer_token_file: %s\n",
+                   token.status().ToString().c_str());
+      return 2;
+    }
+    options.session_peers.token = std::string(absl::StripAsciiWhitespace(*token));
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_session_peer_ca_file); !path.empty()) {
+    auto pem = attnserve::ReadFileToString(path);
+    if (!pem.ok()) {
+      std::fprintf(stderr, "attnserve: --session_peer_ca_file: %s\n",
+                   pem.status().ToString().c_str());
+      return 2;
+    }
+    options.session_peers.ca_pem = *pem;
+  }
   for (const std::string& spec : absl::GetFlag(FLAGS_module)) {
     auto parsed = attnserve::server::ParseModuleSpec(spec);
     if (!parsed.ok()) {

@@ -251,6 +251,11 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   service_options.auth = host->auth_.get();
   host->drain_ = std::make_shared<Drain>();
   service_options.drain = host->drain_.get();
+  if (!options.session_peers.peers.empty()) {
+    host->mover_ =
+        std::make_unique<SessionMover>(host->sessions_.get(), options.session_peers, metrics);
+    service_options.mover = host->mover_.get();
+  }
   host->service_ =
       std::make_unique<AttentionService>(service_options, &host->modules_, host->dispatcher_.get(),
                                          host->sessions_.get(), metrics, std::move(info));
@@ -342,6 +347,22 @@ void ServerHost::Shutdown(absl::Duration grace) {
   }
   const absl::Time grace_end = absl::Now() + grace;
   server_->GetHealthCheckService()->SetServingStatus(false);
+  if (mover_ != nullptr) {
+    // Moves come first, while this server still answers every call: a session's extends pause
+    // only while it is copied (UNAVAILABLE "moving", then "session moved to" its new id, which
+    // callers follow), and a call that names it later still learns where it went. No session
+    // is created or forked meanwhile (Leave).
+    sessions_->Leave();
+    const absl::Time start = absl::Now();
+    const SessionMover::Report r = mover_->MoveAll(grace_end);
+    std::fprintf(stderr,
+                 "attnserve: moved %lld sessions (%lld bytes) to %zu peers in %s, longest pause "
+                 "%s; %lld not moved%s%s\n",
+                 static_cast<long long>(r.moved), static_cast<long long>(r.bytes),
+                 mover_->peers().size(), absl::FormatDuration(absl::Now() - start).c_str(),
+                 absl::FormatDuration(r.longest_pause).c_str(), static_cast<long long>(r.failed),
+                 r.failed == 0 ? "" : ", first: ", r.first_failure.c_str());
+  }
   // gRPC goes on accepting calls while the queue drains: the dispatcher refuses new requests
   // UNAVAILABLE from now on, with a message that says why. (gRPC's own shutdown would cancel some
   // of the calls that reach it in the meantime, and standard retry policies do not retry
@@ -408,12 +429,7 @@ void ServerHost::RestoreSessions(const ServerOptions& options, metrics::Metrics*
   }
   const absl::Time start = absl::Now();
   auto restored = sessions_->RestoreSnapshot(
-      snapshot_path_,
-      [this](const std::string& name) -> std::shared_ptr<const kernels::MultiHeadWeights> {
-        auto module = modules_.Get(name);
-        if (!module.ok()) return nullptr;
-        return std::shared_ptr<const kernels::MultiHeadWeights>(*module, &(*module)->weights);
-      });
+      snapshot_path_, [this](const std::string& name) { return modules_.Weights(name); });
   if (restored.ok()) {
     std::fprintf(
         stderr, "attnserve: restored %lld sessions (%lld pages) from %s in %s; %lld lost%s%s\n",

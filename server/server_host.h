@@ -93,6 +93,10 @@ struct ServerOptions {
   // its first call (server/sessions/session_snapshot.cc). The file holds the pool's pages in
   // use plus under a kilobyte a session: the disk it needs is at most --session_pool_bytes.
   std::string session_snapshot_dir;
+  // The replicas this one moves its sessions to (MoveSession; and a drain, before anything
+  // else: server/transport/session_mover.h). A drain that cannot place a session writes it to
+  // the snapshot, when there is one, else it is lost. Empty: no moves.
+  PeerOptions session_peers;
   // Once no call has been open or arrived for this long, the memory kept between calls (the
   // backend's per-thread scratch, the allocator's free pages) goes back to the system
   // (server/core/idle_release.h). Zero: never. Default: 2 s.
@@ -162,6 +166,7 @@ class ServerHost {
   // Before the dispatcher: its jobs hold session leases, so it goes first.
   std::unique_ptr<sessions::SessionManager> sessions_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> sessions_hook_;  // reads sessions_
+  std::unique_ptr<SessionMover> mover_;  // reads sessions_; null without peers
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<AttentionService> service_;
 

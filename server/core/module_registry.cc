@@ -57,6 +57,13 @@ absl::StatusOr<std::shared_ptr<const Module>> ModuleRegistry::Get(absl::string_v
   return it->second;
 }
 
+std::shared_ptr<const kernels::MultiHeadWeights> ModuleRegistry::Weights(
+    const std::string& name) const {
+  auto module = Get(name);
+  if (!module.ok()) return nullptr;
+  return std::shared_ptr<const kernels::MultiHeadWeights>(*module, &(*module)->weights);
+}
+
 std::vector<std::shared_ptr<const Module>> ModuleRegistry::List() const {
   MutexLock lock(&mu_);
   std::vector<std::shared_ptr<const Module>> out;

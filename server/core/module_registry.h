@@ -37,6 +37,9 @@ class ModuleRegistry {
   absl::Status Remove(absl::string_view name);
   // NOT_FOUND (naming the field "module" and the value) when absent.
   absl::StatusOr<std::shared_ptr<const Module>> Get(absl::string_view name) const;
+  // The weights of module `name` (sharing the module's life), or null when absent: what the
+  // sessions' snapshots and moves bind a module session to (SessionManager::ModuleNamed).
+  std::shared_ptr<const kernels::MultiHeadWeights> Weights(const std::string& name) const;
   // Every module, sorted by name.
   std::vector<std::shared_ptr<const Module>> List() const;
   // Bytes held by the weights of every registered module.

@@ -21,9 +21,10 @@ namespace attnserve::metrics {
 namespace {
 
 constexpr std::array<std::string_view, kNumRpcs> kRpcNames = {
-    "Attend",        "MultiHeadAttention", "LoadModule",    "UnloadModule",  "ListModules",
-    "GetServerInfo", "AttentionStream",    "CreateSession", "ExtendSession", "ExtendSessions",
-    "ForkSession",   "CloseSession",       "GetSession",    "ListSessions",
+    "Attend",        "MultiHeadAttention", "LoadModule",      "UnloadModule",
+    "ListModules",   "GetServerInfo",      "AttentionStream", "CreateSession",
+    "ExtendSession", "ExtendSessions",     "ForkSession",     "CloseSession",
+    "GetSession",    "ListSessions",       "MoveSession",     "AcceptSessions",
 };
 constexpr int kUnknownCode = 2;
 constexpr std::array<std::string_view, kNumDropReasons> kDropReasonNames = {
@@ -193,6 +194,20 @@ Metrics::Metrics(const MetricsOptions& options)
       &Build<Counter>(r, "attnserve_sessions_restored_total",
                       "Decode sessions a snapshot brought back at start (--session_snapshot_dir).")
            .Add({});
+  auto& moved = Build<Counter>(r, "attnserve_sessions_moved_total",
+                               "Decode sessions moved between replicas (MoveSession, drains with "
+                               "--session_peers): in, taken from a peer; out, sent to one.");
+  sessions_moved_ = {&moved.Add({{"direction", "in"}}), &moved.Add({{"direction", "out"}})};
+  session_move_bytes_ = &Build<Counter>(r, "attnserve_session_move_bytes_total",
+                                        "Bytes of the session moves this replica sent.")
+                             .Add({});
+  session_move_failures_ = &Build<Counter>(
+      r, "attnserve_session_move_failures_total",
+      "Session moves that failed, by the code of the failure (the session stayed here).");
+  session_move_pause_ =
+      &Build<Histogram>(r, "attnserve_session_move_pause_seconds",
+                        "How long a moved session could not be extended (the copy and the switch).")
+           .Add({}, DurationBucketsSeconds());
   tenant_sessions_ = &Build<Gauge>(r, "attnserve_tenant_sessions",
                                    "Open decode sessions by tenant (a tenant of the tenants file, "
                                    "anonymous, or other).");
@@ -379,6 +394,20 @@ void Metrics::RecordSessionLost(std::string_view reason) {
 void Metrics::RecordSessionsRestored(int64_t restored, int64_t lost) {
   sessions_restored_->Increment(static_cast<double>(restored));
   sessions_lost_[3]->Increment(static_cast<double>(lost));
+}
+
+void Metrics::RecordSessionsMoved(std::string_view direction, int64_t sessions) {
+  sessions_moved_[direction == "in" ? 0 : 1]->Increment(static_cast<double>(sessions));
+}
+
+void Metrics::RecordSessionMoveSent(int64_t bytes, absl::Duration pause) {
+  session_move_bytes_->Increment(static_cast<double>(bytes));
+  session_move_pause_->Observe(absl::ToDoubleSeconds(pause));
+}
+
+void Metrics::RecordSessionMoveFailed(std::string_view code) {
+  MutexLock lock(&tenants_mu_);  // Family::Add takes its own lock too; this one keeps it simple
+  session_move_failures_->Add({{"code", std::string(code)}}).Increment();
 }
 
 void Metrics::RecordSessionTokens(std::string_view phase, int64_t tokens) {

@@ -52,6 +52,12 @@
 //                                                                 restart (a snapshot's session
 //                                                                 that did not come back)
 //   attnserve_sessions_restored_total    counter                sessions a snapshot brought back
+//   attnserve_sessions_moved_total       counter   {direction}  in / out: moved between replicas
+//   attnserve_session_move_bytes_total   counter                bytes of the moves sent
+//   attnserve_session_move_failures_total counter  {reason}     moves that failed (code of the
+//                                                                 failure, e.g. UNAVAILABLE)
+//   attnserve_session_move_pause_seconds histogram              how long a moved session could
+//                                                                 not be extended
 //   attnserve_session_tokens_appended_total counter {phase}     prefill / decode tokens
 //   attnserve_session_extend_duration_seconds histogram {phase} compute time of an extend's
 //                                                                 batch (per extend)
@@ -126,8 +132,10 @@ enum class Rpc : int {
   kCloseSession,
   kGetSession,
   kListSessions,
+  kMoveSession,
+  kAcceptSessions,
 };
-inline constexpr int kNumRpcs = 14;
+inline constexpr int kNumRpcs = 16;
 std::string_view RpcName(Rpc rpc);
 
 // Canonical name of a gRPC / absl status code ("OK", "INVALID_ARGUMENT"); codes outside 0..16
@@ -271,6 +279,11 @@ class Metrics {
   void RecordSessionLost(std::string_view reason);
   // A snapshot restored at start (--session_snapshot_dir): `restored` sessions back, `lost` not.
   void RecordSessionsRestored(int64_t restored, int64_t lost);
+  // Sessions moved between replicas: direction "in" or "out".
+  void RecordSessionsMoved(std::string_view direction, int64_t sessions);
+  // A move sent: its bytes and the session's pause; or a move that failed, by its code's name.
+  void RecordSessionMoveSent(int64_t bytes, absl::Duration pause);
+  void RecordSessionMoveFailed(std::string_view code) ABSL_LOCKS_EXCLUDED(tenants_mu_);
   // Per tenant label (above), its sessions and pool bytes (from an OnScrape callback): labels
   // not given are set to 0.
   struct TenantUsage {
@@ -330,6 +343,10 @@ class Metrics {
   prometheus::Gauge* sessions_active_;
   std::array<prometheus::Counter*, 4> sessions_lost_;  // evicted, expired, device_reset, restart
   prometheus::Counter* sessions_restored_ = nullptr;
+  std::array<prometheus::Counter*, 2> sessions_moved_;  // in, out
+  prometheus::Counter* session_move_bytes_ = nullptr;
+  prometheus::Family<prometheus::Counter>* session_move_failures_ = nullptr;
+  prometheus::Histogram* session_move_pause_ = nullptr;
   std::array<prometheus::Counter*, 2> session_tokens_appended_;  // prefill, decode
   std::array<prometheus::Histogram*, 2> session_extend_duration_;
 

@@ -75,6 +75,7 @@ absl::Status SessionManager::BeginExtend(const std::string& tenant, const std::s
   item->lease.session_ = *found;
   item->lease.new_tokens_ = new_tokens;
   item->new_tokens = new_tokens;
+  item->session_id = s.id;
   item->module_name = s.module_name;
   item->module = s.module;
   item->num_heads = s.num_heads;

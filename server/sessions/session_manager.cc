@@ -157,6 +157,17 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
   DropLostLocked();
   auto parsed = ParseId(id);
   if (!parsed.ok()) return parsed.status();
+  // Another tenant's session, live or lost, is answered as one never issued (the same status,
+  // after the same lookups).
+  const absl::Status never = absl::NotFoundError(
+      absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
+  const SessionTable::LostId* lost = table_->FindLost(id);
+  // A session moved here from another replica is remembered by its old id too, whose owner is
+  // the other replica's.
+  if (lost != nullptr && !lost->moved_to.empty()) {
+    if (lost->tenant != tenant) return CrossTenantLocked(tenant, op, never);
+    return Moved(id, lost->moved_to);
+  }
   if (parsed->owner != owner_) {
     return absl::NotFoundError(absl::StrCat("session '", id, "' belongs to replica '",
                                             parsed->owner, "', not to this one ('", owner_,
@@ -164,19 +175,16 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
   }
   // An id of another instance is looked up too: a snapshot restores sessions with their ids
   // (session_snapshot.cc). One that is not here answers "restarted", below.
-  // Another tenant's session, live or lost, is answered as one never issued (the same status,
-  // after the same lookups).
-  const absl::Status never = absl::NotFoundError(
-      absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
   if (std::shared_ptr<Session> s = table_->Find(id); s != nullptr) {
     if (s->tenant != tenant) return CrossTenantLocked(tenant, op, never);
+    if (s->moving && op != "GetSession") return Moving(id);
     if (!s->busy && Now() - s->last_used >= s->ttl) {
       RemoveLocked(s, "expired");
       return Lost("expired", id);
     }
     return s;
   }
-  if (const SessionTable::LostId* lost = table_->FindLost(id); lost != nullptr) {
+  if (lost != nullptr) {
     if (lost->tenant != tenant) return CrossTenantLocked(tenant, op, never);
     return Lost(lost->reason, id);
   }
@@ -254,6 +262,7 @@ absl::StatusOr<SessionState> SessionManager::Create(const SessionSpec& spec) {
                                                 : options_.idle_ttl;
   MutexLock lock(&mu_);
   ExpireLocked();
+  if (leaving_) return Leaving();
   if (table_->size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("this server holds ", table_->size(),
@@ -289,6 +298,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
     return absl::AbortedError(
         absl::StrCat("an extend of session '", id, "' is in flight; fork it after it returns"));
   }
+  if (leaving_) return Leaving();
   if (table_->size() >= options_.max_sessions) {
     return absl::ResourceExhaustedError(
         absl::StrCat("this server holds ", table_->size(),

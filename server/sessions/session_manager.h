@@ -183,6 +183,8 @@ struct PoolUsage {
 struct Session;
 class SessionTable;
 class SessionManager;
+class TransferWriter;  // session_codec.h
+class TransferReader;
 
 // The right to extend one session, from BeginExtend until End. Move-only.
 // One extend's pages, reserved over the pool as a transaction (SessionManager::ReserveLocked;
@@ -248,7 +250,8 @@ struct ExtendItem {
   Buffer<float> attention;  // [L, Hq, Dv], filled chunk by chunk
   // True when Compute has more chunks to do (the caller queues the item again).
   bool pending() const { return status.ok() && written && done_rows < new_tokens; }
-  // The session's layout, as BeginExtend found it (for validating the request's tensors).
+  // The session's id and layout, as BeginExtend found it (for validating the request's tensors).
+  std::string session_id;
   std::string module_name;
   std::shared_ptr<const kernels::MultiHeadWeights> module;
   int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
@@ -329,15 +332,45 @@ class SessionManager {
   // is lost, as a session whose pages do not fit in the pool). NOT_FOUND: no file; DATA_LOSS: a
   // torn or corrupt file (checksums), FAILED_PRECONDITION: a snapshot of another owner, or of
   // another page size; nothing is restored then.
-  absl::StatusOr<SnapshotStats> RestoreSnapshot(
-      const std::string& path,
-      const std::function<std::shared_ptr<const kernels::MultiHeadWeights>(const std::string&)>&
-          module_named);
+  using ModuleNamed =
+      std::function<std::shared_ptr<const kernels::MultiHeadWeights>(const std::string& name)>;
+  absl::StatusOr<SnapshotStats> RestoreSnapshot(const std::string& path,
+                                                const ModuleNamed& module_named);
+
+  // Moves (session_move.cc): a session sent to another replica, sessions taken from one, in the
+  // transfer format of session_codec.h (the snapshot's).
+  //
+  // Marks session `id` (whoever's it is) moving and returns it as a transfer: until EndMove its
+  // extends, forks and closes answer UNAVAILABLE "moving" (Moving), its description works.
+  // NOT_FOUND, FAILED_PRECONDITION (lost, or moved already), ABORTED (an extend in flight).
+  absl::StatusOr<std::string> BeginMove(const std::string& id);
+  // Ends BeginMove's move: `moved_to` is the session's id on the replica that took it (the
+  // session is removed here, its id remembered as moved: Moved), or empty when the move failed
+  // (the session is back in place, as it was).
+  void EndMove(const std::string& id, const std::string& moved_to);
+  // Takes the sessions of a transfer under new ids of this replica (returned in the transfer's
+  // order), with their tenants, settings, lengths and pages; their old ids answer Moved here
+  // too. All or none: DATA_LOSS (torn or corrupt), FAILED_PRECONDITION (another page size, a
+  // module not loaded here with the same weights), RESOURCE_EXHAUSTED (no room in the pool, in
+  // max_sessions, or in a tenant's shares).
+  absl::StatusOr<std::vector<std::string>> AcceptTransfer(absl::string_view transfer,
+                                                          const ModuleNamed& module_named);
+  // Every session's id, in the order they were created (a drain moves them in turn).
+  std::vector<std::string> Ids();
+  // The replica is leaving (a drain that moves its sessions): from now on Create, Fork and
+  // AcceptTransfer answer UNAVAILABLE (Leaving), so that the sessions moved out are the last.
+  void Leave();
 
   // "session lost (<reason>): ..." status helpers (the proto's contract).
   static absl::Status Lost(absl::string_view reason, absl::string_view id);
   // The reason of a status made by Lost, or empty.
   static std::string LostReason(const absl::Status& status);
+  // "session moved to '<to>': ..." (FAILED_PRECONDITION) and its new id; "session ... is
+  // moving" (UNAVAILABLE).
+  static absl::Status Moved(absl::string_view id, absl::string_view to);
+  static std::string MovedTo(const absl::Status& status);
+  static absl::Status Moving(absl::string_view id);
+  static absl::Status Leaving();
 
  private:
   friend class Lease;
@@ -400,6 +433,21 @@ class SessionManager {
   absl::Status CheckTenantSessionsLocked(const std::string& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLease(Lease& lease, bool keep);
+  // The transfer format (session_codec.h; session_snapshot.cc): `sessions` into `w`, with the
+  // trailer; and back, into sessions holding their pages (not yet in the table; a session whose
+  // module is missing or whose pages did not fit is counted lost in stats instead).
+  absl::Status EncodeLocked(const std::vector<const Session*>& sessions, TransferWriter& w)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct Decoded {
+    std::string owner;  // the sender's
+    std::vector<std::shared_ptr<Session>> sessions;
+    SnapshotStats stats;
+  };
+  absl::StatusOr<Decoded> DecodeLocked(TransferReader& r, const std::string& what,
+                                       const ModuleNamed& module_named)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back what a decoded session holds (one not added to the table).
+  void ReleaseDecodedLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const SessionOptions options_;
   metrics::Metrics* const metrics_;
@@ -413,6 +461,7 @@ class SessionManager {
   // The sessions (session_table.h): ids, creation order, tenants, LRU, expiry, pinned use,
   // lost ids.
   std::unique_ptr<SessionTable> table_ ABSL_GUARDED_BY(mu_);
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;  // Leave()
   // The log line of a refused cross-tenant access: one a tenant every 10 s, with the count of
   // those left out (the metric counts each).
   LogThrottle cross_tenant_log_ ABSL_GUARDED_BY(mu_){absl::Seconds(10)};

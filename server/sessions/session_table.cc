@@ -33,16 +33,25 @@ std::shared_ptr<Session> SessionTable::Remove(const Session& s, absl::string_vie
     pinned_bytes_ -= s.bytes();
     --pinned_sessions_;
   }
-  if (!lost_reason.empty()) {
-    if (lost_.emplace(s.id, LostId{std::string(lost_reason), s.tenant}).second) {
-      lost_order_.push_back(s.id);
-    }
-    while (static_cast<int64_t>(lost_order_.size()) > remembered_lost_) {
-      lost_.erase(lost_order_.front());
-      lost_order_.pop_front();
-    }
-  }
+  if (!lost_reason.empty()) Remember(s.id, LostId{std::string(lost_reason), s.tenant, ""});
   return held;
+}
+
+void SessionTable::RememberMoved(const std::string& id, const std::string& tenant,
+                                 const std::string& moved_to) {
+  Remember(id, LostId{"moved", tenant, moved_to});
+}
+
+void SessionTable::Remember(const std::string& id, LostId lost) {
+  if (auto [it, added] = lost_.emplace(id, lost); added) {
+    lost_order_.push_back(id);
+  } else {
+    it->second = std::move(lost);
+  }
+  while (static_cast<int64_t>(lost_order_.size()) > remembered_lost_) {
+    lost_.erase(lost_order_.front());
+    lost_order_.pop_front();
+  }
 }
 
 std::shared_ptr<Session> SessionTable::Find(const std::string& id) const {

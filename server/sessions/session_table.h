@@ -58,6 +58,7 @@ struct Session {
   uint64_t expiry_stamp = 0;  // of its live entry in the expiry heap (older ones are stale)
   bool busy = false;          // an extend holds a lease
   bool removed = false;       // closed or lost while busy: freed when the lease ends
+  bool moving = false;        // being sent to another replica (busy too): session_move.cc
   std::string parent_id;
   std::list<Session*>::iterator lru;
 
@@ -73,6 +74,7 @@ class SessionTable {
   struct LostId {
     std::string reason;
     std::string tenant;
+    std::string moved_to;  // reason "moved": the session's new id (its owner holds it)
   };
 
   explicit SessionTable(int64_t remembered_lost) : remembered_lost_(remembered_lost) {}
@@ -86,7 +88,10 @@ class SessionTable {
 
   // The live session of `id`, or null.
   std::shared_ptr<Session> Find(const std::string& id) const;
-  // Why and whose, when `id` was lost and is still remembered; else null.
+  // Remembers that session `id` of `tenant` lives on as `moved_to` (moved to another replica:
+  // its old id, on the replica it left and on the one it went to).
+  void RememberMoved(const std::string& id, const std::string& tenant, const std::string& moved_to);
+  // Why and whose, when `id` was lost (or moved) and is still remembered; else null.
   const LostId* FindLost(const std::string& id) const;
 
   // `s` was used at `now`: the most recently used, its expiry moved.
@@ -120,6 +125,8 @@ class SessionTable {
     std::string id;
     bool operator>(const Expiry& o) const { return at > o.at; }
   };
+
+  void Remember(const std::string& id, LostId lost);
 
   const int64_t remembered_lost_;
   uint64_t next_serial_ = 1;

@@ -35,6 +35,54 @@ class AnswerNowReactor final : public grpc::ServerUnaryReactor {
   Caller caller_;
 };
 
+// AcceptSessions: the chunks of a transfer from another replica, gathered, then taken by
+// `accept` (SessionManager::AcceptTransfer) on the thread of the last read: decoding copies
+// pages, milliseconds for a session. Holds the call's Caller; deletes itself in OnDone.
+class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTransferChunk> {
+ public:
+  using Accept = absl::AnyInvocable<absl::Status(const std::string& transfer)>;
+  // `admitted`: the caller's authorisation (not OK: answered at once). `max_bytes`: the most
+  // a transfer may hold.
+  AcceptSessionsReactor(const grpc::CallbackServerContext& context, metrics::Metrics* metrics,
+                        const absl::Status& admitted, int64_t max_bytes, Accept accept)
+      : caller_(context, /*listener=*/nullptr),
+        call_(
+            metrics, metrics::Rpc::kAcceptSessions, &caller_,
+            [this](const absl::Status& status, Job*, absl::Time) { Finish(ToGrpcStatus(status)); }),
+        max_bytes_(max_bytes),
+        accept_(std::move(accept)) {
+    if (!admitted.ok()) {
+      call_.Finish(admitted);
+      return;
+    }
+    StartRead(&chunk_);
+  }
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the sender's WritesDone (or a cut connection: the transfer's CRC tells)
+      call_.Finish(accept_(transfer_));
+      return;
+    }
+    if (static_cast<int64_t>(transfer_.size() + chunk_.data().size()) > max_bytes_) {
+      call_.Finish(absl::ResourceExhaustedError(
+          absl::StrCat("the session transfer is larger than this replica's session pool (",
+                       max_bytes_, " bytes with its settings)")));
+      return;
+    }
+    transfer_ += chunk_.data();
+    StartRead(&chunk_);
+  }
+  void OnCancel() override { caller_.Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  Caller caller_;
+  Call call_;
+  const int64_t max_bytes_;
+  Accept accept_;
+  v1::SessionTransferChunk chunk_;
+  std::string transfer_;
+};
+
 // The index of rpc `name` in AttentionService, as the generated service numbers its methods
 // (their order in attention.proto). A name the proto lacks is a programming error, caught by
 // every test that starts a server: it aborts, naming it.
@@ -188,7 +236,8 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
             metrics->RecordTenantRefusal(auth == nullptr ? "anonymous" : auth->Label(tenant),
                                          "in_flight");
           }),
-      loader_(std::make_unique<WorkThread>()) {
+      loader_(std::make_unique<WorkThread>()),
+      mover_(std::make_unique<WorkThread>()) {
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
   // served as a stream of one request and one response (StreamedUnaryReactor), marked by their
   // index in the service (MethodIndex).
@@ -354,6 +403,10 @@ absl::Status AttentionService::ModuleRpcAllowed(const Identity& who, absl::strin
     return absl::PermissionDeniedError(
         absl::StrCat(rpc, " is switched off on this server (--allow_module_rpc=false)"));
   }
+  return AdminOnly(who, rpc);
+}
+
+absl::Status AttentionService::AdminOnly(const Identity& who, absl::string_view rpc) {
   if (!who.admin) {
     return absl::PermissionDeniedError(
         absl::StrCat(rpc, " needs the admin role, which tenant '", who.tenant, "' does not have"));
@@ -529,6 +582,55 @@ grpc::ServerUnaryReactor* AttentionService::ListSessions(grpc::CallbackServerCon
     usage->set_pinned_pages(u.pinned_pages);
     return absl::OkStatus();
   });
+}
+
+grpc::ServerUnaryReactor* AttentionService::MoveSession(grpc::CallbackServerContext* context,
+                                                        const v1::MoveSessionRequest* request,
+                                                        v1::MoveSessionResponse* response) {
+  auto* reactor = new AnswerNowReactor(*context, /*dispatcher=*/nullptr);
+  auto call =
+      std::make_unique<Call>(metrics_, metrics::Rpc::kMoveSession, reactor->caller(),
+                             [reactor, context](const absl::Status& status, Job*, absl::Time) {
+                               reactor->Finish(SessionAwareStatus(status, context));
+                             });
+  absl::StatusOr<Identity> who = Authenticate(*context);
+  absl::Status status = who.ok() ? AdminOnly(*who, "MoveSession") : who.status();
+  if (status.ok() && options_.mover == nullptr) {
+    status = absl::FailedPreconditionError(
+        "MoveSession needs --session_peers: this server has no peers to move sessions to");
+  }
+  if (!status.ok()) {
+    call->Finish(std::move(status));
+    return reactor;
+  }
+  // `request` and `response` live until the call finishes, which only the posted work does.
+  mover_->Post([this, request, response, call = std::move(call)] {
+    auto moved = options_.mover->Move(request->session_id(), request->peer());
+    if (moved.ok()) {
+      response->set_session_id(moved->id);
+      response->set_bytes(moved->bytes);
+      response->set_pause_us(absl::ToInt64Microseconds(moved->pause));
+    }
+    call->Finish(moved.status());
+  });
+  return reactor;
+}
+
+grpc::ServerReadReactor<v1::SessionTransferChunk>* AttentionService::AcceptSessions(
+    grpc::CallbackServerContext* context, v1::AcceptSessionsResponse* response) {
+  absl::StatusOr<Identity> who = Authenticate(*context);
+  const absl::Status admitted = who.ok() ? AdminOnly(*who, "AcceptSessions") : who.status();
+  // A transfer holds at most the pool's pages, and well under a kilobyte a session besides.
+  const int64_t max_bytes = sessions_->options().pool_bytes + (int64_t{64} << 20);
+  return new AcceptSessionsReactor(
+      *context, metrics_, admitted, max_bytes,
+      [this, response](const std::string& transfer) -> absl::Status {
+        auto ids = sessions_->AcceptTransfer(
+            transfer, [this](const std::string& name) { return modules_->Weights(name); });
+        if (!ids.ok()) return ids.status();
+        for (const std::string& id : *ids) response->add_session_ids(id);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace attnserve::server

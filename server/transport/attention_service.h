@@ -20,6 +20,7 @@
 #include "server/transport/attention_stream.h"
 #include "server/transport/auth.h"
 #include "server/transport/limits.h"
+#include "server/transport/session_mover.h"
 
 namespace attnserve::server {
 
@@ -34,23 +35,21 @@ struct ServiceInfo {
 // The compute rpcs take their messages as bytes and parse them here, so that a message that
 // does not parse is answered INVALID_ARGUMENT (and counted) rather than by gRPC's generic
 // error, and so that a stream can tell a bad message from the end of its input.
-using AttentionServiceBase = v1::AttentionService::WithCallbackMethod_LoadModule<
-    v1::AttentionService::WithCallbackMethod_UnloadModule<
-        v1::AttentionService::WithCallbackMethod_ListModules<
-            v1::AttentionService::WithCallbackMethod_GetServerInfo<
-                v1::AttentionService::WithRawCallbackMethod_Attend<
-                    v1::AttentionService::WithRawCallbackMethod_MultiHeadAttention<
-                        v1::AttentionService::WithRawCallbackMethod_AttentionStream<
-                            v1::AttentionService::WithCallbackMethod_CreateSession<
-                                v1::AttentionService::WithRawCallbackMethod_ExtendSession<
-                                    v1::AttentionService::WithRawCallbackMethod_ExtendSessions<
-                                        v1::AttentionService::WithCallbackMethod_ForkSession<
-                                            v1::AttentionService::WithCallbackMethod_CloseSession<
-                                                v1::AttentionService::WithCallbackMethod_GetSession<
-                                                    v1::AttentionService::
-                                                        WithCallbackMethod_ListSessions<
-                                                            v1::AttentionService::
-                                                                Service>>>>>>>>>>>>>>;
+using Rpcs = v1::AttentionService;
+using AttentionServiceBase =
+    Rpcs::WithCallbackMethod_LoadModule<Rpcs::WithCallbackMethod_UnloadModule<
+        Rpcs::WithCallbackMethod_ListModules<Rpcs::WithCallbackMethod_GetServerInfo<
+            Rpcs::WithRawCallbackMethod_Attend<Rpcs::WithRawCallbackMethod_MultiHeadAttention<
+                Rpcs::WithRawCallbackMethod_AttentionStream<Rpcs::WithCallbackMethod_CreateSession<
+                    Rpcs::WithRawCallbackMethod_ExtendSession<
+                        Rpcs::WithRawCallbackMethod_ExtendSessions<
+                            Rpcs::WithCallbackMethod_ForkSession<
+                                Rpcs::WithCallbackMethod_CloseSession<
+                                    Rpcs::WithCallbackMethod_GetSession<
+                                        Rpcs::WithCallbackMethod_ListSessions<
+                                            Rpcs::WithCallbackMethod_MoveSession<
+                                                Rpcs::WithCallbackMethod_AcceptSessions<
+                                                    Rpcs::Service>>>>>>>>>>>>>>>>;
 
 class WorkThread;            // attention_service.cc
 class StreamedUnaryReactor;  // attention_service.cc
@@ -71,6 +70,9 @@ class AttentionService final : public AttentionServiceBase {
     // has begun, new compute calls are answered UNAVAILABLE before their requests are read,
     // and streams stop reading and end once their requests are answered.
     Drain* drain = nullptr;
+    // Moves sessions to the server's peers (session_mover.h; not owned, outlives the service).
+    // Null: MoveSession answers FAILED_PRECONDITION (no --session_peers).
+    SessionMover* mover = nullptr;
   };
 
   // Every rpc is counted in `metrics` (by rpc and code, with its server time). `sessions`
@@ -109,6 +111,11 @@ class AttentionService final : public AttentionServiceBase {
   grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
                                          const v1::ListSessionsRequest* request,
                                          v1::ListSessionsResponse* response) override;
+  grpc::ServerUnaryReactor* MoveSession(grpc::CallbackServerContext* context,
+                                        const v1::MoveSessionRequest* request,
+                                        v1::MoveSessionResponse* response) override;
+  grpc::ServerReadReactor<v1::SessionTransferChunk>* AcceptSessions(
+      grpc::CallbackServerContext* context, v1::AcceptSessionsResponse* response) override;
 
  private:
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions (served as streams: see the
@@ -127,6 +134,8 @@ class AttentionService final : public AttentionServiceBase {
   absl::StatusOr<Identity> Authenticate(const grpc::CallbackServerContext& context) const;
   // OK when module rpcs are on and `who` is an admin; PERMISSION_DENIED saying which is not.
   absl::Status ModuleRpcAllowed(const Identity& who, absl::string_view rpc) const;
+  // OK when `who` is an admin; PERMISSION_DENIED naming `rpc` otherwise.
+  static absl::Status AdminOnly(const Identity& who, absl::string_view rpc);
 
   const Options options_;
   ModuleRegistry* const modules_;
@@ -140,6 +149,9 @@ class AttentionService final : public AttentionServiceBase {
   // LoadModule parses up to max_module_bytes of safetensors: on this thread, not on one of
   // gRPC's few callback threads.
   std::unique_ptr<WorkThread> loader_;
+  // MoveSession waits for its peer: on this thread (not the loader's, which a peer's move to
+  // this replica must not wait behind).
+  std::unique_ptr<WorkThread> mover_;
 };
 
 // Fills a ModuleInfo from a loaded module.

@@ -984,6 +984,7 @@ void WriteExtendResponse(const sessions::ExtendItem& item, const JobTiming& timi
     WriteTensor(DType::kFloat32, item.lse, {L, item.num_heads}, response->mutable_lse());
   }
   response->set_length(item.length_after);
+  response->set_session_id(item.session_id);
   WriteTiming(timing, now, response->mutable_timing());
 }
 
@@ -996,6 +997,7 @@ void FillResponse(Job& job, absl::Time now, v1::ExtendSessionsResponse* response
     v1::ExtendSessionResult* result = response->add_results();
     result->set_code(static_cast<int>(item->status.code()));
     result->set_message(std::string(item->status.message()));
+    result->set_moved_to(sessions::SessionManager::MovedTo(item->status));
     if (item->status.ok()) WriteExtendResponse(*item, job.timing, now, result->mutable_response());
   }
 }

@@ -16,6 +16,9 @@ grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServer
   if (const std::string reason = sessions::SessionManager::LostReason(status); !reason.empty()) {
     context->AddTrailingMetadata("attnserve-session-lost", reason);
   }
+  if (const std::string to = sessions::SessionManager::MovedTo(status); !to.empty()) {
+    context->AddTrailingMetadata("attnserve-session-moved", to);
+  }
   // gRFC A6's retry pushback: gRPC's retry policy and the bundled clients' throttles wait this
   // long before their next call.
   if (const std::optional<int64_t> ms = batching::PushbackMs(status)) {

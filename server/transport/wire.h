@@ -30,8 +30,9 @@ void SerializeResponse(Job* job, absl::Time now, grpc::ByteBuffer* bytes);
 // absl::Status -> grpc::Status (the canonical codes share their numbers).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// A unary call's status, with the trailing metadata "attnserve-session-lost: <reason>" added to
-// `context` when the status says a session was lost.
+// A unary call's status, with trailing metadata added to `context`: "attnserve-session-lost:
+// <reason>" when the status says a session was lost, "attnserve-session-moved: <new id>" when
+// it was moved, "grpc-retry-pushback-ms" when it carries a pushback.
 grpc::Status SessionAwareStatus(const absl::Status& status, grpc::CallbackServerContext* context);
 
 }  // namespace attnserve::server

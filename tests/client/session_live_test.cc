@@ -3,7 +3,10 @@
 // fork diverges from its parent, ExtendSessions and the stream answer as ExtendSession does,
 // and a client given two servers' addresses routes each session to the server that holds it.
 #include <cmath>
+#include <future>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "client/client.h"
@@ -71,10 +74,11 @@ double MaxError(const v1::Tensor& got, const std::vector<double>& want) {
 }
 
 struct LiveServer {
-  LiveServer() {
+  explicit LiveServer(std::vector<std::string> peers = {}) {
     server::ServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.backend = "cpu";
+    options.session_peers.peers = std::move(peers);
     metrics = metrics::Metrics::Create({}).value();
     host = server::ServerHost::Start(options, metrics.get()).value();
   }
@@ -250,6 +254,103 @@ TEST(SessionLiveTest, TwoServersEachSessionReachesItsOwner) {
   EXPECT_THAT(r.status().message(), HasSubstr(a.address()));
   sessions.clear();  // closes them all, each on its own server
   for (const std::string& replica : {a.address(), b.address()}) {
+    EXPECT_EQ(client->ListSessions({}, replica).value().usage().pages_used(), 0) << replica;
+  }
+}
+
+// Sessions moved to other replicas, by an operator and by a drain, are followed by the client:
+// the Session wrapper's extends, ExtendSessions and an asynchronous extend of a client that
+// never saw the move all reach the session on its new replica, which goes on as before.
+TEST(SessionLiveTest, CallsFollowMovedSessions) {
+  LiveServer b, c;
+  LiveServer a({b.address(), c.address()});
+  auto client = Client::CreateBalanced({a.address(), b.address(), c.address()}).value();
+  std::mt19937 rng(5);
+  const int64_t n = 5;
+  std::vector<std::vector<float>> qs, ks, vs;
+  std::vector<Session> sessions;
+  for (int i = 0; i < 7; ++i) {  // in turn: a, b, c, a, b, c, a
+    qs.push_back(Random(n, kHq, &rng));
+    ks.push_back(Random(n, kHkv, &rng));
+    vs.push_back(Random(n, kHkv, &rng));
+    sessions.push_back(Session::CreateRaw(client.get(), Layout()).value());
+  }
+  const auto step = [&](int i, int64_t t) {
+    auto r = sessions[i].Extend(Rows(qs[i], kHq, t, t + 1), Rows(ks[i], kHkv, t, t + 1),
+                                Rows(vs[i], kHkv, t, t + 1));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LT(MaxError(r->output(), Causal64(qs[i], ks[i], vs[i], t, t + 1)), 2e-5);
+    EXPECT_EQ(r->session_id(), sessions[i].id());
+  };
+  for (int i : {0, 3, 6}) {
+    ASSERT_EQ(SessionOwner(sessions[i].id()).value(), a.address());
+    step(i, 0);
+    step(i, 1);
+  }
+  const std::string first_id = sessions[0].id();
+
+  // An operator moves session 0 to b and session 3 to c.
+  v1::MoveSessionRequest move;
+  move.set_session_id(sessions[0].id());
+  move.set_peer(b.address());
+  auto moved = client->MoveSession(move);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(SessionOwner(moved->session_id()).value(), b.address());
+  move.set_session_id(sessions[3].id());
+  move.set_peer(c.address());
+  ASSERT_TRUE(client->MoveSession(move).ok());
+
+  // A client that never saw the moves: its calls are answered "moved", and it follows.
+  auto other = Client::CreateBalanced({a.address(), b.address(), c.address()}).value();
+  v1::GetSessionRequest get;
+  get.set_session_id(first_id);
+  auto described = other->GetSession(get);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->session().session_id(), moved->session_id());
+  EXPECT_EQ(described->session().length(), 2);
+  auto request = std::make_shared<v1::ExtendSessionRequest>();
+  request->set_session_id(first_id);
+  request->set_expected_length(2);
+  *request->mutable_query() = Rows(qs[0], kHq, 2, 3);
+  *request->mutable_key() = Rows(ks[0], kHkv, 2, 3);
+  *request->mutable_value() = Rows(vs[0], kHkv, 2, 3);
+  std::promise<absl::StatusOr<v1::ExtendSessionResponse>> answered;
+  other->ExtendSessionAsync(request, [&](absl::StatusOr<v1::ExtendSessionResponse> r) {
+    answered.set_value(std::move(r));
+  });
+  auto async = answered.get_future().get();
+  ASSERT_TRUE(async.ok()) << async.status();
+  EXPECT_EQ(async->session_id(), moved->session_id());
+  EXPECT_LT(MaxError(async->output(), Causal64(qs[0], ks[0], vs[0], 2, 3)), 2e-5);
+  sessions[0].Applied(*async);
+  EXPECT_EQ(sessions[0].id(), moved->session_id());
+  step(0, 3);
+
+  // Session 3 in a batch, still named by its old id: the item follows to c.
+  std::vector<std::pair<Session*, v1::ExtendSessionRequest>> batch(2);
+  for (int j = 0; j < 2; ++j) {
+    const int i = j == 0 ? 3 : 0;
+    const int64_t t = j == 0 ? 2 : 4;
+    batch[j].first = &sessions[i];
+    *batch[j].second.mutable_query() = Rows(qs[i], kHq, t, t + 1);
+    *batch[j].second.mutable_key() = Rows(ks[i], kHkv, t, t + 1);
+    *batch[j].second.mutable_value() = Rows(vs[i], kHkv, t, t + 1);
+  }
+  auto results = ExtendSessions(client.get(), batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_TRUE((*results)[0].ok()) << (*results)[0].status();
+  EXPECT_LT(MaxError((*results)[0]->output(), Causal64(qs[3], ks[3], vs[3], 2, 3)), 2e-5);
+  EXPECT_EQ(SessionOwner(sessions[3].id()).value(), c.address());
+
+  // a drains: its last session moves (to b, the next peer in turn) before a stops. The client
+  // finds a gone, asks b and c, and sends the extend again (it carries expected_length).
+  a.host->Shutdown(absl::Seconds(10));
+  step(6, 2);
+  EXPECT_NE(SessionOwner(sessions[6].id()).value(), a.address());
+  step(6, 3);
+  step(3, 3);
+  sessions.clear();  // closes them all, each on its replica now
+  for (const std::string& replica : {b.address(), c.address()}) {
     EXPECT_EQ(client->ListSessions({}, replica).value().usage().pages_used(), 0) << replica;
   }
 }

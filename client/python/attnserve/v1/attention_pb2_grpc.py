@@ -85,6 +85,16 @@ class AttentionServiceStub(object):
                 request_serializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsResponse.FromString,
                 )
+        self.MoveSession = channel.unary_unary(
+                '/attnserve.v1.AttentionService/MoveSession',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.MoveSessionRequest.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.MoveSessionResponse.FromString,
+                )
+        self.AcceptSessions = channel.stream_unary(
+                '/attnserve.v1.AttentionService/AcceptSessions',
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.SessionTransferChunk.SerializeToString,
+                response_deserializer=attnserve_dot_v1_dot_attention__pb2.AcceptSessionsResponse.FromString,
+                )
 
 
 class AttentionServiceServicer(object):
@@ -279,6 +289,44 @@ class AttentionServiceServicer(object):
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveSession(self, request, context):
+        """Moving sessions between replicas (docs/operations.md, "Moving sessions").
+
+        A moved session lives on under a new id on the replica it was moved to (its owner), with
+        its tenant, settings, length and cached keys and values, bit for bit. The old id is
+        remembered, by the replica it left and by the one it went to, and a call naming it
+        answers FAILED_PRECONDITION with a message that starts "session moved to '<new id>'" and
+        the new id in the trailing metadata key "attnserve-session-moved" (ExtendSessions items:
+        ExtendSessionResult.moved_to); nothing was done, so the call can be sent again under the new
+        id, to the new id's owner. The bundled clients do so by themselves and remember the new id.
+        A call that arrives while its session is being moved (the copy, then the switch: one
+        session's pages over the network) answers UNAVAILABLE "session ... is moving" with
+        "grpc-retry-pushback-ms"; its retry finds the session moved, or back in place when the move
+        failed.
+
+        Moves one session to `peer`, one of the server's --session_peers. Needs the admin role.
+        Errors: PERMISSION_DENIED, INVALID_ARGUMENT (a peer that is not configured), NOT_FOUND,
+        FAILED_PRECONDITION (lost, or already moved), ABORTED (an extend is in flight: try again),
+        and what the peer answered (RESOURCE_EXHAUSTED: no room; UNAVAILABLE: unreachable): the
+        session then stays where it was, untouched.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AcceptSessions(self, request_iterator, context):
+        """Takes sessions sent by another replica (MoveSession, and drains with --session_peers): the
+        bytes of the stream's chunks, in order, are one transfer (the snapshot format of
+        server/sessions/session_codec.h, checked by its CRC-32). All of them are taken or none:
+        DATA_LOSS (a torn or corrupt transfer), FAILED_PRECONDITION (another page size, or a
+        module that is not loaded here with the same weights), RESOURCE_EXHAUSTED (no room in the
+        pool or in max_sessions, or a transfer larger than the pool). Needs the admin role: a
+        replica calls its peers with --session_peer_token_file's token.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AttentionServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -351,6 +399,16 @@ def add_AttentionServiceServicer_to_server(servicer, server):
                     servicer.ListSessions,
                     request_deserializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_attention__pb2.ListSessionsResponse.SerializeToString,
+            ),
+            'MoveSession': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveSession,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.MoveSessionRequest.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.MoveSessionResponse.SerializeToString,
+            ),
+            'AcceptSessions': grpc.stream_unary_rpc_method_handler(
+                    servicer.AcceptSessions,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.SessionTransferChunk.FromString,
+                    response_serializer=attnserve_dot_v1_dot_attention__pb2.AcceptSessionsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -598,5 +656,39 @@ class AttentionService(object):
         return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/ListSessions',
             attnserve_dot_v1_dot_attention__pb2.ListSessionsRequest.SerializeToString,
             attnserve_dot_v1_dot_attention__pb2.ListSessionsResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def MoveSession(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(request, target, '/attnserve.v1.AttentionService/MoveSession',
+            attnserve_dot_v1_dot_attention__pb2.MoveSessionRequest.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.MoveSessionResponse.FromString,
+            options, channel_credentials,
+            insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
+
+    @staticmethod
+    def AcceptSessions(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(request_iterator, target, '/attnserve.v1.AttentionService/AcceptSessions',
+            attnserve_dot_v1_dot_attention__pb2.SessionTransferChunk.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.AcceptSessionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)

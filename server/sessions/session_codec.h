@@ -1,0 +1,102 @@
+// The transfer format of sessions: one replica's sessions as bytes, for a snapshot on local disk
+// (session_snapshot.cc: across a restart) and for a move to another replica (session_move.cc,
+// the AcceptSessions rpc). Little-endian:
+//
+//   "ATTNSNP1"  u32 version (1)  str owner  u32 page_tokens
+//   u32 layouts   { i32 num_kv_heads, head_dim, v_head_dim  u8 dtype }
+//   u64 pages     { u32 layout  K bytes (k_page_bytes)  V bytes (v_page_bytes) }
+//   u64 sessions  { str id, tenant, module  u32 module checksum  i32 num_heads  u32 layout
+//                   u8 cache dtype  f32 scale  i32 window_left  f32 softcap  u32 n  f32 slopes[n]
+//                   u8 kind  u8 feature map  u8 pinned  i64 ttl_us  str parent  i64 length
+//                   i64 dropped  u32 n  u64 page[n] (an index above, or kNoPage: dropped) }
+//   "ATTNEND!"  u64 bytes before the trailer  u32 CRC-32 of them
+//
+// (str: u32 length, then the bytes.) A page forks share is written once. The trailer's length
+// and checksum are verified over the whole transfer before anything is taken from it: a torn
+// one (a disk that lies, a connection cut) or a corrupt one is refused whole, DATA_LOSS.
+#ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_CODEC_H_
+#define ATTNSERVE_SERVER_SESSIONS_SESSION_CODEC_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "kernels/multi_head.h"
+
+namespace attnserve::server::sessions {
+
+inline constexpr char kTransferMagic[8] = {'A', 'T', 'T', 'N', 'S', 'N', 'P', '1'};
+inline constexpr char kTransferEnd[8] = {'A', 'T', 'T', 'N', 'E', 'N', 'D', '!'};
+inline constexpr uint32_t kTransferVersion = 1;
+inline constexpr uint64_t kNoPage = ~uint64_t{0};
+// The trailer: kTransferEnd, the length before it, the CRC-32.
+inline constexpr size_t kTransferTrailer = sizeof kTransferEnd + sizeof(uint64_t) + sizeof(uint32_t);
+
+// zlib's CRC-32 of `n` more bytes.
+uint32_t Crc32(uint32_t crc, const void* data, size_t n);
+// The weights' checksum: a module session comes back only to the same weights.
+uint32_t ModuleChecksum(const kernels::MultiHeadWeights& w);
+
+// Buffered writes, to a file or to memory, with a running CRC.
+class TransferWriter {
+ public:
+  explicit TransferWriter(FILE* f) : f_(f) {}
+  explicit TransferWriter(std::string* out) : out_(out) {}
+  void Put(const void* data, size_t n);
+  template <typename T>
+  void Num(T v) {
+    Put(&v, sizeof v);
+  }
+  void Str(const std::string& s) {
+    Num(static_cast<uint32_t>(s.size()));
+    Put(s.data(), s.size());
+  }
+  // Writes the trailer (the length and CRC of everything put so far).
+  void Trailer();
+  bool ok() const { return ok_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  FILE* f_ = nullptr;
+  std::string* out_ = nullptr;
+  bool ok_ = true;
+  uint32_t crc_ = 0;
+  uint64_t bytes_ = 0;
+};
+
+// Reads of a verified transfer, from a file or from memory; a read past its end (a transfer
+// that lies about its contents while its checksum holds: a bug, not a disk) fails.
+class TransferReader {
+ public:
+  explicit TransferReader(FILE* f) : f_(f) {}
+  explicit TransferReader(absl::string_view bytes) : bytes_(bytes) {}
+  bool Get(void* data, size_t n);
+  template <typename T>
+  T Num() {
+    T v{};
+    Get(&v, sizeof v);
+    return v;
+  }
+  std::string Str();
+  bool ok() const { return ok_; }
+  // Bytes read so far.
+  uint64_t position() const { return position_; }
+
+ private:
+  FILE* f_ = nullptr;
+  absl::string_view bytes_;
+  bool ok_ = true;
+  uint64_t position_ = 0;
+};
+
+// Verifies a transfer's trailer against it: its length and the CRC of everything before it.
+// DATA_LOSS naming `what` when torn or corrupt. The file is left at its start.
+absl::Status VerifyTransfer(FILE* f, const std::string& what);
+absl::Status VerifyTransfer(absl::string_view bytes, const std::string& what);
+
+}  // namespace attnserve::server::sessions
+
+#endif  // ATTNSERVE_SERVER_SESSIONS_SESSION_CODEC_H_

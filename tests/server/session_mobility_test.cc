@@ -1,0 +1,643 @@
+// Sessions that outlive their process (issue 33), end to end through real servers: snapshots
+// across a restart (--session_snapshot_dir) and moves between replicas (MoveSession, a drain
+// with --session_peers, AcceptSessions). Every continued session is compared bit for bit with
+// one that never stopped or moved; events (a gated backend, a peer that answers when told) order
+// every step, no test depends on a timing window.
+#include <unistd.h>
+
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "gmock/gmock.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "server/sessions/session_manager.h"
+#include "tests/server/session_fixture.h"
+#include "tests/testing/losable_store.h"
+#include "tests/testing/seed_vectors.h"
+
+namespace attnserve {
+namespace {
+
+using ::testing::HasSubstr;
+using namespace session_testing;  // NOLINT: the fixture and its helpers
+
+class SnapshotTest : public SessionTest {
+ protected:
+  static constexpr int64_t kHalf = 9, kEnd = 13;
+  void SetUp() override {
+    dir_ = absl::StrCat(::testing::TempDir(), "attnserve_snapshot_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "_",
+                        getpid());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    SessionTest::TearDown();
+    std::filesystem::remove_all(dir_);
+  }
+  server::ServerOptions Options(bool snapshots, const std::string& owner = "replica-a") {
+    server::ServerOptions options = SmallPages();
+    options.sessions.owner = owner;
+    if (snapshots) options.session_snapshot_dir = dir_;
+    return options;
+  }
+  std::string path() const { return dir_ + "/sessions.snapshot"; }
+  // Five sessions of every sort, created and extended with tokens [0, kHalf): a pinned float32
+  // one, a float16 one with a window and a soft-cap, a linear one, a module one and (after the
+  // first extends) a fork of the first. Returns their ids.
+  std::vector<std::string> CreateAndPrefill() {
+    std::vector<std::string> ids;
+    ids.push_back(CreateRaw(4, 2, 8, 6, /*pinned=*/true));
+    v1::CreateSessionRequest windowed = RawLayout(4, 2, 8, 0, v1::DTYPE_FLOAT16);
+    windowed.mutable_window()->set_left(5);
+    windowed.set_softcap(1.5f);
+    ids.push_back(Create(windowed).session_id());
+    v1::CreateSessionRequest linear = windowed;
+    linear.clear_window();
+    linear.clear_softcap();
+    linear.set_cache_dtype(v1::DTYPE_FLOAT32);
+    linear.set_kind(v1::ATTENTION_KIND_LINEAR);
+    ids.push_back(Create(linear).session_id());
+    v1::CreateSessionRequest module;
+    module.set_module("demo");
+    module.set_cache_dtype(v1::DTYPE_FLOAT32);
+    ids.push_back(Create(module).session_id());
+    Extend(ids, 0, 5);
+    ids.push_back(Fork(ids[0]));
+    Extend(ids, 5, kHalf);
+    return ids;
+  }
+  // Extends session `id`, the i-th of CreateAndPrefill's, with tokens [from, to); returns the
+  // output.
+  std::vector<float> ExtendOne(const std::string& id, size_t i, int64_t from, int64_t to) {
+    if (i == 3) {
+      const std::vector<float> input = Random(kEnd * 64, 97);
+      v1::ExtendSessionRequest r;
+      r.set_session_id(id);
+      *r.mutable_input() = F32(Rows(input, 64, from, to), {to - from, 64});
+      v1::ExtendSessionResponse response;
+      const grpc::Status st = SessionTest::Extend(r, &response);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+      return Floats(response.output());
+    }
+    const Sequence s(4, 2, 8, i == 1 || i == 2 ? 8 : 6, kEnd, 90 + static_cast<uint32_t>(i % 4));
+    return Step(id, s, from, to);
+  }
+  // Extends each session with tokens [from, to); returns the outputs, session after session.
+  std::vector<float> Extend(const std::vector<std::string>& ids, int64_t from, int64_t to) {
+    std::vector<float> out;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const std::vector<float> o = ExtendOne(ids[i], i, from, to);
+      out.insert(out.end(), o.begin(), o.end());
+    }
+    return out;
+  }
+  std::string dir_;
+};
+
+TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
+  // The uninterrupted run.
+  Start(Options(false));
+  const std::vector<std::string> baseline = CreateAndPrefill();
+  const std::vector<float> want = Extend(baseline, kHalf, kEnd);
+  SessionTest::TearDown();
+
+  Start(Options(true));
+  const std::vector<std::string> ids = CreateAndPrefill();
+  std::vector<v1::SessionInfo> before(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(Get(ids[i], &before[i]).ok());
+  const v1::SessionPoolUsage usage = Usage();
+  SessionTest::TearDown();  // the drain writes the snapshot
+  ASSERT_TRUE(std::filesystem::exists(path()));
+  EXPECT_EQ(std::filesystem::status(path()).permissions(),
+            std::filesystem::perms::owner_read | std::filesystem::perms::owner_write)
+      << "the callers' keys and values, for this user only";
+
+  Start(Options(true));  // restores it, and removes the file
+  EXPECT_FALSE(std::filesystem::exists(path()));
+  EXPECT_EQ(Metric("attnserve_sessions_restored_total", {}), 5);
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"restart\""}), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    v1::SessionInfo after;
+    ASSERT_TRUE(Get(ids[i], &after).ok()) << i;
+    after.clear_idle_us();
+    before[i].clear_idle_us();
+    EXPECT_EQ(after.SerializeAsString(), before[i].SerializeAsString()) << after.DebugString();
+  }
+  const v1::SessionPoolUsage restored = Usage();
+  EXPECT_EQ(restored.SerializeAsString(), usage.SerializeAsString()) << restored.DebugString();
+  v1::SessionInfo fork;
+  ASSERT_TRUE(Get(ids[4], &fork).ok());
+  EXPECT_GT(fork.shared_pages(), 0) << "the fork still shares pages with its parent";
+  EXPECT_EQ(restored.pinned_sessions(), 1);
+  // Two restarts: the ids of the first process stay valid in the third.
+  std::vector<float> got = Extend(ids, kHalf, kHalf + 2);
+  SessionTest::TearDown();
+  Start(Options(true));
+  const std::vector<float> rest = Extend(ids, kHalf + 2, kEnd);
+  got.insert(got.end(), rest.begin(), rest.end());
+  // Session after session in `want`; here the first two steps of every session come first.
+  std::vector<float> want_in_order;
+  {
+    size_t at = 0;
+    std::vector<std::vector<float>> per_session;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      const size_t n = (i == 3 ? 64 : 4 * (i == 1 || i == 2 ? 8 : 6)) * (kEnd - kHalf);
+      per_session.emplace_back(want.begin() + at, want.begin() + at + n);
+      at += n;
+    }
+    ASSERT_EQ(at, want.size());
+    for (int part = 0; part < 2; ++part) {
+      for (const std::vector<float>& w : per_session) {
+        const size_t first = w.size() / (kEnd - kHalf) * 2;
+        if (part == 0) want_in_order.insert(want_in_order.end(), w.begin(), w.begin() + first);
+        if (part == 1) want_in_order.insert(want_in_order.end(), w.begin() + first, w.end());
+      }
+    }
+  }
+  EXPECT_EQ(got, want_in_order);
+  // An id this instance never issued still answers as lost on restart.
+  std::string unknown = ids[0];
+  unknown.back() = unknown.back() == '0' ? '1' : '0';
+  std::string lost;
+  v1::ExtendSessionResponse response;
+  const grpc::Status st =
+      SessionTest::Extend(Sequence(4, 2, 8, 6, 1, 1).Extend(unknown, 0, 1), &response, &lost);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(lost, "restarted");
+}
+
+// Pages a backend keeps on a device (a store without host pointers): a linear session steps its
+// state through ReadPage and WriteRows, and a snapshot reads and restores them the same way;
+// the rows equal, bit for bit, those of the same session on host pages, restart included.
+TEST_F(SnapshotTest, LinearSessionsAndSnapshotsReachDevicePagesThroughTheStore) {
+  const Sequence s(4, 2, 8, 6, 20, 77);
+  v1::CreateSessionRequest create = RawLayout(4, 2, 8, 6, v1::DTYPE_FLOAT16);
+  create.set_kind(v1::ATTENTION_KIND_LINEAR);
+  Start(Options(false));  // host pages
+  std::string id = Create(create).session_id();
+  std::vector<float> want = Step(id, s, 0, 11);
+  for (const auto& out : {Step(id, s, 11, 12), Step(id, s, 12, 20)}) {
+    want.insert(want.end(), out.begin(), out.end());
+  }
+  SessionTest::TearDown();
+
+  Start(Options(true), std::make_unique<testing::LosableStoreBackend>(/*device=*/true));
+  id = Create(create).session_id();
+  std::vector<float> got = Step(id, s, 0, 11);
+  SessionTest::TearDown();  // the snapshot reads the device pages
+  Start(Options(true), std::make_unique<testing::LosableStoreBackend>(/*device=*/true));
+  for (const auto& out : {Step(id, s, 11, 12), Step(id, s, 12, 20)}) {
+    got.insert(got.end(), out.begin(), out.end());
+  }
+  EXPECT_EQ(got, want);
+}
+
+// A module session comes back only to its module, loaded at start with the same weights: one
+// whose module was loaded by LoadModule (gone with the process) is lost, and counted.
+TEST_F(SnapshotTest, ASessionWhoseModuleIsNotLoadedAtStartIsLost) {
+  Start(Options(true));
+  auto c = testing::LoadSeedCase("seed_demo");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(LoadModule("loaded_by_rpc", c->bytes).ok());
+  v1::CreateSessionRequest create;
+  create.set_module("loaded_by_rpc");
+  create.set_cache_dtype(v1::DTYPE_FLOAT32);
+  const std::string gone = Create(create).session_id();
+  const std::string kept = CreateRaw(4, 2, 8, 6);
+  SessionTest::TearDown();
+  Start(Options(true));
+  EXPECT_EQ(Metric("attnserve_sessions_restored_total", {}), 1);
+  EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"restart\""}), 1);
+  EXPECT_TRUE(Get(kept).ok());
+  EXPECT_EQ(Get(gone).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// A torn or corrupt snapshot, or another replica's, is refused whole (kept aside as
+// sessions.snapshot.refused): its sessions are lost, never wrong, and the server serves.
+TEST_F(SnapshotTest, ATornCorruptOrForeignSnapshotIsRefusedAndItsSessionsLost) {
+  const std::vector<std::function<void(std::string*)>> damage = {
+      [](std::string* b) { (*b)[b->size() / 2] ^= 0x10; },  // one bit of a page
+      [](std::string* b) { b->resize(b->size() - 7); },     // torn
+      [](std::string* b) { b->resize(b->size() / 3); },
+      [](std::string*) {},  // intact, but restored by another owner
+  };
+  for (size_t d = 0; d < damage.size(); ++d) {
+    SCOPED_TRACE(d);
+    Start(Options(true));
+    const std::vector<std::string> ids = CreateAndPrefill();
+    SessionTest::TearDown();
+    std::string bytes;
+    {
+      std::ifstream in(path(), std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    damage[d](&bytes);
+    std::ofstream(path(), std::ios::binary | std::ios::trunc) << bytes;
+    Start(Options(true, d + 1 == damage.size() ? "replica-b" : "replica-a"));
+    EXPECT_FALSE(std::filesystem::exists(path()));
+    EXPECT_TRUE(std::filesystem::exists(path() + ".refused"));
+    for (const std::string& id : ids) {
+      v1::SessionInfo info;
+      const grpc::Status st = Get(id, &info);
+      EXPECT_EQ(st.error_code(), d + 1 == damage.size() ? grpc::StatusCode::NOT_FOUND
+                                                        : grpc::StatusCode::FAILED_PRECONDITION)
+          << st.error_message();
+    }
+    EXPECT_EQ(Usage().sessions(), 0);
+    EXPECT_EQ(Usage().pages_used(), 0);
+    CreateRaw(4, 2, 8, 6);  // and it serves
+    SessionTest::TearDown();
+    std::filesystem::remove(path());
+  }
+}
+
+
+// ---- Moves between replicas ----
+
+// The value of trailing metadata `key` of a finished call ("" when absent).
+std::string Trailer(const grpc::ClientContext& context, const std::string& key) {
+  auto it = context.GetServerTrailingMetadata().find(key);
+  return it == context.GetServerTrailingMetadata().end()
+             ? ""
+             : std::string(it->second.data(), it->second.size());
+}
+
+// The replica that sessions move from is the fixture's server (stub_); its peers are started
+// here, each its own server with its own metrics.
+class MoveTest : public SnapshotTest {
+ protected:
+  struct Peer {
+    std::unique_ptr<metrics::Metrics> metrics;
+    std::unique_ptr<server::ServerHost> host;
+    std::unique_ptr<v1::AttentionService::Stub> stub;
+    std::string address;
+  };
+  void TearDown() override {
+    SnapshotTest::TearDown();
+    peers_.clear();
+  }
+  // A peer owned as `owner` (its address when empty), on the reference backend.
+  Peer& StartPeer(server::ServerOptions options) {
+    options.listen_address = "127.0.0.1:0";
+    Peer p;
+    p.metrics = metrics::Metrics::Create({}).value();
+    auto host = server::ServerHost::Start(options, std::make_unique<kernels::ReferenceBackend>(),
+                                          p.metrics.get());
+    EXPECT_TRUE(host.ok()) << host.status();
+    p.host = *std::move(host);
+    p.address = "127.0.0.1:" + std::to_string(p.host->port());
+    p.stub = v1::AttentionService::NewStub(
+        grpc::CreateChannel(p.address, grpc::InsecureChannelCredentials()));
+    peers_.push_back(std::move(p));
+    return peers_.back();
+  }
+  // The fixture's server (replica-a) with `peers` as its --session_peers.
+  void StartWithPeers(const std::vector<std::string>& peers, bool snapshots = false) {
+    server::ServerOptions options = Options(snapshots);
+    options.session_peers.peers = peers;
+    Start(options);
+  }
+  grpc::Status Move(const std::string& id, const std::string& peer,
+                    v1::MoveSessionResponse* response = nullptr) {
+    v1::MoveSessionRequest r;
+    r.set_session_id(id);
+    r.set_peer(peer);
+    v1::MoveSessionResponse ignored;
+    grpc::ClientContext context;
+    return stub_->MoveSession(&context, r, response != nullptr ? response : &ignored);
+  }
+  // The new id the moved session `id` answers with on `stub` (its trailing metadata and its
+  // message agree), or "" when it does not answer "moved".
+  static std::string MovedTo(v1::AttentionService::Stub& stub, const std::string& id) {
+    v1::GetSessionRequest r;
+    r.set_session_id(id);
+    v1::GetSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status st = stub.GetSession(&context, r, &response);
+    const std::string to = Trailer(context, "attnserve-session-moved");
+    if (to.empty()) return "";
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(st.error_message(), HasSubstr("session moved to '" + to + "'"));
+    return to;
+  }
+  // Runs `body` with stub_ talking to `peer`.
+  template <typename Body>
+  void On(Peer& peer, Body body) {
+    stub_.swap(peer.stub);
+    body();
+    stub_.swap(peer.stub);
+  }
+  std::deque<Peer> peers_;  // StartPeer hands out references: they stay valid
+};
+
+TEST_F(MoveTest, MovedSessionsContinueBitForBitOnThePeer) {
+  Start(Options(false));  // the uninterrupted run
+  const std::vector<float> want = Extend(CreateAndPrefill(), kHalf, kEnd);
+  SessionTest::TearDown();
+
+  Peer& b = StartPeer(Options(false, "replica-b"));
+  StartWithPeers({b.address});
+  const std::vector<std::string> ids = CreateAndPrefill();
+  std::vector<v1::SessionInfo> before(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_TRUE(Get(ids[i], &before[i]).ok());
+  std::vector<std::string> moved;
+  for (const std::string& id : ids) {
+    v1::MoveSessionResponse response;
+    const grpc::Status st = Move(id, b.address, &response);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    EXPECT_THAT(response.session_id(), ::testing::StartsWith("replica-b/"));
+    EXPECT_GT(response.bytes(), 0);
+    moved.push_back(response.session_id());
+  }
+  // Gone from here, pages and all; each old id names its new one, here and on the peer.
+  EXPECT_EQ(Usage().sessions(), 0);
+  EXPECT_EQ(Usage().pages_used(), 0);
+  EXPECT_EQ(Metric("attnserve_sessions_moved_total", {"direction=\"out\""}), 5);
+  EXPECT_GT(Metric("attnserve_session_move_bytes_total", {}), 0);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(MovedTo(*stub_, ids[i]), moved[i]);
+    EXPECT_EQ(MovedTo(*b.stub, ids[i]), moved[i]) << "the peer knows the old id too";
+  }
+  v1::ExtendSessionResponse response;
+  grpc::ClientContext context;
+  const grpc::Status st =
+      stub_->ExtendSession(&context, Sequence(4, 2, 8, 6, kEnd, 90).Extend(ids[0], kHalf, kEnd),
+                           &response);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(Trailer(context, "attnserve-session-moved"), moved[0]);
+
+  std::vector<float> got;
+  On(b, [&] {
+    for (size_t i = 0; i < ids.size(); ++i) {
+      v1::SessionInfo after;
+      ASSERT_TRUE(Get(moved[i], &after).ok());
+      EXPECT_EQ(after.session_id(), moved[i]);
+      // As it was, but for its id, its idle time, and pages it no longer shares (a fork moves
+      // with a copy of its parent's pages).
+      for (v1::SessionInfo* info : {&after, &before[i]}) {
+        info->clear_session_id();
+        info->clear_idle_us();
+        info->clear_shared_pages();
+      }
+      EXPECT_EQ(after.SerializeAsString(), before[i].SerializeAsString()) << after.DebugString();
+    }
+    got = Extend(moved, kHalf, kEnd);
+  });
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(testing::MetricSample(b.metrics->ExpositionText(), "attnserve_sessions_moved_total",
+                                  {"direction=\"in\""}),
+            5);
+}
+
+TEST_F(MoveTest, ADrainMovesEverySessionToItsPeersInTurn) {
+  Start(Options(false));
+  const std::vector<float> want = Extend(CreateAndPrefill(), kHalf, kEnd);
+  SessionTest::TearDown();
+
+  Peer& b = StartPeer(Options(false, "replica-b"));
+  Peer& c = StartPeer(Options(false, "replica-c"));
+  StartWithPeers({b.address, c.address});
+  const std::vector<std::string> ids = CreateAndPrefill();
+  SessionTest::TearDown();  // SIGTERM's drain: every session moves before the server stops
+  // The old ids lead to the new ones on the peer that took each, in turn: b, c, b, c, b.
+  std::vector<std::string> moved;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    Peer& to = i % 2 == 0 ? b : c;
+    Peer& other = i % 2 == 0 ? c : b;
+    moved.push_back(MovedTo(*to.stub, ids[i]));
+    EXPECT_THAT(moved.back(), ::testing::StartsWith(i % 2 == 0 ? "replica-b/" : "replica-c/"));
+    EXPECT_EQ(MovedTo(*other.stub, ids[i]), "");
+  }
+  // Continued on their new replicas.
+  std::vector<float> got;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    On(i % 2 == 0 ? b : c, [&] {
+      const std::vector<float> out = ExtendOne(moved[i], i, kHalf, kEnd);
+      got.insert(got.end(), out.begin(), out.end());
+    });
+  }
+  EXPECT_EQ(got, want);
+}
+
+TEST_F(MoveTest, AMoveThePeerRefusesLeavesTheSessionAsItWas) {
+  Start(Options(false));
+  const std::vector<float> want = Extend(CreateAndPrefill(), kHalf, kEnd);
+  SessionTest::TearDown();
+
+  server::ServerOptions no_demo = Options(false, "replica-b");
+  no_demo.demo_module = false;
+  Peer& b = StartPeer(no_demo);
+  StartWithPeers({b.address});
+  const std::vector<std::string> ids = CreateAndPrefill();
+  // The module session: the peer has no module "demo".
+  grpc::Status st = Move(ids[3], b.address);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("module 'demo' is not loaded"));
+  EXPECT_EQ(Metric("attnserve_session_move_failures_total", {"code=\"FAILED_PRECONDITION\""}), 1);
+  // A peer that is not configured, an unknown session.
+  st = Move(ids[0], "127.0.0.1:1");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("--session_peers"));
+  std::string unknown = ids[0];
+  unknown.back() = unknown.back() == '0' ? '1' : '0';
+  EXPECT_EQ(Move(unknown, b.address).error_code(), grpc::StatusCode::NOT_FOUND);
+  // Everything stayed, and goes on as if nothing was tried.
+  EXPECT_EQ(Usage().sessions(), 5);
+  EXPECT_EQ(Extend(ids, kHalf, kEnd), want);
+  On(b, [&] { EXPECT_EQ(Usage().sessions(), 0); });
+
+  // A server without peers has nothing to move to.
+  SessionTest::TearDown();
+  Start(Options(false));
+  st = Move(CreateRaw(1, 1, 4, 4), b.address);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(st.error_message(), HasSubstr("--session_peers"));
+}
+
+// A peer that holds a transfer until told (its AcceptSessions, synchronous), and keeps it.
+class HeldPeer final : public v1::AttentionService::Service {
+ public:
+  grpc::Status AcceptSessions(grpc::ServerContext*, grpc::ServerReader<v1::SessionTransferChunk>* in,
+                              v1::AcceptSessionsResponse* response) override {
+    v1::SessionTransferChunk chunk;
+    while (in->Read(&chunk)) transfer += chunk.data();
+    received.Notify();
+    release.WaitForNotification();
+    response->add_session_ids(kNewId);
+    return grpc::Status::OK;
+  }
+  static constexpr char kNewId[] = "replica-z/0000abcd/0123456789abcdef0123456789abcdef";
+  std::string transfer;  // written before `received`
+  absl::Notification received, release;
+};
+
+TEST_F(MoveTest, CallsDuringAMoveAreToldItIsMovingThenWhereItWent) {
+  HeldPeer held;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&held);
+  std::unique_ptr<grpc::Server> peer = builder.BuildAndStart();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  StartWithPeers({address});
+  const Sequence s(1, 1, 4, 4, 8, 7);
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  Step(id, s, 0, 5);
+
+  // An extend in flight: the move waits for it (ABORTED: try again).
+  gate_->Close();
+  const int calls = static_cast<int>(gate_->batch_sizes().size());
+  std::thread extend([&] { Step(id, s, 5, 6); });
+  gate_->AwaitCalls(calls + 1);
+  grpc::Status st = Move(id, address);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ABORTED);
+  gate_->Open();
+  extend.join();
+
+  v1::MoveSessionResponse moved;
+  std::thread move([&] {
+    st = Move(id, address, &moved);
+  });
+  held.received.WaitForNotification();  // copied; the switch waits for the peer's answer
+  {
+    v1::ExtendSessionResponse response;
+    grpc::ClientContext context;
+    const grpc::Status refused = stub_->ExtendSession(&context, s.Extend(id, 6, 7), &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_THAT(refused.error_message(), HasSubstr("is moving"));
+    EXPECT_NE(Trailer(context, "grpc-retry-pushback-ms"), "");
+  }
+  v1::SessionInfo info;
+  EXPECT_TRUE(Get(id, &info).ok()) << "describing a moving session works";
+  EXPECT_EQ(info.length(), 6);
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(id);
+  v1::ForkSessionResponse forked;
+  grpc::ClientContext fork_context;
+  EXPECT_EQ(stub_->ForkSession(&fork_context, fork, &forked).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(Close(id).error_code(), grpc::StatusCode::UNAVAILABLE);
+  held.release.Notify();
+  move.join();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(moved.session_id(), HeldPeer::kNewId);
+  EXPECT_EQ(MovedTo(*stub_, id), HeldPeer::kNewId);
+
+  // What the peer got is one whole transfer: a real replica takes it, and refuses it torn or
+  // corrupt, whole.
+  Peer& b = StartPeer(Options(false, "replica-b"));
+  const auto accept = [&](const std::string& transfer, v1::AcceptSessionsResponse* response) {
+    grpc::ClientContext context;
+    auto writer = b.stub->AcceptSessions(&context, response);
+    v1::SessionTransferChunk chunk;
+    chunk.set_data(transfer);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish();
+  };
+  std::string corrupt = held.transfer;
+  corrupt[corrupt.size() / 2] ^= 0x10;
+  for (const std::string& bad : {corrupt, held.transfer.substr(0, held.transfer.size() - 1),
+                                 held.transfer.substr(0, held.transfer.size() / 2)}) {
+    v1::AcceptSessionsResponse response;
+    const grpc::Status refused = accept(bad, &response);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::DATA_LOSS) << refused.error_message();
+  }
+  On(b, [&] { EXPECT_EQ(Usage().sessions(), 0); });
+  v1::AcceptSessionsResponse response;
+  ASSERT_TRUE(accept(held.transfer, &response).ok());
+  ASSERT_EQ(response.session_ids_size(), 1);
+  On(b, [&] {
+    v1::SessionInfo taken;
+    ASSERT_TRUE(Get(response.session_ids(0), &taken).ok());
+    EXPECT_EQ(taken.length(), 6);
+    // It goes on with the tokens the first replica had: a causal Attend over all of them.
+    const std::vector<float> next = Step(response.session_ids(0), s, 6, 8);
+    EXPECT_LE(MaxAbsDiff(next, Rows(CausalAttend(s, 8), 4, 6, 8)), 1e-6);
+  });
+  peer->Shutdown();
+}
+
+// A session keeps its tenant on the peer: its owner goes on with it, another tenant finds
+// nothing (the old id included), and only an admin moves sessions or sends them.
+TEST_F(MoveTest, AMovedSessionKeepsItsTenant) {
+  const std::string tenants = dir_ + "/tenants";
+  std::ofstream(tenants) << "alice token:a-token\nbob token:b-token\nroot token:r-token admin\n";
+  server::ServerOptions options = Options(false, "replica-b");
+  options.tenants_file = tenants;
+  Peer& b = StartPeer(options);
+  options = Options(false);
+  options.tenants_file = tenants;
+  options.session_peers.peers = {b.address};
+  options.session_peers.token = "r-token";
+  Start(options);
+  const auto as = [](const std::string& token) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", "Bearer " + token);
+    return context;
+  };
+  v1::CreateSessionResponse created;
+  ASSERT_TRUE(stub_->CreateSession(as("a-token").get(), RawLayout(1, 1, 4, 4), &created).ok());
+  const std::string id = created.session().session_id();
+  const Sequence s(1, 1, 4, 4, 4, 3);
+  v1::ExtendSessionResponse extended;
+  ASSERT_TRUE(stub_->ExtendSession(as("a-token").get(), s.Extend(id, 0, 3), &extended).ok());
+
+  v1::MoveSessionRequest move;
+  move.set_session_id(id);
+  move.set_peer(b.address);
+  v1::MoveSessionResponse moved;
+  grpc::Status st = stub_->MoveSession(as("a-token").get(), move, &moved);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("admin"));
+  ASSERT_TRUE(stub_->MoveSession(as("r-token").get(), move, &moved).ok());
+
+  v1::GetSessionRequest get;
+  get.set_session_id(moved.session_id());
+  v1::GetSessionResponse info;
+  EXPECT_TRUE(b.stub->GetSession(as("a-token").get(), get, &info).ok());
+  EXPECT_EQ(info.session().length(), 3);
+  EXPECT_EQ(b.stub->GetSession(as("b-token").get(), get, &info).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  get.set_session_id(id);  // the old id: moved for its tenant, never issued for another
+  {
+    auto context = as("a-token");
+    EXPECT_EQ(b.stub->GetSession(context.get(), get, &info).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(Trailer(*context, "attnserve-session-moved"), moved.session_id());
+  }
+  {
+    auto context = as("b-token");
+    EXPECT_EQ(b.stub->GetSession(context.get(), get, &info).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(Trailer(*context, "attnserve-session-moved"), "");
+    context = as("b-token");
+    EXPECT_EQ(stub_->GetSession(context.get(), get, &info).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  ASSERT_TRUE(
+      b.stub->ExtendSession(as("a-token").get(), s.Extend(moved.session_id(), 3, 4), &extended)
+          .ok());
+  EXPECT_EQ(extended.length(), 4);
+  EXPECT_EQ(extended.session_id(), moved.session_id());
+  // Sending sessions needs the admin role too.
+  v1::AcceptSessionsResponse accepted;
+  auto context = as("a-token");
+  auto writer = b.stub->AcceptSessions(context.get(), &accepted);
+  writer->WritesDone();
+  st = writer->Finish();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(st.error_message(), HasSubstr("AcceptSessions needs the admin role"));
+}
+
+}  // namespace
+}  // namespace attnserve
