@@ -343,7 +343,8 @@ class SessionManager {
   // Marks session `id` (whoever's it is) moving and returns it as a transfer: until EndMove its
   // extends, forks and closes answer UNAVAILABLE "moving" (Moving), its description works.
   // NOT_FOUND, FAILED_PRECONDITION (lost, or moved already), ABORTED (an extend in flight).
-  absl::StatusOr<std::string> BeginMove(const std::string& id);
+  // `transfer`'s memory is reused (cleared first).
+  absl::Status BeginMove(const std::string& id, std::string* transfer);
   // Ends BeginMove's move: `moved_to` is the session's id on the replica that took it (the
   // session is removed here, its id remembered as moved: Moved), or empty when the move failed
   // (the session is back in place, as it was).

@@ -1,5 +1,6 @@
 #include "server/transport/attention_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -44,12 +45,14 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTr
   // `admitted`: the caller's authorisation (not OK: answered at once). `max_bytes`: the most
   // a transfer may hold.
   AcceptSessionsReactor(const grpc::CallbackServerContext& context, metrics::Metrics* metrics,
-                        const absl::Status& admitted, int64_t max_bytes, Accept accept)
+                        const absl::Status& admitted, int64_t max_bytes, TransferBuffers* buffers,
+                        Accept accept)
       : caller_(context, /*listener=*/nullptr),
         call_(
             metrics, metrics::Rpc::kAcceptSessions, &caller_,
             [this](const absl::Status& status, Job*, absl::Time) { Finish(ToGrpcStatus(status)); }),
         max_bytes_(max_bytes),
+        buffers_(buffers),
         accept_(std::move(accept)) {
     if (!admitted.ok()) {
       call_.Finish(admitted);
@@ -62,6 +65,11 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTr
       call_.Finish(accept_(transfer_));
       return;
     }
+    if (transfer_.empty()) {
+      transfer_ = buffers_->Take();
+      transfer_.reserve(
+          static_cast<size_t>(std::clamp<int64_t>(chunk_.total_bytes(), 0, max_bytes_)));
+    }
     if (static_cast<int64_t>(transfer_.size() + chunk_.data().size()) > max_bytes_) {
       call_.Finish(absl::ResourceExhaustedError(
           absl::StrCat("the session transfer is larger than this replica's session pool (",
@@ -72,12 +80,16 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTr
     StartRead(&chunk_);
   }
   void OnCancel() override { caller_.Cancel(); }
-  void OnDone() override { delete this; }
+  void OnDone() override {
+    buffers_->Give(std::move(transfer_));
+    delete this;
+  }
 
  private:
   Caller caller_;
   Call call_;
   const int64_t max_bytes_;
+  TransferBuffers* const buffers_;
   Accept accept_;
   v1::SessionTransferChunk chunk_;
   std::string transfer_;
@@ -623,7 +635,7 @@ grpc::ServerReadReactor<v1::SessionTransferChunk>* AttentionService::AcceptSessi
   // A transfer holds at most the pool's pages, and well under a kilobyte a session besides.
   const int64_t max_bytes = sessions_->options().pool_bytes + (int64_t{64} << 20);
   return new AcceptSessionsReactor(
-      *context, metrics_, admitted, max_bytes,
+      *context, metrics_, admitted, max_bytes, options_.transfer_buffers,
       [this, response](const std::string& transfer) -> absl::Status {
         auto ids = sessions_->AcceptTransfer(
             transfer, [this](const std::string& name) { return modules_->Weights(name); });

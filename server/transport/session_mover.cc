@@ -5,6 +5,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/create_channel.h"
@@ -25,8 +26,8 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view peer) {
 }  // namespace
 
 SessionMover::SessionMover(sessions::SessionManager* sessions, PeerOptions options,
-                           metrics::Metrics* metrics)
-    : sessions_(sessions), options_(std::move(options)), metrics_(metrics) {
+                           TransferBuffers* buffers, metrics::Metrics* metrics)
+    : sessions_(sessions), options_(std::move(options)), buffers_(buffers), metrics_(metrics) {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options_.ca_pem.empty()) {
     credentials = grpc::InsecureChannelCredentials();
@@ -54,9 +55,11 @@ absl::StatusOr<std::vector<std::string>> SessionMover::Send(size_t index,
   v1::AcceptSessionsResponse response;
   auto writer = stubs_[index]->AcceptSessions(&context, &response);
   v1::SessionTransferChunk chunk;
+  chunk.set_total_bytes(static_cast<int64_t>(transfer.size()));
   for (size_t at = 0; at < transfer.size(); at += kChunkBytes) {
     chunk.set_data(transfer.data() + at, std::min(kChunkBytes, transfer.size() - at));
     if (!writer->Write(chunk)) break;  // the peer answered early: Finish says why
+    chunk.clear_total_bytes();
   }
   writer->WritesDone();
   const grpc::Status status = writer->Finish();
@@ -74,12 +77,13 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
                      "); was '", peer, "'"));
   }
   const absl::Time start = absl::Now();
-  auto transfer = sessions_->BeginMove(id);
-  if (!transfer.ok()) return transfer.status();
-  auto ids = Send(static_cast<size_t>(it - options_.peers.begin()), *transfer);
+  std::string transfer = buffers_->Take();
+  absl::Cleanup give_back = [&] { buffers_->Give(std::move(transfer)); };
+  if (absl::Status st = sessions_->BeginMove(id, &transfer); !st.ok()) return st;
+  auto ids = Send(static_cast<size_t>(it - options_.peers.begin()), transfer);
   if (ids.ok() && ids->size() != 1) {
-    ids = absl::InternalError(absl::StrCat("peer ", peer, " answered ", ids->size(),
-                                           " session ids for one session"));
+    ids = absl::InternalError(
+        absl::StrCat("peer ", peer, " answered ", ids->size(), " session ids for one session"));
   }
   sessions_->EndMove(id, ids.ok() ? ids->front() : "");
   Moved moved;
@@ -91,7 +95,7 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
     return ids.status();
   }
   moved.id = ids->front();
-  moved.bytes = static_cast<int64_t>(transfer->size());
+  moved.bytes = static_cast<int64_t>(transfer.size());
   if (metrics_ != nullptr) metrics_->RecordSessionMoveSent(moved.bytes, moved.pause);
   return moved;
 }

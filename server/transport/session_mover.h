@@ -21,6 +21,7 @@
 #include "grpcpp/security/credentials.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/transfer_buffers.h"
 
 namespace attnserve::server {
 
@@ -40,8 +41,10 @@ struct PeerOptions {
 // Thread-safe.
 class SessionMover {
  public:
-  // `sessions` and `metrics` (may be null) outlive the mover.
-  SessionMover(sessions::SessionManager* sessions, PeerOptions options, metrics::Metrics* metrics);
+  // `sessions`, `buffers` (what transfers are encoded into) and `metrics` (may be null) outlive
+  // the mover.
+  SessionMover(sessions::SessionManager* sessions, PeerOptions options, TransferBuffers* buffers,
+               metrics::Metrics* metrics);
 
   const std::vector<std::string>& peers() const { return options_.peers; }
 
@@ -70,6 +73,7 @@ class SessionMover {
 
   sessions::SessionManager* const sessions_;
   const PeerOptions options_;
+  TransferBuffers* const buffers_;
   metrics::Metrics* const metrics_;
   std::vector<std::unique_ptr<v1::AttentionService::Stub>> stubs_;  // one per peer
 };
