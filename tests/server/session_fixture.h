@@ -94,7 +94,7 @@ inline std::vector<float> HeadMajor(const std::vector<float>& a, int64_t t, int 
 
 // A CreateSessionRequest of a raw head layout (dv 0: D) with a cache of `cache`'s type.
 inline v1::CreateSessionRequest RawLayout(int hq, int hkv, int d, int dv,
-                                   v1::Dtype cache = v1::DTYPE_FLOAT32) {
+                                          v1::Dtype cache = v1::DTYPE_FLOAT32) {
   v1::CreateSessionRequest r;
   r.mutable_layout()->set_num_heads(hq);
   r.mutable_layout()->set_num_kv_heads(hkv);

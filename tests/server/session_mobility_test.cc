@@ -260,7 +260,6 @@ TEST_F(SnapshotTest, ATornCorruptOrForeignSnapshotIsRefusedAndItsSessionsLost) {
   }
 }
 
-
 // ---- Moves between replicas ----
 
 // The value of trailing metadata `key` of a finished call ("" when absent).
@@ -369,9 +368,8 @@ TEST_F(MoveTest, MovedSessionsContinueBitForBitOnThePeer) {
   }
   v1::ExtendSessionResponse response;
   grpc::ClientContext context;
-  const grpc::Status st =
-      stub_->ExtendSession(&context, Sequence(4, 2, 8, 6, kEnd, 90).Extend(ids[0], kHalf, kEnd),
-                           &response);
+  const grpc::Status st = stub_->ExtendSession(
+      &context, Sequence(4, 2, 8, 6, kEnd, 90).Extend(ids[0], kHalf, kEnd), &response);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(Trailer(context, "attnserve-session-moved"), moved[0]);
 
@@ -466,7 +464,8 @@ TEST_F(MoveTest, AMoveThePeerRefusesLeavesTheSessionAsItWas) {
 // A peer that holds a transfer until told (its AcceptSessions, synchronous), and keeps it.
 class HeldPeer final : public v1::AttentionService::Service {
  public:
-  grpc::Status AcceptSessions(grpc::ServerContext*, grpc::ServerReader<v1::SessionTransferChunk>* in,
+  grpc::Status AcceptSessions(grpc::ServerContext*,
+                              grpc::ServerReader<v1::SessionTransferChunk>* in,
                               v1::AcceptSessionsResponse* response) override {
     v1::SessionTransferChunk chunk;
     while (in->Read(&chunk)) transfer += chunk.data();
@@ -504,9 +503,7 @@ TEST_F(MoveTest, CallsDuringAMoveAreToldItIsMovingThenWhereItWent) {
   extend.join();
 
   v1::MoveSessionResponse moved;
-  std::thread move([&] {
-    st = Move(id, address, &moved);
-  });
+  std::thread move([&] { st = Move(id, address, &moved); });
   held.received.WaitForNotification();  // copied; the switch waits for the peer's answer
   {
     v1::ExtendSessionResponse response;
