@@ -33,7 +33,8 @@ inline constexpr char kTransferEnd[8] = {'A', 'T', 'T', 'N', 'E', 'N', 'D', '!'}
 inline constexpr uint32_t kTransferVersion = 1;
 inline constexpr uint64_t kNoPage = ~uint64_t{0};
 // The trailer: kTransferEnd, the length before it, the CRC-32.
-inline constexpr size_t kTransferTrailer = sizeof kTransferEnd + sizeof(uint64_t) + sizeof(uint32_t);
+inline constexpr size_t kTransferTrailer =
+    sizeof kTransferEnd + sizeof(uint64_t) + sizeof(uint32_t);
 
 // zlib's CRC-32 of `n` more bytes.
 uint32_t Crc32(uint32_t crc, const void* data, size_t n);
