@@ -89,15 +89,15 @@ absl::Status CheckTrailer(const char* trailer, uint64_t size, uint32_t actual,
         what, " is torn: its trailer is missing or names another length (", size, " bytes)"));
   }
   if (actual != crc) {
-    return absl::DataLossError(absl::StrCat(what, " is corrupt: its CRC-32 is ", actual,
-                                            ", its trailer says ", crc));
+    return absl::DataLossError(
+        absl::StrCat(what, " is corrupt: its CRC-32 is ", actual, ", its trailer says ", crc));
   }
   return absl::OkStatus();
 }
 
 absl::Status TooShort(const std::string& what, uint64_t size) {
-  return absl::DataLossError(absl::StrCat(
-      what, " is torn: ", size, " bytes, shorter than its header and trailer"));
+  return absl::DataLossError(
+      absl::StrCat(what, " is torn: ", size, " bytes, shorter than its header and trailer"));
 }
 
 }  // namespace
