@@ -216,6 +216,18 @@ export interface SessionResult {
   /** Tokens in the session after the extend. */
   length: number;
   timing: Timing;
+  /** The id the session was extended under: a new one when it had moved to another replica. */
+  sessionId: string;
+}
+
+/** What moveSession resolves to (the proto's MoveSessionResponse). */
+export interface MoveSessionResult {
+  /** The session's new id, on the peer (the old id now answers "session moved to" it). */
+  sessionId: string;
+  /** Bytes sent (pages and settings). */
+  bytes: number;
+  /** How long the session could not be extended: the copy and the switch. */
+  pauseUs: number;
 }
 
 /** One step of extendSessions: a session, its new tokens and extendSession's options. */
@@ -328,7 +340,8 @@ export class Client {
   /**
    * target: "host:port", "dns:///name:port" or "ipv4:a:p1,b:p2"; or a list of replicas
    * "host:port" (IPv4 or [IPv6] literals): stateless calls are balanced over them, and every
-   * call naming a session goes to the replica its owner names.
+   * call naming a session goes to the replica its owner names. Sessions moved to another
+   * replica are followed (index.js, Client, says how).
    */
   constructor(target: string | string[], options?: ClientOptions);
   /** The replicas' addresses; [] for a client of one target. */
@@ -369,6 +382,12 @@ export class Client {
   ): Promise<SessionInfo>;
   getSession(sessionId: string, options?: { timeoutMs?: number }): Promise<SessionInfo>;
   closeSession(sessionId: string, options?: { timeoutMs?: number }): Promise<void>;
+  /**
+   * Moves a session to `peer`, one of its replica's --session_peers (the admin role); the client
+   * remembers the move and sends later calls naming the old id to the new one.
+   */
+  moveSession(sessionId: string, peer: string,
+              options?: { timeoutMs?: number }): Promise<MoveSessionResult>;
   /** Opens an AttentionStream; timeoutMs bounds the whole stream (default: none). */
   stream(options?: { timeoutMs?: number }): AttentionStream;
   /** stream() on the replica holding `sessionId` (its extends must name that replica's). */
@@ -390,6 +409,8 @@ export function extendSessionsRequest(steps: SessionStep[]): ExtendSessionsReque
 export function sessionOwner(sessionId: string): string;
 /** "evicted", "expired" or "restarted" for a lost session's error; "" otherwise. */
 export function sessionLostReason(error: unknown): string;
+/** The new id for a "session moved to '<new id>'" error (or StepError); "" otherwise. */
+export function sessionMovedTo(error: unknown): string;
 export function toTensor(t: TensorInput | TensorMessage, dtype?: Dtype): TensorMessage;
 export function fromTensor(t: TensorMessage): TensorOutput;
 /** The loaded attnserve.v1 package (service constructor, for anything not wrapped here). */

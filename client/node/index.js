@@ -14,7 +14,8 @@
 //
 // Several replicas: new Client(['10.0.0.1:50051', '10.0.0.2:50051']) balances stateless calls
 // over them (round_robin) and sends every call naming a decode session to the replica its id
-// "<owner>/<instance>/<key>" names (see Client).
+// "<owner>/<instance>/<key>" names (see Client), following sessions moved to another replica
+// (moveSession, and drains with --session_peers) as the C++ client does (see sessionCall).
 //
 // Client-side adaptive throttling (throttle.js), on by default: when the server refuses most
 // calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls reject at once with a
@@ -54,6 +55,40 @@ const DTYPES = { float32: 'DTYPE_FLOAT32', float16: 'DTYPE_FLOAT16', bfloat16: '
 // creating, forking, describing, listing and closing sessions) must stay usable under overload:
 // neither throttled nor counted.
 const THROTTLED = new Set(['Attend', 'MultiHeadAttention', 'ExtendSession', 'ExtendSessions']);
+
+// Moved sessions. Hops a call follows (a session moved on while the call followed it is rare; a
+// loop of moves is a server's bug), and the moves remembered (old id -> new id): beyond it the
+// client forgets them all and learns again from the servers, which remember them too.
+const MAX_HOPS = 8;
+const MAX_MOVES_REMEMBERED = 65536;
+const MOVED_KEY = 'attnserve-session-moved';
+const PUSHBACK_KEY = 'grpc-retry-pushback-ms';
+
+// The first `key` value of a failed call's trailing metadata (grpc-js's err.metadata), or ''.
+function trailer(err, key) {
+  const metadata = err && err.metadata;
+  if (!metadata || typeof metadata.get !== 'function') return '';
+  const values = metadata.get(key);
+  return values.length ? String(values[0]) : '';
+}
+
+// Whether an answer says its session is being moved (UNAVAILABLE: send it again).
+function isMoving(code, details) {
+  return code === grpc.status.UNAVAILABLE &&
+    String(details || '').includes("' is moving to another replica");
+}
+
+// Milliseconds to wait before sending a call to a moving session again: the server's pushback
+// (20 without one), within the deadline. Two more: the client's throttle holds its calls back
+// for the same pushback and must let this one out (Node's timers may fire a little early).
+function movingWaitMs(err, deadline) {
+  const ms = Math.min(Math.max(Number.parseInt(trailer(err, PUSHBACK_KEY), 10) || 20, 1), 1000);
+  return Math.max(Math.min(ms + 2, deadline - Date.now()), 0);
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
 
 // float32 -> float16 bits, rounded to nearest even (the server's conversion); NaN stays NaN.
 const f32 = new Float32Array(1);
@@ -296,11 +331,14 @@ function extendSessionsRequest(steps) {
   return { steps: steps.map((s) => extendRequest(s.sessionId, s.tokens, s)) };
 }
 
-/** { output, lse, length, timing } from an ExtendSessionResponse message. */
+/**
+ * { output, lse, length, timing, sessionId } from an ExtendSessionResponse message (sessionId:
+ * the id the session was extended under, a new one after a move).
+ */
 function sessionResult(r) {
   return {
     output: fromTensor(r.output), lse: r.lse ? fromTensor(r.lse) : null,
-    length: Number(r.length), timing: r.timing,
+    length: Number(r.length), timing: r.timing, sessionId: r.sessionId || '',
   };
 }
 
@@ -335,6 +373,22 @@ function sessionLostReason(error) {
     return '';
   }
   return details.slice('session lost ('.length).split(')', 1)[0];
+}
+
+/**
+ * The new id when `error` (grpc-js's error or a StepError) says the session was moved to another
+ * replica (FAILED_PRECONDITION "session moved to '<new id>'"); "" otherwise. The client follows
+ * such answers itself; this is for the ones it could not (more than 8 hops, a stream's item).
+ */
+function sessionMovedTo(error) {
+  const details = (error && error.details) || '';
+  const prefix = "session moved to '";
+  if (!error || error.code !== grpc.status.FAILED_PRECONDITION || !details.startsWith(prefix)) {
+    return '';
+  }
+  const rest = details.slice(prefix.length);
+  const end = rest.indexOf("'");
+  return end < 0 ? '' : rest.slice(0, end);
 }
 
 /**
@@ -420,6 +474,19 @@ class AttentionStream {
  * The compute calls (attend, multiHeadAttention, extendSession, extendSessions) go through the
  * client's throttle (throttle.js): a call it rejects rejects with a ThrottledError (code
  * UNAVAILABLE) before anything is sent. Streams are neither throttled nor counted.
+ *
+ * Moved sessions (moveSession, and drains with --session_peers) are followed: a call answered
+ * "session moved to '<new id>'" (FAILED_PRECONDITION with the trailing metadata
+ * attnserve-session-moved; nothing was done) is sent again under the new id to its owner, at
+ * most 8 hops, and the client remembers the move, so later calls naming the old id go to the
+ * new one (an extend's result.sessionId says the id in use); extendSessions sends again only the
+ * steps whose movedTo is set. A call to a session being moved (UNAVAILABLE "... is moving") is
+ * sent again after the server's pushback, within its deadline. When a session's replica cannot
+ * be reached (UNAVAILABLE without a pushback: it may have moved its sessions and stopped), a
+ * client of several replicas asks the others whether the session moved to them; it then sends
+ * getSession and closeSession again, and extendSession when it carries expectedLength, and
+ * otherwise rejects with the UNAVAILABLE with the move remembered, so that the caller's retry
+ * reaches the session. Streams do not follow (streamForSession routes by the remembered id).
  */
 class Client {
   /**
@@ -461,6 +528,8 @@ class Client {
     // One stub (and channel) per replica, for the calls naming a session.
     this.replicaStubs = this.replicas.map((a) => new Service(a, credentials, channelOptions));
     this.nextReplica = 0;
+    /** Moves this client has seen: old session id -> new id. */
+    this.moved = new Map();
   }
 
   unary(method, request, timeoutMs, stub = this.stub) {
@@ -490,6 +559,88 @@ class Client {
         'with --session_owner set to the address clients reach it by');
     }
     return this.replicaStubs[i];
+  }
+
+  /** The id a session has now, following the moves this client has seen from `sessionId`. */
+  resolve(sessionId) {
+    let id = sessionId;
+    for (let hop = 0; hop < MAX_HOPS && this.moved.has(id); hop++) id = this.moved.get(id);
+    return id;
+  }
+
+  rememberMove(from, to) {
+    if (this.moved.size >= MAX_MOVES_REMEMBERED) this.moved.clear();
+    this.moved.set(from, to);
+  }
+
+  /**
+   * The session rpc `method` with `request` (naming a session in sessionId), following moves
+   * (see Client). resend: the call may be sent again after its replica could not be reached and
+   * another said the session moved there.
+   */
+  async sessionCall(method, request, timeoutMs, resend = false) {
+    const deadline = Date.now() + (timeoutMs ?? this.timeoutMs);
+    let current = { ...request, sessionId: this.resolve(request.sessionId) };
+    let askedOthers = false;
+    for (let hop = 0; ; hop++) {
+      const stub = this.sessionStub(current.sessionId);
+      let err;
+      try {
+        return await this.unary(method, current, Math.max(deadline - Date.now(), 1), stub);
+      } catch (e) {
+        err = e;
+      }
+      if (err instanceof ThrottledError || err.code === undefined || hop === MAX_HOPS ||
+          Date.now() >= deadline) {
+        throw err;
+      }
+      const to = trailer(err, MOVED_KEY);
+      if (to) {
+        this.rememberMove(current.sessionId, to);
+        current = { ...current, sessionId: to };
+        continue;
+      }
+      if (isMoving(err.code, err.details)) {
+        await sleep(movingWaitMs(err, deadline));
+        continue;
+      }
+      // Its replica unreachable (or shutting down): did the session move to another?
+      if (err.code === grpc.status.UNAVAILABLE && !askedOthers && this.replicas.length > 1 &&
+          !trailer(err, PUSHBACK_KEY)) {
+        askedOthers = true;
+        const found = await this.findMoved(current.sessionId, deadline);
+        if (found) {
+          this.rememberMove(current.sessionId, found);
+          if (resend) {
+            current = { ...current, sessionId: found };
+            continue;
+          }
+        }
+      }
+      throw err;
+    }
+  }
+
+  /**
+   * The new id of `sessionId` as a replica other than its owner knows it (one it was moved to),
+   * asked by GetSession; '' when none answers so.
+   */
+  async findMoved(sessionId, deadline) {
+    let owner = '';
+    try {
+      owner = sessionOwner(sessionId);
+    } catch (e) { /* asks every replica */ }
+    for (let i = 0; i < this.replicas.length; i++) {
+      if (this.replicas[i] === owner) continue;
+      const timeoutMs = Math.max(Math.min(deadline - Date.now(), 2000), 1);
+      try {
+        await this.unary('GetSession', { sessionId }, timeoutMs, this.replicaStubs[i]);
+      } catch (err) {
+        const to = trailer(err, MOVED_KEY);
+        if (to) return to;
+      }
+    }
+    return '';
   }
 
   /** [stub, address] of `replica`, or of the next replica in turn ("" for one target). */
@@ -597,9 +748,9 @@ class Client {
    * retries), returnLse, dtype, timeoutMs.
    */
   async extendSession(sessionId, tensors, options = {}) {
-    const stub = this.sessionStub(sessionId);
     const request = extendRequest(sessionId, tensors, options);
-    return sessionResult(await this.unary('ExtendSession', request, options.timeoutMs, stub));
+    return sessionResult(await this.sessionCall('ExtendSession', request, options.timeoutMs,
+      request.expectedLength !== undefined));
   }
 
   /**
@@ -614,56 +765,113 @@ class Client {
     if (!Array.isArray(steps) || steps.length === 0) {
       throw new RangeError('steps must be a non-empty array');
     }
-    const groups = new Map();  // stub -> { indices, steps }
     const seen = new Set();
-    steps.forEach((step, i) => {
-      if (seen.has(step.sessionId)) {
+    const requests = steps.map((step, i) => {
+      const sessionId = this.resolve(step.sessionId);
+      if (seen.has(sessionId)) {
         throw new RangeError(`steps[${i}] names session ${step.sessionId} a second time`);
       }
-      seen.add(step.sessionId);
-      const stub = this.sessionStub(step.sessionId);
+      seen.add(sessionId);
+      this.sessionStub(sessionId);  // an unknown owner: rejected before anything is sent
+      return extendRequest(sessionId, step.tokens, step);
+    });
+    const deadline = Date.now() + (options.timeoutMs ?? this.timeoutMs);
+    const all = requests.map((_, i) => i);
+    const results = await this.extendSessionsOnce(requests, all, deadline);
+    // Steps whose session moved (sent again under its new id) or is moving (again, after a
+    // pause), until none is left or the deadline passes.
+    for (let hop = 0; hop < MAX_HOPS && Date.now() < deadline; hop++) {
+      const again = [];
+      let moving = false;
+      results.forEach((r, i) => {
+        if (r instanceof Error) return;  // its replica's call failed as a whole
+        if (r.movedTo) {
+          this.rememberMove(requests[i].sessionId, r.movedTo);
+          requests[i] = { ...requests[i], sessionId: r.movedTo };
+        } else if (isMoving(r.code, r.message)) {
+          moving = true;
+        } else {
+          return;
+        }
+        again.push(i);
+      });
+      if (again.length === 0) break;
+      if (moving) await sleep(Math.max(Math.min(20, deadline - Date.now()), 0));
+      let more;
+      try {
+        more = await this.extendSessionsOnce(requests, again, deadline);
+      } catch (err) {
+        break;  // the first answer stands for these steps
+      }
+      for (const i of again) results[i] = more[i];
+    }
+    return results.map((r) => {
+      if (r instanceof Error) return new StepError(r.code, r.details || '');
+      return r.code === 0 ? sessionResult(r.response) : new StepError(r.code, r.message);
+    });
+  }
+
+  /**
+   * One ExtendSessions call per replica, all at once, for the steps of `indices`: an array
+   * (indexed like `requests`) holding each one's ExtendSessionResult message, or the error of
+   * its replica's failed call. With one replica, that call's error rejects instead.
+   */
+  async extendSessionsOnce(requests, indices, deadline) {
+    const groups = new Map();  // stub -> { indices, request }
+    for (const i of indices) {
+      const stub = this.sessionStub(requests[i].sessionId);
       if (!groups.has(stub)) groups.set(stub, { indices: [], request: { steps: [] } });
       const group = groups.get(stub);
       group.indices.push(i);
-      group.request.steps.push(extendRequest(step.sessionId, step.tokens, step));
-    });
-    const calls = [...groups].map(([stub, group]) =>
-      this.unary('ExtendSessions', group.request, options.timeoutMs, stub));
-    const answers = await Promise.allSettled(calls);
-    const out = new Array(steps.length);
+      group.request.steps.push(requests[i]);
+    }
+    const timeoutMs = Math.max(deadline - Date.now(), 1);
+    const answers = await Promise.allSettled([...groups].map(([stub, group]) =>
+      this.unary('ExtendSessions', group.request, timeoutMs, stub)));
+    const out = new Array(requests.length);
     [...groups.values()].forEach((group, g) => {
       const answer = answers[g];
       if (answer.status === 'rejected') {
         if (groups.size === 1 || answer.reason.code === undefined) throw answer.reason;
-        for (const i of group.indices) {
-          out[i] = new StepError(answer.reason.code, answer.reason.details || '');
-        }
+        for (const i of group.indices) out[i] = answer.reason;
         return;
       }
-      const results = stepResults(answer.value.results);
-      group.indices.forEach((i, j) => { out[i] = results[j]; });
+      group.indices.forEach((i, j) => {
+        out[i] = answer.value.results[j] || {
+          code: grpc.status.INTERNAL, message: 'the replica answered fewer results than steps',
+        };
+      });
     });
     return out;
   }
 
   /** A new session sharing `sessionId`'s tokens copy-on-write; resolves to its SessionInfo. */
   async forkSession(sessionId, options = {}) {
-    const stub = this.sessionStub(sessionId);
-    return (await this.unary('ForkSession', {
+    return (await this.sessionCall('ForkSession', {
       sessionId, pinned: !!options.pinned, idleTtlUs: options.idleTtlUs || 0,
-    }, options.timeoutMs, stub)).session;
+    }, options.timeoutMs)).session;
   }
 
-  /** The session's SessionInfo (length, pages, bytes, idle time, ...). */
+  /** The session's SessionInfo (length, pages, bytes, idle time, ...; sessionId: its id now). */
   async getSession(sessionId, options = {}) {
-    const stub = this.sessionStub(sessionId);
-    return (await this.unary('GetSession', { sessionId }, options.timeoutMs, stub)).session;
+    return (await this.sessionCall('GetSession', { sessionId }, options.timeoutMs, true)).session;
   }
 
   /** Ends the session and frees its pages. */
   async closeSession(sessionId, options = {}) {
-    const stub = this.sessionStub(sessionId);
-    await this.unary('CloseSession', { sessionId }, options.timeoutMs, stub);
+    await this.sessionCall('CloseSession', { sessionId }, options.timeoutMs, true);
+  }
+
+  /**
+   * An operator's move of a session to another replica (the admin role; see the proto's
+   * MoveSession): sent to the session's replica, which must list `peer` in its --session_peers.
+   * Resolves to { sessionId: the new id, bytes, pauseUs }; the client remembers the move, so
+   * calls naming the old id go to the new one.
+   */
+  async moveSession(sessionId, peer, options = {}) {
+    const r = await this.sessionCall('MoveSession', { sessionId, peer }, options.timeoutMs);
+    this.rememberMove(this.resolve(sessionId), r.sessionId);
+    return { sessionId: r.sessionId, bytes: Number(r.bytes), pauseUs: Number(r.pauseUs) };
   }
 
   /**
@@ -685,11 +893,13 @@ class Client {
   }
 
   /**
-   * stream() on the replica holding `sessionId`: a stream reaches one replica, so its session
-   * extends must all name sessions of that replica (others are answered NOT_FOUND).
+   * stream() on the replica holding `sessionId` (after the moves the client knows of): a stream
+   * reaches one replica, so its session extends must all name sessions of that replica (others
+   * are answered NOT_FOUND). A stream does not follow moves: a moved item fails
+   * FAILED_PRECONDITION (sessionMovedTo(item) names the new id).
    */
   streamForSession(sessionId, options = {}) {
-    const stub = this.sessionStub(sessionId);
+    const stub = this.sessionStub(this.resolve(sessionId));
     return new AttentionStream(stub.AttentionStream(streamCallOptions(options)));
   }
 
@@ -706,6 +916,6 @@ function streamCallOptions(options) {
 
 module.exports = {
   Client, AttentionStream, StepError, Throttle, ThrottledError, attendRequest, multiHeadRequest,
-  extendRequest, extendSessionsRequest, sessionOwner, sessionLostReason, toTensor, fromTensor, v1,
-  PROTO_FILE, grpc,
+  extendRequest, extendSessionsRequest, sessionOwner, sessionLostReason, sessionMovedTo, toTensor,
+  fromTensor, v1, PROTO_FILE, grpc,
 };

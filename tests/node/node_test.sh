@@ -6,7 +6,8 @@
 # checks its float16/bfloat16 conversions against NumPy's, throttle_test.js its client-side
 # throttling (tests/testing/throttle_cases.json, fake stubs, an in-process grpc-js server);
 # routing_test.js then gives a client two more servers and checks decode sessions are routed to
-# their owners. Checks first that the package's version is the server's, and its lock file names no registry (no "resolved" URLs: npm fetches
+# their owners, and moves_test.js three more (A with --session_peers naming B and C) and checks
+# sessions moved between them are followed. Checks first that the package's version is the server's, and its lock file names no registry (no "resolved" URLs: npm fetches
 # from whatever registry it is set to).
 #   node_test.sh SERVER_BINARY WORK_DIR VERSION
 # Exits 77 (skipped) when node or npm is not installed.
@@ -127,11 +128,19 @@ start_server one
 start_server a
 start_server b
 start_server c --session_owner=10.254.0.2:9
-cp "$here/reference.js" "$here/routing_test.js" "$work/app/"
+# Three for moves_test.js: B and C, then A, which may move its sessions to them.
+start_server move_b
+start_server move_c
+cp "$here/reference.js" "$here/routing_test.js" "$here/moves_test.js" "$work/app/"
 port_one=$(wait_for one)
 port_a=$(wait_for a)
 port_b=$(wait_for b)
 port_c=$(wait_for c)
+port_move_b=$(wait_for move_b)
+port_move_c=$(wait_for move_c)
+start_server move_a --session_peers="127.0.0.1:$port_move_b,127.0.0.1:$port_move_c"
+port_move_a=$(wait_for move_a)
 cd "$work/app"
 node attend_test.js "127.0.0.1:$port_one" "$version"
 node routing_test.js "127.0.0.1:$port_a" "127.0.0.1:$port_b" "127.0.0.1:$port_c"
+node moves_test.js "127.0.0.1:$port_move_a" "127.0.0.1:$port_move_b" "127.0.0.1:$port_move_c"

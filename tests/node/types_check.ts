@@ -73,6 +73,19 @@ async function replicas(): Promise<void> {
     console.log(one, many);
   }
   console.log(page.sessions.length, page.nextPageToken, used);
+  // Moved sessions: an operator's move, the id in use, a move read from an error.
+  const moved: attnserve.MoveSessionResult = await client.moveSession(s.sessionId, replicas[0]);
+  const pause: number = moved.pauseUs + moved.bytes;
+  const step = await client.extendSession(s.sessionId, { q: x, k: x, v: x },
+                                          { expectedLength: 2 });
+  const now: string = step.sessionId;
+  try {
+    await client.getSession(s.sessionId);
+  } catch (err) {
+    const to: string = attnserve.sessionMovedTo(err);
+    console.log(to);
+  }
+  console.log(moved.sessionId, pause, now);
   client.close();
 }
 // Client-side throttling: tuned, off, a Throttle of one's own with a fake clock and draws.

@@ -48,6 +48,16 @@ set_tests_properties(python_test_sessions_live PROPERTIES
   FIXTURES_REQUIRED python_package
   ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;ATTNSERVE_CLI=$<TARGET_FILE:attnserve-cli>;ATTNSERVE_BENCH=$<TARGET_FILE:attnserve-bench>;PYTHONDONTWRITEBYTECODE=1")
 
+# Sessions moved between three live servers (MoveSession, a drain with --session_peers) are
+# followed by the client, sync and asyncio.
+add_test(NAME python_test_session_moves_live
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} test_session_moves_live)
+set_tests_properties(python_test_session_moves_live PROPERTIES
+  LABELS "python;client;integration"
+  TIMEOUT 600
+  FIXTURES_REQUIRED python_package
+  ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;PYTHONDONTWRITEBYTECODE=1")
+
 # The examples of client/python/README.md and of README.md's Python sections, run as written
 # (from `pip install ./client/python` in a fresh venv each) against one live server.
 add_test(NAME python_readme_examples

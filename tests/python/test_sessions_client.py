@@ -2,7 +2,8 @@
 length (in-process grpc servers): routing by the id's owner over a list of addresses,
 expected_length on every extend, the answer to a repeated extend, close on leaving a `with`,
 extend_sessions split per replica and merged in order, the stream's extend items, lost-session
-recognition; sync and asyncio. What a real server computes is checked in
+recognition, a session being moved ("is moving": sent again after the pushback, at most 8
+times); sync and asyncio. What a real server computes is checked in
 test_sessions_live.py.
 
 Run by tests/python/package_test.sh with the installed wheel (see test_python_client.py).
@@ -30,6 +31,7 @@ class FakeSessions(pb_grpc.AttentionServiceServicer):
         self.calls = {}
         self.expected = []
         self.lose_first_response = False
+        self.moving = 0  # extends (and batch items) to answer "is moving" first
         self.next = 0
         self.lock = threading.Lock()
 
@@ -61,10 +63,21 @@ class FakeSessions(pb_grpc.AttentionServiceServicer):
         return grpc.StatusCode.OK, "", pb.ExtendSessionResponse(
             output=t, length=have + t.shape[0])
 
+    def _moving(self, session_id):
+        """The "is moving" answer (a server's while it copies the session), or None."""
+        if self.moving == 0:
+            return None
+        self.moving -= 1
+        return (grpc.StatusCode.UNAVAILABLE, f"session '{session_id}' is moving to another "
+                "replica: retry shortly", None)
+
     def ExtendSession(self, request, context):
         with self.lock:
             self._count("ExtendSession")
-            code, message, response = self._extend(request)
+            moving = self._moving(request.session_id)
+            code, message, response = moving or self._extend(request)
+            if moving:
+                context.set_trailing_metadata((("grpc-retry-pushback-ms", "5"),))
             if code == grpc.StatusCode.OK and self.lose_first_response:
                 self.lose_first_response = False
                 code, message = grpc.StatusCode.UNAVAILABLE, "connection lost"
@@ -77,7 +90,7 @@ class FakeSessions(pb_grpc.AttentionServiceServicer):
             self._count("ExtendSessions")
             out = pb.ExtendSessionsResponse()
             for step in request.steps:
-                code, message, response = self._extend(step)
+                code, message, response = self._moving(step.session_id) or self._extend(step)
                 r = out.results.add(code=code.value[0], message=message)
                 if response is not None:
                     r.response.CopyFrom(response)
@@ -205,6 +218,47 @@ class SessionClientTest(unittest.TestCase):
                 [(s, s.request(tokens(1), tokens(1), tokens(1), expected_length=9))])
             self.assertEqual(r.code, grpc.StatusCode.ABORTED)
             self.assertEqual(s.length, 4)
+
+    def test_a_moving_session_is_sent_again(self):
+        # "is moving" (UNAVAILABLE with a pushback): sent again after it, at most 8 times.
+        # Without the throttle, which counts each such answer as a refusal.
+        with attnserve.Client(self.a.address, throttle=None) as client:
+            s = client.create_session(layout=LAYOUT)
+            self.a.service.moving = 2
+            self.assertEqual(s.extend(tokens(2), tokens(2), tokens(2)).length, 2)
+            self.assertEqual(self.a.service.calls["ExtendSession"], 3)
+            self.a.service.moving = 2
+            (r,) = client.extend_sessions([(s, (tokens(1), tokens(1), tokens(1)))])
+            self.assertEqual((r.length, s.length), (3, 3))
+            self.assertEqual(self.a.service.calls["ExtendSessions"], 3)
+            self.a.service.moving = 100
+            with self.assertRaises(grpc.RpcError) as e:
+                s.extend(tokens(1), tokens(1), tokens(1))
+            self.assertEqual(e.exception.code(), grpc.StatusCode.UNAVAILABLE)
+            self.assertIn("is moving", e.exception.details())
+            self.assertEqual(self.a.service.calls["ExtendSession"], 3 + 9)
+            self.assertEqual(attnserve.session_moved_to(e.exception), "")
+
+        async def main():
+            self.a.service.moving = 2
+            async with attnserve.AsyncClient(self.a.address, throttle=None) as client:
+                s = attnserve.AsyncSession(client, pb.SessionInfo(session_id=s_id, length=3))
+                self.assertEqual((await s.extend(tokens(1), tokens(1), tokens(1))).length, 4)
+                self.a.service.moving = 1
+                (r,) = await client.extend_sessions([(s, (tokens(1), tokens(1), tokens(1)))])
+                self.assertEqual(r.length, 5)
+        s_id = s.id
+        asyncio.run(main())
+        self.assertEqual(self.a.service.moving, 0)
+        self.assertEqual(self.a.service.lengths[s_id], 5)
+
+    def test_session_moved_to(self):
+        moved = attnserve.StepError(grpc.StatusCode.FAILED_PRECONDITION,
+                                    "session moved to 'b:1/i/k': session 'a:1/i/k' was moved")
+        self.assertEqual(attnserve.session_moved_to(moved), "b:1/i/k")
+        lost = attnserve.StepError(grpc.StatusCode.FAILED_PRECONDITION, "session lost (expired)")
+        self.assertEqual(attnserve.session_moved_to(lost), "")
+        self.assertEqual(attnserve.session_moved_to(ValueError("session moved to 'b:1/i/k'")), "")
 
     def test_lost_sessions_are_recognised(self):
         with attnserve.Client(self.a.address) as client:

@@ -20,7 +20,10 @@ importable, and come out with Client(..., torch_out=True). float32, float16 and 
   manager), extend_sessions (many sessions' steps in one call), list_sessions; AsyncSession
   for AsyncClient. layout() describes a raw session's heads; is_session_lost() recognises the
   FAILED_PRECONDITION "session lost (...)" of an evicted, expired or restarted session. A
-  client given a list of addresses routes each session to the replica its id names.
+  client given a list of addresses routes each session to the replica its id names, and
+  follows sessions moved to another replica (Client.move_session, a drain with
+  --session_peers) by itself; session_moved_to() reads the new id from a "session moved to"
+  error it did not follow.
 - Client-side adaptive throttling (attnserve.throttle), on by default: when the server refuses
   most calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls fail at once with
   ThrottledError (a grpc.RpcError, code UNAVAILABLE) instead of adding to its load.
@@ -48,8 +51,8 @@ from attnserve.client import (Client, AsyncClient, Result, RetryPolicy, attend_r
                               multi_head_request, stream_request)
 from attnserve.sessions import (Session, AsyncSession, SessionResult, StepError,
                                 ExtendAlreadyApplied, is_session_lost, session_lost_reason,
-                                session_owner, layout, create_session_request, extend_request,
-                                session_result)
+                                session_moved_to, session_owner, layout,
+                                create_session_request, extend_request, session_result)
 from attnserve.safetensors import (write_safetensors, read_safetensors, export_state_dict,
                                    REFERENCE_NAMES)
 from attnserve.throttle import Throttle, ThrottleOptions, ThrottledError
@@ -59,5 +62,5 @@ __all__ = ["__version__", "pb", "pb_grpc", "Client", "AsyncClient", "Result", "R
            "from_tensor", "DTYPES", "write_safetensors", "read_safetensors",
            "export_state_dict", "REFERENCE_NAMES", "Session", "AsyncSession", "SessionResult",
            "StepError", "ExtendAlreadyApplied", "is_session_lost", "session_lost_reason",
-           "session_owner", "layout", "create_session_request", "extend_request",
-           "session_result", "Throttle", "ThrottleOptions", "ThrottledError"]
+           "session_moved_to", "session_owner", "layout", "create_session_request",
+           "extend_request", "session_result", "Throttle", "ThrottleOptions", "ThrottledError"]

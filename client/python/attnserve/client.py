@@ -9,15 +9,32 @@ channel's service config.
 Decode sessions (create_session, extend_sessions, list_sessions; attnserve.sessions): given a
 list of addresses, a client routes each session's calls to the address its id names.
 
+Moved sessions (the server's MoveSession, move_session here, and drains with --session_peers)
+are followed as the C++ client follows them: a call answered "session moved to '<new id>'"
+(FAILED_PRECONDITION with the trailing metadata attnserve-session-moved; nothing was done) is
+sent again under the new id to its owner, at most 8 hops, and the client remembers the move, so
+later calls naming the old id go to the new one (ExtendSessionResponse.session_id says the id in
+use; a Session takes it). extend_sessions sends again only the items whose moved_to is set. A
+call to a session being moved (UNAVAILABLE "... is moving") is sent again after the server's
+pushback, within its deadline. When a session's replica cannot be reached (UNAVAILABLE without
+a pushback: it may have moved its sessions and stopped), a client of several replicas asks the
+others whether the session moved to them; it then sends GetSession and CloseSession again, and
+ExtendSession when it carries expected_length (a Session's always do), and otherwise raises the
+UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. Streams do
+not follow (stream_for_session routes by the remembered id).
+
 Client-side adaptive throttling (attnserve.throttle; on by default, throttle=None turns it off):
 when the server refuses most calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls are
 rejected locally with ThrottledError, a grpc.RpcError with code() UNAVAILABLE.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import os
+import threading
+import time
 from typing import (Any, AsyncIterable, AsyncIterator, Iterable, Iterator, List, NamedTuple,
                     Optional, Sequence, Tuple, Union)
 
@@ -28,8 +45,8 @@ from attnserve.v1 import attention_pb2_grpc as pb_grpc
 from attnserve.tensors import ArrayLike, to_tensor, from_tensor
 from attnserve import sessions as _s
 from attnserve.sessions import Session, AsyncSession, SessionResult, Step
-from attnserve.throttle import (Throttle, ThrottleOptions, ThrottledError, make_throttle,
-                                pushback_value)
+from attnserve.throttle import (PUSHBACK_KEY, Throttle, ThrottleOptions, ThrottledError,
+                                make_throttle, pushback_value)
 
 # A request of a stream: AttendRequest, MultiHeadAttentionRequest, or a session's
 # ExtendSessionRequest / ExtendSessionsRequest.
@@ -225,6 +242,64 @@ def _module_bytes(weights, num_heads) -> bytes:
     return export_state_dict(weights, num_heads=num_heads)
 
 
+# Moved sessions. Hops a call follows (a session moved on while the call followed it is rare;
+# a loop of moves is a server's bug), and the moves remembered (old id -> new id): beyond it the
+# client forgets them all and learns again from the servers, which remember them too.
+_MAX_HOPS = 8
+_MAX_MOVES_REMEMBERED = 65536
+MOVED_KEY = "attnserve-session-moved"
+
+
+def _trailer(error: BaseException, key: str) -> str:
+    """The first `key` value of a failed call's trailing metadata, or ""."""
+    trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
+    for k, v in trailers or ():
+        if k == key:
+            return v.decode() if isinstance(v, bytes) else str(v)
+    return ""
+
+
+def _with_id(request, session_id: str):
+    """`request` naming `session_id`: itself when it does, else a copy (the caller's request is
+    left as it was, and a prefill's tensors are not copied when nothing moved)."""
+    if request.session_id == session_id:
+        return request
+    copy = type(request)()
+    copy.CopyFrom(request)
+    copy.session_id = session_id
+    return copy
+
+
+def _code(error: BaseException):
+    return error.code() if hasattr(error, "code") else None
+
+
+def _is_moving(code, details: str) -> bool:
+    """Whether a call's answer says its session is being moved (UNAVAILABLE, send it again)."""
+    return code == grpc.StatusCode.UNAVAILABLE and "' is moving to another replica" in details
+
+
+def _remaining(deadline: Optional[float]) -> Optional[float]:
+    """Seconds left before `deadline` (time.monotonic()), at least a microsecond; None: none."""
+    return None if deadline is None else max(deadline - time.monotonic(), 1e-6)
+
+
+def _expired(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _moving_wait(error: BaseException, deadline: Optional[float]) -> float:
+    """Seconds to wait before sending a call to a moving session again: the server's pushback
+    (grpc-retry-pushback-ms, 20 ms without one), within the deadline. A millisecond more: the
+    client's throttle holds its calls back for the same pushback and must let this one out."""
+    try:
+        ms = min(max(int(_trailer(error, PUSHBACK_KEY) or 20), 1), 1000) + 1
+    except ValueError:
+        ms = 21
+    left = _remaining(deadline)
+    return ms / 1000 if left is None else min(ms / 1000, left)
+
+
 class _Base:
     """What Client and AsyncClient share: the channel's settings."""
 
@@ -276,6 +351,8 @@ class _Base:
         self._replica_channels = [self._channel(a) for a in replicas]
         self._replica_stubs = [pb_grpc.AttentionServiceStub(c) for c in self._replica_channels]
         self._next_replica = itertools.count()  # next() is atomic: thread-safe turns
+        self._moved: dict = {}  # old session id -> new id (see "Moved sessions" above)
+        self._moved_lock = threading.Lock()
 
     def _session_address(self, session_id: str) -> str:
         """The replica address of `session_id` ("" for a client of one target)."""
@@ -292,6 +369,93 @@ class _Base:
     def _session_stub(self, session_id: str):
         address = self._session_address(session_id)
         return self._replica_stubs[self.replicas.index(address)] if address else self.stub
+
+    # --- Moved sessions (see the module docstring) ---
+
+    def _resolve(self, session_id: str) -> str:
+        """The id a session has now, following the moves this client has seen from it."""
+        with self._moved_lock:
+            for _ in range(_MAX_HOPS):
+                to = self._moved.get(session_id)
+                if to is None:
+                    break
+                session_id = to
+        return session_id
+
+    def _remember_move(self, old: str, new: str) -> None:
+        with self._moved_lock:
+            if len(self._moved) >= _MAX_MOVES_REMEMBERED:
+                self._moved.clear()
+            self._moved[old] = new
+
+    def _deadline(self, timeout: Optional[float]) -> Optional[float]:
+        """The time.monotonic() by which a call of `timeout` (None: the client's) ends."""
+        timeout = self.timeout if timeout is None else timeout
+        return None if timeout is None else time.monotonic() + timeout
+
+    def _follow(self, error: grpc.RpcError, session_id: str, hop: int,
+                deadline: Optional[float], asked_others: bool):
+        """What a session call that failed with `error` does next: ("moved", new id), ("wait",
+        seconds), ("ask", None): ask the other replicas (_find_moved), or None: raise it."""
+        if isinstance(error, ThrottledError) or hop == _MAX_HOPS or _expired(deadline):
+            return None
+        to = _trailer(error, MOVED_KEY)
+        if to:
+            self._remember_move(session_id, to)
+            return "moved", to
+        code = _code(error)
+        if _is_moving(code, (error.details() if hasattr(error, "details") else "") or ""):
+            return "wait", _moving_wait(error, deadline)
+        # Its replica unreachable (or shutting down): did the session move to another?
+        if (code == grpc.StatusCode.UNAVAILABLE and not asked_others and len(self.replicas) > 1
+                and not _trailer(error, PUSHBACK_KEY)):
+            return "ask", None
+        return None
+
+    def _others(self, session_id: str):
+        """(address, stub) of each replica but the owner of `session_id`."""
+        try:
+            owner = _s.session_owner(session_id)
+        except ValueError:
+            owner = ""
+        return [(a, stub) for a, stub in zip(self.replicas, self._replica_stubs) if a != owner]
+
+    def _moved_items(self, requests, results) -> Tuple[List[int], bool]:
+        """extend_sessions: the indices of the items to send again (moved: their request now
+        names the new id; or moving), and whether any is moving (wait first)."""
+        again, moving = [], False
+        for i, r in enumerate(results):
+            if not isinstance(r, pb.ExtendSessionResult):
+                continue  # its replica's call failed as a whole
+            if r.moved_to:
+                self._remember_move(requests[i].session_id, r.moved_to)
+                requests[i].session_id = r.moved_to
+            elif _is_moving(_s._CODES.get(r.code), r.message):
+                moving = True
+            else:
+                continue
+            again.append(i)
+        return again, moving
+
+    @staticmethod
+    def _results_of(group, response):
+        """(index, pb.ExtendSessionResult) of each item of `group` from its call's response."""
+        short = pb.ExtendSessionResult(code=grpc.StatusCode.INTERNAL.value[0],
+                                       message="the replica answered fewer results than steps")
+        results = list(response.results)
+        return ((i, results[j] if j < len(results) else short) for j, i in enumerate(group))
+
+    def _groups(self, requests, indices):
+        """[(stub, [indices], pb.ExtendSessionsRequest)]: the items of `indices`, one call per
+        replica."""
+        groups: dict = {}
+        for i in indices:
+            key = self._session_address(requests[i].session_id)
+            stub, group, request = groups.setdefault(
+                key, (self._session_stub(requests[i].session_id), [], pb.ExtendSessionsRequest()))
+            group.append(i)
+            request.steps.append(requests[i])
+        return list(groups.values())
 
     def _replica_stub(self, replica: Optional[str] = None):
         """(stub, address) of `replica`, or of the next replica in turn."""
@@ -370,6 +534,71 @@ class Client(_Base):
         self._record(None)
         return response
 
+    def _session_call(self, method: str, request, timeout: Optional[float], *,
+                      throttled: bool = False, resend: bool = False):
+        """The session rpc `method` with `request` (naming a session), following moves (see the
+        module docstring). resend: the call may be sent again after its replica could not be
+        reached and another said the session moved there."""
+        deadline = self._deadline(timeout)
+        request = _with_id(request, self._resolve(request.session_id))
+        asked_others = False
+        for hop in itertools.count():
+            rpc = getattr(self._session_stub(request.session_id), method)
+            try:
+                if throttled:
+                    return self._throttled(rpc, request, _remaining(deadline))
+                return rpc(request, **self._kw(_remaining(deadline)))
+            except grpc.RpcError as e:
+                error = e
+            action = self._follow(error, request.session_id, hop, deadline, asked_others)
+            if action is None:
+                raise error
+            what, value = action
+            if what == "moved":
+                request = _with_id(request, value)
+            elif what == "wait":
+                time.sleep(value)
+            else:
+                asked_others = True
+                to = self._find_moved(request.session_id, deadline)
+                if not to:
+                    raise error
+                self._remember_move(request.session_id, to)
+                if not resend:
+                    raise error
+                request = _with_id(request, to)
+
+    def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
+        """The new id of `session_id` as a replica other than its owner knows it (one it was
+        moved to), asked by GetSession; "" when none answers so."""
+        for _, stub in self._others(session_id):
+            left = _remaining(deadline)
+            try:
+                stub.GetSession(pb.GetSessionRequest(session_id=session_id),
+                                timeout=2.0 if left is None else min(left, 2.0),
+                                metadata=self._metadata)
+            except grpc.RpcError as e:
+                to = _trailer(e, MOVED_KEY)
+                if to:
+                    return to
+        return ""
+
+    def _extend_sessions_once(self, requests, indices, timeout):
+        """{index: pb.ExtendSessionResult, or the grpc.RpcError of its replica's call} for the
+        items of `indices`, one call per replica; raises the error of a call to one replica."""
+        groups = self._groups(requests, indices)
+        out = {}
+        for stub, group, request in groups:
+            try:
+                response = self._throttled(stub.ExtendSessions, request, timeout)
+            except grpc.RpcError as e:
+                if len(groups) == 1:
+                    raise
+                out.update((i, e) for i in group)
+                continue
+            out.update(self._results_of(group, response))
+        return out
+
     def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
                timeout: Optional[float] = None, **options: Any) -> Result:
         """Attention on projected tensors q [B, Hq, Lq, D], k [B, Hkv, Lk, D],
@@ -446,17 +675,43 @@ class Client(_Base):
         steps are (session, (q, k, v)), (session, {"input": x}) or (session,
         session.request(...)). Returns, in order, a SessionResult or a StepError (code,
         details) per step; each session's length follows its successful step. Raises
-        grpc.RpcError only when the call itself fails with one replica."""
-        groups = _s._group_steps(self, steps)
-        responses = []
-        for stub, _, request in groups:
+        grpc.RpcError only when the call itself fails with one replica. Steps whose session
+        moved (ExtendSessionResult.moved_to) are sent again under the new id, to its owner,
+        and their results merged in place; steps of a moving session, after a pause."""
+        requests = _s._step_requests(self, steps)
+        deadline = self._deadline(timeout)
+        first = self._extend_sessions_once(requests, range(len(requests)), _remaining(deadline))
+        results = [first[i] for i in range(len(requests))]
+        # Items whose session moved (sent again under its new id) or is moving (again, after a
+        # pause), until none is left or the deadline passes.
+        for _ in range(_MAX_HOPS):
+            if _expired(deadline):
+                break
+            again, moving = self._moved_items(requests, results)
+            if not again:
+                break
+            if moving:
+                time.sleep(min(0.02, _remaining(deadline) or 0.02))
             try:
-                responses.append(self._throttled(stub.ExtendSessions, request, timeout))
-            except grpc.RpcError as e:
-                if len(groups) == 1:
-                    raise
-                responses.append(e)
-        return _s._merge(steps, groups, responses, self.torch_out)
+                more = self._extend_sessions_once(requests, again, _remaining(deadline))
+            except grpc.RpcError:
+                break  # the first answer stands for these items
+            for i in again:
+                results[i] = more[i]
+        return _s._merge(steps, results, self.torch_out)
+
+    def move_session(self, session_id: str, peer: str, *,
+                     timeout: Optional[float] = None) -> pb.MoveSessionResponse:
+        """An operator's move of a session to another replica (the admin role; see the proto's
+        MoveSession): sent to the session's replica, which must list `peer` in its
+        --session_peers. Returns pb.MoveSessionResponse(session_id: the new id, bytes,
+        pause_us); the client remembers the move, so calls naming the old id (a Session's
+        included) go to the new one."""
+        response = self._session_call("MoveSession",
+                                      pb.MoveSessionRequest(session_id=session_id, peer=peer),
+                                      timeout)
+        self._remember_move(self._resolve(session_id), response.session_id)
+        return response
 
     def list_sessions(self, *, replica: Optional[str] = None, page_size: int = 0,
                       page_token: str = "",
@@ -471,11 +726,13 @@ class Client(_Base):
     def stream_for_session(self, session_id: str, requests: Iterable[Tuple[int, Request]], *,
                            timeout: Optional[float] = None
                            ) -> Iterator[pb.AttentionStreamResponse]:
-        """stream() on the replica holding `session_id`: a stream reaches one replica, so its
-        session extends must name sessions of that one."""
+        """stream() on the replica holding `session_id` (after the moves the client knows of): a
+        stream reaches one replica, so its session extends must name sessions of that one. A
+        stream does not follow moves: a moved item fails FAILED_PRECONDITION with
+        ExtendSessionResult.moved_to (Session.request names the id the client knows)."""
         messages = (stream_request(i, r) for i, r in requests)
-        return self._session_stub(session_id).AttentionStream(messages, timeout=timeout,
-                                                              metadata=self._metadata)
+        return self._session_stub(self._resolve(session_id)).AttentionStream(
+            messages, timeout=timeout, metadata=self._metadata)
 
     def stream(self, requests: Iterable[Tuple[int, Request]], *,
                timeout: Optional[float] = None) -> Iterator[pb.AttentionStreamResponse]:
@@ -518,6 +775,71 @@ class AsyncClient(_Base):
             raise
         self._record(None)
         return response
+
+    async def _session_call(self, method: str, request, timeout: Optional[float], *,
+                            throttled: bool = False, resend: bool = False):
+        """Client._session_call as a coroutine."""
+        deadline = self._deadline(timeout)
+        request = _with_id(request, self._resolve(request.session_id))
+        asked_others = False
+        for hop in itertools.count():
+            rpc = getattr(self._session_stub(request.session_id), method)
+            try:
+                if throttled:
+                    return await self._throttled(rpc, request, _remaining(deadline))
+                return await rpc(request, **self._kw(_remaining(deadline)))
+            except grpc.RpcError as e:
+                error = e
+            action = self._follow(error, request.session_id, hop, deadline, asked_others)
+            if action is None:
+                raise error
+            what, value = action
+            if what == "moved":
+                request = _with_id(request, value)
+            elif what == "wait":
+                await asyncio.sleep(value)
+            else:
+                asked_others = True
+                to = await self._find_moved(request.session_id, deadline)
+                if not to:
+                    raise error
+                self._remember_move(request.session_id, to)
+                if not resend:
+                    raise error
+                request = _with_id(request, to)
+
+    async def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
+        """Client._find_moved as a coroutine."""
+        for _, stub in self._others(session_id):
+            left = _remaining(deadline)
+            try:
+                await stub.GetSession(pb.GetSessionRequest(session_id=session_id),
+                                      timeout=2.0 if left is None else min(left, 2.0),
+                                      metadata=self._metadata)
+            except grpc.RpcError as e:
+                to = _trailer(e, MOVED_KEY)
+                if to:
+                    return to
+        return ""
+
+    async def _extend_sessions_once(self, requests, indices, timeout):
+        """Client._extend_sessions_once as a coroutine (the replicas' calls run concurrently)."""
+        groups = self._groups(requests, indices)
+        responses = await asyncio.gather(
+            *(self._throttled(stub.ExtendSessions, request, timeout)
+              for stub, _, request in groups),
+            return_exceptions=True)
+        for r in responses:
+            if isinstance(r, BaseException) and (len(groups) == 1
+                                                 or not isinstance(r, grpc.RpcError)):
+                raise r
+        out = {}
+        for (_, group, _), response in zip(groups, responses):
+            if isinstance(response, grpc.RpcError):
+                out.update((i, response) for i in group)
+            else:
+                out.update(self._results_of(group, response))
+        return out
 
     async def attend(self, q: ArrayLike, k: ArrayLike, v: ArrayLike, *,
                      timeout: Optional[float] = None, **options: Any) -> Result:
@@ -583,17 +905,34 @@ class AsyncClient(_Base):
     async def extend_sessions(self, steps: Sequence[Step], *, timeout: Optional[float] = None
                               ) -> List[Union[SessionResult, Exception]]:
         """Client.extend_sessions as a coroutine (the replicas' calls run concurrently)."""
-        import asyncio
-        groups = _s._group_steps(self, steps)
-        responses = await asyncio.gather(
-            *(self._throttled(stub.ExtendSessions, request, timeout)
-              for stub, _, request in groups),
-            return_exceptions=True)
-        for r in responses:
-            if isinstance(r, BaseException) and (len(groups) == 1
-                                                 or not isinstance(r, grpc.RpcError)):
-                raise r
-        return _s._merge(steps, groups, responses, self.torch_out)
+        requests = _s._step_requests(self, steps)
+        deadline = self._deadline(timeout)
+        first = await self._extend_sessions_once(requests, range(len(requests)),
+                                                 _remaining(deadline))
+        results = [first[i] for i in range(len(requests))]
+        for _ in range(_MAX_HOPS):
+            if _expired(deadline):
+                break
+            again, moving = self._moved_items(requests, results)
+            if not again:
+                break
+            if moving:
+                await asyncio.sleep(min(0.02, _remaining(deadline) or 0.02))
+            try:
+                more = await self._extend_sessions_once(requests, again, _remaining(deadline))
+            except grpc.RpcError:
+                break  # the first answer stands for these items
+            for i in again:
+                results[i] = more[i]
+        return _s._merge(steps, results, self.torch_out)
+
+    async def move_session(self, session_id: str, peer: str, *,
+                           timeout: Optional[float] = None) -> pb.MoveSessionResponse:
+        """Client.move_session as a coroutine."""
+        response = await self._session_call(
+            "MoveSession", pb.MoveSessionRequest(session_id=session_id, peer=peer), timeout)
+        self._remember_move(self._resolve(session_id), response.session_id)
+        return response
 
     async def list_sessions(self, *, replica: Optional[str] = None, page_size: int = 0,
                             page_token: str = "",

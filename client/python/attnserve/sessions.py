@@ -17,6 +17,12 @@ Several replicas: a session id "<owner>/<instance>/<key>" names the replica hold
 client given a list of addresses sends create_session to the next address in turn and every
 call naming a session to the address equal to its owner; an owner that is none of them raises
 ValueError before anything is sent.
+
+Moved sessions (Client.move_session, and a replica's drain with --session_peers) are followed
+by the client (attnserve.client's docstring says how): a Session's calls reach it on its new
+replica, and its `id` becomes the new id with the first extend answered there
+(ExtendSessionResponse.session_id). session_moved_to(error) reads the new id from a "session
+moved to" error the client did not follow (more than 8 hops, a stream's item).
 """
 from __future__ import annotations
 
@@ -80,6 +86,23 @@ def session_lost_reason(error: BaseException) -> str:
     if code != grpc.StatusCode.FAILED_PRECONDITION or not details.startswith("session lost ("):
         return ""
     return details[len("session lost ("):].split(")", 1)[0]
+
+
+def session_moved_to(error: BaseException) -> str:
+    """The new id when `error` (a grpc.RpcError or StepError) says the session was moved to
+    another replica (FAILED_PRECONDITION "session moved to '<new id>'"); "" otherwise. The
+    client follows such answers itself; this is for the ones it could not."""
+    if isinstance(error, StepError):
+        code, details = error.code, error.details
+    elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
+        code, details = error.code(), error.details() or ""
+    else:
+        return ""
+    prefix = "session moved to '"
+    if code != grpc.StatusCode.FAILED_PRECONDITION or not details.startswith(prefix):
+        return ""
+    rest = details[len(prefix):]
+    return rest.split("'", 1)[0] if "'" in rest else ""
 
 
 def session_owner(session_id: str) -> str:
@@ -219,19 +242,22 @@ class _SessionBase:
 
     def request(self, q: Optional[ArrayLike] = None, k: Optional[ArrayLike] = None,
                 v: Optional[ArrayLike] = None, **kwargs: Any) -> pb.ExtendSessionRequest:
-        """This session's extend request (extend_request's arguments) with session_id and
-        expected_length filled in: for extend_sessions and streams. Give its answer to
-        applied()."""
+        """This session's extend request (extend_request's arguments) with session_id (the id
+        the client knows it by now, after a move) and expected_length filled in: for
+        extend_sessions and streams. Give its answer to applied()."""
         r = kwargs.pop("request", None) or extend_request(self.id, q, k, v, **kwargs)
         r = pb.ExtendSessionRequest.FromString(r.SerializeToString())
-        r.session_id = self.id
+        r.session_id = self._client._resolve(self.id)
         if not r.HasField("expected_length"):
             r.expected_length = self.length
         return r
 
     def applied(self, response: pb.ExtendSessionResponse) -> None:
-        """Records an extend's answer obtained elsewhere (its length)."""
+        """Records an extend's answer obtained elsewhere: its length, and the session's id when
+        the extend reached it under another (it was moved)."""
         self.info.length = response.length
+        if response.session_id and response.session_id != self.info.session_id:
+            self.info.session_id = response.session_id
 
     def _check_open(self):
         if self.closed:
@@ -258,8 +284,9 @@ class Session(_SessionBase):
         self._check_open()
         request = self.request(q, k, v, input=input, return_lse=return_lse, dtype=dtype)
         try:
-            response = self._client._throttled(self._client._session_stub(self.id).ExtendSession,
-                                               request, timeout)
+            response = self._client._session_call(
+                "ExtendSession", request, timeout, throttled=True,
+                resend=request.HasField("expected_length"))
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.ABORTED:
                 self._check_applied(request, e, timeout)
@@ -282,14 +309,14 @@ class Session(_SessionBase):
         self._check_open()
         r = pb.ForkSessionRequest(session_id=self.id, pinned=pinned,
                                   idle_ttl_us=0 if idle_ttl_s is None else int(idle_ttl_s * 1e6))
-        info = self._client._session_stub(self.id).ForkSession(r, **self._client._kw(timeout))
+        info = self._client._session_call("ForkSession", r, timeout)
         return Session(self._client, info.session)
 
     def describe(self, *, timeout: Optional[float] = None) -> pb.SessionInfo:
         """The server's pb.SessionInfo (length, pages, bytes, idle time...); updates length."""
         self._check_open()
-        r = self._client._session_stub(self.id).GetSession(
-            pb.GetSessionRequest(session_id=self.id), **self._client._kw(timeout))
+        r = self._client._session_call("GetSession", pb.GetSessionRequest(session_id=self.id),
+                                       timeout, resend=True)
         self.info = r.session
         return r.session
 
@@ -298,8 +325,8 @@ class Session(_SessionBase):
         if self.closed:
             return
         self.closed = True
-        self._client._session_stub(self.id).CloseSession(
-            pb.CloseSessionRequest(session_id=self.id), **self._client._kw(timeout))
+        self._client._session_call("CloseSession", pb.CloseSessionRequest(session_id=self.id),
+                                   timeout, resend=True)
 
     def __enter__(self) -> Session:
         return self
@@ -323,8 +350,9 @@ class AsyncSession(_SessionBase):
         self._check_open()
         request = self.request(q, k, v, input=input, return_lse=return_lse, dtype=dtype)
         try:
-            response = await self._client._throttled(
-                self._client._session_stub(self.id).ExtendSession, request, timeout)
+            response = await self._client._session_call(
+                "ExtendSession", request, timeout, throttled=True,
+                resend=request.HasField("expected_length"))
         except grpc.RpcError as e:
             if e.code() == grpc.StatusCode.ABORTED:
                 try:
@@ -343,15 +371,14 @@ class AsyncSession(_SessionBase):
         self._check_open()
         r = pb.ForkSessionRequest(session_id=self.id, pinned=pinned,
                                   idle_ttl_us=0 if idle_ttl_s is None else int(idle_ttl_s * 1e6))
-        info = await self._client._session_stub(self.id).ForkSession(
-            r, **self._client._kw(timeout))
+        info = await self._client._session_call("ForkSession", r, timeout)
         return AsyncSession(self._client, info.session)
 
     async def describe(self, *, timeout: Optional[float] = None) -> pb.SessionInfo:
         """Session.describe as a coroutine."""
         self._check_open()
-        r = await self._client._session_stub(self.id).GetSession(
-            pb.GetSessionRequest(session_id=self.id), **self._client._kw(timeout))
+        r = await self._client._session_call(
+            "GetSession", pb.GetSessionRequest(session_id=self.id), timeout, resend=True)
         self.info = r.session
         return r.session
 
@@ -360,8 +387,8 @@ class AsyncSession(_SessionBase):
         if self.closed:
             return
         self.closed = True
-        await self._client._session_stub(self.id).CloseSession(
-            pb.CloseSessionRequest(session_id=self.id), **self._client._kw(timeout))
+        await self._client._session_call(
+            "CloseSession", pb.CloseSessionRequest(session_id=self.id), timeout, resend=True)
 
     async def __aenter__(self) -> AsyncSession:
         return self
@@ -387,36 +414,33 @@ def _step_request(session: _SessionBase, what) -> pb.ExtendSessionRequest:
     return session.request(*what)
 
 
-def _group_steps(client, steps: Sequence[Step]):
-    """[(stub, [indices], pb.ExtendSessionsRequest)], one per replica, and the requests."""
+def _step_requests(client, steps: Sequence[Step]) -> List[pb.ExtendSessionRequest]:
+    """One request per step, in order, each naming the id the client knows its session by."""
     if not steps:
         raise ValueError("steps must not be empty")
     seen = set()
-    groups: dict = {}
+    requests = []
     for i, (session, what) in enumerate(steps):
-        if session.id in seen:
+        request = _step_request(session, what)
+        if request.session_id in seen:
             raise ValueError(f"steps[{i}] names session {session.id} a second time")
-        seen.add(session.id)
-        key = client._session_address(session.id)
-        stub, indices, request = groups.setdefault(
-            key, (client._session_stub(session.id), [], pb.ExtendSessionsRequest()))
-        indices.append(i)
-        request.steps.append(_step_request(session, what))
-    return list(groups.values())
+        seen.add(request.session_id)
+        client._session_address(request.session_id)  # an unknown owner: raise before sending
+        requests.append(request)
+    return requests
 
 
-def _merge(steps: Sequence[Step], groups, responses, torch_out) -> List[Any]:
-    out: List[Any] = [None] * len(steps)
-    for (_, indices, _), response in zip(groups, responses):
-        if isinstance(response, grpc.RpcError):
-            for i in indices:
-                out[i] = StepError(response.code(), response.details() or "")
-            continue
-        for i, result in zip(indices, response.results):
-            if result.code == 0:
-                steps[i][0].applied(result.response)
-                out[i] = session_result(result.response, torch_out)
-            else:
-                out[i] = StepError(_CODES.get(result.code, grpc.StatusCode.UNKNOWN),
-                                   result.message)
+def _merge(steps: Sequence[Step], results, torch_out) -> List[Any]:
+    """A SessionResult or StepError per step from its pb.ExtendSessionResult (or the
+    grpc.RpcError of its replica's call); each session takes its successful step's answer."""
+    out: List[Any] = []
+    for (session, _), result in zip(steps, results):
+        if isinstance(result, grpc.RpcError):
+            out.append(StepError(result.code(), result.details() or ""))
+        elif result.code == 0:
+            session.applied(result.response)
+            out.append(session_result(result.response, torch_out))
+        else:
+            out.append(StepError(_CODES.get(result.code, grpc.StatusCode.UNKNOWN),
+                                 result.message))
     return out
