@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -44,6 +45,19 @@ uint8_t* Reserve(int64_t bytes) {
   madvise(p, static_cast<size_t>(bytes), MADV_HUGEPAGE);
   return p;
 }
+
+}  // namespace
+
+absl::Status PageStore::WritePage(int32_t page, const void* k, const void* v) {
+  std::vector<int64_t> rows;
+  rows.reserve(static_cast<size_t>(shape_.num_kv_heads) * shape_.page_size);
+  for (int h = 0; h < shape_.num_kv_heads; ++h) {
+    for (int slot = 0; slot < shape_.page_size; ++slot) rows.push_back(shape_.row(page, h, slot));
+  }
+  return WriteRows(k, v, rows);
+}
+
+namespace {
 
 class HostPageStore final : public PageStore {
  public:
@@ -92,6 +106,13 @@ class HostPageStore final : public PageStore {
     const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
     std::memcpy(k, k_ + page * kb, static_cast<size_t>(kb));
     std::memcpy(v, v_ + page * vb, static_cast<size_t>(vb));
+    return absl::OkStatus();
+  }
+
+  absl::Status WritePage(int32_t page, const void* k, const void* v) override {
+    const int64_t kb = shape().k_page_bytes(), vb = shape().v_page_bytes();
+    std::memcpy(k_ + page * kb, k, static_cast<size_t>(kb));
+    std::memcpy(v_ + page * vb, v, static_cast<size_t>(vb));
     return absl::OkStatus();
   }
 

@@ -51,8 +51,12 @@ class PageStore {
                                  absl::Span<const int64_t> rows) = 0;
   // Copies page `from` (K and V) over page `to`.
   virtual absl::Status CopyPage(int32_t from, int32_t to) = 0;
-  // Copies page `page` to host memory: k_page_bytes() to k, v_page_bytes() to v (tests, tools).
+  // Copies page `page` to host memory: k_page_bytes() to k, v_page_bytes() to v (snapshots,
+  // session moves, tests).
   virtual absl::Status ReadPage(int32_t page, void* k, void* v) const = 0;
+  // Writes a whole page from host memory laid out as ReadPage gives it. The default writes its
+  // rows (WriteRows); a store may do better.
+  virtual absl::Status WritePage(int32_t page, const void* k, const void* v);
   // No session holds `page` any longer: the store may hand its memory back.
   virtual void Discard(int32_t page) { (void)page; }
 

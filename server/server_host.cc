@@ -251,10 +251,9 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   service_options.auth = host->auth_.get();
   host->drain_ = std::make_shared<Drain>();
   service_options.drain = host->drain_.get();
-  service_options.transfer_buffers = &host->transfer_buffers_;
   if (!options.session_peers.peers.empty()) {
-    host->mover_ = std::make_unique<SessionMover>(host->sessions_.get(), options.session_peers,
-                                                  &host->transfer_buffers_, metrics);
+    host->mover_ =
+        std::make_unique<SessionMover>(host->sessions_.get(), options.session_peers, metrics);
     service_options.mover = host->mover_.get();
   }
   host->service_ =
@@ -321,7 +320,6 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
           h->backend_->ReleaseIdleMemory();
           if (h->fallback_ != nullptr) h->fallback_->ReleaseIdleMemory();
           h->sessions_->ReleaseIdleMemory();
-          h->transfer_buffers_.Release();
           AllocatorReleaseFreeMemory();
         });
   }

@@ -166,7 +166,6 @@ class ServerHost {
   // Before the dispatcher: its jobs hold session leases, so it goes first.
   std::unique_ptr<sessions::SessionManager> sessions_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> sessions_hook_;  // reads sessions_
-  TransferBuffers transfer_buffers_;     // session moves' (transfer_buffers.h)
   std::unique_ptr<SessionMover> mover_;  // reads sessions_; null without peers
   std::unique_ptr<Dispatcher> dispatcher_;
   std::unique_ptr<AttentionService> service_;

@@ -185,6 +185,8 @@ class SessionTable;
 class SessionManager;
 class TransferWriter;  // session_codec.h
 class TransferReader;
+class TransferDecoder;  // session_decoder.h
+class SessionImport;    // session_import.h
 
 // The right to extend one session, from BeginExtend until End. Move-only.
 // One extend's pages, reserved over the pool as a transaction (SessionManager::ReserveLocked;
@@ -338,28 +340,28 @@ class SessionManager {
                                                 const ModuleNamed& module_named);
 
   // Moves (session_move.cc): a session sent to another replica, sessions taken from one, in the
-  // transfer format of session_codec.h (the snapshot's).
+  // transfer format of session_codec.h (the snapshot's), streamed.
   //
-  // Marks session `id` (whoever's it is) moving and returns it as a transfer: until EndMove its
-  // extends, forks and closes answer UNAVAILABLE "moving" (Moving), its description works.
-  // NOT_FOUND, FAILED_PRECONDITION (lost, or moved already), ABORTED (an extend in flight).
-  // `transfer`'s memory is reused (cleared first).
-  absl::Status BeginMove(const std::string& id, std::string* transfer);
-  // Ends BeginMove's move: `moved_to` is the session's id on the replica that took it (the
-  // session is removed here, its id remembered as moved: Moved), or empty when the move failed
-  // (the session is back in place, as it was).
-  void EndMove(const std::string& id, const std::string& moved_to);
-  // Takes the sessions of a transfer under new ids of this replica (returned in the transfer's
-  // order), with their tenants, settings, lengths and pages; their old ids answer Moved here
-  // too. All or none: DATA_LOSS (torn or corrupt), FAILED_PRECONDITION (another page size, a
-  // module not loaded here with the same weights), RESOURCE_EXHAUSTED (no room in the pool, in
-  // max_sessions, or in a tenant's shares).
-  absl::StatusOr<std::vector<std::string>> AcceptTransfer(absl::string_view transfer,
-                                                          const ModuleNamed& module_named);
+  // Moves session `id` (whoever's it is): marks it moving (its extends, forks and closes answer
+  // UNAVAILABLE "moving" (Moving) until the move ends; its description works), then, outside
+  // the manager's lock (a moving session's pages do not change), hands its transfer to `send` a
+  // chunk of about `chunk_bytes` at a time (`send` may take the string's contents, swapping in
+  // another string to reuse), then asks `finish` for the session's id on the
+  // replica that took it. On success the session is removed here and its id remembered as moved
+  // (Moved); on any failure (its own: NOT_FOUND, FAILED_PRECONDITION (lost, or moved
+  // already), ABORTED (an extend in flight); or send's or finish's) it is back in place, as it
+  // was. Returns the new id.
+  using TransferSink = std::function<absl::Status(std::string& chunk)>;
+  absl::StatusOr<std::string> Move(const std::string& id, size_t chunk_bytes,
+                                   const TransferSink& send,
+                                   const std::function<absl::StatusOr<std::string>()>& finish);
+  // Takes sessions sent by another replica as their transfer arrives (session_import.h): pages
+  // are written into the pool as their bytes come, and nothing is visible before Commit.
+  std::unique_ptr<SessionImport> BeginImport(ModuleNamed module_named);
   // Every session's id, in the order they were created (a drain moves them in turn).
   std::vector<std::string> Ids();
   // The replica is leaving (a drain that moves its sessions): from now on Create, Fork and
-  // AcceptTransfer answer UNAVAILABLE (Leaving), so that the sessions moved out are the last.
+  // imports answer UNAVAILABLE (Leaving), so that the sessions moved out are the last.
   void Leave();
 
   // "session lost (<reason>): ..." status helpers (the proto's contract).
@@ -434,21 +436,31 @@ class SessionManager {
   absl::Status CheckTenantSessionsLocked(const std::string& tenant) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLease(Lease& lease, bool keep);
-  // The transfer format (session_codec.h; session_snapshot.cc): `sessions` into `w`, with the
-  // trailer; and back, into sessions holding their pages (not yet in the table; a session whose
-  // module is missing or whose pages did not fit is counted lost in stats instead).
-  absl::Status EncodeLocked(const std::vector<const Session*>& sessions, TransferWriter& w)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct Decoded {
-    std::string owner;  // the sender's
-    std::vector<std::shared_ptr<Session>> sessions;
-    SnapshotStats stats;
+  // The transfer format (session_codec.h; session_snapshot.cc) of `sessions`: the bytes before
+  // the pages, the pages (each once, with the index of its layout), and the bytes after them
+  // but the trailer. WriteEncoding reads the pages: under the lock, or not for a moving
+  // session's (they do not change). TransferDecoder (session_decoder.h) reads it back.
+  struct Encoding {
+    struct Page {
+      const Arena* arena;
+      int32_t page;
+      uint32_t layout;
+    };
+    std::string head, tail;
+    std::vector<Page> pages;
   };
-  absl::StatusOr<Decoded> DecodeLocked(TransferReader& r, const std::string& what,
-                                       const ModuleNamed& module_named)
+  Encoding EncodeLocked(const std::vector<const Session*>& sessions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives back what a decoded session holds (one not added to the table).
-  void ReleaseDecodedLocked(Session& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `e` to `w`, with the trailer; `flush`, when given, is called after each page and at
+  // the end (its error stops the writing).
+  static absl::Status WriteEncoding(const Encoding& e, TransferWriter& w,
+                                    const std::function<absl::Status()>& flush = nullptr);
+  // Bytes of `e` written whole, trailer included.
+  static uint64_t TotalBytes(const Encoding& e);
+  // Ends a move (Move): `moved_to` empty puts the session back in place.
+  void EndMove(const std::string& id, const std::string& moved_to);
+  friend class TransferDecoder;
+  friend class SessionImport;
 
   const SessionOptions options_;
   metrics::Metrics* const metrics_;

@@ -1,14 +1,15 @@
-// Moving sessions between replicas (issue 33): SessionManager::BeginMove/EndMove on the replica a
-// session leaves, AcceptTransfer on the one it goes to. The transport (server/transport/
-// session_mover.cc) carries the transfer between them.
+// Moving sessions between replicas (issue 33): SessionManager::Move on the replica a session
+// leaves (SessionImport, session_import.h, on the one it goes to). The transport
+// (server/transport/session_mover.cc) carries the transfer between them.
 //
-// A move is a stop-and-copy under the session's own lock: BeginMove marks the session busy and
-// moving (no extend, fork or close can start; an extend already in flight refuses the move) and
-// encodes it; once the peer has taken it, EndMove removes it here and remembers its old id as
-// moved, on both replicas, so that a call naming it learns the new id. A move that fails leaves
-// the session where it was, untouched. Should the peer have taken it without the sender
-// hearing so (a lost answer), the copy there is an orphan no caller knows the id of: it expires
-// by its TTL. Never two live copies that callers can reach.
+// A move is a stop-and-copy of one session: Move marks it busy and moving under the manager's
+// lock (no extend, fork or close can start; an extend already in flight refuses the move) and
+// encodes its settings; its pages are then read and sent outside the lock, chunk by chunk, so
+// that the other sessions go on meanwhile. Once the peer has taken it, EndMove removes it here
+// and remembers its old id as moved, on both replicas, so that a call naming it learns the new
+// id. A move that fails leaves the session where it was, untouched. Should the peer have taken
+// it without the sender hearing so (a lost answer), the copy there is an orphan no caller knows
+// the id of: it expires by its TTL. Never two live copies that callers can reach.
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,30 +24,55 @@
 
 namespace attnserve::server::sessions {
 
-absl::Status SessionManager::BeginMove(const std::string& id, std::string* transfer) {
-  MutexLock lock(&mu_);
-  ExpireLocked();
-  std::shared_ptr<Session> s = table_->Find(id);
-  if (s == nullptr) {
-    // The answer a call of its own tenant would get (lost, moved, never issued).
-    const SessionTable::LostId* lost = table_->FindLost(id);
-    auto found = FindLocked(lost != nullptr ? lost->tenant : "", id, "MoveSession");
-    return found.ok() ? absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"))
-                      : found.status();
+absl::StatusOr<std::string> SessionManager::Move(
+    const std::string& id, size_t chunk_bytes, const TransferSink& send,
+    const std::function<absl::StatusOr<std::string>()>& finish) {
+  Encoding encoding;
+  {
+    MutexLock lock(&mu_);
+    ExpireLocked();
+    std::shared_ptr<Session> s = table_->Find(id);
+    if (s == nullptr) {
+      // The answer a call of its own tenant would get (lost, moved, never issued).
+      const SessionTable::LostId* lost = table_->FindLost(id);
+      auto found = FindLocked(lost != nullptr ? lost->tenant : "", id, "MoveSession");
+      return found.ok() ? absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"))
+                        : found.status();
+    }
+    if (s->busy) {
+      return absl::AbortedError(absl::StrCat("session '", id,
+                                             "' has an extend in flight (or is moving already): "
+                                             "move it once that has returned"));
+    }
+    encoding = EncodeLocked({s.get()});
+    s->busy = true;
+    s->moving = true;
   }
-  if (s->busy) {
-    return absl::AbortedError(absl::StrCat("session '", id,
-                                           "' has an extend in flight (or is moving already): "
-                                           "move it once that has returned"));
+  // Outside the lock: no extend, fork or close of the session starts while it moves, so its
+  // pages do not change (a fork that shares one writes into a copy of its own), and the other
+  // sessions go on meanwhile.
+  std::string chunk;
+  chunk.reserve(chunk_bytes * 2);
+  TransferWriter w(&chunk);
+  const uint64_t total = TotalBytes(encoding);
+  absl::Status sent = WriteEncoding(encoding, w, [&]() -> absl::Status {
+    if (chunk.size() < chunk_bytes && w.bytes() < total) return absl::OkStatus();
+    absl::Status st = send(chunk);
+    chunk.clear();  // its memory kept for the next chunk
+    return st;
+  });
+  absl::StatusOr<std::string> to = sent.ok() ? finish() : sent;
+  EndMove(id, to.ok() ? *to : "");
+  return to;
+}
+
+uint64_t SessionManager::TotalBytes(const Encoding& e) {
+  uint64_t bytes = e.head.size() + e.tail.size() + kTransferTrailer;
+  for (const Encoding::Page& p : e.pages) {
+    const PageLayout& l = p.arena->layout();
+    bytes += sizeof(uint32_t) + static_cast<uint64_t>(l.k_page_bytes() + l.v_page_bytes());
   }
-  transfer->clear();
-  // Its pages, and well under a kilobyte of settings: one allocation.
-  transfer->reserve(static_cast<size_t>(s->bytes()) + 4096 + s->mods.alibi_slopes.size() * 4);
-  TransferWriter w(transfer);
-  if (absl::Status st = EncodeLocked({s.get()}, w); !st.ok()) return st;
-  s->busy = true;
-  s->moving = true;
-  return absl::OkStatus();
+  return bytes;
 }
 
 void SessionManager::EndMove(const std::string& id, const std::string& moved_to) {
@@ -62,68 +88,6 @@ void SessionManager::EndMove(const std::string& id, const std::string& moved_to)
   RemoveLocked(s, "");
   table_->RememberMoved(id, s->tenant, moved_to);
   if (metrics_ != nullptr) metrics_->RecordSessionsMoved("out", 1);
-}
-
-absl::StatusOr<std::vector<std::string>> SessionManager::AcceptTransfer(
-    absl::string_view transfer, const ModuleNamed& module_named) {
-  const std::string what = "the session transfer";
-  if (absl::Status st = VerifyTransfer(transfer, what); !st.ok()) return st;
-  MutexLock lock(&mu_);
-  ExpireLocked();
-  if (leaving_) return Leaving();
-  TransferReader r(transfer);
-  auto decoded = DecodeLocked(r, what, module_named);
-  if (!decoded.ok()) return decoded.status();
-  std::vector<std::shared_ptr<Session>>& sessions = decoded->sessions;
-  absl::Status refused;
-  if (decoded->stats.lost > 0) {
-    refused = absl::StrContains(decoded->stats.why_lost, "no room")
-                  ? absl::ResourceExhaustedError(
-                        absl::StrCat(what, " does not fit in this replica's session pool (",
-                                     decoded->stats.why_lost, ")"))
-                  : absl::FailedPreconditionError(
-                        absl::StrCat(what, " cannot be taken: ", decoded->stats.why_lost));
-  } else if (table_->size() + static_cast<int64_t>(sessions.size()) > options_.max_sessions) {
-    refused = absl::ResourceExhaustedError(
-        absl::StrCat("this replica holds ", table_->size(), " sessions; ", sessions.size(),
-                     " more would exceed its limit (--max_sessions)"));
-  }
-  // Each tenant's shares hold on this replica as they would for its own sessions.
-  int64_t pinned_bytes = 0;
-  for (const auto& s : sessions) {
-    if (!refused.ok()) break;
-    refused = CheckTenantSessionsLocked(s->tenant);
-    const TenantShares shares = SharesOf(s->tenant);
-    if (refused.ok() && TenantBytesLocked(s->tenant) + s->bytes() >
-                            static_cast<int64_t>(shares.max * pool_->bytes_total())) {
-      refused = absl::ResourceExhaustedError(
-          absl::StrCat("session '", s->id,
-                       "' would take its tenant over its share of this "
-                       "replica's pool (max_share)"));
-    }
-    if (s->pinned) pinned_bytes += s->bytes();
-  }
-  if (refused.ok() && pinned_bytes > 0 &&
-      table_->pinned_bytes() + pinned_bytes >
-          static_cast<int64_t>(options_.max_pinned_fraction * pool_->bytes_total())) {
-    refused = absl::ResourceExhaustedError(
-        "the transfer's pinned sessions would take pinned sessions over their share of this "
-        "replica's pool (--session_max_pinned_fraction)");
-  }
-  if (!refused.ok()) {
-    for (const auto& s : sessions) ReleaseDecodedLocked(*s);
-    return refused;
-  }
-  std::vector<std::string> ids;
-  for (std::shared_ptr<Session>& s : sessions) {
-    const std::string old_id = s->id;
-    const std::string tenant = s->tenant;
-    auto added = AddLocked(std::move(s));
-    ids.push_back(added->id);
-    table_->RememberMoved(old_id, tenant, added->id);
-  }
-  if (metrics_ != nullptr) metrics_->RecordSessionsMoved("in", static_cast<int64_t>(ids.size()));
-  return ids;
 }
 
 void SessionManager::Leave() {

@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "base/mutex.h"
 #include "base/strings.h"
+#include "server/sessions/session_import.h"
 #include "server/transport/attention_stream.h"
 #include "server/transport/auth.h"
 #include "server/transport/request_builder.h"
@@ -36,24 +37,23 @@ class AnswerNowReactor final : public grpc::ServerUnaryReactor {
   Caller caller_;
 };
 
-// AcceptSessions: the chunks of a transfer from another replica, gathered, then taken by
-// `accept` (SessionManager::AcceptTransfer) on the thread of the last read: decoding copies
-// pages, milliseconds for a session. Holds the call's Caller; deletes itself in OnDone.
+// AcceptSessions: the chunks of a transfer from another replica, each taken in as it arrives
+// (sessions::SessionImport: pages into the pool on the thread of the read), committed at the
+// sender's WritesDone. Holds the call's Caller; deletes itself (and so gives back what an
+// import that did not commit holds) in OnDone.
 class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTransferChunk> {
  public:
-  using Accept = absl::AnyInvocable<absl::Status(const std::string& transfer)>;
-  // `admitted`: the caller's authorisation (not OK: answered at once). `max_bytes`: the most
-  // a transfer may hold.
+  // `admitted`: the caller's authorisation (not OK: answered at once).
   AcceptSessionsReactor(const grpc::CallbackServerContext& context, metrics::Metrics* metrics,
-                        const absl::Status& admitted, int64_t max_bytes, TransferBuffers* buffers,
-                        Accept accept)
+                        const absl::Status& admitted,
+                        std::unique_ptr<sessions::SessionImport> import,
+                        v1::AcceptSessionsResponse* response)
       : caller_(context, /*listener=*/nullptr),
         call_(
             metrics, metrics::Rpc::kAcceptSessions, &caller_,
             [this](const absl::Status& status, Job*, absl::Time) { Finish(ToGrpcStatus(status)); }),
-        max_bytes_(max_bytes),
-        buffers_(buffers),
-        accept_(std::move(accept)) {
+        import_(std::move(import)),
+        response_(response) {
     if (!admitted.ok()) {
       call_.Finish(admitted);
       return;
@@ -61,38 +61,29 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTr
     StartRead(&chunk_);
   }
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the sender's WritesDone (or a cut connection: the transfer's CRC tells)
-      call_.Finish(accept_(transfer_));
+    if (!ok) {  // the sender's WritesDone (or a cut connection: the transfer's length tells)
+      absl::StatusOr<std::vector<std::string>> ids = import_->Commit();
+      if (ids.ok()) {
+        for (const std::string& id : *ids) response_->add_session_ids(id);
+      }
+      call_.Finish(ids.status());
       return;
     }
-    if (transfer_.empty()) {
-      transfer_ = buffers_->Take();
-      transfer_.reserve(
-          static_cast<size_t>(std::clamp<int64_t>(chunk_.total_bytes(), 0, max_bytes_)));
-    }
-    if (static_cast<int64_t>(transfer_.size() + chunk_.data().size()) > max_bytes_) {
-      call_.Finish(absl::ResourceExhaustedError(
-          absl::StrCat("the session transfer is larger than this replica's session pool (",
-                       max_bytes_, " bytes with its settings)")));
+    if (absl::Status st = import_->Consume(chunk_.data()); !st.ok()) {
+      call_.Finish(std::move(st));  // the sender's next write fails: it sends no more
       return;
     }
-    transfer_ += chunk_.data();
     StartRead(&chunk_);
   }
   void OnCancel() override { caller_.Cancel(); }
-  void OnDone() override {
-    buffers_->Give(std::move(transfer_));
-    delete this;
-  }
+  void OnDone() override { delete this; }
 
  private:
   Caller caller_;
   Call call_;
-  const int64_t max_bytes_;
-  TransferBuffers* const buffers_;
-  Accept accept_;
+  std::unique_ptr<sessions::SessionImport> import_;
+  v1::AcceptSessionsResponse* const response_;
   v1::SessionTransferChunk chunk_;
-  std::string transfer_;
 };
 
 // The index of rpc `name` in AttentionService, as the generated service numbers its methods
@@ -632,17 +623,13 @@ grpc::ServerReadReactor<v1::SessionTransferChunk>* AttentionService::AcceptSessi
     grpc::CallbackServerContext* context, v1::AcceptSessionsResponse* response) {
   absl::StatusOr<Identity> who = Authenticate(*context);
   const absl::Status admitted = who.ok() ? AdminOnly(*who, "AcceptSessions") : who.status();
-  // A transfer holds at most the pool's pages, and well under a kilobyte a session besides.
-  const int64_t max_bytes = sessions_->options().pool_bytes + (int64_t{64} << 20);
-  return new AcceptSessionsReactor(
-      *context, metrics_, admitted, max_bytes, options_.transfer_buffers,
-      [this, response](const std::string& transfer) -> absl::Status {
-        auto ids = sessions_->AcceptTransfer(
-            transfer, [this](const std::string& name) { return modules_->Weights(name); });
-        if (!ids.ok()) return ids.status();
-        for (const std::string& id : *ids) response->add_session_ids(id);
-        return absl::OkStatus();
-      });
+  return new AcceptSessionsReactor(*context, metrics_, admitted,
+                                   admitted.ok()
+                                       ? sessions_->BeginImport([this](const std::string& name) {
+                                           return modules_->Weights(name);
+                                         })
+                                       : nullptr,
+                                   response);
 }
 
 }  // namespace attnserve::server

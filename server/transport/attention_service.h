@@ -73,9 +73,6 @@ class AttentionService final : public AttentionServiceBase {
     // Moves sessions to the server's peers (session_mover.h; not owned, outlives the service).
     // Null: MoveSession answers FAILED_PRECONDITION (no --session_peers).
     SessionMover* mover = nullptr;
-    // The buffers AcceptSessions gathers transfers into (transfer_buffers.h; not owned,
-    // outlives the service; required).
-    TransferBuffers* transfer_buffers = nullptr;
   };
 
   // Every rpc is counted in `metrics` (by rpc and code, with its server time). `sessions`

@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "grpcpp/create_channel.h"
@@ -26,8 +27,8 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view peer) {
 }  // namespace
 
 SessionMover::SessionMover(sessions::SessionManager* sessions, PeerOptions options,
-                           TransferBuffers* buffers, metrics::Metrics* metrics)
-    : sessions_(sessions), options_(std::move(options)), buffers_(buffers), metrics_(metrics) {
+                           metrics::Metrics* metrics)
+    : sessions_(sessions), options_(std::move(options)), metrics_(metrics) {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options_.ca_pem.empty()) {
     credentials = grpc::InsecureChannelCredentials();
@@ -44,29 +45,6 @@ SessionMover::SessionMover(sessions::SessionManager* sessions, PeerOptions optio
   }
 }
 
-absl::StatusOr<std::vector<std::string>> SessionMover::Send(size_t index,
-                                                            const std::string& transfer) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       absl::ToChronoMicroseconds(options_.timeout));
-  if (!options_.token.empty()) {
-    context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
-  }
-  v1::AcceptSessionsResponse response;
-  auto writer = stubs_[index]->AcceptSessions(&context, &response);
-  v1::SessionTransferChunk chunk;
-  chunk.set_total_bytes(static_cast<int64_t>(transfer.size()));
-  for (size_t at = 0; at < transfer.size(); at += kChunkBytes) {
-    chunk.set_data(transfer.data() + at, std::min(kChunkBytes, transfer.size() - at));
-    if (!writer->Write(chunk)) break;  // the peer answered early: Finish says why
-    chunk.clear_total_bytes();
-  }
-  writer->WritesDone();
-  const grpc::Status status = writer->Finish();
-  if (!status.ok()) return FromGrpc(status, options_.peers[index]);
-  return std::vector<std::string>(response.session_ids().begin(), response.session_ids().end());
-}
-
 absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
                                                        const std::string& peer) {
   const auto it = std::find(options_.peers.begin(), options_.peers.end(), peer);
@@ -76,26 +54,73 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
                      options_.peers.empty() ? "none are set" : absl::StrJoin(options_.peers, ", "),
                      "); was '", peer, "'"));
   }
+  v1::AttentionService::Stub& stub = *stubs_[static_cast<size_t>(it - options_.peers.begin())];
+  // The call to the peer, opened with the first chunk: a move refused here (an extend in
+  // flight, a lost session) never reaches it.
+  struct PeerCall {
+    grpc::ClientContext context;
+    v1::AcceptSessionsResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::SessionTransferChunk>> writer;
+    std::optional<grpc::Status> status;
+  };
+  std::unique_ptr<PeerCall> call;
+  const auto end_call = [&]() -> const grpc::Status& {
+    if (!call->status.has_value()) {
+      call->writer->WritesDone();
+      call->status = call->writer->Finish();
+    }
+    return *call->status;
+  };
+  v1::SessionTransferChunk chunk;
+  int64_t bytes = 0;
   const absl::Time start = absl::Now();
-  std::string transfer = buffers_->Take();
-  absl::Cleanup give_back = [&] { buffers_->Give(std::move(transfer)); };
-  if (absl::Status st = sessions_->BeginMove(id, &transfer); !st.ok()) return st;
-  auto ids = Send(static_cast<size_t>(it - options_.peers.begin()), transfer);
-  if (ids.ok() && ids->size() != 1) {
-    ids = absl::InternalError(
-        absl::StrCat("peer ", peer, " answered ", ids->size(), " session ids for one session"));
+  absl::StatusOr<std::string> to = sessions_->Move(
+      id, kChunkBytes,
+      [&](std::string& data) -> absl::Status {
+        if (call == nullptr) {
+          call = std::make_unique<PeerCall>();
+          call->context.set_deadline(std::chrono::system_clock::now() +
+                                     absl::ToChronoMicroseconds(options_.timeout));
+          if (!options_.token.empty()) {
+            call->context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
+          }
+          call->writer = stub.AcceptSessions(&call->context, &call->response);
+        }
+        bytes += static_cast<int64_t>(data.size());
+        // The chunk's bytes become the message's, without a copy (and its buffer comes back).
+        chunk.mutable_data()->swap(data);
+        const bool written = call->writer->Write(chunk);
+        chunk.mutable_data()->swap(data);
+        if (written) return absl::OkStatus();
+        // The peer ended the call (a refusal, a broken connection): its status says why.
+        const grpc::Status& st = end_call();
+        return st.ok() ? absl::UnavailableError(
+                             absl::StrCat("peer ", peer, " ended the transfer early"))
+                       : FromGrpc(st, peer);
+      },
+      [&]() -> absl::StatusOr<std::string> {
+        if (const grpc::Status& st = end_call(); !st.ok()) return FromGrpc(st, peer);
+        if (call->response.session_ids_size() != 1) {
+          return absl::InternalError(absl::StrCat("peer ", peer, " answered ",
+                                                  call->response.session_ids_size(),
+                                                  " session ids for one session"));
+        }
+        return call->response.session_ids(0);
+      });
+  if (call != nullptr && !call->status.has_value()) {
+    call->context.TryCancel();  // a failure here after the call opened: the peer drops it
+    end_call();
   }
-  sessions_->EndMove(id, ids.ok() ? ids->front() : "");
   Moved moved;
   moved.pause = absl::Now() - start;
-  if (!ids.ok()) {
-    if (metrics_ != nullptr) {
-      metrics_->RecordSessionMoveFailed(metrics::CodeName(static_cast<int>(ids.status().code())));
+  if (!to.ok()) {
+    if (metrics_ != nullptr && call != nullptr) {
+      metrics_->RecordSessionMoveFailed(metrics::CodeName(static_cast<int>(to.status().code())));
     }
-    return ids.status();
+    return to.status();
   }
-  moved.id = ids->front();
-  moved.bytes = static_cast<int64_t>(transfer.size());
+  moved.id = *to;
+  moved.bytes = bytes;
   if (metrics_ != nullptr) metrics_->RecordSessionMoveSent(moved.bytes, moved.pause);
   return moved;
 }

@@ -1,9 +1,10 @@
 // Moving decode sessions to other replicas (issue 33): the sending side of a move, over the peer's
-// AcceptSessions rpc. A move copies one session while it cannot be extended (SessionManager::
-// BeginMove: its extends answer UNAVAILABLE "moving" meanwhile), streams it to the peer in chunks
-// of 1 MiB, and switches: the session is gone here, its old id answers "session moved to
-// '<new id>'" on both replicas, which the bundled clients follow. A move that fails leaves the
-// session here, untouched, and is counted by the code of its failure.
+// AcceptSessions rpc. A move streams one session to the peer while it cannot be extended
+// (SessionManager::Move: its extends answer UNAVAILABLE "moving" meanwhile), its pages read
+// straight into chunks of 1 MiB as they are sent, and switches: the session is gone here, its old
+// id answers "session moved to '<new id>'" on both replicas, which the bundled clients follow.
+// A move that fails leaves the session here, untouched, and is counted by the code of its
+// failure.
 //
 // Used by the MoveSession rpc (an operator's move) and by a drain with --session_peers, which
 // moves every session before the server stops (ServerHost::Shutdown).
@@ -21,7 +22,6 @@
 #include "grpcpp/security/credentials.h"
 #include "server/metrics/metrics.h"
 #include "server/sessions/session_manager.h"
-#include "server/transport/transfer_buffers.h"
 
 namespace attnserve::server {
 
@@ -41,20 +41,18 @@ struct PeerOptions {
 // Thread-safe.
 class SessionMover {
  public:
-  // `sessions`, `buffers` (what transfers are encoded into) and `metrics` (may be null) outlive
-  // the mover.
-  SessionMover(sessions::SessionManager* sessions, PeerOptions options, TransferBuffers* buffers,
-               metrics::Metrics* metrics);
+  // `sessions` and `metrics` (may be null) outlive the mover.
+  SessionMover(sessions::SessionManager* sessions, PeerOptions options, metrics::Metrics* metrics);
 
   const std::vector<std::string>& peers() const { return options_.peers; }
 
   struct Moved {
     std::string id;  // on the peer
     int64_t bytes = 0;
-    absl::Duration pause;  // BeginMove to EndMove
+    absl::Duration pause;  // from the move's start to its switch
   };
   // Moves session `id` to `peer` (one of peers(): INVALID_ARGUMENT otherwise). The errors of
-  // BeginMove, and the peer's: the session is then still here.
+  // SessionManager::Move, and the peer's (named): the session is then still here.
   absl::StatusOr<Moved> Move(const std::string& id, const std::string& peer);
 
   struct Report {
@@ -68,12 +66,8 @@ class SessionMover {
   Report MoveAll(absl::Time deadline);
 
  private:
-  // Streams `transfer` to peer `index`; the ids it took the sessions under.
-  absl::StatusOr<std::vector<std::string>> Send(size_t index, const std::string& transfer);
-
   sessions::SessionManager* const sessions_;
   const PeerOptions options_;
-  TransferBuffers* const buffers_;
   metrics::Metrics* const metrics_;
   std::vector<std::unique_ptr<v1::AttentionService::Stub>> stubs_;  // one per peer
 };

@@ -228,7 +228,8 @@ TEST_F(SnapshotTest, ATornCorruptOrForeignSnapshotIsRefusedAndItsSessionsLost) {
       [](std::string* b) { (*b)[b->size() / 2] ^= 0x10; },  // one bit of a page
       [](std::string* b) { b->resize(b->size() - 7); },     // torn
       [](std::string* b) { b->resize(b->size() / 3); },
-      [](std::string*) {},  // intact, but restored by another owner
+      [](std::string* b) { (*b)[8] = 1; },  // written by a release of format version 1
+      [](std::string*) {},                  // intact, but restored by another owner
   };
   for (size_t d = 0; d < damage.size(); ++d) {
     SCOPED_TRACE(d);
@@ -532,12 +533,17 @@ TEST_F(MoveTest, CallsDuringAMoveAreToldItIsMovingThenWhereItWent) {
   // What the peer got is one whole transfer: a real replica takes it, and refuses it torn or
   // corrupt, whole.
   Peer& b = StartPeer(Options(false, "replica-b"));
-  const auto accept = [&](const std::string& transfer, v1::AcceptSessionsResponse* response) {
+  // Sent in chunks of `chunk_bytes`: any split of the bytes is taken (the header, a page and
+  // the sessions cut across chunks).
+  const auto accept = [&](const std::string& transfer, v1::AcceptSessionsResponse* response,
+                          size_t chunk_bytes = std::string::npos) {
     grpc::ClientContext context;
     auto writer = b.stub->AcceptSessions(&context, response);
     v1::SessionTransferChunk chunk;
-    chunk.set_data(transfer);
-    writer->Write(chunk);
+    for (size_t at = 0; at < transfer.size(); at += chunk_bytes) {
+      chunk.set_data(transfer.substr(at, chunk_bytes));
+      if (!writer->Write(chunk)) break;
+    }
     writer->WritesDone();
     return writer->Finish();
   };
@@ -551,7 +557,7 @@ TEST_F(MoveTest, CallsDuringAMoveAreToldItIsMovingThenWhereItWent) {
   }
   On(b, [&] { EXPECT_EQ(Usage().sessions(), 0); });
   v1::AcceptSessionsResponse response;
-  ASSERT_TRUE(accept(held.transfer, &response).ok());
+  ASSERT_TRUE(accept(held.transfer, &response, /*chunk_bytes=*/7).ok());
   ASSERT_EQ(response.session_ids_size(), 1);
   On(b, [&] {
     v1::SessionInfo taken;

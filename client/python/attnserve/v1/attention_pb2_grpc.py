@@ -317,7 +317,9 @@ class AttentionServiceServicer(object):
     def AcceptSessions(self, request_iterator, context):
         """Takes sessions sent by another replica (MoveSession, and drains with --session_peers): the
         bytes of the stream's chunks, in order, are one transfer (the snapshot format of
-        server/sessions/session_codec.h, checked by its CRC-32). All of them are taken or none:
+        server/sessions/session_codec.h, checked by its CRC-32C), taken in as they arrive (pages go
+        into the pool as their bytes come; nothing is visible before the end). All of them are taken
+        or none:
         DATA_LOSS (a torn or corrupt transfer), FAILED_PRECONDITION (another page size, or a
         module that is not loaded here with the same weights), RESOURCE_EXHAUSTED (no room in the
         pool or in max_sessions, or a transfer larger than the pool). Needs the admin role: a

@@ -1,0 +1,224 @@
+#include "server/sessions/session_import.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "server/metrics/metrics.h"
+#include "server/sessions/session_codec.h"
+
+namespace attnserve::server::sessions {
+namespace {
+
+// A header larger than this is not one (its layouts: 13 bytes each, at most max_layouts); nor
+// are sessions whose settings and page tables take more (under a kilobyte a session and 8
+// bytes a page).
+constexpr size_t kMaxHeadBytes = size_t{1} << 20;
+constexpr size_t kMaxTailBytes = size_t{256} << 20;
+
+}  // namespace
+
+std::unique_ptr<SessionImport> SessionManager::BeginImport(ModuleNamed module_named) {
+  return std::unique_ptr<SessionImport>(new SessionImport(*this, std::move(module_named)));
+}
+
+SessionImport::~SessionImport() {
+  if (committed_) return;
+  MutexLock lock(&m_.mu_);
+  decoder_.AbandonLocked();
+}
+
+absl::Status SessionImport::Consume(absl::string_view bytes) {
+  if (failed_.ok()) failed_ = ConsumeOnce(bytes);
+  return failed_;
+}
+
+absl::Status SessionImport::TakePage(uint32_t layout, const char* k, const char* v) {
+  TransferDecoder::Target to;
+  {
+    MutexLock lock(&m_.mu_);
+    to = decoder_.NextPageLocked(layout);
+  }
+  if (to.store == nullptr) {
+    return absl::ResourceExhaustedError(
+        "the session transfer does not fit in this replica's session pool");
+  }
+  // The page is the import's alone: written without the lock.
+  return to.store->WritePage(to.page, k, v);
+}
+
+absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
+  bytes_ += bytes.size();
+  while (!bytes.empty()) {
+    if (phase_ == Phase::kHead) {
+      pending_.append(bytes.data(), bytes.size());
+      bytes = {};
+      MutexLock lock(&m_.mu_);
+      if (m_.leaving_) return SessionManager::Leaving();
+      TransferReader r(pending_);
+      const absl::Status st = decoder_.HeadLocked(r);
+      if (absl::IsOutOfRange(st)) {
+        if (pending_.size() > kMaxHeadBytes) {
+          return absl::DataLossError("the session transfer's header does not parse");
+        }
+        return absl::OkStatus();  // more to come
+      }
+      if (!st.ok()) return st;
+      const size_t used = static_cast<size_t>(r.position());
+      crc_ = Crc32c(crc_, pending_.data(), used);
+      carry_.assign(pending_, used);
+      pending_.clear();
+      bytes = carry_;
+      phase_ = decoder_.pages() == 0 ? Phase::kTail : Phase::kPages;
+      continue;
+    }
+    if (phase_ == Phase::kTail) {
+      if (pending_.size() + bytes.size() > kMaxTailBytes) {
+        return absl::DataLossError("the session transfer's sessions do not parse");
+      }
+      pending_.append(bytes.data(), bytes.size());
+      return absl::OkStatus();
+    }
+    // A page record: its u32 layout, then K and V.
+    if (pending_.size() < sizeof(uint32_t)) {
+      const size_t take = std::min(sizeof(uint32_t) - pending_.size(), bytes.size());
+      if (pending_.empty() && bytes.size() >= sizeof(uint32_t)) {
+        // Whole in this chunk: straight from it.
+        uint32_t layout;
+        std::memcpy(&layout, bytes.data(), sizeof layout);
+        auto sizes = decoder_.PageBytes(layout);
+        if (!sizes.ok()) return sizes.status();
+        const size_t record = sizeof layout + sizes->first + sizes->second;
+        if (bytes.size() >= record) {
+          const char* k = bytes.data() + sizeof layout;
+          if (absl::Status st = TakePage(layout, k, k + sizes->first); !st.ok()) return st;
+          crc_ = Crc32c(crc_, bytes.data(), record);
+          bytes.remove_prefix(record);
+          if (decoder_.pages_taken() == decoder_.pages()) phase_ = Phase::kTail;
+          continue;
+        }
+      }
+      pending_.append(bytes.data(), take);
+      bytes.remove_prefix(take);
+      if (pending_.size() < sizeof(uint32_t)) continue;
+    }
+    uint32_t layout;
+    std::memcpy(&layout, pending_.data(), sizeof layout);
+    auto sizes = decoder_.PageBytes(layout);
+    if (!sizes.ok()) return sizes.status();
+    const size_t record = sizeof layout + sizes->first + sizes->second;
+    const size_t take = std::min(record - pending_.size(), bytes.size());
+    pending_.append(bytes.data(), take);
+    bytes.remove_prefix(take);
+    if (pending_.size() < record) continue;
+    const char* k = pending_.data() + sizeof layout;
+    if (absl::Status st = TakePage(layout, k, k + sizes->first); !st.ok()) return st;
+    crc_ = Crc32c(crc_, pending_.data(), record);
+    pending_.clear();
+    if (decoder_.pages_taken() == decoder_.pages()) phase_ = Phase::kTail;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> SessionImport::Commit() {
+  if (!failed_.ok()) return failed_;
+  const std::string what = "the session transfer";
+  if (phase_ != Phase::kTail || pending_.size() < kTransferTrailer) {
+    return failed_ = absl::DataLossError(absl::StrCat(
+               what, " is torn: it ends before its sessions and trailer (", bytes_, " bytes)"));
+  }
+  const size_t body = pending_.size() - kTransferTrailer;
+  const uint32_t actual = Crc32c(crc_, pending_.data(), body);
+  const char* trailer = pending_.data() + body;
+  uint64_t length = 0;
+  uint32_t crc = 0;
+  std::memcpy(&length, trailer + sizeof kTransferEnd, sizeof length);
+  std::memcpy(&crc, trailer + sizeof kTransferEnd + sizeof length, sizeof crc);
+  if (std::memcmp(trailer, kTransferEnd, sizeof kTransferEnd) != 0 ||
+      length != bytes_ - kTransferTrailer) {
+    return failed_ = absl::DataLossError(
+               absl::StrCat(what, " is torn: its trailer is missing or names another length (",
+                            bytes_, " bytes)"));
+  }
+  if (actual != crc) {
+    return failed_ = absl::DataLossError(absl::StrCat(what, " is corrupt: its CRC-32C is ", actual,
+                                                      ", its trailer says ", crc));
+  }
+  MutexLock lock(&m_.mu_);
+  if (m_.leaving_) return failed_ = SessionManager::Leaving();
+  m_.ExpireLocked();
+  TransferReader r(absl::string_view(pending_.data(), body));
+  absl::Status st = decoder_.SessionsLocked(r);
+  if (st.ok() && r.position() != body) {
+    st = absl::DataLossError(absl::StrCat(what, " does not parse (its checksum holds)"));
+  }
+  if (st.ok()) {
+    std::vector<std::shared_ptr<Session>> sessions = decoder_.CommitLocked();
+    committed_ = true;
+    st = Admit(sessions);
+    if (!st.ok()) {
+      for (const auto& s : sessions) {
+        for (size_t i = s->dropped; i < s->pages.size(); ++i)
+          m_.pool_->Unref(s->arena, s->pages[i]);
+        m_.pool_->Release(s->arena);
+      }
+      return failed_ = st;
+    }
+    std::vector<std::string> ids;
+    for (std::shared_ptr<Session>& s : sessions) {
+      const std::string old_id = s->id;
+      const std::string tenant = s->tenant;
+      auto added = m_.AddLocked(std::move(s));
+      ids.push_back(added->id);
+      m_.table_->RememberMoved(old_id, tenant, added->id);
+    }
+    if (m_.metrics_ != nullptr) {
+      m_.metrics_->RecordSessionsMoved("in", static_cast<int64_t>(ids.size()));
+    }
+    return ids;
+  }
+  return failed_ = st;
+}
+
+absl::Status SessionImport::Admit(const std::vector<std::shared_ptr<Session>>& sessions) {
+  const std::string what = "the session transfer";
+  const SessionManager::SnapshotStats& stats = decoder_.stats();
+  if (stats.lost > 0) {
+    return absl::StrContains(stats.why_lost, "no room")
+               ? absl::ResourceExhaustedError(absl::StrCat(
+                     what, " does not fit in this replica's session pool (", stats.why_lost, ")"))
+               : absl::FailedPreconditionError(
+                     absl::StrCat(what, " cannot be taken: ", stats.why_lost));
+  }
+  if (m_.table_->size() + static_cast<int64_t>(sessions.size()) > m_.options_.max_sessions) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("this replica holds ", m_.table_->size(), " sessions; ", sessions.size(),
+                     " more would exceed its limit (--max_sessions)"));
+  }
+  // Each tenant's shares hold on this replica as they would for its own sessions.
+  int64_t pinned_bytes = 0;
+  for (const auto& s : sessions) {
+    if (absl::Status st = m_.CheckTenantSessionsLocked(s->tenant); !st.ok()) return st;
+    const TenantShares shares = m_.SharesOf(s->tenant);
+    if (m_.TenantBytesLocked(s->tenant) + s->bytes() >
+        static_cast<int64_t>(shares.max * m_.pool_->bytes_total())) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("session '", s->id,
+                       "' would take its tenant over its share of this replica's pool "
+                       "(max_share)"));
+    }
+    if (s->pinned) pinned_bytes += s->bytes();
+  }
+  if (pinned_bytes > 0 &&
+      m_.table_->pinned_bytes() + pinned_bytes >
+          static_cast<int64_t>(m_.options_.max_pinned_fraction * m_.pool_->bytes_total())) {
+    return absl::ResourceExhaustedError(
+        "the transfer's pinned sessions would take pinned sessions over their share of this "
+        "replica's pool (--session_max_pinned_fraction)");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace attnserve::server::sessions
