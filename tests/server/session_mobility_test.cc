@@ -642,5 +642,73 @@ TEST_F(MoveTest, AMovedSessionKeepsItsTenant) {
   EXPECT_THAT(st.error_message(), HasSubstr("AcceptSessions needs the admin role"));
 }
 
+// A peer that takes the first chunk of a transfer and then fails the call, as a peer that dies
+// or refuses midway.
+class CutPeer final : public v1::AttentionService::Service {
+ public:
+  grpc::Status AcceptSessions(grpc::ServerContext*,
+                              grpc::ServerReader<v1::SessionTransferChunk>* in,
+                              v1::AcceptSessionsResponse*) override {
+    v1::SessionTransferChunk chunk;
+    if (in->Read(&chunk)) first = chunk.data();
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "cut off");
+  }
+  std::string first;
+};
+
+// A transfer cut off midway, by either side: the session stays whole on the replica it was
+// leaving and goes on as if nothing was tried; the other replica keeps nothing of it.
+TEST_F(MoveTest, AMoveCutOffMidwayLeavesTheSessionWholeWhereItWas) {
+  CutPeer cut;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&cut);
+  std::unique_ptr<grpc::Server> peer = builder.BuildAndStart();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  server::ServerOptions options = Options(false);
+  options.session_peers.peers = {address};
+  options.sessions.prefill_chunk_tokens = 512;
+  Start(options);
+  // 2 KiB a token: 1536 tokens are three chunks of a transfer.
+  const Sequence s(4, 4, 64, 64, 1540, 21);
+  const std::string id = CreateRaw(4, 4, 64, 64);
+  Step(id, s, 0, 1536);
+  const grpc::Status st = Move(id, address);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_THAT(st.error_message(), HasSubstr("cut off"));
+  EXPECT_GT(cut.first.size(), size_t{1} << 20) << "a first chunk only: the transfer was cut";
+  EXPECT_EQ(Metric("attnserve_session_move_failures_total", {"code=\"UNAVAILABLE\""}), 1);
+  v1::SessionInfo info;
+  ASSERT_TRUE(Get(id, &info).ok());
+  EXPECT_EQ(info.length(), 1536);
+  EXPECT_LE(MaxAbsDiff(Step(id, s, 1536, 1540), Rows(CausalAttend(s, 1540), 4 * 64, 1536, 1540)),
+            1e-6);
+
+  // The sender cut off: a real replica given the first chunk, then a cancelled call, keeps
+  // nothing (what the import held goes back when the call ends).
+  Peer& b = StartPeer(Options(false, "replica-b"));
+  {
+    grpc::ClientContext context;
+    v1::AcceptSessionsResponse response;
+    auto writer = b.stub->AcceptSessions(&context, &response);
+    v1::SessionTransferChunk chunk;
+    chunk.set_data(cut.first);
+    ASSERT_TRUE(writer->Write(chunk));
+    context.TryCancel();
+    EXPECT_EQ(writer->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  // The call's end reaches the replica on its own threads: wait (generously) for its pages.
+  v1::SessionPoolUsage usage;
+  for (const absl::Time end = absl::Now() + absl::Seconds(30); absl::Now() < end;) {
+    On(b, [&] { usage = Usage(); });
+    if (usage.pages_used() == 0) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(usage.pages_used(), 0);
+  EXPECT_EQ(usage.sessions(), 0);
+  peer->Shutdown();
+}
+
 }  // namespace
 }  // namespace attnserve
