@@ -35,31 +35,47 @@ absl::Status SessionImport::Consume(absl::string_view bytes) {
   return failed_;
 }
 
-absl::Status SessionImport::TakePage(uint32_t layout, const char* k, const char* v) {
-  TransferDecoder::Target to;
+absl::Status SessionImport::BeginPage(uint32_t layout) {
+  auto sizes = decoder_.PageBytes(layout);
+  if (!sizes.ok()) return sizes.status();
   {
     MutexLock lock(&m_.mu_);
-    to = decoder_.NextPageLocked(layout);
+    page_ = decoder_.NextPageLocked(layout);
   }
-  if (to.store == nullptr) {
+  if (page_.store == nullptr) {
     return absl::ResourceExhaustedError(
         "the session transfer does not fit in this replica's session pool");
   }
   // The page is the import's alone: written without the lock.
-  return to.store->WritePage(to.page, k, v);
+  k_bytes_ = sizes->first;
+  record_bytes_ = sizes->first + sizes->second;
+  record_at_ = 0;
+  in_record_ = true;
+  if (page_.store->on_device()) {
+    k_page_ = v_page_ = nullptr;
+    pending_.reserve(record_bytes_);
+  } else {
+    k_page_ = static_cast<char*>(page_.store->k_base()) + page_.page * sizes->first;
+    v_page_ = static_cast<char*>(page_.store->v_base()) + page_.page * sizes->second;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
   bytes_ += bytes.size();
   while (!bytes.empty()) {
     if (phase_ == Phase::kHead) {
-      pending_.append(bytes.data(), bytes.size());
-      bytes = {};
+      // Parsed from the chunk itself when it holds the whole header (the first chunk does),
+      // else from what has been gathered.
+      const bool gathered = !pending_.empty();
+      if (gathered) pending_.append(bytes.data(), bytes.size());
+      const absl::string_view head = gathered ? absl::string_view(pending_) : bytes;
       MutexLock lock(&m_.mu_);
       if (m_.leaving_) return SessionManager::Leaving();
-      TransferReader r(pending_);
+      TransferReader r(head);
       const absl::Status st = decoder_.HeadLocked(r);
       if (absl::IsOutOfRange(st)) {
+        if (!gathered) pending_.assign(bytes.data(), bytes.size());
         if (pending_.size() > kMaxHeadBytes) {
           return absl::DataLossError("the session transfer's header does not parse");
         }
@@ -67,10 +83,14 @@ absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
       }
       if (!st.ok()) return st;
       const size_t used = static_cast<size_t>(r.position());
-      crc_ = Crc32c(crc_, pending_.data(), used);
-      carry_.assign(pending_, used);
-      pending_.clear();
-      bytes = carry_;
+      crc_ = Crc32c(crc_, head.data(), used);
+      if (gathered) {
+        carry_.assign(pending_, used);
+        pending_.clear();
+        bytes = carry_;
+      } else {
+        bytes.remove_prefix(used);
+      }
       phase_ = decoder_.pages() == 0 ? Phase::kTail : Phase::kPages;
       continue;
     }
@@ -82,41 +102,41 @@ absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
       return absl::OkStatus();
     }
     // A page record: its u32 layout, then K and V.
-    if (pending_.size() < sizeof(uint32_t)) {
+    if (!in_record_) {
       const size_t take = std::min(sizeof(uint32_t) - pending_.size(), bytes.size());
-      if (pending_.empty() && bytes.size() >= sizeof(uint32_t)) {
-        // Whole in this chunk: straight from it.
-        uint32_t layout;
-        std::memcpy(&layout, bytes.data(), sizeof layout);
-        auto sizes = decoder_.PageBytes(layout);
-        if (!sizes.ok()) return sizes.status();
-        const size_t record = sizeof layout + sizes->first + sizes->second;
-        if (bytes.size() >= record) {
-          const char* k = bytes.data() + sizeof layout;
-          if (absl::Status st = TakePage(layout, k, k + sizes->first); !st.ok()) return st;
-          crc_ = Crc32c(crc_, bytes.data(), record);
-          bytes.remove_prefix(record);
-          if (decoder_.pages_taken() == decoder_.pages()) phase_ = Phase::kTail;
-          continue;
-        }
-      }
       pending_.append(bytes.data(), take);
       bytes.remove_prefix(take);
       if (pending_.size() < sizeof(uint32_t)) continue;
+      uint32_t layout;
+      std::memcpy(&layout, pending_.data(), sizeof layout);
+      crc_ = Crc32c(crc_, pending_.data(), sizeof layout);
+      pending_.clear();
+      if (absl::Status st = BeginPage(layout); !st.ok()) return st;
+      continue;
     }
-    uint32_t layout;
-    std::memcpy(&layout, pending_.data(), sizeof layout);
-    auto sizes = decoder_.PageBytes(layout);
-    if (!sizes.ok()) return sizes.status();
-    const size_t record = sizeof layout + sizes->first + sizes->second;
-    const size_t take = std::min(record - pending_.size(), bytes.size());
-    pending_.append(bytes.data(), take);
-    bytes.remove_prefix(take);
-    if (pending_.size() < record) continue;
-    const char* k = pending_.data() + sizeof layout;
-    if (absl::Status st = TakePage(layout, k, k + sizes->first); !st.ok()) return st;
-    crc_ = Crc32c(crc_, pending_.data(), record);
-    pending_.clear();
+    // Its bytes, as they come: into the page itself in host memory (its K, then its V:
+    // contiguous in the store, page_layout.h), or gathered for a store on a device.
+    const size_t n = std::min(record_bytes_ - record_at_, bytes.size());
+    crc_ = Crc32c(crc_, bytes.data(), n);
+    if (k_page_ != nullptr) {
+      const size_t in_k = record_at_ < k_bytes_ ? std::min(n, k_bytes_ - record_at_) : 0;
+      if (in_k > 0) std::memcpy(k_page_ + record_at_, bytes.data(), in_k);
+      if (n > in_k) {
+        std::memcpy(v_page_ + (record_at_ + in_k - k_bytes_), bytes.data() + in_k, n - in_k);
+      }
+    } else {
+      pending_.append(bytes.data(), n);
+    }
+    record_at_ += n;
+    bytes.remove_prefix(n);
+    if (record_at_ < record_bytes_) continue;
+    if (k_page_ == nullptr) {
+      const absl::Status st =
+          page_.store->WritePage(page_.page, pending_.data(), pending_.data() + k_bytes_);
+      pending_.clear();
+      if (!st.ok()) return st;
+    }
+    in_record_ = false;
     if (decoder_.pages_taken() == decoder_.pages()) phase_ = Phase::kTail;
   }
   return absl::OkStatus();

@@ -1,7 +1,8 @@
 // SessionImport: the receiving side of a move (the AcceptSessions rpc), the transfer
-// (session_codec.h) taken in as its chunks arrive. Each page goes into the pool as soon as its
-// bytes are in (straight from the chunk when it holds the whole page), so that decoding overlaps
-// the transfer instead of following it; the header and the sessions, small, are gathered first.
+// (session_codec.h) taken in as its chunks arrive. A page's bytes go straight into the page, in
+// the pool's host memory, as they come (a store on a device: gathered, then written whole), so
+// that decoding overlaps the transfer instead of following it, with one copy; the header and
+// the sessions, small, are gathered first.
 // The CRC-32C runs over the bytes as they come. Nothing is visible before Commit, which checks
 // the checksum and the trailer and takes the sessions all or none; an import destroyed without a
 // successful Commit (a failure, a cut connection) gives back everything it held.
@@ -44,8 +45,8 @@ class SessionImport {
   SessionImport(SessionManager& manager, SessionManager::ModuleNamed module_named)
       : m_(manager), decoder_(manager, "the session transfer", std::move(module_named)) {}
   absl::Status ConsumeOnce(absl::string_view bytes);
-  // The next page, of `layout`, from k and v.
-  absl::Status TakePage(uint32_t layout, const char* k, const char* v);
+  // The next page record, of `layout`: its page allocated, its bytes to come.
+  absl::Status BeginPage(uint32_t layout);
   // Checks the transfer's sessions against this replica before they join it.
   absl::Status Admit(const std::vector<std::shared_ptr<Session>>& sessions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(m_.mu_);
@@ -54,10 +55,17 @@ class SessionImport {
   SessionManager& m_;
   TransferDecoder decoder_;
   Phase phase_ = Phase::kHead;
-  std::string pending_;  // the header so far; a page begun in one chunk; or the tail
-  std::string carry_;    // what followed the header in its chunk
-  uint32_t crc_ = 0;     // of the bytes before pending_
-  uint64_t bytes_ = 0;   // consumed
+  std::string pending_;  // the header so far; a page's layout index; a device page; the tail
+  // The page record being taken in: its page, where its K and V go in host memory (null for a
+  // store on a device: gathered in pending_), its bytes (K and V) and how many are in.
+  bool in_record_ = false;
+  TransferDecoder::Target page_;
+  char* k_page_ = nullptr;
+  char* v_page_ = nullptr;
+  size_t k_bytes_ = 0, record_bytes_ = 0, record_at_ = 0;
+  std::string carry_;   // what followed the header in its chunk
+  uint32_t crc_ = 0;    // of the bytes before pending_
+  uint64_t bytes_ = 0;  // consumed
   absl::Status failed_;
   bool committed_ = false;
 };

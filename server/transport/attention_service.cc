@@ -39,15 +39,16 @@ class AnswerNowReactor final : public grpc::ServerUnaryReactor {
 
 // AcceptSessions: the chunks of a transfer from another replica, each taken in as it arrives
 // (sessions::SessionImport: pages into the pool on the thread of the read), committed at the
-// sender's WritesDone. Holds the call's Caller; deletes itself (and so gives back what an
-// import that did not commit holds) in OnDone.
-class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTransferChunk> {
+// sender's WritesDone. A chunk is read as bytes: its data field (SessionTransferChunk.data, the
+// message's one field) goes from gRPC's slices into the import, with no copy of the message's
+// own; anything else is parsed as the message. Holds the call's Caller; deletes itself (and so
+// gives back what an import that did not commit holds) in OnDone.
+class AcceptSessionsReactor final : public grpc::ServerReadReactor<grpc::ByteBuffer> {
  public:
   // `admitted`: the caller's authorisation (not OK: answered at once).
   AcceptSessionsReactor(const grpc::CallbackServerContext& context, metrics::Metrics* metrics,
                         const absl::Status& admitted,
-                        std::unique_ptr<sessions::SessionImport> import,
-                        v1::AcceptSessionsResponse* response)
+                        std::unique_ptr<sessions::SessionImport> import, grpc::ByteBuffer* response)
       : caller_(context, /*listener=*/nullptr),
         call_(
             metrics, metrics::Rpc::kAcceptSessions, &caller_,
@@ -64,26 +65,69 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<v1::SessionTr
     if (!ok) {  // the sender's WritesDone (or a cut connection: the transfer's length tells)
       absl::StatusOr<std::vector<std::string>> ids = import_->Commit();
       if (ids.ok()) {
-        for (const std::string& id : *ids) response_->add_session_ids(id);
+        v1::AcceptSessionsResponse response;
+        for (const std::string& id : *ids) response.add_session_ids(id);
+        SerializeMessage(response, response_);
       }
       call_.Finish(ids.status());
       return;
     }
-    if (absl::Status st = import_->Consume(chunk_.data()); !st.ok()) {
+    if (absl::Status st = Take(); !st.ok()) {
       call_.Finish(std::move(st));  // the sender's next write fails: it sends no more
       return;
     }
+    chunk_.Clear();
     StartRead(&chunk_);
   }
   void OnCancel() override { caller_.Cancel(); }
   void OnDone() override { delete this; }
 
  private:
+  // The chunk's data, to the import.
+  absl::Status Take() {
+    std::vector<grpc::Slice> slices;
+    if (chunk_.Dump(&slices).ok()) {
+      // Field 1, length-delimited: its tag (one byte), its length (a varint), its bytes.
+      size_t slice = 0, at = 0;
+      const auto next = [&](uint8_t* byte) {
+        while (slice < slices.size() && at == slices[slice].size()) ++slice, at = 0;
+        if (slice == slices.size()) return false;
+        *byte = slices[slice].begin()[at++];
+        return true;
+      };
+      uint8_t byte = 0;
+      uint64_t length = 0;
+      bool framed = next(&byte) && byte == ((v1::SessionTransferChunk::kDataFieldNumber << 3) | 2);
+      for (int shift = 0; framed && shift < 64; shift += 7) {
+        framed = next(&byte);
+        length |= uint64_t{byte & 0x7Fu} << shift;
+        if (framed && (byte & 0x80u) == 0) break;
+      }
+      uint64_t rest = 0;
+      for (size_t i = slice; i < slices.size(); ++i)
+        rest += slices[i].size() - (i == slice ? at : 0);
+      if (framed && rest == length) {
+        for (; slice < slices.size(); ++slice, at = 0) {
+          const grpc::Slice& s = slices[slice];
+          const absl::string_view bytes(reinterpret_cast<const char*>(s.begin()) + at,
+                                        s.size() - at);
+          if (absl::Status st = import_->Consume(bytes); !st.ok()) return st;
+        }
+        return absl::OkStatus();
+      }
+    }
+    v1::SessionTransferChunk chunk;
+    if (!ParseMessage(chunk_, &chunk)) {
+      return absl::InvalidArgumentError("a SessionTransferChunk that does not parse");
+    }
+    return import_->Consume(chunk.data());
+  }
+
   Caller caller_;
   Call call_;
   std::unique_ptr<sessions::SessionImport> import_;
-  v1::AcceptSessionsResponse* const response_;
-  v1::SessionTransferChunk chunk_;
+  grpc::ByteBuffer* const response_;
+  grpc::ByteBuffer chunk_;
 };
 
 // The index of rpc `name` in AttentionService, as the generated service numbers its methods
@@ -619,8 +663,8 @@ grpc::ServerUnaryReactor* AttentionService::MoveSession(grpc::CallbackServerCont
   return reactor;
 }
 
-grpc::ServerReadReactor<v1::SessionTransferChunk>* AttentionService::AcceptSessions(
-    grpc::CallbackServerContext* context, v1::AcceptSessionsResponse* response) {
+grpc::ServerReadReactor<grpc::ByteBuffer>* AttentionService::AcceptSessions(
+    grpc::CallbackServerContext* context, grpc::ByteBuffer* response) {
   absl::StatusOr<Identity> who = Authenticate(*context);
   const absl::Status admitted = who.ok() ? AdminOnly(*who, "AcceptSessions") : who.status();
   return new AcceptSessionsReactor(*context, metrics_, admitted,

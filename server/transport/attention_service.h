@@ -48,7 +48,7 @@ using AttentionServiceBase =
                                     Rpcs::WithCallbackMethod_GetSession<
                                         Rpcs::WithCallbackMethod_ListSessions<
                                             Rpcs::WithCallbackMethod_MoveSession<
-                                                Rpcs::WithCallbackMethod_AcceptSessions<
+                                                Rpcs::WithRawCallbackMethod_AcceptSessions<
                                                     Rpcs::Service>>>>>>>>>>>>>>>>;
 
 class WorkThread;            // attention_service.cc
@@ -114,8 +114,10 @@ class AttentionService final : public AttentionServiceBase {
   grpc::ServerUnaryReactor* MoveSession(grpc::CallbackServerContext* context,
                                         const v1::MoveSessionRequest* request,
                                         v1::MoveSessionResponse* response) override;
-  grpc::ServerReadReactor<v1::SessionTransferChunk>* AcceptSessions(
-      grpc::CallbackServerContext* context, v1::AcceptSessionsResponse* response) override;
+  // Raw: each chunk's bytes go from gRPC's slices into the session pool's pages with no copy
+  // of their own.
+  grpc::ServerReadReactor<grpc::ByteBuffer>* AcceptSessions(grpc::CallbackServerContext* context,
+                                                            grpc::ByteBuffer* response) override;
 
  private:
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions (served as streams: see the

@@ -286,12 +286,13 @@ class MoveTest : public SnapshotTest {
     peers_.clear();
   }
   // A peer owned as `owner` (its address when empty), on the reference backend.
-  Peer& StartPeer(server::ServerOptions options) {
+  Peer& StartPeer(
+      server::ServerOptions options,
+      std::unique_ptr<kernels::Backend> backend = std::make_unique<kernels::ReferenceBackend>()) {
     options.listen_address = "127.0.0.1:0";
     Peer p;
     p.metrics = metrics::Metrics::Create({}).value();
-    auto host = server::ServerHost::Start(options, std::make_unique<kernels::ReferenceBackend>(),
-                                          p.metrics.get());
+    auto host = server::ServerHost::Start(options, std::move(backend), p.metrics.get());
     EXPECT_TRUE(host.ok()) << host.status();
     p.host = *std::move(host);
     p.address = "127.0.0.1:" + std::to_string(p.host->port());
@@ -708,6 +709,31 @@ TEST_F(MoveTest, AMoveCutOffMidwayLeavesTheSessionWholeWhereItWas) {
   EXPECT_EQ(usage.pages_used(), 0);
   EXPECT_EQ(usage.sessions(), 0);
   peer->Shutdown();
+}
+
+// A peer whose pages are on a device (a store without host pointers: only WritePage and
+// ReadPage reach them) takes a moved session whole, and it goes on there bit for bit as on the
+// replica it left (a linear-attention session: its state is stepped through the store).
+TEST_F(MoveTest, AMoveIntoDevicePagesGoesThroughTheStore) {
+  v1::CreateSessionRequest linear = RawLayout(4, 2, 8, 8);
+  linear.set_kind(v1::ATTENTION_KIND_LINEAR);
+  const Sequence s(4, 2, 8, 8, 23, 31);
+  Start(Options(false));  // the uninterrupted run
+  std::string id = Create(linear).session_id();
+  Step(id, s, 0, 21);
+  const std::vector<float> want = Step(id, s, 21, 23);
+  SessionTest::TearDown();
+
+  Peer& b = StartPeer(Options(false, "replica-b"),
+                      std::make_unique<testing::LosableStoreBackend>(/*device=*/true));
+  StartWithPeers({b.address});
+  id = Create(linear).session_id();
+  Step(id, s, 0, 21);
+  v1::MoveSessionResponse moved;
+  ASSERT_TRUE(Move(id, b.address, &moved).ok());
+  std::vector<float> got;
+  On(b, [&] { got = Step(moved.session_id(), s, 21, 23); });
+  EXPECT_EQ(got, want);
 }
 
 }  // namespace
