@@ -430,6 +430,9 @@ namespace {
 // Hops a call follows (a session moved on while the call followed it is rare; a loop of
 // moves is a server's bug).
 constexpr int kMaxHops = 8;
+// A call to a session being moved waits and is sent again, within its deadline; at most this
+// many times (a move takes milliseconds; without a deadline, a bound all the same).
+constexpr int kMaxMovingWaits = 1000;
 // The moves remembered (old id -> new id); beyond it the client forgets them all and learns
 // again from the servers, which remember them too.
 constexpr size_t kMaxMovesRemembered = 65536;
@@ -445,14 +448,16 @@ bool IsMoving(const absl::Status& status) {
          absl::StrContains(status.message(), "' is moving to another replica");
 }
 
-// How long to wait before sending a call to a moving session again: the server's pushback,
-// within the deadline.
+// How long to wait before sending a call to a moving session again: the server's pushback and
+// a millisecond (the throttle holds throttled calls back for the pushback itself: the call
+// must come after), within the deadline.
 absl::Duration MovingWait(const grpc::ClientContext& context, absl::Time deadline) {
   int64_t ms = 20;
   if (const std::string pushback = Trailer(context, "grpc-retry-pushback-ms"); !pushback.empty()) {
     ms = std::clamp<int64_t>(std::atoll(pushback.c_str()), 1, 1000);
   }
-  return std::min(absl::Milliseconds(ms), std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  return std::min(absl::Milliseconds(ms + 1),
+                  std::max(deadline - absl::Now(), absl::ZeroDuration()));
 }
 
 absl::Time DeadlineOf(absl::Duration timeout) {
@@ -507,7 +512,8 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
       DeadlineOf(timeout <= absl::ZeroDuration() ? options_.timeout : timeout);
   request.set_session_id(Resolve(request.session_id()));
   bool asked_others = false;
-  for (int hop = 0;; ++hop) {
+  int moves = 0, waits = 0;
+  for (;;) {
     absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id());
     if (!stub.ok()) return stub.status();
     if (throttled) {
@@ -520,13 +526,15 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
     if (throttled) Record(context, status);
     if (status.ok()) return response;
     const absl::Status s = FromGrpc(status);
-    if (hop == kMaxHops || absl::Now() >= deadline) return s;
+    if (absl::Now() >= deadline) return s;
     if (std::string to = Trailer(context, "attnserve-session-moved"); !to.empty()) {
+      if (moves++ == kMaxHops) return s;
       RememberMove(request.session_id(), to);
       request.set_session_id(to);
       continue;
     }
     if (IsMoving(s)) {
+      if (waits++ == kMaxMovingWaits) return s;
       absl::SleepFor(MovingWait(context, deadline));
       continue;
     }
@@ -615,7 +623,8 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
       ExtendSessionsOnce(resolved, Remaining(deadline));
   // Steps whose session moved (sent again under its new id) or is moving (again, after a
   // pause), until none is left or the deadline passes.
-  for (int hop = 0; response.ok() && hop < kMaxHops && absl::Now() < deadline; ++hop) {
+  for (int round = 0; response.ok() && round < kMaxHops + kMaxMovingWaits && absl::Now() < deadline;
+       ++round) {
     std::vector<int> again;
     bool moving = false;
     v1::ExtendSessionsRequest retry;
@@ -635,7 +644,7 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
       *retry.add_steps() = *step;
     }
     if (again.empty()) break;
-    if (moving) absl::SleepFor(std::min(absl::Milliseconds(20), deadline - absl::Now()));
+    if (moving) absl::SleepFor(std::min(absl::Milliseconds(21), deadline - absl::Now()));
     absl::StatusOr<v1::ExtendSessionsResponse> more =
         ExtendSessionsOnce(retry, Remaining(deadline));
     if (!more.ok()) break;  // the first answer stands for these steps

@@ -60,6 +60,9 @@ const THROTTLED = new Set(['Attend', 'MultiHeadAttention', 'ExtendSession', 'Ext
 // loop of moves is a server's bug), and the moves remembered (old id -> new id): beyond it the
 // client forgets them all and learns again from the servers, which remember them too.
 const MAX_HOPS = 8;
+// A call to a session being moved waits and is sent again, within its deadline; at most this
+// many times (a move takes milliseconds).
+const MAX_MOVING_WAITS = 1000;
 const MAX_MOVES_REMEMBERED = 65536;
 const MOVED_KEY = 'attnserve-session-moved';
 const PUSHBACK_KEY = 'grpc-retry-pushback-ms';
@@ -582,7 +585,9 @@ class Client {
     const deadline = Date.now() + (timeoutMs ?? this.timeoutMs);
     let current = { ...request, sessionId: this.resolve(request.sessionId) };
     let askedOthers = false;
-    for (let hop = 0; ; hop++) {
+    let moves = 0;
+    let waits = 0;
+    for (;;) {
       const stub = this.sessionStub(current.sessionId);
       let err;
       try {
@@ -590,17 +595,18 @@ class Client {
       } catch (e) {
         err = e;
       }
-      if (err instanceof ThrottledError || err.code === undefined || hop === MAX_HOPS ||
-          Date.now() >= deadline) {
+      if (err instanceof ThrottledError || err.code === undefined || Date.now() >= deadline) {
         throw err;
       }
       const to = trailer(err, MOVED_KEY);
       if (to) {
+        if (moves++ === MAX_HOPS) throw err;
         this.rememberMove(current.sessionId, to);
         current = { ...current, sessionId: to };
         continue;
       }
       if (isMoving(err.code, err.details)) {
+        if (waits++ === MAX_MOVING_WAITS) throw err;
         await sleep(movingWaitMs(err, deadline));
         continue;
       }
@@ -780,7 +786,7 @@ class Client {
     const results = await this.extendSessionsOnce(requests, all, deadline);
     // Steps whose session moved (sent again under its new id) or is moving (again, after a
     // pause), until none is left or the deadline passes.
-    for (let hop = 0; hop < MAX_HOPS && Date.now() < deadline; hop++) {
+    for (let round = 0; round < MAX_HOPS + MAX_MOVING_WAITS && Date.now() < deadline; round++) {
       const again = [];
       let moving = false;
       results.forEach((r, i) => {
@@ -796,7 +802,7 @@ class Client {
         again.push(i);
       });
       if (again.length === 0) break;
-      if (moving) await sleep(Math.max(Math.min(20, deadline - Date.now()), 0));
+      if (moving) await sleep(Math.max(Math.min(21, deadline - Date.now()), 0));
       let more;
       try {
         more = await this.extendSessionsOnce(requests, again, deadline);

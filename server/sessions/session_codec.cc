@@ -140,26 +140,6 @@ std::string TransferReader::Str() {
 
 namespace {
 
-// Checks the trailer (the last kTransferTrailer bytes of `size`) against the CRC `actual` of
-// the bytes before it.
-absl::Status CheckTrailer(const char* trailer, uint64_t size, uint32_t actual,
-                          const std::string& what) {
-  uint64_t length = 0;
-  uint32_t crc = 0;
-  std::memcpy(&length, trailer + sizeof kTransferEnd, sizeof length);
-  std::memcpy(&crc, trailer + sizeof kTransferEnd + sizeof length, sizeof crc);
-  if (std::memcmp(trailer, kTransferEnd, sizeof kTransferEnd) != 0 ||
-      length != size - kTransferTrailer) {
-    return absl::DataLossError(absl::StrCat(
-        what, " is torn: its trailer is missing or names another length (", size, " bytes)"));
-  }
-  if (actual != crc) {
-    return absl::DataLossError(
-        absl::StrCat(what, " is corrupt: its CRC-32C is ", actual, ", its trailer says ", crc));
-  }
-  return absl::OkStatus();
-}
-
 // A transfer of another version is refused for that, before its checksum (of another kind).
 absl::Status CheckVersion(const char* head, const std::string& what) {
   uint32_t version = 0;
@@ -179,6 +159,24 @@ absl::Status TooShort(const std::string& what, uint64_t size) {
 }
 
 }  // namespace
+
+absl::Status CheckTransferTrailer(const char* trailer, uint64_t size, uint32_t actual,
+                          const std::string& what) {
+  uint64_t length = 0;
+  uint32_t crc = 0;
+  std::memcpy(&length, trailer + sizeof kTransferEnd, sizeof length);
+  std::memcpy(&crc, trailer + sizeof kTransferEnd + sizeof length, sizeof crc);
+  if (std::memcmp(trailer, kTransferEnd, sizeof kTransferEnd) != 0 ||
+      length != size - kTransferTrailer) {
+    return absl::DataLossError(absl::StrCat(
+        what, " is torn: its trailer is missing or names another length (", size, " bytes)"));
+  }
+  if (actual != crc) {
+    return absl::DataLossError(
+        absl::StrCat(what, " is corrupt: its CRC-32C is ", actual, ", its trailer says ", crc));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status VerifyTransfer(FILE* f, const std::string& what) {
   const auto io_error = [&](absl::string_view op) {
@@ -206,14 +204,14 @@ absl::Status VerifyTransfer(FILE* f, const std::string& what) {
     left -= n;
   }
   std::rewind(f);
-  return CheckTrailer(trailer, static_cast<uint64_t>(size), actual, what);
+  return CheckTransferTrailer(trailer, static_cast<uint64_t>(size), actual, what);
 }
 
 absl::Status VerifyTransfer(absl::string_view bytes, const std::string& what) {
   if (bytes.size() < sizeof kTransferMagic + kTransferTrailer) return TooShort(what, bytes.size());
   if (absl::Status st = CheckVersion(bytes.data(), what); !st.ok()) return st;
   const size_t body = bytes.size() - kTransferTrailer;
-  return CheckTrailer(bytes.data() + body, bytes.size(), Crc32c(0, bytes.data(), body), what);
+  return CheckTransferTrailer(bytes.data() + body, bytes.size(), Crc32c(0, bytes.data(), body), what);
 }
 
 }  // namespace attnserve::server::sessions

@@ -104,6 +104,10 @@ class TransferReader {
   uint64_t position_ = 0;
 };
 
+// Checks a transfer's trailer (`trailer`, its last kTransferTrailer bytes of `size`) against
+// `actual`, the CRC of the bytes before it: DATA_LOSS naming `what` when torn or corrupt.
+absl::Status CheckTransferTrailer(const char* trailer, uint64_t size, uint32_t actual,
+                                  const std::string& what);
 // Verifies a transfer's trailer against it: its length and the CRC of everything before it.
 // DATA_LOSS naming `what` when torn or corrupt. The file is left at its start.
 absl::Status VerifyTransfer(FILE* f, const std::string& what);

@@ -151,20 +151,9 @@ absl::StatusOr<std::vector<std::string>> SessionImport::Commit() {
   }
   const size_t body = pending_.size() - kTransferTrailer;
   const uint32_t actual = Crc32c(crc_, pending_.data(), body);
-  const char* trailer = pending_.data() + body;
-  uint64_t length = 0;
-  uint32_t crc = 0;
-  std::memcpy(&length, trailer + sizeof kTransferEnd, sizeof length);
-  std::memcpy(&crc, trailer + sizeof kTransferEnd + sizeof length, sizeof crc);
-  if (std::memcmp(trailer, kTransferEnd, sizeof kTransferEnd) != 0 ||
-      length != bytes_ - kTransferTrailer) {
-    return failed_ = absl::DataLossError(
-               absl::StrCat(what, " is torn: its trailer is missing or names another length (",
-                            bytes_, " bytes)"));
-  }
-  if (actual != crc) {
-    return failed_ = absl::DataLossError(absl::StrCat(what, " is corrupt: its CRC-32C is ", actual,
-                                                      ", its trailer says ", crc));
+  if (absl::Status st = CheckTransferTrailer(pending_.data() + body, bytes_, actual, what);
+      !st.ok()) {
+    return failed_ = st;
   }
   MutexLock lock(&m_.mu_);
   if (m_.leaving_) return failed_ = SessionManager::Leaving();

@@ -246,6 +246,9 @@ def _module_bytes(weights, num_heads) -> bytes:
 # a loop of moves is a server's bug), and the moves remembered (old id -> new id): beyond it the
 # client forgets them all and learns again from the servers, which remember them too.
 _MAX_HOPS = 8
+# A call to a session being moved waits and is sent again, within its deadline; at most this
+# many times (a move takes milliseconds; without a deadline, a bound all the same).
+_MAX_MOVING_WAITS = 1000
 _MAX_MOVES_REMEMBERED = 65536
 MOVED_KEY = "attnserve-session-moved"
 
@@ -393,19 +396,22 @@ class _Base:
         timeout = self.timeout if timeout is None else timeout
         return None if timeout is None else time.monotonic() + timeout
 
-    def _follow(self, error: grpc.RpcError, session_id: str, hop: int,
+    def _follow(self, error: grpc.RpcError, session_id: str, moves: int, waits: int,
                 deadline: Optional[float], asked_others: bool):
-        """What a session call that failed with `error` does next: ("moved", new id), ("wait",
-        seconds), ("ask", None): ask the other replicas (_find_moved), or None: raise it."""
-        if isinstance(error, ThrottledError) or hop == _MAX_HOPS or _expired(deadline):
+        """What a session call that failed with `error` does next, after `moves` moves followed
+        and `waits` waits for a moving session: ("moved", new id), ("wait", seconds), ("ask",
+        None): ask the other replicas (_find_moved), or None: raise it."""
+        if isinstance(error, ThrottledError) or _expired(deadline):
             return None
         to = _trailer(error, MOVED_KEY)
         if to:
+            if moves == _MAX_HOPS:
+                return None
             self._remember_move(session_id, to)
             return "moved", to
         code = _code(error)
         if _is_moving(code, (error.details() if hasattr(error, "details") else "") or ""):
-            return "wait", _moving_wait(error, deadline)
+            return None if waits == _MAX_MOVING_WAITS else ("wait", _moving_wait(error, deadline))
         # Its replica unreachable (or shutting down): did the session move to another?
         if (code == grpc.StatusCode.UNAVAILABLE and not asked_others and len(self.replicas) > 1
                 and not _trailer(error, PUSHBACK_KEY)):
@@ -542,7 +548,8 @@ class Client(_Base):
         deadline = self._deadline(timeout)
         request = _with_id(request, self._resolve(request.session_id))
         asked_others = False
-        for hop in itertools.count():
+        moves = waits = 0
+        while True:
             rpc = getattr(self._session_stub(request.session_id), method)
             try:
                 if throttled:
@@ -550,13 +557,15 @@ class Client(_Base):
                 return rpc(request, **self._kw(_remaining(deadline)))
             except grpc.RpcError as e:
                 error = e
-            action = self._follow(error, request.session_id, hop, deadline, asked_others)
+            action = self._follow(error, request.session_id, moves, waits, deadline, asked_others)
             if action is None:
                 raise error
             what, value = action
             if what == "moved":
+                moves += 1
                 request = _with_id(request, value)
             elif what == "wait":
+                waits += 1
                 time.sleep(value)
             else:
                 asked_others = True
@@ -684,14 +693,14 @@ class Client(_Base):
         results = [first[i] for i in range(len(requests))]
         # Items whose session moved (sent again under its new id) or is moving (again, after a
         # pause), until none is left or the deadline passes.
-        for _ in range(_MAX_HOPS):
+        for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
             if _expired(deadline):
                 break
             again, moving = self._moved_items(requests, results)
             if not again:
                 break
             if moving:
-                time.sleep(min(0.02, _remaining(deadline) or 0.02))
+                time.sleep(min(0.021, _remaining(deadline) or 0.021))
             try:
                 more = self._extend_sessions_once(requests, again, _remaining(deadline))
             except grpc.RpcError:
@@ -782,7 +791,8 @@ class AsyncClient(_Base):
         deadline = self._deadline(timeout)
         request = _with_id(request, self._resolve(request.session_id))
         asked_others = False
-        for hop in itertools.count():
+        moves = waits = 0
+        while True:
             rpc = getattr(self._session_stub(request.session_id), method)
             try:
                 if throttled:
@@ -790,13 +800,15 @@ class AsyncClient(_Base):
                 return await rpc(request, **self._kw(_remaining(deadline)))
             except grpc.RpcError as e:
                 error = e
-            action = self._follow(error, request.session_id, hop, deadline, asked_others)
+            action = self._follow(error, request.session_id, moves, waits, deadline, asked_others)
             if action is None:
                 raise error
             what, value = action
             if what == "moved":
+                moves += 1
                 request = _with_id(request, value)
             elif what == "wait":
+                waits += 1
                 await asyncio.sleep(value)
             else:
                 asked_others = True
@@ -910,14 +922,14 @@ class AsyncClient(_Base):
         first = await self._extend_sessions_once(requests, range(len(requests)),
                                                  _remaining(deadline))
         results = [first[i] for i in range(len(requests))]
-        for _ in range(_MAX_HOPS):
+        for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
             if _expired(deadline):
                 break
             again, moving = self._moved_items(requests, results)
             if not again:
                 break
             if moving:
-                await asyncio.sleep(min(0.02, _remaining(deadline) or 0.02))
+                await asyncio.sleep(min(0.021, _remaining(deadline) or 0.021))
             try:
                 more = await self._extend_sessions_once(requests, again, _remaining(deadline))
             except grpc.RpcError:
