@@ -161,7 +161,7 @@ absl::Status TooShort(const std::string& what, uint64_t size) {
 }  // namespace
 
 absl::Status CheckTransferTrailer(const char* trailer, uint64_t size, uint32_t actual,
-                          const std::string& what) {
+                                  const std::string& what) {
   uint64_t length = 0;
   uint32_t crc = 0;
   std::memcpy(&length, trailer + sizeof kTransferEnd, sizeof length);
@@ -211,7 +211,8 @@ absl::Status VerifyTransfer(absl::string_view bytes, const std::string& what) {
   if (bytes.size() < sizeof kTransferMagic + kTransferTrailer) return TooShort(what, bytes.size());
   if (absl::Status st = CheckVersion(bytes.data(), what); !st.ok()) return st;
   const size_t body = bytes.size() - kTransferTrailer;
-  return CheckTransferTrailer(bytes.data() + body, bytes.size(), Crc32c(0, bytes.data(), body), what);
+  return CheckTransferTrailer(bytes.data() + body, bytes.size(), Crc32c(0, bytes.data(), body),
+                              what);
 }
 
 }  // namespace attnserve::server::sessions
