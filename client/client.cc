@@ -28,6 +28,12 @@ class PendingCall {
 }  // namespace client_internal
 namespace {
 
+// "session ... is moving to another replica" (UNAVAILABLE): a session being moved.
+bool IsMovingAnswer(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE &&
+         absl::StrContains(s.error_message(), "' is moving to another replica");
+}
+
 absl::Status FromGrpc(const grpc::Status& s) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
@@ -220,6 +226,12 @@ absl::Status Client::Admit() {
 
 void Client::Record(const grpc::ClientContext& context, const grpc::Status& status) {
   if (throttle_ == nullptr) return;
+  // A session being moved is no sign of overload: the server took and judged the call (its
+  // pushback is for that session's retry, not for every call of this client).
+  if (IsMovingAnswer(status)) {
+    throttle_->Record(absl::StatusCode::kOk);
+    return;
+  }
   std::string_view pushback;
   if (!status.ok()) {
     const auto& trailers = context.GetServerTrailingMetadata();

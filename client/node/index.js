@@ -544,8 +544,13 @@ class Client {
     const deadline = new Date(Date.now() + (timeoutMs ?? this.timeoutMs));
     return new Promise((resolve, reject) => {
       stub[method](request, { deadline }, (err, r) => {
-        if (throttle && err) throttle.record(err.code, pushbackValue(err.metadata));
-        else if (throttle) throttle.record(grpc.status.OK);
+        // A session being moved is no sign of overload: the server took and judged the call
+        // (its pushback is for that session's retry, not for every call of this client).
+        if (throttle && err && !isMoving(err.code, err.details)) {
+          throttle.record(err.code, pushbackValue(err.metadata));
+        } else if (throttle) {
+          throttle.record(grpc.status.OK);
+        }
         return err ? reject(err) : resolve(r);
       });
     });

@@ -242,6 +242,15 @@ class SessionClientTest(unittest.TestCase):
             self.assertEqual(attnserve.session_moved_to(e.exception), "")
             self.a.service.moving = 0
 
+        # With the throttle on, "is moving" answers count as accepted (no overload) and leave
+        # no pushback in force for the client's other calls.
+        with attnserve.Client(self.a.address) as client:
+            s2 = client.create_session(layout=LAYOUT)
+            self.a.service.moving = 5
+            self.assertEqual(s2.extend(tokens(1), tokens(1), tokens(1)).length, 1)
+            self.assertEqual(client.throttle.counts(), (6, 6))
+            self.assertIsNone(client.throttle.check())
+
         async def main():
             self.a.service.moving = 2
             async with attnserve.AsyncClient(self.a.address, throttle=None) as client:

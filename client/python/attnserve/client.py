@@ -505,6 +505,12 @@ class _Base:
             self.throttle.record(grpc.StatusCode.OK)
             return
         code = error.code() if hasattr(error, "code") else grpc.StatusCode.UNKNOWN
+        details = (error.details() if hasattr(error, "details") else "") or ""
+        if _is_moving(code, details):
+            # A session being moved is no sign of overload: the server took and judged the call
+            # (its pushback is for that session's retry, not for every call of this client).
+            self.throttle.record(grpc.StatusCode.OK)
+            return
         trailers = error.trailing_metadata() if hasattr(error, "trailing_metadata") else None
         self.throttle.record(code, pushback_value(trailers))
 
