@@ -736,5 +736,35 @@ TEST_F(MoveTest, AMoveIntoDevicePagesGoesThroughTheStore) {
   EXPECT_EQ(got, want);
 }
 
+// While a drain moves its sessions, the replica creates and forks none (they would be left
+// behind): UNAVAILABLE, create it elsewhere. Its sessions still answer meanwhile.
+TEST_F(MoveTest, ADrainThatMovesSessionsCreatesNoneMeanwhile) {
+  HeldPeer held;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&held);
+  std::unique_ptr<grpc::Server> peer = builder.BuildAndStart();
+  StartWithPeers({"127.0.0.1:" + std::to_string(port)});
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  std::thread drain([&] { host_->Shutdown(absl::Seconds(30)); });
+  held.received.WaitForNotification();  // the drain is moving the session
+  v1::CreateSessionResponse created;
+  grpc::ClientContext create;
+  const grpc::Status st = stub_->CreateSession(&create, RawLayout(1, 1, 4, 4), &created);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_THAT(st.error_message(), HasSubstr("create (or fork) the session on another replica"));
+  v1::ForkSessionRequest fork;
+  fork.set_session_id(id);
+  v1::ForkSessionResponse forked;
+  grpc::ClientContext fork_context;
+  EXPECT_EQ(stub_->ForkSession(&fork_context, fork, &forked).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(Get(id).ok()) << "its session still answers";
+  held.release.Notify();
+  drain.join();
+  peer->Shutdown();
+}
+
 }  // namespace
 }  // namespace attnserve
