@@ -79,7 +79,7 @@ run_tsan() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp"
   cmake --preset tsan
   cmake --build --preset tsan --target attnserve batcher_test server_test session_test tenants_test \
-    kv_pool_test flash_emu_test paged_attention_emu_test flash_launch_emu_test \
+    session_mobility_test session_codec_test kv_pool_test flash_emu_test paged_attention_emu_test flash_launch_emu_test \
     naive_attention_emu_test elementwise_emu_test linear_emu_test
   local rc=0
   ctest --preset tsan -L "batcher|server" -L "^unit$" || rc=$?
