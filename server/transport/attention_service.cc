@@ -39,7 +39,7 @@ class AnswerNowReactor final : public grpc::ServerUnaryReactor {
 
 // AcceptSessions: the chunks of a transfer from another replica, each taken in as it arrives
 // (sessions::SessionImport: pages into the pool on the thread of the read), committed at the
-// sender's WritesDone. A chunk is read as bytes: its data field (SessionTransferChunk.data, the
+// sender's WritesDone. A chunk is read as bytes: its data field (AcceptSessionsRequest.data, the
 // message's one field) goes from gRPC's slices into the import, with no copy of the message's
 // own; anything else is parsed as the message. Holds the call's Caller; deletes itself (and so
 // gives back what an import that did not commit holds) in OnDone.
@@ -97,7 +97,7 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<grpc::ByteBuf
       };
       uint8_t byte = 0;
       uint64_t length = 0;
-      bool framed = next(&byte) && byte == ((v1::SessionTransferChunk::kDataFieldNumber << 3) | 2);
+      bool framed = next(&byte) && byte == ((v1::AcceptSessionsRequest::kDataFieldNumber << 3) | 2);
       for (int shift = 0; framed && shift < 64; shift += 7) {
         framed = next(&byte);
         length |= uint64_t{byte & 0x7Fu} << shift;
@@ -116,9 +116,9 @@ class AcceptSessionsReactor final : public grpc::ServerReadReactor<grpc::ByteBuf
         return absl::OkStatus();
       }
     }
-    v1::SessionTransferChunk chunk;
+    v1::AcceptSessionsRequest chunk;
     if (!ParseMessage(chunk_, &chunk)) {
-      return absl::InvalidArgumentError("a SessionTransferChunk that does not parse");
+      return absl::InvalidArgumentError("a AcceptSessionsRequest that does not parse");
     }
     return import_->Consume(chunk.data());
   }

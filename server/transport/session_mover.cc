@@ -60,7 +60,7 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
   struct PeerCall {
     grpc::ClientContext context;
     v1::AcceptSessionsResponse response;
-    std::unique_ptr<grpc::ClientWriter<v1::SessionTransferChunk>> writer;
+    std::unique_ptr<grpc::ClientWriter<v1::AcceptSessionsRequest>> writer;
     std::optional<grpc::Status> status;
   };
   std::unique_ptr<PeerCall> call;
@@ -71,7 +71,7 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
     }
     return *call->status;
   };
-  v1::SessionTransferChunk chunk;
+  v1::AcceptSessionsRequest chunk;
   int64_t bytes = 0;
   const absl::Time start = absl::Now();
   absl::StatusOr<std::string> to = sessions_->Move(

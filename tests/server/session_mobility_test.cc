@@ -467,9 +467,9 @@ TEST_F(MoveTest, AMoveThePeerRefusesLeavesTheSessionAsItWas) {
 class HeldPeer final : public v1::AttentionService::Service {
  public:
   grpc::Status AcceptSessions(grpc::ServerContext*,
-                              grpc::ServerReader<v1::SessionTransferChunk>* in,
+                              grpc::ServerReader<v1::AcceptSessionsRequest>* in,
                               v1::AcceptSessionsResponse* response) override {
-    v1::SessionTransferChunk chunk;
+    v1::AcceptSessionsRequest chunk;
     while (in->Read(&chunk)) transfer += chunk.data();
     received.Notify();
     release.WaitForNotification();
@@ -540,7 +540,7 @@ TEST_F(MoveTest, CallsDuringAMoveAreToldItIsMovingThenWhereItWent) {
                           size_t chunk_bytes = std::string::npos) {
     grpc::ClientContext context;
     auto writer = b.stub->AcceptSessions(&context, response);
-    v1::SessionTransferChunk chunk;
+    v1::AcceptSessionsRequest chunk;
     for (size_t at = 0; at < transfer.size(); at += chunk_bytes) {
       chunk.set_data(transfer.substr(at, chunk_bytes));
       if (!writer->Write(chunk)) break;
@@ -648,9 +648,9 @@ TEST_F(MoveTest, AMovedSessionKeepsItsTenant) {
 class CutPeer final : public v1::AttentionService::Service {
  public:
   grpc::Status AcceptSessions(grpc::ServerContext*,
-                              grpc::ServerReader<v1::SessionTransferChunk>* in,
+                              grpc::ServerReader<v1::AcceptSessionsRequest>* in,
                               v1::AcceptSessionsResponse*) override {
-    v1::SessionTransferChunk chunk;
+    v1::AcceptSessionsRequest chunk;
     if (in->Read(&chunk)) first = chunk.data();
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "cut off");
   }
@@ -693,7 +693,7 @@ TEST_F(MoveTest, AMoveCutOffMidwayLeavesTheSessionWholeWhereItWas) {
     grpc::ClientContext context;
     v1::AcceptSessionsResponse response;
     auto writer = b.stub->AcceptSessions(&context, &response);
-    v1::SessionTransferChunk chunk;
+    v1::AcceptSessionsRequest chunk;
     chunk.set_data(cut.first);
     ASSERT_TRUE(writer->Write(chunk));
     context.TryCancel();

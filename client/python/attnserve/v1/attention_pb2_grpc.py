@@ -92,7 +92,7 @@ class AttentionServiceStub(object):
                 )
         self.AcceptSessions = channel.stream_unary(
                 '/attnserve.v1.AttentionService/AcceptSessions',
-                request_serializer=attnserve_dot_v1_dot_attention__pb2.SessionTransferChunk.SerializeToString,
+                request_serializer=attnserve_dot_v1_dot_attention__pb2.AcceptSessionsRequest.SerializeToString,
                 response_deserializer=attnserve_dot_v1_dot_attention__pb2.AcceptSessionsResponse.FromString,
                 )
 
@@ -409,7 +409,7 @@ def add_AttentionServiceServicer_to_server(servicer, server):
             ),
             'AcceptSessions': grpc.stream_unary_rpc_method_handler(
                     servicer.AcceptSessions,
-                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.SessionTransferChunk.FromString,
+                    request_deserializer=attnserve_dot_v1_dot_attention__pb2.AcceptSessionsRequest.FromString,
                     response_serializer=attnserve_dot_v1_dot_attention__pb2.AcceptSessionsResponse.SerializeToString,
             ),
     }
@@ -690,7 +690,7 @@ class AttentionService(object):
             timeout=None,
             metadata=None):
         return grpc.experimental.stream_unary(request_iterator, target, '/attnserve.v1.AttentionService/AcceptSessions',
-            attnserve_dot_v1_dot_attention__pb2.SessionTransferChunk.SerializeToString,
+            attnserve_dot_v1_dot_attention__pb2.AcceptSessionsRequest.SerializeToString,
             attnserve_dot_v1_dot_attention__pb2.AcceptSessionsResponse.FromString,
             options, channel_credentials,
             insecure, call_credentials, compression, wait_for_ready, timeout, metadata)
