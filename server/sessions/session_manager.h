@@ -315,9 +315,7 @@ class SessionManager {
   // Writes `e` to `w`, with the trailer; `flush`, when given, is called after each page and at
   // the end (its error stops the writing).
   static absl::Status WriteEncoding(const Encoding& e, TransferWriter& w,
-                                    const std::function<absl::Status()>& flush = nullptr);
-  // Bytes of `e` written whole, trailer included.
-  static uint64_t TotalBytes(const Encoding& e);
+                                    const std::function<absl::Status(bool last)>& flush = nullptr);
   // Ends a move (Move): `moved_to` empty puts the session back in place.
   void EndMove(const std::string& id, const std::string& moved_to);
   friend class TransferDecoder;

@@ -54,9 +54,8 @@ absl::StatusOr<std::string> SessionManager::Move(
   std::string chunk;
   chunk.reserve(chunk_bytes * 2);
   TransferWriter w(&chunk);
-  const uint64_t total = TotalBytes(encoding);
-  absl::Status sent = WriteEncoding(encoding, w, [&]() -> absl::Status {
-    if (chunk.size() < chunk_bytes && w.bytes() < total) return absl::OkStatus();
+  absl::Status sent = WriteEncoding(encoding, w, [&](bool last) -> absl::Status {
+    if (chunk.size() < chunk_bytes && !last) return absl::OkStatus();
     absl::Status st = send(chunk);
     chunk.clear();  // its memory kept for the next chunk
     return st;
@@ -64,15 +63,6 @@ absl::StatusOr<std::string> SessionManager::Move(
   absl::StatusOr<std::string> to = sent.ok() ? finish() : sent;
   EndMove(id, to.ok() ? *to : "");
   return to;
-}
-
-uint64_t SessionManager::TotalBytes(const Encoding& e) {
-  uint64_t bytes = e.head.size() + e.tail.size() + kTransferTrailer;
-  for (const Encoding::Page& p : e.pages) {
-    const PageLayout& l = p.arena->layout();
-    bytes += sizeof(uint32_t) + static_cast<uint64_t>(l.k_page_bytes() + l.v_page_bytes());
-  }
-  return bytes;
 }
 
 void SessionManager::EndMove(const std::string& id, const std::string& moved_to) {

@@ -91,7 +91,7 @@ SessionManager::Encoding SessionManager::EncodeLocked(const std::vector<const Se
 }
 
 absl::Status SessionManager::WriteEncoding(const Encoding& e, TransferWriter& w,
-                                           const std::function<absl::Status()>& flush) {
+                                           const std::function<absl::Status(bool last)>& flush) {
   w.Put(e.head.data(), e.head.size());
   for (const Encoding::Page& p : e.pages) {
     const PageLayout& l = p.arena->layout();
@@ -102,12 +102,12 @@ absl::Status SessionManager::WriteEncoding(const Encoding& e, TransferWriter& w,
     if (absl::Status st = p.arena->store()->ReadPage(p.page, k, k + kb); !st.ok()) return st;
     w.Commit();
     if (flush != nullptr) {
-      if (absl::Status st = flush(); !st.ok()) return st;
+      if (absl::Status st = flush(/*last=*/false); !st.ok()) return st;
     }
   }
   w.Put(e.tail.data(), e.tail.size());
   w.Trailer();
-  if (flush != nullptr) return flush();
+  if (flush != nullptr) return flush(/*last=*/true);
   return absl::OkStatus();
 }
 

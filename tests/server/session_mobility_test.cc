@@ -463,6 +463,17 @@ TEST_F(MoveTest, AMoveThePeerRefusesLeavesTheSessionAsItWas) {
   EXPECT_THAT(st.error_message(), HasSubstr("--session_peers"));
 }
 
+// A peer of `service` alone (a fake's AcceptSessions) on a port of its own, at *address.
+std::unique_ptr<grpc::Server> StartFakePeer(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = "127.0.0.1:" + std::to_string(port);
+  return server;
+}
+
 // A peer that holds a transfer until told (its AcceptSessions, synchronous), and keeps it.
 class HeldPeer final : public v1::AttentionService::Service {
  public:
@@ -483,12 +494,8 @@ class HeldPeer final : public v1::AttentionService::Service {
 
 TEST_F(MoveTest, CallsDuringAMoveAreToldItIsMovingThenWhereItWent) {
   HeldPeer held;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&held);
-  std::unique_ptr<grpc::Server> peer = builder.BuildAndStart();
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::string address;
+  std::unique_ptr<grpc::Server> peer = StartFakePeer(&held, &address);
   StartWithPeers({address});
   const Sequence s(1, 1, 4, 4, 8, 7);
   const std::string id = CreateRaw(1, 1, 4, 4);
@@ -661,12 +668,8 @@ class CutPeer final : public v1::AttentionService::Service {
 // leaving and goes on as if nothing was tried; the other replica keeps nothing of it.
 TEST_F(MoveTest, AMoveCutOffMidwayLeavesTheSessionWholeWhereItWas) {
   CutPeer cut;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&cut);
-  std::unique_ptr<grpc::Server> peer = builder.BuildAndStart();
-  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::string address;
+  std::unique_ptr<grpc::Server> peer = StartFakePeer(&cut, &address);
   server::ServerOptions options = Options(false);
   options.session_peers.peers = {address};
   options.sessions.prefill_chunk_tokens = 512;
@@ -740,12 +743,9 @@ TEST_F(MoveTest, AMoveIntoDevicePagesGoesThroughTheStore) {
 // behind): UNAVAILABLE, create it elsewhere. Its sessions still answer meanwhile.
 TEST_F(MoveTest, ADrainThatMovesSessionsCreatesNoneMeanwhile) {
   HeldPeer held;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&held);
-  std::unique_ptr<grpc::Server> peer = builder.BuildAndStart();
-  StartWithPeers({"127.0.0.1:" + std::to_string(port)});
+  std::string address;
+  std::unique_ptr<grpc::Server> peer = StartFakePeer(&held, &address);
+  StartWithPeers({address});
   const std::string id = CreateRaw(1, 1, 4, 4);
   std::thread drain([&] { host_->Shutdown(absl::Seconds(30)); });
   held.received.WaitForNotification();  // the drain is moving the session
