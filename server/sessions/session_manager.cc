@@ -157,10 +157,22 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
   DropLostLocked();
   auto parsed = ParseId(id);
   if (!parsed.ok()) return parsed.status();
-  // Another tenant's session, live or lost, is answered as one never issued (the same status,
-  // after the same lookups).
+  // Another tenant's session, live or lost, is answered as one never issued (the same status).
   const absl::Status never = absl::NotFoundError(
       absl::StrCat("session '", id, "' does not exist (closed, or never created)"));
+  // A live session first: every call's lookup. Its id is this replica's (a session moved here
+  // gets an id of its own; a snapshot restores only its owner's), and no id is both live and
+  // remembered as lost or moved. An id of another instance is looked up too: a snapshot restores
+  // sessions with their ids (session_snapshot.cc); one that is not here answers "restarted".
+  if (std::shared_ptr<Session> s = table_->Find(id); s != nullptr) {
+    if (s->tenant != tenant) return CrossTenantLocked(tenant, op, never);
+    if (s->moving && op != "GetSession") return Moving(id);
+    if (!s->busy && Now() - s->last_used >= s->ttl) {
+      RemoveLocked(s, "expired");
+      return Lost("expired", id);
+    }
+    return s;
+  }
   const SessionTable::LostId* lost = table_->FindLost(id);
   // A session moved here from another replica is remembered by its old id too, whose owner is
   // the other replica's.
@@ -172,17 +184,6 @@ absl::StatusOr<std::shared_ptr<Session>> SessionManager::FindLocked(const std::s
     return absl::NotFoundError(absl::StrCat("session '", id, "' belongs to replica '",
                                             parsed->owner, "', not to this one ('", owner_,
                                             "'): send its calls there"));
-  }
-  // An id of another instance is looked up too: a snapshot restores sessions with their ids
-  // (session_snapshot.cc). One that is not here answers "restarted", below.
-  if (std::shared_ptr<Session> s = table_->Find(id); s != nullptr) {
-    if (s->tenant != tenant) return CrossTenantLocked(tenant, op, never);
-    if (s->moving && op != "GetSession") return Moving(id);
-    if (!s->busy && Now() - s->last_used >= s->ttl) {
-      RemoveLocked(s, "expired");
-      return Lost("expired", id);
-    }
-    return s;
   }
   if (lost != nullptr) {
     if (lost->tenant != tenant) return CrossTenantLocked(tenant, op, never);
