@@ -141,7 +141,9 @@ ABSL_FLAG(std::string, session_snapshot_dir, kDefaults.session_snapshot_dir,
           "--session_pool_bytes), restored by the next server of the same owner (empty: off)");
 ABSL_FLAG(std::vector<std::string>, session_peers, {},
           "comma-separated host:port of the replicas this one may move its sessions to: "
-          "MoveSession, and a drain, which moves every session to them before it stops");
+          "MoveSession, and a drain, which moves every session to them before it stops; "
+          "dns:host:port stands for every address the name resolves to when a move starts (a "
+          "headless Service's ready pods), this replica's own (--session_owner) left out");
 ABSL_FLAG(std::string, session_peer_token_file, "",
           "file holding the bearer token sent to --session_peers (their AcceptSessions needs the "
           "admin role); empty: --auth_token_file's token, if any");
@@ -274,6 +276,11 @@ int Run() {
   options.tenants_file = absl::GetFlag(FLAGS_tenants_file);
   for (const std::string& peer : absl::GetFlag(FLAGS_session_peers)) {
     if (!peer.empty()) options.session_peers.peers.push_back(peer);
+  }
+  if (absl::Status st = attnserve::server::CheckPeerEntries(options.session_peers.peers);
+      !st.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", std::string(st.message()).c_str());
+    return 2;
   }
   options.session_peers.token = options.auth_token;
   if (const std::string path = absl::GetFlag(FLAGS_session_peer_token_file); !path.empty()) {

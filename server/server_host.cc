@@ -359,7 +359,7 @@ void ServerHost::Shutdown(absl::Duration grace) {
                  "attnserve: moved %lld sessions (%lld bytes) to %zu peers in %s, longest pause "
                  "%s; %lld not moved%s%s\n",
                  static_cast<long long>(r.moved), static_cast<long long>(r.bytes),
-                 mover_->peers().size(), absl::FormatDuration(absl::Now() - start).c_str(),
+                 static_cast<size_t>(r.peers), absl::FormatDuration(absl::Now() - start).c_str(),
                  absl::FormatDuration(r.longest_pause).c_str(), static_cast<long long>(r.failed),
                  r.failed == 0 ? "" : ", first: ", r.first_failure.c_str());
   }

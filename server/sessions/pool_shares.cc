@@ -87,16 +87,20 @@ int64_t SessionManager::TenantBytesLocked(const std::string& tenant) const {
   return bytes;
 }
 
-absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant) const {
+absl::Status SessionManager::CheckTenantSessionsLocked(const std::string& tenant,
+                                                       int64_t more) const {
   const int64_t most = SharesOf(tenant).max_sessions;
   if (most <= 0) return absl::OkStatus();
   const SessionTable::Ordered* sessions = table_->of(tenant);
   const int64_t held = sessions == nullptr ? 0 : static_cast<int64_t>(sessions->size());
-  if (held < most) return absl::OkStatus();
+  if (held + more <= most) return absl::OkStatus();
   RecordRefusal(tenant, "sessions");
-  return absl::ResourceExhaustedError(absl::StrCat("tenant '", tenant, "' holds ", held,
-                                                   " sessions, its limit (sessions=", most,
-                                                   " in the tenants file); close sessions first"));
+  return absl::ResourceExhaustedError(
+      more == 1
+          ? absl::StrCat("tenant '", tenant, "' holds ", held, " sessions, its limit (sessions=",
+                         most, " in the tenants file); close sessions first")
+          : absl::StrCat("tenant '", tenant, "' holds ", held, " sessions; ", more,
+                         " more would exceed its limit (sessions=", most, " in the tenants file)"));
 }
 
 absl::Status SessionManager::CheckTenantPinnedLocked(const std::string& tenant,
@@ -133,7 +137,7 @@ bool SessionManager::EvictForLocked(const Session& s, Arena* arena, int64_t fres
   }
   std::vector<std::shared_ptr<Session>> candidates;
   for (Session* v : table_->lru()) {
-    if (!v->busy && !v->pinned && v != &s) candidates.push_back(table_->Find(v->id));
+    if (!v->busy && !v->sending && !v->pinned && v != &s) candidates.push_back(table_->Find(v->id));
   }
   // First from tenants above their guarantee (the requester too, when it is), least recently
   // used first; then the requester's own sessions, which lose nothing to another tenant.

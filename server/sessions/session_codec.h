@@ -2,18 +2,21 @@
 // (session_snapshot.cc: across a restart) and for a move to another replica (session_move.cc,
 // the AcceptSessions rpc). Little-endian:
 //
-//   "ATTNSNP1"  u32 version (1)  str owner  u32 page_tokens
+//   "ATTNSNP1"  u32 version (3)  str owner  u32 page_tokens
 //   u32 layouts   { i32 num_kv_heads, head_dim, v_head_dim  u8 dtype }
-//   u64 pages     { u32 layout  K bytes (k_page_bytes)  V bytes (v_page_bytes) }
+//   u64 records   { u32 layout  K bytes (k_page_bytes)  V bytes (v_page_bytes) }   a page
+//                 { u32 kMoreRecords  u64 n }     n more records follow (a move's pre-copy)
 //   u64 sessions  { str id, tenant, module  u32 module checksum  i32 num_heads  u32 layout
 //                   u8 cache dtype  f32 scale  i32 window_left  f32 softcap  u32 n  f32 slopes[n]
 //                   u8 kind  u8 feature map  u8 pinned  i64 ttl_us  str parent  i64 length
 //                   i64 dropped  u32 n  u64 page[n] (an index above, or kNoPage: dropped) }
 //   "ATTNEND!"  u64 bytes before the trailer  u32 CRC-32C of them
 //
-// (str: u32 length, then the bytes.) A page forks share is written once. The trailer's length
-// and checksum are verified over the whole transfer before anything is taken from it: a torn
-// one (a disk that lies, a connection cut) or a corrupt one is refused whole, DATA_LOSS.
+// (str: u32 length, then the bytes.) A page forks share is written once. Pages are numbered in
+// the order they come; a move writes the pages it pre-copied while the session went on (one
+// record more, the kMoreRecords that counts the rest), then those written since. The trailer's
+// length and checksum are verified over the whole transfer before anything is taken from it: a
+// torn one (a disk that lies, a connection cut) or a corrupt one is refused whole, DATA_LOSS.
 #ifndef ATTNSERVE_SERVER_SESSIONS_SESSION_CODEC_H_
 #define ATTNSERVE_SERVER_SESSIONS_SESSION_CODEC_H_
 
@@ -31,8 +34,12 @@ namespace attnserve::server::sessions {
 inline constexpr char kTransferMagic[8] = {'A', 'T', 'T', 'N', 'S', 'N', 'P', '1'};
 inline constexpr char kTransferEnd[8] = {'A', 'T', 'T', 'N', 'E', 'N', 'D', '!'};
 // Version 2: CRC-32C (the SSE4.2 instruction: 7.5 GB/s here, zlib's CRC-32 3.6 GB/s, and a
-// move computes it on both replicas). Version 1 (zlib's CRC-32) is refused, naming it.
-inline constexpr uint32_t kTransferVersion = 2;
+// move computes it on both replicas). Version 3: kMoreRecords. Versions 2 and 3 are read (a
+// snapshot of the release before this one comes back); version 1 (zlib's CRC-32) is refused,
+// naming it.
+inline constexpr uint32_t kTransferVersion = 3;
+inline constexpr uint32_t kOldestTransferVersion = 2;
+inline constexpr uint32_t kMoreRecords = ~uint32_t{0};
 inline constexpr uint64_t kNoPage = ~uint64_t{0};
 // The trailer: kTransferEnd, the length before it, the CRC-32C.
 inline constexpr size_t kTransferTrailer =

@@ -39,10 +39,11 @@ absl::Status TransferDecoder::HeadLocked(TransferReader& r) {
   if (std::memcmp(magic, kTransferMagic, sizeof kTransferMagic) != 0) {
     return absl::DataLossError(absl::StrCat(what_, " is not an attnserve session transfer"));
   }
-  if (version != kTransferVersion) {
+  if (version < kOldestTransferVersion || version > kTransferVersion) {
     return absl::FailedPreconditionError(
-        absl::StrCat(what_, " is of version ", version, "; this server reads version ",
-                     kTransferVersion, " (a snapshot written by another release of attnserve)"));
+        absl::StrCat(what_, " is of version ", version, "; this server reads versions ",
+                     kOldestTransferVersion, " to ", kTransferVersion,
+                     " (a snapshot or transfer written by another release of attnserve)"));
   }
   if (page_tokens != static_cast<uint32_t>(m_.pool_->page_tokens())) {
     return absl::FailedPreconditionError(
@@ -62,7 +63,14 @@ absl::Status TransferDecoder::HeadLocked(TransferReader& r) {
     arenas_.push_back(*arena);
   }
   owner_ = std::move(owner);
-  n_pages_ = n_pages;
+  n_records_ = n_pages;
+  return absl::OkStatus();
+}
+
+absl::Status TransferDecoder::MoreRecords(uint64_t n) {
+  ++records_taken_;
+  if (n > (uint64_t{1} << 40)) return Torn();
+  n_records_ += n;
   return absl::OkStatus();
 }
 
@@ -78,9 +86,11 @@ TransferDecoder::Target TransferDecoder::NextPageLocked(uint32_t layout) {
   Arena* arena = arenas_[layout];
   std::vector<int32_t> got;
   if (!m_.pool_->Allocate(arena, 1, &got)) {  // a smaller pool than the sender's
+    ++records_taken_;
     pages_.emplace_back(nullptr, -1);
     return {};
   }
+  ++records_taken_;
   pages_.emplace_back(arena, got[0]);
   return {arena->store(), got[0]};
 }
@@ -111,7 +121,7 @@ absl::Status TransferDecoder::SessionsLocked(TransferReader& r) {
     s->length = r.Num<int64_t>();
     s->dropped = r.Num<int64_t>();
     const uint32_t n = r.Num<uint32_t>();
-    if (!r.ok() || li >= arenas_.size() || n > n_pages_ + static_cast<uint64_t>(s->dropped) ||
+    if (!r.ok() || li >= arenas_.size() || n > pages_.size() + static_cast<uint64_t>(s->dropped) ||
         s->dropped < 0 || s->dropped > n) {
       return Torn();
     }

@@ -39,9 +39,12 @@ class TransferDecoder {
   absl::Status HeadLocked(TransferReader& r);
   // The sender's owner (after HeadLocked).
   const std::string& owner() const { return owner_; }
-  // Pages the transfer holds, and how many NextPageLocked has taken.
-  uint64_t pages() const { return n_pages_; }
-  uint64_t pages_taken() const { return pages_.size(); }
+  // Records of the page section (pages, and kMoreRecords announcing more) known so far, and
+  // how many NextPageLocked and MoreRecords have taken.
+  uint64_t records() const { return n_records_; }
+  uint64_t records_taken() const { return records_taken_; }
+  // A kMoreRecords record: `n` more records follow. DATA_LOSS for an absurd n.
+  absl::Status MoreRecords(uint64_t n);
   // The bytes of K and of V of a page of layout `layout`; DATA_LOSS for an index not in the
   // header.
   absl::StatusOr<std::pair<size_t, size_t>> PageBytes(uint32_t layout) const;
@@ -73,7 +76,7 @@ class TransferDecoder {
   const std::string what_;
   const SessionManager::ModuleNamed module_named_;
   std::string owner_;
-  uint64_t n_pages_ = 0;
+  uint64_t n_records_ = 0, records_taken_ = 0;
   std::vector<Arena*> arenas_;
   // In the transfer's order; {null, -1} for a page the pool had no room for.
   std::vector<std::pair<Arena*, int32_t>> pages_;

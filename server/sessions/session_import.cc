@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -91,7 +93,7 @@ absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
       } else {
         bytes.remove_prefix(used);
       }
-      phase_ = decoder_.pages() == 0 ? Phase::kTail : Phase::kPages;
+      phase_ = decoder_.records() == 0 ? Phase::kTail : Phase::kPages;
       continue;
     }
     if (phase_ == Phase::kTail) {
@@ -101,15 +103,28 @@ absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
       pending_.append(bytes.data(), bytes.size());
       return absl::OkStatus();
     }
-    // A page record: its u32 layout, then K and V.
+    // A page record: its u32 layout, then K and V; or kMoreRecords and a u64 count.
     if (!in_record_) {
-      const size_t take = std::min(sizeof(uint32_t) - pending_.size(), bytes.size());
+      uint32_t layout = 0;
+      if (pending_.size() >= sizeof layout) std::memcpy(&layout, pending_.data(), sizeof layout);
+      const size_t want =
+          sizeof layout +
+          (pending_.size() >= sizeof layout && layout == kMoreRecords ? sizeof(uint64_t) : 0);
+      const size_t take = std::min(want - pending_.size(), bytes.size());
       pending_.append(bytes.data(), take);
       bytes.remove_prefix(take);
-      if (pending_.size() < sizeof(uint32_t)) continue;
-      uint32_t layout;
+      if (pending_.size() < sizeof layout) continue;
       std::memcpy(&layout, pending_.data(), sizeof layout);
-      crc_ = Crc32c(crc_, pending_.data(), sizeof layout);
+      if (layout == kMoreRecords && pending_.size() < sizeof layout + sizeof(uint64_t)) continue;
+      crc_ = Crc32c(crc_, pending_.data(), pending_.size());
+      if (layout == kMoreRecords) {
+        uint64_t more;
+        std::memcpy(&more, pending_.data() + sizeof layout, sizeof more);
+        pending_.clear();
+        if (absl::Status st = decoder_.MoreRecords(more); !st.ok()) return st;
+        if (decoder_.records_taken() == decoder_.records()) phase_ = Phase::kTail;
+        continue;
+      }
       pending_.clear();
       if (absl::Status st = BeginPage(layout); !st.ok()) return st;
       continue;
@@ -137,7 +152,7 @@ absl::Status SessionImport::ConsumeOnce(absl::string_view bytes) {
       if (!st.ok()) return st;
     }
     in_record_ = false;
-    if (decoder_.pages_taken() == decoder_.pages()) phase_ = Phase::kTail;
+    if (decoder_.records_taken() == decoder_.records()) phase_ = Phase::kTail;
   }
   return absl::OkStatus();
 }
@@ -206,19 +221,35 @@ absl::Status SessionImport::Admit(const std::vector<std::shared_ptr<Session>>& s
         absl::StrCat("this replica holds ", m_.table_->size(), " sessions; ", sessions.size(),
                      " more would exceed its limit (--max_sessions)"));
   }
-  // Each tenant's shares hold on this replica as they would for its own sessions.
+  // Each tenant's shares hold on this replica as they would for its own sessions, over all of
+  // its sessions in the transfer together.
+  struct Adding {
+    int64_t sessions = 0, bytes = 0, pinned_bytes = 0;
+  };
+  std::map<std::string, Adding> adding;  // by tenant, in order: the first refusal is stable
   int64_t pinned_bytes = 0;
   for (const auto& s : sessions) {
-    if (absl::Status st = m_.CheckTenantSessionsLocked(s->tenant); !st.ok()) return st;
-    const TenantShares shares = m_.SharesOf(s->tenant);
-    if (m_.TenantBytesLocked(s->tenant) + s->bytes() >
-        static_cast<int64_t>(shares.max * m_.pool_->bytes_total())) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("session '", s->id,
-                       "' would take its tenant over its share of this replica's pool "
-                       "(max_share)"));
-    }
+    Adding& a = adding[s->tenant];
+    ++a.sessions;
+    a.bytes += s->bytes();
+    if (s->pinned) a.pinned_bytes += s->bytes();
     if (s->pinned) pinned_bytes += s->bytes();
+  }
+  for (const auto& [tenant, a] : adding) {
+    if (absl::Status st = m_.CheckTenantSessionsLocked(tenant, a.sessions); !st.ok()) return st;
+    const TenantShares shares = m_.SharesOf(tenant);
+    if (m_.TenantBytesLocked(tenant) + a.bytes >
+        static_cast<int64_t>(shares.max * m_.pool_->bytes_total())) {
+      m_.RecordRefusal(tenant, "max_share");
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the transfer's ", a.sessions, " sessions of tenant '", tenant, "' (", a.bytes,
+          " bytes) would take it over its share of this replica's pool (max_share)"));
+    }
+    if (a.pinned_bytes > 0) {
+      if (absl::Status st = m_.CheckTenantPinnedLocked(tenant, a.pinned_bytes); !st.ok()) {
+        return st;
+      }
+    }
   }
   if (pinned_bytes > 0 &&
       m_.table_->pinned_bytes() + pinned_bytes >

@@ -203,19 +203,22 @@ class SessionManager {
   // Moves (session_move.cc): a session sent to another replica, sessions taken from one, in the
   // transfer format of session_codec.h (the snapshot's), streamed.
   //
-  // Moves session `id` (whoever's it is): marks it moving (its extends, forks and closes answer
-  // UNAVAILABLE "moving" (Moving) until the move ends; its description works), then, outside
-  // the manager's lock (a moving session's pages do not change), hands its transfer to `send` a
-  // chunk of about `chunk_bytes` at a time (`send` may take the string's contents, swapping in
-  // another string to reuse), then asks `finish` for the session's id on the
-  // replica that took it. On success the session is removed here and its id remembered as moved
-  // (Moved); on any failure (its own: NOT_FOUND, FAILED_PRECONDITION (lost, or moved
-  // already), ABORTED (an extend in flight); or send's or finish's) it is back in place, as it
-  // was. Returns the new id.
+  // Moves session `id` (whoever's it is), in two phases (session_move.cc). The pre-copy, while
+  // the session goes on: the pages it has filled go to `send`, a chunk of about `chunk_bytes`
+  // at a time (`send` may take the string's contents, swapping in another string to reuse).
+  // The switch: the session is marked moving (its extends, forks and closes answer UNAVAILABLE
+  // "moving" (Moving); its description works), an extend in flight is waited for (until
+  // `wait_until`: ABORTED then), the rest is sent, and `finish` asked for the session's id on
+  // the replica that took it; `pause`, when given, gets the switch's length. On success the
+  // session is removed here and its id remembered as moved (Moved); on any failure (its own:
+  // NOT_FOUND, FAILED_PRECONDITION (lost, or moved already), ABORTED (moving already, or the
+  // extend in flight did not return); or send's or finish's) it is back in place, as it was.
+  // Returns the new id.
   using TransferSink = std::function<absl::Status(std::string& chunk)>;
   absl::StatusOr<std::string> Move(const std::string& id, size_t chunk_bytes,
                                    const TransferSink& send,
-                                   const std::function<absl::StatusOr<std::string>()>& finish);
+                                   const std::function<absl::StatusOr<std::string>()>& finish,
+                                   absl::Time wait_until, absl::Duration* pause = nullptr);
   // Takes sessions sent by another replica as their transfer arrives (session_import.h): pages
   // are written into the pool as their bytes come, and nothing is visible before Commit.
   std::unique_ptr<SessionImport> BeginImport(ModuleNamed module_named);
@@ -293,14 +296,16 @@ class SessionManager {
   // over its pinned share (Create passes 1: a pinned session at the share is refused).
   absl::Status CheckTenantPinnedLocked(const std::string& tenant, int64_t more) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RESOURCE_EXHAUSTED when `tenant` already holds its most sessions.
-  absl::Status CheckTenantSessionsLocked(const std::string& tenant) const
+  // RESOURCE_EXHAUSTED when `more` sessions more would take `tenant` over its most sessions.
+  absl::Status CheckTenantSessionsLocked(const std::string& tenant, int64_t more = 1) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLease(Lease& lease, bool keep);
   // The transfer format (session_codec.h; session_snapshot.cc) of `sessions`: the bytes before
   // the pages, the pages (each once, with the index of its layout), and the bytes after them
-  // but the trailer. WriteEncoding reads the pages: under the lock, or not for a moving
-  // session's (they do not change). TransferDecoder (session_decoder.h) reads it back.
+  // but the trailer. `sent`: pages written before (a move's pre-copy), numbered first and not
+  // in `pages`. WriteEncoding reads the pages: under the lock, or not for pages that do not
+  // change (a moving session's, a pre-copy's). TransferDecoder (session_decoder.h) reads it
+  // back.
   struct Encoding {
     struct Page {
       const Arena* arena;
@@ -310,12 +315,19 @@ class SessionManager {
     std::string head, tail;
     std::vector<Page> pages;
   };
-  Encoding EncodeLocked(const std::vector<const Session*>& sessions)
+  Encoding EncodeLocked(const std::vector<const Session*>& sessions,
+                        const std::vector<Encoding::Page>& sent = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The header of a transfer of `layouts` whose page section holds `records` records.
+  std::string TransferHeadLocked(const std::vector<const Arena*>& layouts, uint64_t records) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes `e` to `w`, with the trailer; `flush`, when given, is called after each page and at
   // the end (its error stops the writing).
   static absl::Status WriteEncoding(const Encoding& e, TransferWriter& w,
                                     const std::function<absl::Status(bool last)>& flush = nullptr);
+  // The page records of `pages`, `flush` (when given) after each.
+  static absl::Status WritePages(const std::vector<Encoding::Page>& pages, TransferWriter& w,
+                                 const std::function<absl::Status(bool last)>& flush);
   // Ends a move (Move): `moved_to` empty puts the session back in place.
   void EndMove(const std::string& id, const std::string& moved_to);
   friend class TransferDecoder;

@@ -29,22 +29,10 @@ absl::Status IoError(absl::string_view what, const std::string& path) {
 
 }  // namespace
 
-SessionManager::Encoding SessionManager::EncodeLocked(const std::vector<const Session*>& sessions) {
-  Encoding e;
-  // Layouts and distinct pages, in the order of the sessions.
-  std::vector<const Arena*> layouts;
-  std::map<const Arena*, uint32_t> layout_index;
-  std::map<std::pair<const Arena*, int32_t>, uint64_t> page_index;
-  for (const Session* s : sessions) {
-    auto [at, added] = layout_index.emplace(s->arena, static_cast<uint32_t>(layouts.size()));
-    if (added) layouts.push_back(s->arena);
-    for (size_t i = s->dropped; i < s->pages.size(); ++i) {
-      if (page_index.emplace(std::make_pair(s->arena, s->pages[i]), e.pages.size()).second) {
-        e.pages.push_back({s->arena, s->pages[i], at->second});
-      }
-    }
-  }
-  TransferWriter head(&e.head);
+std::string SessionManager::TransferHeadLocked(const std::vector<const Arena*>& layouts,
+                                               uint64_t records) const {
+  std::string out;
+  TransferWriter head(&out);
   head.Put(kTransferMagic, sizeof kTransferMagic);
   head.Num(kTransferVersion);
   head.Str(owner_);
@@ -57,7 +45,32 @@ SessionManager::Encoding SessionManager::EncodeLocked(const std::vector<const Se
     head.Num<int32_t>(l.v_head_dim);
     head.Num(static_cast<uint8_t>(l.dtype));
   }
-  head.Num(static_cast<uint64_t>(e.pages.size()));
+  head.Num(records);
+  return out;
+}
+
+SessionManager::Encoding SessionManager::EncodeLocked(const std::vector<const Session*>& sessions,
+                                                      const std::vector<Encoding::Page>& sent) {
+  Encoding e;
+  // Layouts and distinct pages, in the order of the sessions, after those sent already.
+  std::vector<const Arena*> layouts;
+  std::map<const Arena*, uint32_t> layout_index;
+  std::map<std::pair<const Arena*, int32_t>, uint64_t> page_index;
+  for (const Encoding::Page& p : sent) {
+    page_index.emplace(std::make_pair(p.arena, p.page), page_index.size());
+  }
+  const uint64_t first = page_index.size();
+  for (const Session* s : sessions) {
+    auto [at, added] = layout_index.emplace(s->arena, static_cast<uint32_t>(layouts.size()));
+    if (added) layouts.push_back(s->arena);
+    for (size_t i = s->dropped; i < s->pages.size(); ++i) {
+      if (page_index.emplace(std::make_pair(s->arena, s->pages[i]), first + e.pages.size())
+              .second) {
+        e.pages.push_back({s->arena, s->pages[i], at->second});
+      }
+    }
+  }
+  e.head = TransferHeadLocked(layouts, e.pages.size());
   TransferWriter w(&e.tail);
   w.Num(static_cast<uint64_t>(sessions.size()));
   for (const Session* sp : sessions) {
@@ -90,10 +103,9 @@ SessionManager::Encoding SessionManager::EncodeLocked(const std::vector<const Se
   return e;
 }
 
-absl::Status SessionManager::WriteEncoding(const Encoding& e, TransferWriter& w,
-                                           const std::function<absl::Status(bool last)>& flush) {
-  w.Put(e.head.data(), e.head.size());
-  for (const Encoding::Page& p : e.pages) {
+absl::Status SessionManager::WritePages(const std::vector<Encoding::Page>& pages, TransferWriter& w,
+                                        const std::function<absl::Status(bool last)>& flush) {
+  for (const Encoding::Page& p : pages) {
     const PageLayout& l = p.arena->layout();
     w.Num(p.layout);
     // Straight into the writer's buffer (or a page's worth of scratch for a file).
@@ -105,6 +117,13 @@ absl::Status SessionManager::WriteEncoding(const Encoding& e, TransferWriter& w,
       if (absl::Status st = flush(/*last=*/false); !st.ok()) return st;
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status SessionManager::WriteEncoding(const Encoding& e, TransferWriter& w,
+                                           const std::function<absl::Status(bool last)>& flush) {
+  w.Put(e.head.data(), e.head.size());
+  if (absl::Status st = WritePages(e.pages, w, flush); !st.ok()) return st;
   w.Put(e.tail.data(), e.tail.size());
   w.Trailer();
   if (flush != nullptr) return flush(/*last=*/true);
@@ -194,8 +213,12 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
                      "', not of this one ('", owner_, "'): their ids name it (--session_owner)"));
   }
   std::vector<char> k, v;
-  for (uint64_t i = 0; st.ok() && i < decoder.pages(); ++i) {
+  while (st.ok() && decoder.records_taken() < decoder.records()) {
     const uint32_t layout = r.Num<uint32_t>();
+    if (layout == kMoreRecords) {
+      st = decoder.MoreRecords(r.Num<uint64_t>());
+      continue;
+    }
     auto bytes = decoder.PageBytes(layout);
     if (!bytes.ok()) {
       st = bytes.status();

@@ -59,6 +59,7 @@ struct Session {
   bool busy = false;          // an extend holds a lease
   bool removed = false;       // closed or lost while busy: freed when the lease ends
   bool moving = false;        // being sent to another replica (busy too): session_move.cc
+  bool sending = false;       // a move has begun (its pre-copy, then moving): not evicted
   std::string parent_id;
   std::list<Session*>::iterator lru;
 

@@ -1,5 +1,10 @@
 #include "server/transport/session_mover.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <chrono>
 #include <memory>
@@ -7,8 +12,10 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "server/transport/wire.h"
@@ -17,6 +24,21 @@ namespace attnserve::server {
 namespace {
 
 constexpr size_t kChunkBytes = size_t{1} << 20;
+constexpr absl::string_view kDnsPrefix = "dns:";
+
+// "host:port" or "[ipv6]:port" into its host (without brackets) and port (digits); false when
+// it is not one.
+bool SplitHostPort(absl::string_view s, std::string* host, std::string* port) {
+  const size_t colon = s.rfind(':');
+  if (colon == absl::string_view::npos || colon == 0 || colon + 1 == s.size()) return false;
+  absl::string_view h = s.substr(0, colon), p = s.substr(colon + 1);
+  if (!std::all_of(p.begin(), p.end(), [](char c) { return c >= '0' && c <= '9'; })) return false;
+  if (absl::ConsumePrefix(&h, "[") && !absl::ConsumeSuffix(&h, "]")) return false;
+  if (h.empty()) return false;
+  *host = std::string(h);
+  *port = std::string(p);
+  return true;
+}
 
 absl::Status FromGrpc(const grpc::Status& status, absl::string_view peer) {
   if (status.ok()) return absl::OkStatus();
@@ -29,32 +51,46 @@ absl::Status FromGrpc(const grpc::Status& status, absl::string_view peer) {
 SessionMover::SessionMover(sessions::SessionManager* sessions, PeerOptions options,
                            metrics::Metrics* metrics)
     : sessions_(sessions), options_(std::move(options)), metrics_(metrics) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
   if (options_.ca_pem.empty()) {
-    credentials = grpc::InsecureChannelCredentials();
+    credentials_ = grpc::InsecureChannelCredentials();
   } else {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options_.ca_pem;
-    credentials = grpc::SslCredentials(ssl);
-  }
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(-1);
-  for (const std::string& peer : options_.peers) {
-    stubs_.push_back(
-        v1::AttentionService::NewStub(grpc::CreateCustomChannel(peer, credentials, args)));
+    credentials_ = grpc::SslCredentials(ssl);
   }
 }
 
-absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
-                                                       const std::string& peer) {
-  const auto it = std::find(options_.peers.begin(), options_.peers.end(), peer);
-  if (it == options_.peers.end()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("peer must be one of this server's --session_peers (",
-                     options_.peers.empty() ? "none are set" : absl::StrJoin(options_.peers, ", "),
-                     "); was '", peer, "'"));
+std::vector<std::string> SessionMover::peers() const {
+  return ResolvePeers(options_.peers, sessions_->owner());
+}
+
+v1::AttentionService::Stub& SessionMover::StubFor(const std::string& peer) {
+  MutexLock lock(&mu_);
+  std::unique_ptr<v1::AttentionService::Stub>& stub = stubs_[peer];
+  if (stub == nullptr) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    stub = v1::AttentionService::NewStub(grpc::CreateCustomChannel(peer, credentials_, args));
   }
-  v1::AttentionService::Stub& stub = *stubs_[static_cast<size_t>(it - options_.peers.begin())];
+  return *stub;
+}
+
+absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
+                                                       const std::string& peer,
+                                                       absl::Time deadline) {
+  // A literal entry is taken as it is written; a "dns:" entry's addresses are resolved now.
+  if (std::find(options_.peers.begin(), options_.peers.end(), peer) == options_.peers.end()) {
+    const std::vector<std::string> now = peers();
+    if (std::find(now.begin(), now.end(), peer) == now.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "peer must be one of this server's --session_peers (",
+          options_.peers.empty() ? "none are set" : absl::StrJoin(options_.peers, ", "),
+          now.empty() ? "; none resolve to another replica now"
+                      : absl::StrCat("; now ", absl::StrJoin(now, ", ")),
+          "); was '", peer, "'"));
+    }
+  }
+  v1::AttentionService::Stub& stub = StubFor(peer);
   // The call to the peer, opened with the first chunk: a move refused here (an extend in
   // flight, a lost session) never reaches it.
   struct PeerCall {
@@ -73,14 +109,15 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
   };
   v1::AcceptSessionsRequest chunk;
   int64_t bytes = 0;
-  const absl::Time start = absl::Now();
+  // The transfer ends by then, and the switch waits for an extend in flight until then.
+  const absl::Time end = std::min(absl::Now() + options_.timeout, deadline);
+  absl::Duration pause;
   absl::StatusOr<std::string> to = sessions_->Move(
       id, kChunkBytes,
       [&](std::string& data) -> absl::Status {
         if (call == nullptr) {
           call = std::make_unique<PeerCall>();
-          call->context.set_deadline(std::chrono::system_clock::now() +
-                                     absl::ToChronoMicroseconds(options_.timeout));
+          call->context.set_deadline(absl::ToChronoTime(end));
           if (!options_.token.empty()) {
             call->context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
           }
@@ -106,13 +143,14 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
                                                   " session ids for one session"));
         }
         return call->response.session_ids(0);
-      });
+      },
+      end, &pause);
   if (call != nullptr && !call->status.has_value()) {
     call->context.TryCancel();  // a failure here after the call opened: the peer drops it
     end_call();
   }
   Moved moved;
-  moved.pause = absl::Now() - start;
+  moved.pause = pause;
   if (!to.ok()) {
     if (metrics_ != nullptr && call != nullptr) {
       metrics_->RecordSessionMoveFailed(metrics::CodeName(static_cast<int>(to.status().code())));
@@ -127,25 +165,40 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
 
 SessionMover::Report SessionMover::MoveAll(absl::Time deadline) {
   Report report;
-  if (options_.peers.empty()) return report;
+  const std::vector<std::string> peers = this->peers();
+  report.peers = static_cast<int64_t>(peers.size());
+  const std::vector<std::string> ids = sessions_->Ids();
+  if (peers.empty()) {
+    report.failed = static_cast<int64_t>(ids.size());
+    if (!ids.empty()) {
+      report.first_failure =
+          absl::StrCat("no peer: --session_peers (", absl::StrJoin(options_.peers, ", "),
+                       ") resolve to no other replica");
+    }
+    return report;
+  }
   size_t next_peer = 0;
-  for (const std::string& id : sessions_->Ids()) {
+  for (const std::string& id : ids) {
     absl::Status last;
     bool done = false;
     // Each peer once, from the next in turn; a session with an extend in flight waits for it.
-    for (size_t tried = 0; tried < options_.peers.size() && !done;) {
-      const std::string& peer = options_.peers[(next_peer + tried) % options_.peers.size()];
-      auto moved = Move(id, peer);
+    for (size_t tried = 0; tried < peers.size() && !done;) {
+      if (absl::Now() >= deadline) {
+        last = absl::DeadlineExceededError("the drain's grace period ended before its move");
+        break;
+      }
+      const std::string& peer = peers[(next_peer + tried) % peers.size()];
+      auto moved = Move(id, peer, deadline);
       if (moved.ok()) {
         ++report.moved;
         report.bytes += moved->bytes;
         report.longest_pause = std::max(report.longest_pause, moved->pause);
         done = true;
-        next_peer = (next_peer + tried + 1) % options_.peers.size();
+        next_peer = (next_peer + tried + 1) % peers.size();
         break;
       }
       last = moved.status();
-      if (absl::IsAborted(last) && absl::Now() < deadline) {
+      if (absl::IsAborted(last)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
         continue;  // the same peer, once the extend has returned
       }
@@ -167,6 +220,59 @@ SessionMover::Report SessionMover::MoveAll(absl::Time deadline) {
     }
   }
   return report;
+}
+
+std::vector<std::string> ResolvePeers(const std::vector<std::string>& entries,
+                                      const std::string& self) {
+  std::vector<std::string> out;
+  const auto add = [&](std::string address) {
+    if (address != self && std::find(out.begin(), out.end(), address) == out.end()) {
+      out.push_back(std::move(address));
+    }
+  };
+  for (const std::string& entry : entries) {
+    if (!absl::StartsWith(entry, kDnsPrefix)) {
+      add(entry);
+      continue;
+    }
+    std::string host, port;
+    if (!SplitHostPort(absl::string_view(entry).substr(kDnsPrefix.size()), &host, &port)) continue;
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) continue;
+    std::vector<std::string> addresses;
+    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+      char ip[INET6_ADDRSTRLEN] = {};
+      if (a->ai_family == AF_INET) {
+        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr, ip,
+                  sizeof ip);
+        addresses.push_back(absl::StrCat(ip, ":", port));
+      } else if (a->ai_family == AF_INET6) {
+        inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr, ip,
+                  sizeof ip);
+        addresses.push_back(absl::StrCat("[", ip, "]:", port));
+      }
+    }
+    freeaddrinfo(found);
+    std::sort(addresses.begin(), addresses.end());  // the same order on every replica
+    for (std::string& address : addresses) add(std::move(address));
+  }
+  return out;
+}
+
+absl::Status CheckPeerEntries(const std::vector<std::string>& entries) {
+  for (const std::string& entry : entries) {
+    absl::string_view rest = entry;
+    absl::ConsumePrefix(&rest, kDnsPrefix);
+    std::string host, port;
+    if (!SplitHostPort(rest, &host, &port)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--session_peers: '", entry, "' is not host:port or dns:host:port (a port is needed)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace attnserve::server

@@ -7,9 +7,11 @@ throughput: replica A (--session_peers=B) holds SESSIONS raw sessions of TOKENS 
   after the other: the first half into B's cold pool (memory touched for the first time: on
   this project's VMs that costs ~10 s a GiB, whatever moves into it), the second half into a
   warm one (pages of closed sessions, kept: --idle_release_ms=0); then A's drain (SIGTERM)
-  moves another half set into the warm pool. Reported: bytes, each session's pause
-  (MoveSession's pause_us: from the copy's start to the switch) and the rate (bytes / pause),
-  and the drain's own log line. Issue 33's target: 1 GB/s over loopback.
+  moves another half set into the warm pool. Reported: bytes, the rate (bytes over the
+  MoveSession calls' time, as the operator's client sees it), each session's pause
+  (MoveSession's pause_us: the switch, while its calls are told it is moving; the pre-copy of
+  its filled pages comes before) and the drain's own log line. Issue 33's target: 1 GB/s over
+  loopback.
 
 rolling: three replicas on fixed ports, each with the other two as --session_peers, hold
   SESSIONS sessions of TOKENS tokens (float16 cache) under a continuous decode load (one
@@ -135,9 +137,9 @@ def throughput(a, binary, work):
                     moved_bytes += r.bytes
                     pauses.append(r.pause_us / 1e6)
                 print(f"MoveSession x {len(ids)}, {what}: {moved_bytes / 2**20:.0f} MiB, "
-                      f"{moved_bytes / sum(pauses) / 1e9:.2f} GB/s over the pauses (pause p50 "
-                      f"{np.median(pauses) * 1e3:.1f} ms, max {max(pauses) * 1e3:.1f} ms; rpc "
-                      f"p50 {np.median(walls) * 1e3:.1f} ms)")
+                      f"{moved_bytes / sum(walls) / 1e9:.2f} GB/s over the rpcs (rpc p50 "
+                      f"{np.median(walls) * 1e3:.1f} ms; the switch's pause p50 "
+                      f"{np.median(pauses) * 1e3:.2f} ms, max {max(pauses) * 1e3:.2f} ms)")
             half = len(first) // 2
             move(first[:half], "into B's cold pool (its memory touched for the first time)")
             # B's pool warmed: the sessions moved there closed, their pages kept for reuse.

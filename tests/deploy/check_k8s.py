@@ -88,6 +88,15 @@ def check_overlay(name, flavour, docs):
     check(pod_env.get("ATTNSERVE_SESSION_OWNER", {}).get("value") == f"$(POD_IP):{GRPC_PORT}",
           f"{w} ATTNSERVE_SESSION_OWNER must be $(POD_IP):{GRPC_PORT}")
 
+    # A drain moves the pod's sessions to the pods the headless Service resolves to, on the
+    # gRPC port (each pod leaves itself out: its owner is its own address there).
+    headless = [d for d in docs if d["kind"] == "Service" and
+                d["metadata"]["name"] == "attnserve-grpc" and d["spec"].get("clusterIP") == "None"]
+    check(len(headless) == 1, f"{w} needs the headless Service attnserve-grpc")
+    check(env.get("ATTNSERVE_SESSION_PEERS") == f"dns:attnserve-grpc:{GRPC_PORT}",
+          f"{w} ATTNSERVE_SESSION_PEERS must be dns:attnserve-grpc:{GRPC_PORT} (the headless "
+          f"Service), was {env.get('ATTNSERVE_SESSION_PEERS')!r}")
+
     # Drain: preStop sleep + --shutdown_grace_ms must end before SIGKILL.
     grace_ms = int(env.get("ATTNSERVE_SHUTDOWN_GRACE_MS", "10000"))  # the server's default
     pre_stop = c.get("lifecycle", {}).get("preStop", {})

@@ -19,6 +19,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "server/sessions/session_manager.h"
+#include "server/transport/session_mover.h"
 #include "tests/server/session_fixture.h"
 #include "tests/testing/losable_store.h"
 #include "tests/testing/seed_vectors.h"
@@ -330,6 +331,12 @@ class MoveTest : public SnapshotTest {
     EXPECT_THAT(st.error_message(), HasSubstr("session moved to '" + to + "'"));
     return to;
   }
+  // The server's drain as SIGTERM starts it, with time to move its sessions (the fixture's
+  // TearDown gives none: nothing moves).
+  void Drain() {
+    host_->Shutdown(absl::Seconds(60));
+    SessionTest::TearDown();
+  }
   // Runs `body` with stub_ talking to `peer`.
   template <typename Body>
   void On(Peer& peer, Body body) {
@@ -407,7 +414,7 @@ TEST_F(MoveTest, ADrainMovesEverySessionToItsPeersInTurn) {
   Peer& c = StartPeer(Options(false, "replica-c"));
   StartWithPeers({b.address, c.address});
   const std::vector<std::string> ids = CreateAndPrefill();
-  SessionTest::TearDown();  // SIGTERM's drain: every session moves before the server stops
+  Drain();  // SIGTERM's: every session moves before the server stops
   // The old ids lead to the new ones on the peer that took each, in turn: b, c, b, c, b.
   std::vector<std::string> moved;
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -650,6 +657,143 @@ TEST_F(MoveTest, AMovedSessionKeepsItsTenant) {
   EXPECT_THAT(st.error_message(), HasSubstr("AcceptSessions needs the admin role"));
 }
 
+// A transfer of several sessions of one tenant is admitted against the tenant's limits with all
+// of them together: a peer whose tenants file allows two sessions, half the pool or a quarter of
+// it pinned refuses three sessions that pass each limit one at a time, and takes nothing.
+TEST_F(MoveTest, ATransferIsAdmittedWithinEachTenantsLimitsCountedTogether) {
+  const std::string tenants = dir_ + "/tenants";
+  std::ofstream(tenants) << "alice token:a-token\nroot token:r-token admin\n";
+  server::ServerOptions options = Options(true);
+  options.tenants_file = tenants;
+  Start(options);
+  const auto as = [](const std::string& token) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->AddMetadata("authorization", "Bearer " + token);
+    return context;
+  };
+  const Sequence s(1, 1, 4, 4, 8, 5);
+  for (bool pinned : {true, true, false}) {  // two pages (8 tokens) each, two of them pinned
+    v1::CreateSessionRequest create = RawLayout(1, 1, 4, 4);
+    create.set_pinned(pinned);
+    v1::CreateSessionResponse created;
+    ASSERT_TRUE(stub_->CreateSession(as("a-token").get(), create, &created).ok());
+    v1::ExtendSessionResponse extended;
+    const grpc::Status st = stub_->ExtendSession(
+        as("a-token").get(), s.Extend(created.session().session_id(), 0, 8), &extended);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  SessionTest::TearDown();  // the drain writes the three sessions as one transfer
+  std::string transfer;
+  {
+    std::ifstream in(path(), std::ios::binary);
+    transfer.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  ASSERT_FALSE(transfer.empty());
+
+  const std::vector<std::pair<std::string, std::string>> limits = {
+      {"sessions=2", "sessions=2"},
+      {"max_share=0.5", "max_share"},         // 4 of the 8 pages
+      {"pinned_share=0.25", "pinned_share"},  // 2 of the 8 pages pinned
+      {"", ""},
+  };
+  for (const auto& [limit, named] : limits) {
+    SCOPED_TRACE(limit);
+    const std::string peer_tenants = dir_ + "/peer_tenants";
+    std::ofstream(peer_tenants, std::ios::trunc)
+        << "alice token:a-token " << limit << "\nroot token:r-token admin\n";
+    server::ServerOptions peer = Options(false, "replica-b");
+    peer.tenants_file = peer_tenants;
+    peer.sessions.pool_bytes = 8 * 128;  // 8 pages of 4 tokens of 1x4 float32 keys and values
+    Peer& b = StartPeer(peer);
+    v1::AcceptSessionsResponse accepted;
+    auto context = as("r-token");
+    auto writer = b.stub->AcceptSessions(context.get(), &accepted);
+    v1::AcceptSessionsRequest chunk;
+    chunk.set_data(transfer);
+    writer->Write(chunk);
+    writer->WritesDone();
+    const grpc::Status st = writer->Finish();
+    v1::ListSessionsResponse listed;
+    ASSERT_TRUE(b.stub->ListSessions(as("a-token").get(), {}, &listed).ok());
+    if (named.empty()) {
+      EXPECT_TRUE(st.ok()) << st.error_message();
+      EXPECT_EQ(accepted.session_ids_size(), 3);
+      EXPECT_EQ(listed.sessions_size(), 3);
+    } else {
+      EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+      EXPECT_THAT(st.error_message(), HasSubstr(named));
+      EXPECT_EQ(listed.sessions_size(), 0);
+      EXPECT_EQ(listed.usage().pages_used(), 0) << "a refused transfer gives back its pages";
+    }
+  }
+}
+
+// A move copies the pages a session has filled while the session goes on: an extend during the
+// pre-copy succeeds, and the session then continues on the peer bit for bit as if it had never
+// moved. A sliding window drops pages meanwhile: they arrive, and the peer keeps only those the
+// session holds; neither replica leaks a page.
+TEST_F(MoveTest, ASessionGoesOnWhileTheMoveCopiesItsFilledPages) {
+  for (const bool windowed : {false, true}) {
+    SCOPED_TRACE(windowed ? "sliding window" : "causal");
+    v1::CreateSessionRequest create = RawLayout(1, 1, 4, 4);
+    if (windowed) create.mutable_window()->set_left(5);
+    // 500 tokens when the move starts (125 pages filled; the window has dropped the first
+    // 64: pages go back a split of 256 keys at a time), 540 when it switches (the window drops
+    // pages 64-127 meanwhile, sent already), 548 on the peer.
+    const Sequence s(1, 1, 4, 4, 548, 21);
+    Start(Options(false));  // the uninterrupted run
+    std::string id = Create(create).session_id();
+    Step(id, s, 0, 500);
+    std::vector<float> want = Step(id, s, 500, 540);
+    for (float x : Step(id, s, 540, 548)) want.push_back(x);
+    SessionTest::TearDown();
+
+    Start(Options(false));
+    Peer& b = StartPeer(Options(false, "replica-b"));
+    id = Create(create).session_id();
+    Step(id, s, 0, 500);
+    std::string transfer;
+    std::vector<float> got;
+    int chunks = 0;
+    absl::Duration pause;
+    const absl::StatusOr<std::string> to = host_->sessions().Move(
+        id, /*chunk_bytes=*/256,
+        [&](std::string& chunk) {
+          transfer += chunk;
+          // The first chunk of the pre-copy: the session goes on meanwhile.
+          if (chunks++ == 0) got = Step(id, s, 500, 540);
+          return absl::OkStatus();
+        },
+        [&]() -> absl::StatusOr<std::string> {
+          v1::AcceptSessionsResponse response;
+          grpc::ClientContext context;
+          auto writer = b.stub->AcceptSessions(&context, &response);
+          v1::AcceptSessionsRequest chunk;
+          chunk.set_data(transfer);
+          writer->Write(chunk);
+          writer->WritesDone();
+          const grpc::Status st = writer->Finish();
+          if (!st.ok()) return absl::InternalError(st.error_message());
+          return response.session_ids(0);
+        },
+        absl::InfiniteFuture(), &pause);
+    ASSERT_TRUE(to.ok()) << to.status();
+    EXPECT_GT(chunks, 2) << "the pre-copy came in several chunks";
+    ASSERT_EQ(got.size(), size_t{40 * 4});
+    EXPECT_EQ(MovedTo(*stub_, id), *to);
+    EXPECT_EQ(Usage().pages_used(), 0) << "the replica it left keeps no page of it";
+    On(b, [&] {
+      for (float x : Step(*to, s, 540, 548)) got.push_back(x);
+      // 137 pages of four tokens; the window's session holds those from the split of key 512
+      // on, and no page sent before the window dropped it.
+      EXPECT_EQ(Usage().pages_used(), windowed ? 137 - 128 : 137);
+    });
+    EXPECT_EQ(got, want);
+    SessionTest::TearDown();
+    peers_.clear();
+  }
+}
+
 // A peer that takes the first chunk of a transfer and then fails the call, as a peer that dies
 // or refuses midway.
 class CutPeer final : public v1::AttentionService::Service {
@@ -764,6 +908,72 @@ TEST_F(MoveTest, ADrainThatMovesSessionsCreatesNoneMeanwhile) {
   held.release.Notify();
   drain.join();
   peer->Shutdown();
+}
+
+// A drain's moves end with its grace period: a transfer the peer has not answered by then is
+// given up, and its session, still whole here, goes to the snapshot like one with no peer.
+TEST_F(MoveTest, ADrainStopsMovingWhenItsGracePeriodEnds) {
+  HeldPeer held;  // takes the transfer and answers only when told: after the grace period
+  std::string address;
+  std::unique_ptr<grpc::Server> peer = StartFakePeer(&held, &address);
+  server::ServerOptions options = Options(true);
+  options.session_peers.peers = {address};
+  options.session_peers.timeout = absl::Hours(1);  // the grace period ends the transfer
+  Start(options);
+  const Sequence s(1, 1, 4, 4, 8, 3);
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  Step(id, s, 0, 5);
+  host_->Shutdown(absl::Milliseconds(300));  // returns: the move was given up
+  held.release.Notify();
+  peer->Shutdown();
+  SessionTest::TearDown();
+  ASSERT_TRUE(std::filesystem::exists(path()));
+  Start(Options(true));
+  EXPECT_EQ(Metric("attnserve_sessions_restored_total", {}), 1);
+  const std::vector<float> rest = Step(id, s, 5, 8);
+  SessionTest::TearDown();
+  Start(Options(false));
+  const std::string again = CreateRaw(1, 1, 4, 4);
+  Step(again, s, 0, 5);
+  EXPECT_EQ(Step(again, s, 5, 8), rest) << "continued after the restore as if never stopped";
+}
+
+// "dns:host:port" peers: every address the name has when a move starts, this replica's own left
+// out (a headless Service lists the draining pod too until it is taken out).
+TEST(ResolvePeersTest, NamesResolveToEveryAddressButThisReplicas) {
+  const std::vector<std::string> all = server::ResolvePeers({"dns:localhost:5", "10.0.0.7:9"}, "");
+  EXPECT_THAT(all, ::testing::Contains("127.0.0.1:5"));
+  EXPECT_EQ(all.back(), "10.0.0.7:9");
+  const std::vector<std::string> others =
+      server::ResolvePeers({"dns:localhost:5", "10.0.0.7:9", "dns:127.0.0.1:5"}, "127.0.0.1:5");
+  EXPECT_THAT(others, ::testing::Not(::testing::Contains("127.0.0.1:5")));
+  EXPECT_THAT(others, ::testing::Contains("10.0.0.7:9"));
+  EXPECT_THAT(server::ResolvePeers({"dns:no-such-host.invalid:5"}, ""), ::testing::IsEmpty());
+  EXPECT_TRUE(server::CheckPeerEntries({"a:1", "dns:b.svc:50051", "[::1]:7", "dns:[::1]:7"}).ok());
+  for (const char* bad : {"a", "dns:b", "a:", ":5", "dns::5", "a:5x", "[::1:7"}) {
+    const absl::Status st = server::CheckPeerEntries({"a:1", bad});
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("'", bad, "'")));
+  }
+}
+
+// A drain resolves its "dns:" peers when it starts and moves every session to them.
+TEST_F(MoveTest, ADrainMovesSessionsToThePeersANameResolvesTo) {
+  Peer& b = StartPeer(Options(false, "replica-b"));
+  StartWithPeers({"dns:localhost:" + std::to_string(b.host->port())});
+  const Sequence s(1, 1, 4, 4, 8, 9);
+  const std::string id = CreateRaw(1, 1, 4, 4);
+  Step(id, s, 0, 5);
+  // MoveSession takes an address the name resolves to.
+  v1::MoveSessionResponse moved;
+  ASSERT_TRUE(Move(id, b.address, &moved).ok());
+  const std::string second = CreateRaw(1, 1, 4, 4);
+  Step(second, s, 0, 5);
+  Drain();
+  EXPECT_EQ(testing::MetricSample(b.metrics->ExpositionText(), "attnserve_sessions_moved_total",
+                                  {"direction=\"in\""}),
+            2);
+  EXPECT_THAT(MovedTo(*b.stub, second), ::testing::StartsWith("replica-b/"));
 }
 
 }  // namespace
