@@ -502,15 +502,26 @@ void Client::RememberMove(const std::string& from, const std::string& to) {
 
 std::string Client::FindMoved(const std::string& id, absl::Time deadline) {
   absl::StatusOr<std::string> owner = SessionOwner(id);
-  for (size_t i = 0; i < replica_addresses_.size(); ++i) {
-    if (owner.ok() && replica_addresses_[i] == *owner) continue;
-    grpc::ClientContext context;
-    Prepare(&context, std::min(Remaining(deadline), absl::Seconds(2)));
-    v1::GetSessionRequest request;
-    request.set_session_id(id);
-    v1::GetSessionResponse response;
-    replica_stubs_[i]->GetSession(&context, request, &response).ok();
-    if (std::string to = Trailer(context, "attnserve-session-moved"); !to.empty()) return to;
+  // A replica that cannot be reached is asked again once, waiting up to a second for its
+  // channel (a new process at an address whose channel still backs off from the last one).
+  std::vector<size_t> unreachable;
+  for (const bool waiting : {false, true}) {
+    for (size_t i = 0; i < replica_addresses_.size(); ++i) {
+      if (owner.ok() && replica_addresses_[i] == *owner) continue;
+      if (waiting && std::find(unreachable.begin(), unreachable.end(), i) == unreachable.end()) {
+        continue;
+      }
+      grpc::ClientContext context;
+      Prepare(&context,
+              std::min(Remaining(deadline), waiting ? absl::Seconds(1) : absl::Seconds(2)));
+      context.set_wait_for_ready(waiting);
+      v1::GetSessionRequest request;
+      request.set_session_id(id);
+      v1::GetSessionResponse response;
+      const grpc::Status status = replica_stubs_[i]->GetSession(&context, request, &response);
+      if (std::string to = Trailer(context, "attnserve-session-moved"); !to.empty()) return to;
+      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) unreachable.push_back(i);
+    }
   }
   return "";
 }
@@ -524,6 +535,7 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
       DeadlineOf(timeout <= absl::ZeroDuration() ? options_.timeout : timeout);
   request.set_session_id(Resolve(request.session_id()));
   bool asked_others = false;
+  bool vouched = false;  // a replica said the session is on the one asked now
   int moves = 0, waits = 0;
   for (;;) {
     absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id());
@@ -533,6 +545,8 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
     }
     grpc::ClientContext context;
     Prepare(&context, Remaining(deadline));
+    // It is up: wait for a channel still backing off from the last process at its address.
+    if (vouched) context.set_wait_for_ready(true);
     Response response;
     const grpc::Status status = ((**stub).*rpc)(&context, request, &response);
     if (throttled) Record(context, status);
@@ -543,6 +557,7 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
       if (moves++ == kMaxHops) return s;
       RememberMove(request.session_id(), to);
       request.set_session_id(to);
+      vouched = true;
       continue;
     }
     if (IsMoving(s)) {
@@ -550,14 +565,21 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
       absl::SleepFor(MovingWait(context, deadline));
       continue;
     }
-    // Its replica unreachable (or shutting down): did the session move to another?
-    if (s.code() == absl::StatusCode::kUnavailable && !asked_others &&
-        replica_addresses_.size() > 1 && Trailer(context, "grpc-retry-pushback-ms").empty()) {
+    // Its replica unreachable (or shutting down), or a new process at its address that never
+    // held it ("session lost (restarted)": nothing was done, so the call may be sent again):
+    // did the session move to another replica before?
+    // (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
+    const bool unreachable = (s.code() == absl::StatusCode::kUnavailable ||
+                              s.code() == absl::StatusCode::kCancelled) &&
+                             Trailer(context, "grpc-retry-pushback-ms").empty();
+    const bool restarted = SessionLostReason(s) == "restarted";
+    if ((unreachable || restarted) && !asked_others && replica_addresses_.size() > 1) {
       asked_others = true;
       if (std::string to = FindMoved(request.session_id(), deadline); !to.empty()) {
         RememberMove(request.session_id(), to);
-        if (resend) {
+        if (resend || restarted) {
           request.set_session_id(to);
+          vouched = true;
           continue;
         }
       }

@@ -35,8 +35,11 @@
 // moved its sessions and stopped), a client of several replicas asks the others whether the
 // session moved to them; it then sends GetSession and CloseSession again, and ExtendSession
 // when it carries expected_length (attnserve::Session's always do), and otherwise returns the
-// UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. Streams
-// (OpenStreamForSession) do not follow: an item's ExtendSessionResult.moved_to names the new id.
+// UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. A new
+// process at the replica's address (a restart in place) answers FAILED_PRECONDITION "session
+// lost (restarted)" for a session the old one moved away: the client asks the others too, and
+// sends any call again (nothing was done). Streams (OpenStreamForSession) do not follow: an
+// item's ExtendSessionResult.moved_to names the new id.
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 

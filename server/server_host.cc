@@ -146,6 +146,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
     const ServerOptions& options, std::unique_ptr<kernels::Backend> backend,
     metrics::Metrics* metrics) {
   std::unique_ptr<ServerHost> host(new ServerHost());
+  host->metrics_ = metrics;
   host->backend_ = std::move(backend);
 
   if (options.demo_module) {
@@ -401,6 +402,7 @@ void ServerHost::Shutdown(absl::Duration grace) {
     const absl::Time start = absl::Now();
     auto written = sessions_->WriteSnapshot(snapshot_path_);
     if (written.ok()) {
+      if (metrics_ != nullptr) metrics_->RecordSnapshotBytes("written", written->bytes);
       std::fprintf(stderr, "attnserve: wrote %lld sessions (%lld pages, %lld bytes) to %s in %s\n",
                    static_cast<long long>(written->sessions),
                    static_cast<long long>(written->pages), static_cast<long long>(written->bytes),
@@ -438,7 +440,10 @@ void ServerHost::RestoreSessions(const ServerOptions& options, metrics::Metrics*
         static_cast<long long>(restored->lost),
         restored->lost == 0 ? "" : ", first: ", restored->why_lost.c_str());
     restored_snapshot_ = true;  // removed once the server is up (Start)
-    if (metrics != nullptr) metrics->RecordSessionsRestored(restored->sessions, restored->lost);
+    if (metrics != nullptr) {
+      metrics->RecordSessionsRestored(restored->sessions, restored->lost);
+      metrics->RecordSnapshotBytes("restored", restored->bytes);
+    }
   } else if (!absl::IsNotFound(restored.status())) {
     // Kept aside for inspection (the next drain writes a new snapshot).
     const std::string refused = snapshot_path_ + ".refused";

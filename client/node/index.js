@@ -489,7 +489,10 @@ class AttentionStream {
  * client of several replicas asks the others whether the session moved to them; it then sends
  * getSession and closeSession again, and extendSession when it carries expectedLength, and
  * otherwise rejects with the UNAVAILABLE with the move remembered, so that the caller's retry
- * reaches the session. Streams do not follow (streamForSession routes by the remembered id).
+ * reaches the session. A new process at the replica's address (a restart in place) answers
+ * FAILED_PRECONDITION "session lost (restarted)" for a session the old one moved away: the
+ * client asks the others too, and sends any call again (nothing was done). Streams do not
+ * follow (streamForSession routes by the remembered id).
  */
 class Client {
   /**
@@ -535,7 +538,7 @@ class Client {
     this.moved = new Map();
   }
 
-  unary(method, request, timeoutMs, stub = this.stub) {
+  unary(method, request, timeoutMs, stub = this.stub, waitForReady = false) {
     const throttle = THROTTLED.has(method) ? this.throttle : null;
     if (throttle) {
       const reason = throttle.check();
@@ -543,7 +546,7 @@ class Client {
     }
     const deadline = new Date(Date.now() + (timeoutMs ?? this.timeoutMs));
     return new Promise((resolve, reject) => {
-      stub[method](request, { deadline }, (err, r) => {
+      stub[method](request, { deadline, waitForReady }, (err, r) => {
         // A session being moved is no sign of overload: the server took and judged the call
         // (its pushback is for that session's retry, not for every call of this client).
         if (throttle && err && !isMoving(err.code, err.details)) {
@@ -590,13 +593,17 @@ class Client {
     const deadline = Date.now() + (timeoutMs ?? this.timeoutMs);
     let current = { ...request, sessionId: this.resolve(request.sessionId) };
     let askedOthers = false;
+    // A replica said the session is on the one asked now: it is up, so the call waits for a
+    // channel still backing off from the last process at its address.
+    let vouched = false;
     let moves = 0;
     let waits = 0;
     for (;;) {
       const stub = this.sessionStub(current.sessionId);
       let err;
       try {
-        return await this.unary(method, current, Math.max(deadline - Date.now(), 1), stub);
+        return await this.unary(method, current, Math.max(deadline - Date.now(), 1), stub,
+          vouched);
       } catch (e) {
         err = e;
       }
@@ -608,6 +615,7 @@ class Client {
         if (moves++ === MAX_HOPS) throw err;
         this.rememberMove(current.sessionId, to);
         current = { ...current, sessionId: to };
+        vouched = true;
         continue;
       }
       if (isMoving(err.code, err.details)) {
@@ -615,15 +623,21 @@ class Client {
         await sleep(movingWaitMs(err, deadline));
         continue;
       }
-      // Its replica unreachable (or shutting down): did the session move to another?
-      if (err.code === grpc.status.UNAVAILABLE && !askedOthers && this.replicas.length > 1 &&
-          !trailer(err, PUSHBACK_KEY)) {
+      // Its replica unreachable (or shutting down), or a new process at its address that never
+      // held it ("session lost (restarted)": nothing was done, so the call may be sent again):
+      // did the session move to another replica before?
+      // (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
+      const unreachable = (err.code === grpc.status.UNAVAILABLE ||
+        err.code === grpc.status.CANCELLED) && !trailer(err, PUSHBACK_KEY);
+      const restarted = sessionLostReason(err) === 'restarted';
+      if ((unreachable || restarted) && !askedOthers && this.replicas.length > 1) {
         askedOthers = true;
         const found = await this.findMoved(current.sessionId, deadline);
         if (found) {
           this.rememberMove(current.sessionId, found);
-          if (resend) {
+          if (resend || restarted) {
             current = { ...current, sessionId: found };
+            vouched = true;
             continue;
           }
         }
@@ -641,14 +655,20 @@ class Client {
     try {
       owner = sessionOwner(sessionId);
     } catch (e) { /* asks every replica */ }
-    for (let i = 0; i < this.replicas.length; i++) {
-      if (this.replicas[i] === owner) continue;
-      const timeoutMs = Math.max(Math.min(deadline - Date.now(), 2000), 1);
-      try {
-        await this.unary('GetSession', { sessionId }, timeoutMs, this.replicaStubs[i]);
-      } catch (err) {
-        const to = trailer(err, MOVED_KEY);
-        if (to) return to;
+    // A replica that cannot be reached is asked again once, waiting up to a second for its
+    // channel (a new process at an address whose channel still backs off from the last one).
+    const unreachable = [];
+    for (const waiting of [false, true]) {
+      for (let i = 0; i < this.replicas.length; i++) {
+        if (this.replicas[i] === owner || (waiting && !unreachable.includes(i))) continue;
+        const timeoutMs = Math.max(Math.min(deadline - Date.now(), waiting ? 1000 : 2000), 1);
+        try {
+          await this.unary('GetSession', { sessionId }, timeoutMs, this.replicaStubs[i], waiting);
+        } catch (err) {
+          const to = trailer(err, MOVED_KEY);
+          if (to) return to;
+          if (!waiting && err.code === grpc.status.UNAVAILABLE) unreachable.push(i);
+        }
       }
     }
     return '';

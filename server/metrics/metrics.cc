@@ -194,6 +194,10 @@ Metrics::Metrics(const MetricsOptions& options)
       &Build<Counter>(r, "attnserve_sessions_restored_total",
                       "Decode sessions a snapshot brought back at start (--session_snapshot_dir).")
            .Add({});
+  auto& snapshot = Build<Counter>(r, "attnserve_session_snapshot_bytes_total",
+                                 "Bytes of session snapshots (--session_snapshot_dir): written by "
+                                 "the drain, restored at start.");
+  snapshot_bytes_ = {&snapshot.Add({{"op", "written"}}), &snapshot.Add({{"op", "restored"}})};
   auto& moved = Build<Counter>(r, "attnserve_sessions_moved_total",
                                "Decode sessions moved between replicas (MoveSession, drains with "
                                "--session_peers): in, taken from a peer; out, sent to one.");
@@ -394,6 +398,10 @@ void Metrics::RecordSessionLost(std::string_view reason) {
 void Metrics::RecordSessionsRestored(int64_t restored, int64_t lost) {
   sessions_restored_->Increment(static_cast<double>(restored));
   sessions_lost_[3]->Increment(static_cast<double>(lost));
+}
+
+void Metrics::RecordSnapshotBytes(std::string_view op, int64_t bytes) {
+  snapshot_bytes_[op == "written" ? 0 : 1]->Increment(static_cast<double>(bytes));
 }
 
 void Metrics::RecordSessionsMoved(std::string_view direction, int64_t sessions) {

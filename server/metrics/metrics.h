@@ -52,6 +52,8 @@
 //                                                                 restart (a snapshot's session
 //                                                                 that did not come back)
 //   attnserve_sessions_restored_total    counter                sessions a snapshot brought back
+//   attnserve_session_snapshot_bytes_total counter  {op}        bytes of snapshots written (the
+//                                                                 drain's) and restored (at start)
 //   attnserve_sessions_moved_total       counter   {direction}  in / out: moved between replicas
 //   attnserve_session_move_bytes_total   counter                bytes of the moves sent
 //   attnserve_session_move_failures_total counter  {reason}     moves that failed (code of the
@@ -281,6 +283,8 @@ class Metrics {
   void RecordSessionsRestored(int64_t restored, int64_t lost);
   // Sessions moved between replicas: direction "in" or "out".
   void RecordSessionsMoved(std::string_view direction, int64_t sessions);
+  // A session snapshot of `bytes` bytes: `op` "written" (a drain) or "restored" (at start).
+  void RecordSnapshotBytes(std::string_view op, int64_t bytes);
   // A move sent: its bytes and the session's pause; or a move that failed, by its code's name.
   void RecordSessionMoveSent(int64_t bytes, absl::Duration pause);
   void RecordSessionMoveFailed(std::string_view code) ABSL_LOCKS_EXCLUDED(tenants_mu_);
@@ -344,6 +348,7 @@ class Metrics {
   std::array<prometheus::Counter*, 4> sessions_lost_;  // evicted, expired, device_reset, restart
   prometheus::Counter* sessions_restored_ = nullptr;
   std::array<prometheus::Counter*, 2> sessions_moved_;  // in, out
+  std::array<prometheus::Counter*, 2> snapshot_bytes_;  // written, restored
   prometheus::Counter* session_move_bytes_ = nullptr;
   prometheus::Family<prometheus::Counter>* session_move_failures_ = nullptr;
   prometheus::Histogram* session_move_pause_ = nullptr;

@@ -9,7 +9,8 @@
 //   u64 sessions  { str id, tenant, module  u32 module checksum  i32 num_heads  u32 layout
 //                   u8 cache dtype  f32 scale  i32 window_left  f32 softcap  u32 n  f32 slopes[n]
 //                   u8 kind  u8 feature map  u8 pinned  i64 ttl_us  str parent  i64 length
-//                   i64 dropped  u32 n  u64 page[n] (an index above, or kNoPage: dropped) }
+//                   i64 dropped  u32 n  u64 page[n] (an index above, or kNoPage: dropped)
+//                   u32 n  str alias[n] (version 3: its ids on replicas it moved from) }
 //   "ATTNEND!"  u64 bytes before the trailer  u32 CRC-32C of them
 //
 // (str: u32 length, then the bytes.) A page forks share is written once. Pages are numbered in
@@ -34,7 +35,7 @@ namespace attnserve::server::sessions {
 inline constexpr char kTransferMagic[8] = {'A', 'T', 'T', 'N', 'S', 'N', 'P', '1'};
 inline constexpr char kTransferEnd[8] = {'A', 'T', 'T', 'N', 'E', 'N', 'D', '!'};
 // Version 2: CRC-32C (the SSE4.2 instruction: 7.5 GB/s here, zlib's CRC-32 3.6 GB/s, and a
-// move computes it on both replicas). Version 3: kMoreRecords. Versions 2 and 3 are read (a
+// move computes it on both replicas). Version 3: kMoreRecords, aliases. Versions 2 and 3 are read (a
 // snapshot of the release before this one comes back); version 1 (zlib's CRC-32) is refused,
 // naming it.
 inline constexpr uint32_t kTransferVersion = 3;

@@ -63,6 +63,7 @@ absl::Status TransferDecoder::HeadLocked(TransferReader& r) {
     arenas_.push_back(*arena);
   }
   owner_ = std::move(owner);
+  version_ = version;
   n_records_ = n_pages;
   return absl::OkStatus();
 }
@@ -141,6 +142,11 @@ absl::Status TransferDecoder::SessionsLocked(TransferReader& r) {
       } else {
         s->pages[j] = pages_[ref].second;
       }
+    }
+    if (version_ >= 3) {
+      const uint32_t n_aliases = r.Num<uint32_t>();
+      if (!r.ok() || n_aliases > Session::kMaxAliases) return Torn();
+      for (uint32_t j = 0; j < n_aliases; ++j) s->aliases.push_back(r.Str());
     }
     if (!r.ok()) return Torn();
     if (!s->module_name.empty()) {

@@ -76,6 +76,7 @@ class TransferDecoder {
   const std::string what_;
   const SessionManager::ModuleNamed module_named_;
   std::string owner_;
+  uint32_t version_ = 0;
   uint64_t n_records_ = 0, records_taken_ = 0;
   std::vector<Arena*> arenas_;
   // In the transfer's order; {null, -1} for a page the pool had no room for.

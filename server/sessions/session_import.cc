@@ -192,11 +192,15 @@ absl::StatusOr<std::vector<std::string>> SessionImport::Commit() {
     }
     std::vector<std::string> ids;
     for (std::shared_ptr<Session>& s : sessions) {
-      const std::string old_id = s->id;
+      // The id it had there joins the ids it had before (the oldest go beyond kMaxAliases);
+      // each answers "session moved to" the new one here.
+      s->aliases.push_back(s->id);
+      if (s->aliases.size() > Session::kMaxAliases) s->aliases.erase(s->aliases.begin());
+      const std::vector<std::string> aliases = s->aliases;
       const std::string tenant = s->tenant;
       auto added = m_.AddLocked(std::move(s));
       ids.push_back(added->id);
-      m_.table_->RememberMoved(old_id, tenant, added->id);
+      for (const std::string& alias : aliases) m_.table_->RememberMoved(alias, tenant, added->id);
     }
     if (m_.metrics_ != nullptr) {
       m_.metrics_->RecordSessionsMoved("in", static_cast<int64_t>(ids.size()));

@@ -99,6 +99,8 @@ SessionManager::Encoding SessionManager::EncodeLocked(const std::vector<const Se
       w.Num(i < static_cast<size_t>(s.dropped) ? kNoPage
                                                : page_index[std::make_pair(s.arena, s.pages[i])]);
     }
+    w.Num(static_cast<uint32_t>(s.aliases.size()));
+    for (const std::string& alias : s.aliases) w.Str(alias);
   }
   return e;
 }
@@ -244,6 +246,8 @@ absl::StatusOr<SessionManager::SnapshotStats> SessionManager::RestoreSnapshot(
   // The sessions join the table in the order they were created, with their ids.
   for (std::shared_ptr<Session>& s : sessions) {
     s->last_used = Now();  // idle from the restore on
+    // Its ids on the replicas it came from answer "moved" here again.
+    for (const std::string& alias : s->aliases) table_->RememberMoved(alias, s->tenant, s->id);
     table_->Add(std::move(s));
   }
   return stats;

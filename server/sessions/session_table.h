@@ -61,6 +61,12 @@ struct Session {
   bool moving = false;        // being sent to another replica (busy too): session_move.cc
   bool sending = false;       // a move has begun (its pre-copy, then moving): not evicted
   std::string parent_id;
+  // Its ids on the replicas it was moved from, oldest first (at most kMaxAliases): the replica
+  // that holds it answers each "session moved to" its id, and a move or a snapshot carries
+  // them on, so that a caller holding any of them finds it after every replica it passed
+  // through has restarted.
+  std::vector<std::string> aliases;
+  static constexpr size_t kMaxAliases = 16;
   std::list<Session*>::iterator lru;
 
   // Pages it holds (not those dropped) and their bytes (a page it shares counted in full).

@@ -58,6 +58,16 @@ set_tests_properties(python_test_session_moves_live PROPERTIES
   FIXTURES_REQUIRED python_package
   ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;PYTHONDONTWRITEBYTECODE=1")
 
+# A rolling restart of three live replicas under a decode load (SIGTERM, drain moves the
+# sessions, a new process on the same address): no session lost, every step bit for bit.
+add_test(NAME python_test_rolling_restart_live
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} test_rolling_restart_live)
+set_tests_properties(python_test_rolling_restart_live PROPERTIES
+  LABELS "python;client;integration"
+  TIMEOUT 600
+  FIXTURES_REQUIRED python_package
+  ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;PYTHONDONTWRITEBYTECODE=1")
+
 # The examples of client/python/README.md and of README.md's Python sections, run as written
 # (from `pip install ./client/python` in a fresh venv each) against one live server.
 add_test(NAME python_readme_examples

@@ -121,10 +121,13 @@ TEST_F(SnapshotTest, RestartedSessionsContinueBitForBitAsIfNeverStopped) {
   EXPECT_EQ(std::filesystem::status(path()).permissions(),
             std::filesystem::perms::owner_read | std::filesystem::perms::owner_write)
       << "the callers' keys and values, for this user only";
+  const double file_bytes = static_cast<double>(std::filesystem::file_size(path()));
+  EXPECT_EQ(Metric("attnserve_session_snapshot_bytes_total", {"op=\"written\""}), file_bytes);
 
   Start(Options(true));  // restores it, and removes the file
   EXPECT_FALSE(std::filesystem::exists(path()));
   EXPECT_EQ(Metric("attnserve_sessions_restored_total", {}), 5);
+  EXPECT_EQ(Metric("attnserve_session_snapshot_bytes_total", {"op=\"restored\""}), file_bytes);
   EXPECT_EQ(Metric("attnserve_sessions_lost_total", {"reason=\"restart\""}), 0);
   for (size_t i = 0; i < ids.size(); ++i) {
     v1::SessionInfo after;

@@ -20,8 +20,11 @@ pushback, within its deadline. When a session's replica cannot be reached (UNAVA
 a pushback: it may have moved its sessions and stopped), a client of several replicas asks the
 others whether the session moved to them; it then sends GetSession and CloseSession again, and
 ExtendSession when it carries expected_length (a Session's always do), and otherwise raises the
-UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. Streams do
-not follow (stream_for_session routes by the remembered id).
+UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. A new
+process at the replica's address (a restart in place) answers FAILED_PRECONDITION "session lost
+(restarted)" for a session the old one moved away before it stopped: the client asks the others
+too, and sends any call again (nothing was done). Streams do not follow (stream_for_session
+routes by the remembered id).
 
 Client-side adaptive throttling (attnserve.throttle; on by default, throttle=None turns it off):
 when the server refuses most calls (UNAVAILABLE, DEADLINE_EXCEEDED), the compute calls are
@@ -30,6 +33,7 @@ rejected locally with ThrottledError, a grpc.RpcError with code() UNAVAILABLE.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import json
 import os
@@ -400,7 +404,8 @@ class _Base:
                 deadline: Optional[float], asked_others: bool):
         """What a session call that failed with `error` does next, after `moves` moves followed
         and `waits` waits for a moving session: ("moved", new id), ("wait", seconds), ("ask",
-        None): ask the other replicas (_find_moved), or None: raise it."""
+        nothing_done): ask the other replicas (_find_moved; nothing_done: the call may be sent
+        again whatever it is), or None: raise it."""
         if isinstance(error, ThrottledError) or _expired(deadline):
             return None
         to = _trailer(error, MOVED_KEY)
@@ -412,10 +417,17 @@ class _Base:
         code = _code(error)
         if _is_moving(code, (error.details() if hasattr(error, "details") else "") or ""):
             return None if waits == _MAX_MOVING_WAITS else ("wait", _moving_wait(error, deadline))
-        # Its replica unreachable (or shutting down): did the session move to another?
-        if (code == grpc.StatusCode.UNAVAILABLE and not asked_others and len(self.replicas) > 1
+        # Its replica unreachable (or shutting down), or a new process at its address that
+        # never held it ("session lost (restarted)": nothing was done, so the call may be sent
+        # again): did the session move to another replica before?
+        if asked_others or len(self.replicas) < 2:
+            return None
+        # (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
+        if (code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
                 and not _trailer(error, PUSHBACK_KEY)):
-            return "ask", None
+            return "ask", False
+        if _s.session_lost_reason(error) == "restarted":
+            return "ask", True
         return None
 
     def _others(self, session_id: str):
@@ -555,8 +567,11 @@ class Client(_Base):
         request = _with_id(request, self._resolve(request.session_id))
         asked_others = False
         moves = waits = 0
+        vouched = False  # a replica said the session is on the one asked now
         while True:
             rpc = getattr(self._session_stub(request.session_id), method)
+            if vouched:  # it is up: wait for a channel still backing off from its last process
+                rpc = functools.partial(rpc, wait_for_ready=True)
             try:
                 if throttled:
                     return self._throttled(rpc, request, _remaining(deadline))
@@ -569,6 +584,7 @@ class Client(_Base):
             what, value = action
             if what == "moved":
                 moves += 1
+                vouched = True
                 request = _with_id(request, value)
             elif what == "wait":
                 waits += 1
@@ -579,23 +595,31 @@ class Client(_Base):
                 if not to:
                     raise error
                 self._remember_move(request.session_id, to)
-                if not resend:
+                if not (resend or value):
                     raise error
+                vouched = True
                 request = _with_id(request, to)
 
     def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
         """The new id of `session_id` as a replica other than its owner knows it (one it was
-        moved to), asked by GetSession; "" when none answers so."""
-        for _, stub in self._others(session_id):
-            left = _remaining(deadline)
-            try:
-                stub.GetSession(pb.GetSessionRequest(session_id=session_id),
-                                timeout=2.0 if left is None else min(left, 2.0),
-                                metadata=self._metadata)
-            except grpc.RpcError as e:
-                to = _trailer(e, MOVED_KEY)
-                if to:
-                    return to
+        moved to), asked by GetSession; "" when none answers so. A replica that cannot be
+        reached is asked again once, waiting up to a second for its channel (a new process at
+        an address whose channel still backs off from the last one)."""
+        unreachable = []
+        for waiting, stubs in ((False, self._others(session_id)), (True, unreachable)):
+            for address, stub in list(stubs):
+                left = _remaining(deadline)
+                limit = 1.0 if waiting else 2.0
+                try:
+                    stub.GetSession(pb.GetSessionRequest(session_id=session_id),
+                                    timeout=limit if left is None else min(left, limit),
+                                    metadata=self._metadata, wait_for_ready=waiting)
+                except grpc.RpcError as e:
+                    to = _trailer(e, MOVED_KEY)
+                    if to:
+                        return to
+                    if not waiting and _code(e) == grpc.StatusCode.UNAVAILABLE:
+                        unreachable.append((address, stub))
         return ""
 
     def _extend_sessions_once(self, requests, indices, timeout):
@@ -798,8 +822,11 @@ class AsyncClient(_Base):
         request = _with_id(request, self._resolve(request.session_id))
         asked_others = False
         moves = waits = 0
+        vouched = False  # a replica said the session is on the one asked now
         while True:
             rpc = getattr(self._session_stub(request.session_id), method)
+            if vouched:  # it is up: wait for a channel still backing off from its last process
+                rpc = functools.partial(rpc, wait_for_ready=True)
             try:
                 if throttled:
                     return await self._throttled(rpc, request, _remaining(deadline))
@@ -812,6 +839,7 @@ class AsyncClient(_Base):
             what, value = action
             if what == "moved":
                 moves += 1
+                vouched = True
                 request = _with_id(request, value)
             elif what == "wait":
                 waits += 1
@@ -822,22 +850,28 @@ class AsyncClient(_Base):
                 if not to:
                     raise error
                 self._remember_move(request.session_id, to)
-                if not resend:
+                if not (resend or value):
                     raise error
+                vouched = True
                 request = _with_id(request, to)
 
     async def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
         """Client._find_moved as a coroutine."""
-        for _, stub in self._others(session_id):
-            left = _remaining(deadline)
-            try:
-                await stub.GetSession(pb.GetSessionRequest(session_id=session_id),
-                                      timeout=2.0 if left is None else min(left, 2.0),
-                                      metadata=self._metadata)
-            except grpc.RpcError as e:
-                to = _trailer(e, MOVED_KEY)
-                if to:
-                    return to
+        unreachable = []
+        for waiting, stubs in ((False, self._others(session_id)), (True, unreachable)):
+            for address, stub in list(stubs):
+                left = _remaining(deadline)
+                limit = 1.0 if waiting else 2.0
+                try:
+                    await stub.GetSession(pb.GetSessionRequest(session_id=session_id),
+                                          timeout=limit if left is None else min(left, limit),
+                                          metadata=self._metadata, wait_for_ready=waiting)
+                except grpc.RpcError as e:
+                    to = _trailer(e, MOVED_KEY)
+                    if to:
+                        return to
+                    if not waiting and _code(e) == grpc.StatusCode.UNAVAILABLE:
+                        unreachable.append((address, stub))
         return ""
 
     async def _extend_sessions_once(self, requests, indices, timeout):
