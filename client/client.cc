@@ -569,9 +569,9 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
     // held it ("session lost (restarted)": nothing was done, so the call may be sent again):
     // did the session move to another replica before?
     // (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
-    const bool unreachable = (s.code() == absl::StatusCode::kUnavailable ||
-                              s.code() == absl::StatusCode::kCancelled) &&
-                             Trailer(context, "grpc-retry-pushback-ms").empty();
+    const bool unreachable =
+        (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled) &&
+        Trailer(context, "grpc-retry-pushback-ms").empty();
     const bool restarted = SessionLostReason(s) == "restarted";
     if ((unreachable || restarted) && !asked_others && replica_addresses_.size() > 1) {
       asked_others = true;

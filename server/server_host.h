@@ -152,7 +152,7 @@ class ServerHost {
   // sets snapshot_path_, where Shutdown writes them.
   void RestoreSessions(const ServerOptions& options, metrics::Metrics* metrics);
 
-  metrics::Metrics* metrics_ = nullptr;   // not owned: outlives the host (may be null)
+  metrics::Metrics* metrics_ = nullptr;  // not owned: outlives the host (may be null)
   std::unique_ptr<Authenticator> auth_;  // read by sessions_ and service_: goes last
   // The drain and the count of open calls (core/drain.h), shared with gRPC's interceptor
   // factory; read by service_ and idle_releaser_.

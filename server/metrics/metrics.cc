@@ -195,8 +195,8 @@ Metrics::Metrics(const MetricsOptions& options)
                       "Decode sessions a snapshot brought back at start (--session_snapshot_dir).")
            .Add({});
   auto& snapshot = Build<Counter>(r, "attnserve_session_snapshot_bytes_total",
-                                 "Bytes of session snapshots (--session_snapshot_dir): written by "
-                                 "the drain, restored at start.");
+                                  "Bytes of session snapshots (--session_snapshot_dir): written by "
+                                  "the drain, restored at start.");
   snapshot_bytes_ = {&snapshot.Add({{"op", "written"}}), &snapshot.Add({{"op", "restored"}})};
   auto& moved = Build<Counter>(r, "attnserve_sessions_moved_total",
                                "Decode sessions moved between replicas (MoveSession, drains with "

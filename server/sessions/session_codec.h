@@ -35,8 +35,8 @@ namespace attnserve::server::sessions {
 inline constexpr char kTransferMagic[8] = {'A', 'T', 'T', 'N', 'S', 'N', 'P', '1'};
 inline constexpr char kTransferEnd[8] = {'A', 'T', 'T', 'N', 'E', 'N', 'D', '!'};
 // Version 2: CRC-32C (the SSE4.2 instruction: 7.5 GB/s here, zlib's CRC-32 3.6 GB/s, and a
-// move computes it on both replicas). Version 3: kMoreRecords, aliases. Versions 2 and 3 are read (a
-// snapshot of the release before this one comes back); version 1 (zlib's CRC-32) is refused,
+// move computes it on both replicas). Version 3: kMoreRecords, aliases. Versions 2 and 3 are read
+// (a snapshot of the release before this one comes back); version 1 (zlib's CRC-32) is refused,
 // naming it.
 inline constexpr uint32_t kTransferVersion = 3;
 inline constexpr uint32_t kOldestTransferVersion = 2;
