@@ -64,15 +64,15 @@ std::vector<std::string> SessionMover::peers() const {
   return ResolvePeers(options_.peers, sessions_->owner());
 }
 
-v1::AttentionService::Stub& SessionMover::StubFor(const std::string& peer) {
+std::shared_ptr<v1::AttentionService::Stub> SessionMover::StubFor(const std::string& peer) {
   MutexLock lock(&mu_);
-  std::unique_ptr<v1::AttentionService::Stub>& stub = stubs_[peer];
+  std::shared_ptr<v1::AttentionService::Stub>& stub = stubs_[peer];
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
     stub = v1::AttentionService::NewStub(grpc::CreateCustomChannel(peer, credentials_, args));
   }
-  return *stub;
+  return stub;
 }
 
 absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
@@ -90,9 +90,9 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
           "); was '", peer, "'"));
     }
   }
-  v1::AttentionService::Stub& stub = StubFor(peer);
-  // The call to the peer, opened with the first chunk: a move refused here (an extend in
-  // flight, a lost session) never reaches it.
+  const std::shared_ptr<v1::AttentionService::Stub> stub = StubFor(peer);
+  // The call to the peer, opened with the first chunk: a move refused here (a lost session,
+  // one moving already) never reaches it.
   struct PeerCall {
     grpc::ClientContext context;
     v1::AcceptSessionsResponse response;
@@ -121,7 +121,7 @@ absl::StatusOr<SessionMover::Moved> SessionMover::Move(const std::string& id,
           if (!options_.token.empty()) {
             call->context.AddMetadata("authorization", absl::StrCat("Bearer ", options_.token));
           }
-          call->writer = stub.AcceptSessions(&call->context, &call->response);
+          call->writer = stub->AcceptSessions(&call->context, &call->response);
         }
         bytes += static_cast<int64_t>(data.size());
         // The chunk's bytes become the message's, without a copy (and its buffer comes back).
@@ -167,6 +167,13 @@ SessionMover::Report SessionMover::MoveAll(absl::Time deadline) {
   Report report;
   const std::vector<std::string> peers = this->peers();
   report.peers = static_cast<int64_t>(peers.size());
+  {
+    // The channels of addresses a name no longer resolves to (pods replaced) go.
+    MutexLock lock(&mu_);
+    absl::erase_if(stubs_, [&](const auto& entry) {
+      return std::find(peers.begin(), peers.end(), entry.first) == peers.end();
+    });
+  }
   const std::vector<std::string> ids = sessions_->Ids();
   if (peers.empty()) {
     report.failed = static_cast<int64_t>(ids.size());

@@ -76,15 +76,17 @@ class SessionMover {
   Report MoveAll(absl::Time deadline);
 
  private:
-  v1::AttentionService::Stub& StubFor(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  std::shared_ptr<v1::AttentionService::Stub> StubFor(const std::string& peer)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   sessions::SessionManager* const sessions_;
   const PeerOptions options_;
   metrics::Metrics* const metrics_;
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   Mutex mu_;
-  // One per peer address, made at its first move (a "dns:" entry's addresses change).
-  absl::flat_hash_map<std::string, std::unique_ptr<v1::AttentionService::Stub>> stubs_
+  // One per peer address, made at its first move; a drain drops those of addresses no longer
+  // among the peers (a "dns:" entry's addresses change).
+  absl::flat_hash_map<std::string, std::shared_ptr<v1::AttentionService::Stub>> stubs_
       ABSL_GUARDED_BY(mu_);
 };
 

@@ -68,6 +68,17 @@ set_tests_properties(python_test_rolling_restart_live PROPERTIES
   FIXTURES_REQUIRED python_package
   ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;PYTHONDONTWRITEBYTECODE=1")
 
+# A process killed in the middle of a move (SIGKILL of the sender or of the receiver, inside
+# the transfer by construction): the session whole on exactly one replica, or lost as
+# documented; never two copies.
+add_test(NAME python_test_move_kill_live
+  COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/package_test.sh run ${PY_PACKAGE_WORK} test_move_kill_live)
+set_tests_properties(python_test_move_kill_live PROPERTIES
+  LABELS "python;client;integration"
+  TIMEOUT 600
+  FIXTURES_REQUIRED python_package
+  ENVIRONMENT "ATTNSERVE_BIN=$<TARGET_FILE:attnserve>;PYTHONDONTWRITEBYTECODE=1")
+
 # The examples of client/python/README.md and of README.md's Python sections, run as written
 # (from `pip install ./client/python` in a fresh venv each) against one live server.
 add_test(NAME python_readme_examples

@@ -69,6 +69,7 @@ TEST(MetricsTest, EveryFamilyHasItsType) {
       {"attnserve_sessions_active", "gauge"},
       {"attnserve_sessions_lost_total", "counter"},
       {"attnserve_sessions_restored_total", "counter"},
+      {"attnserve_session_snapshot_bytes_total", "counter"},
       {"attnserve_sessions_moved_total", "counter"},
       {"attnserve_session_move_bytes_total", "counter"},
       {"attnserve_session_move_pause_seconds", "histogram"},
