@@ -502,26 +502,28 @@ void Client::RememberMove(const std::string& from, const std::string& to) {
 
 std::string Client::FindMoved(const std::string& id, absl::Time deadline) {
   absl::StatusOr<std::string> owner = SessionOwner(id);
-  // A replica that cannot be reached is asked again once, waiting up to a second for its
-  // channel (a new process at an address whose channel still backs off from the last one).
+  // The new id replica i answers for `id` ("" if none); an unreachable replica is noted.
   std::vector<size_t> unreachable;
-  for (const bool waiting : {false, true}) {
-    for (size_t i = 0; i < replica_addresses_.size(); ++i) {
-      if (owner.ok() && replica_addresses_[i] == *owner) continue;
-      if (waiting && std::find(unreachable.begin(), unreachable.end(), i) == unreachable.end()) {
-        continue;
-      }
-      grpc::ClientContext context;
-      Prepare(&context,
-              std::min(Remaining(deadline), waiting ? absl::Seconds(1) : absl::Seconds(2)));
-      context.set_wait_for_ready(waiting);
-      v1::GetSessionRequest request;
-      request.set_session_id(id);
-      v1::GetSessionResponse response;
-      const grpc::Status status = replica_stubs_[i]->GetSession(&context, request, &response);
-      if (std::string to = Trailer(context, "attnserve-session-moved"); !to.empty()) return to;
-      if (status.error_code() == grpc::StatusCode::UNAVAILABLE) unreachable.push_back(i);
-    }
+  const auto ask = [&](size_t i, bool wait_for_ready) {
+    grpc::ClientContext context;
+    Prepare(&context,
+            std::min(Remaining(deadline), wait_for_ready ? absl::Seconds(1) : absl::Seconds(2)));
+    context.set_wait_for_ready(wait_for_ready);
+    v1::GetSessionRequest request;
+    request.set_session_id(id);
+    v1::GetSessionResponse response;
+    const grpc::Status status = replica_stubs_[i]->GetSession(&context, request, &response);
+    if (status.error_code() == grpc::StatusCode::UNAVAILABLE) unreachable.push_back(i);
+    return Trailer(context, "attnserve-session-moved");
+  };
+  for (size_t i = 0; i < replica_addresses_.size(); ++i) {
+    if (owner.ok() && replica_addresses_[i] == *owner) continue;
+    if (std::string to = ask(i, false); !to.empty()) return to;
+  }
+  // A replica that could not be reached is asked again once, waiting up to a second for its
+  // channel (a new process at an address whose channel still backs off from the last one).
+  for (const size_t i : std::vector<size_t>(std::move(unreachable))) {
+    if (std::string to = ask(i, true); !to.empty()) return to;
   }
   return "";
 }

@@ -203,7 +203,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
         });
   }
 
-  if (!options.session_snapshot_dir.empty()) host->RestoreSessions(options, metrics);
+  if (!options.session_snapshot_dir.empty()) host->RestoreSessions(options);
 
   if (!host->backend_->supports_linear_attention()) {
     // Linear attention, which the backend lacks, on the CPU (its recurrent form is O(L) and
@@ -414,7 +414,7 @@ void ServerHost::Shutdown(absl::Duration grace) {
   }
 }
 
-void ServerHost::RestoreSessions(const ServerOptions& options, metrics::Metrics* metrics) {
+void ServerHost::RestoreSessions(const ServerOptions& options) {
   snapshot_path_ = options.session_snapshot_dir + "/sessions.snapshot";
   // The ids name the owner, which must be known before the first call: --session_owner, or the
   // host:port of a fixed port (a port picked at random names another replica each time).
@@ -440,9 +440,9 @@ void ServerHost::RestoreSessions(const ServerOptions& options, metrics::Metrics*
         static_cast<long long>(restored->lost),
         restored->lost == 0 ? "" : ", first: ", restored->why_lost.c_str());
     restored_snapshot_ = true;  // removed once the server is up (Start)
-    if (metrics != nullptr) {
-      metrics->RecordSessionsRestored(restored->sessions, restored->lost);
-      metrics->RecordSnapshotBytes("restored", restored->bytes);
+    if (metrics_ != nullptr) {
+      metrics_->RecordSessionsRestored(restored->sessions, restored->lost);
+      metrics_->RecordSnapshotBytes("restored", restored->bytes);
     }
   } else if (!absl::IsNotFound(restored.status())) {
     // Kept aside for inspection (the next drain writes a new snapshot).

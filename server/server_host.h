@@ -150,7 +150,7 @@ class ServerHost {
   ServerHost() = default;
   // Restores the sessions of options.session_snapshot_dir (Start, before the first call) and
   // sets snapshot_path_, where Shutdown writes them.
-  void RestoreSessions(const ServerOptions& options, metrics::Metrics* metrics);
+  void RestoreSessions(const ServerOptions& options);
 
   metrics::Metrics* metrics_ = nullptr;  // not owned: outlives the host (may be null)
   std::unique_ptr<Authenticator> auth_;  // read by sessions_ and service_: goes last

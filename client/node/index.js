@@ -655,21 +655,29 @@ class Client {
     try {
       owner = sessionOwner(sessionId);
     } catch (e) { /* asks every replica */ }
-    // A replica that cannot be reached is asked again once, waiting up to a second for its
-    // channel (a new process at an address whose channel still backs off from the last one).
+    // The new id replica i answers for sessionId ('' if none); an unreachable one is noted.
     const unreachable = [];
-    for (const waiting of [false, true]) {
-      for (let i = 0; i < this.replicas.length; i++) {
-        if (this.replicas[i] === owner || (waiting && !unreachable.includes(i))) continue;
-        const timeoutMs = Math.max(Math.min(deadline - Date.now(), waiting ? 1000 : 2000), 1);
-        try {
-          await this.unary('GetSession', { sessionId }, timeoutMs, this.replicaStubs[i], waiting);
-        } catch (err) {
-          const to = trailer(err, MOVED_KEY);
-          if (to) return to;
-          if (!waiting && err.code === grpc.status.UNAVAILABLE) unreachable.push(i);
-        }
+    const ask = async (i, waitForReady) => {
+      const timeoutMs = Math.max(Math.min(deadline - Date.now(), waitForReady ? 1000 : 2000), 1);
+      try {
+        await this.unary('GetSession', { sessionId }, timeoutMs, this.replicaStubs[i],
+          waitForReady);
+      } catch (err) {
+        if (err.code === grpc.status.UNAVAILABLE) unreachable.push(i);
+        return trailer(err, MOVED_KEY);
       }
+      return '';
+    };
+    for (let i = 0; i < this.replicas.length; i++) {
+      if (this.replicas[i] === owner) continue;
+      const to = await ask(i, false);
+      if (to) return to;
+    }
+    // A replica that could not be reached is asked again once, waiting up to a second for its
+    // channel (a new process at an address whose channel still backs off from the last one).
+    for (const i of unreachable.splice(0)) {
+      const to = await ask(i, true);
+      if (to) return to;
     }
     return '';
   }

@@ -85,13 +85,12 @@ absl::StatusOr<std::pair<size_t, size_t>> TransferDecoder::PageBytes(uint32_t la
 TransferDecoder::Target TransferDecoder::NextPageLocked(uint32_t layout) {
   m_.mu_.AssertHeld();
   Arena* arena = arenas_[layout];
+  ++records_taken_;
   std::vector<int32_t> got;
   if (!m_.pool_->Allocate(arena, 1, &got)) {  // a smaller pool than the sender's
-    ++records_taken_;
     pages_.emplace_back(nullptr, -1);
     return {};
   }
-  ++records_taken_;
   pages_.emplace_back(arena, got[0]);
   return {arena->store(), got[0]};
 }

@@ -236,8 +236,10 @@ absl::Status SessionImport::Admit(const std::vector<std::shared_ptr<Session>>& s
     Adding& a = adding[s->tenant];
     ++a.sessions;
     a.bytes += s->bytes();
-    if (s->pinned) a.pinned_bytes += s->bytes();
-    if (s->pinned) pinned_bytes += s->bytes();
+    if (s->pinned) {
+      a.pinned_bytes += s->bytes();
+      pinned_bytes += s->bytes();
+    }
   }
   for (const auto& [tenant, a] : adding) {
     if (absl::Status st = m_.CheckTenantSessionsLocked(tenant, a.sessions); !st.ok()) return st;

@@ -328,6 +328,9 @@ class SessionManager {
   // The page records of `pages`, `flush` (when given) after each.
   static absl::Status WritePages(const std::vector<Encoding::Page>& pages, TransferWriter& w,
                                  const std::function<absl::Status(bool last)>& flush);
+  // Move's answer for session `id` when it is not live here: the one a call of its own tenant
+  // gets (lost, moved, never issued).
+  absl::Status NotHereLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends a move (Move): `moved_to` empty puts the session back in place.
   void EndMove(const std::string& id, const std::string& moved_to);
   friend class TransferDecoder;

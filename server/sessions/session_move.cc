@@ -33,6 +33,13 @@
 
 namespace attnserve::server::sessions {
 
+absl::Status SessionManager::NotHereLocked(const std::string& id) {
+  const SessionTable::LostId* lost = table_->FindLost(id);
+  auto found = FindLocked(lost != nullptr ? lost->tenant : "", id, "MoveSession");
+  return found.ok() ? absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"))
+                    : found.status();
+}
+
 absl::StatusOr<std::string> SessionManager::Move(
     const std::string& id, size_t chunk_bytes, const TransferSink& send,
     const std::function<absl::StatusOr<std::string>()>& finish, absl::Time wait_until,
@@ -46,13 +53,7 @@ absl::StatusOr<std::string> SessionManager::Move(
     MutexLock lock(&mu_);
     ExpireLocked();
     s = table_->Find(id);
-    if (s == nullptr) {
-      // The answer a call of its own tenant would get (lost, moved, never issued).
-      const SessionTable::LostId* lost = table_->FindLost(id);
-      auto found = FindLocked(lost != nullptr ? lost->tenant : "", id, "MoveSession");
-      return found.ok() ? absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"))
-                        : found.status();
-    }
+    if (s == nullptr) return NotHereLocked(id);
     if (s->sending) {
       return absl::AbortedError(
           absl::StrCat("session '", id, "' is moving already: wait for that move to end"));
@@ -97,12 +98,9 @@ absl::StatusOr<std::string> SessionManager::Move(
   for (bool switched = false; !switched && gone.ok();) {
     {
       MutexLock lock(&mu_);
-      if (table_->Find(id) != s || s->removed) {
-        // Closed, expired or lost meanwhile: the answer its tenant's call gets.
+      if (table_->Find(id) != s || s->removed) {  // closed, expired or lost meanwhile
         s->moving = false;
-        auto found = FindLocked(s->tenant, id, "MoveSession");
-        gone = found.ok() ? absl::NotFoundError(absl::StrCat("session '", id, "' does not exist"))
-                          : found.status();
+        gone = NotHereLocked(id);
       } else if (!s->busy) {
         s->moving = true;
         s->busy = true;

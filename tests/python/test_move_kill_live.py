@@ -73,6 +73,15 @@ class MoveKillTest(unittest.TestCase):
         self.addCleanup(proxy.channel.close)
         return proxy, f"127.0.0.1:{port}"
 
+    def start_replicas(self):
+        """B, the proxy to it, and A with the proxy as its one peer: (a, b, proxy, address)."""
+        b = LiveServer("--backend=cpu")
+        self.addCleanup(b.stop)
+        proxy, proxy_address = self.start_proxy(b.target)
+        a = LiveServer("--backend=cpu", f"--session_peers={proxy_address}")
+        self.addCleanup(a.stop)
+        return a, b, proxy, proxy_address
+
     def move_in_background(self, client, session_id, peer):
         """MoveSession on a thread: its outcome (the response or the error) once it ends."""
         outcome = {}
@@ -96,11 +105,7 @@ class MoveKillTest(unittest.TestCase):
         finally:
             ref.stop()
 
-        b = LiveServer("--backend=cpu")
-        self.addCleanup(b.stop)
-        proxy, proxy_address = self.start_proxy(b.target)
-        a = LiveServer("--backend=cpu", f"--session_peers={proxy_address}")
-        self.addCleanup(a.stop)
+        a, b, proxy, proxy_address = self.start_replicas()
         with attnserve.Client(a.target) as client:
             s = client.create_session(layout=LAYOUT)
             s.extend(*tokens(0, PREFILL))
@@ -123,11 +128,7 @@ class MoveKillTest(unittest.TestCase):
             s.close()
 
     def test_sender_killed_mid_move_leaves_nothing_on_the_receiver(self):
-        b = LiveServer("--backend=cpu")
-        self.addCleanup(b.stop)
-        proxy, proxy_address = self.start_proxy(b.target)
-        a = LiveServer("--backend=cpu", f"--session_peers={proxy_address}")
-        self.addCleanup(a.stop)
+        a, b, proxy, proxy_address = self.start_replicas()
         client = attnserve.Client([a.target, b.target])
         self.addCleanup(client.close)
         with attnserve.Client(a.target) as on_a:
