@@ -12,6 +12,7 @@
 #include "base/mutex.h"
 #include "client/float_codec.h"
 #include "client/stream.h"
+#include "grpcpp/channel.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -506,8 +507,7 @@ std::string Client::FindMoved(const std::string& id, absl::Time deadline) {
   std::vector<size_t> unreachable;
   const auto ask = [&](size_t i, bool wait_for_ready) {
     grpc::ClientContext context;
-    Prepare(&context,
-            std::min(Remaining(deadline), wait_for_ready ? absl::Seconds(1) : absl::Seconds(2)));
+    Prepare(&context, std::min(Remaining(deadline), absl::Seconds(2)));
     context.set_wait_for_ready(wait_for_ready);
     v1::GetSessionRequest request;
     request.set_session_id(id);
@@ -520,9 +520,11 @@ std::string Client::FindMoved(const std::string& id, absl::Time deadline) {
     if (owner.ok() && replica_addresses_[i] == *owner) continue;
     if (std::string to = ask(i, false); !to.empty()) return to;
   }
-  // A replica that could not be reached is asked again once, waiting up to a second for its
-  // channel (a new process at an address whose channel still backs off from the last one).
+  // A replica that could not be reached is asked again once, its channel told to connect at
+  // once: it may be backing off from a process that stopped, while a new one now listens at
+  // its address. Waiting for the channel (up to 2 s) lets the new connection be made.
   for (const size_t i : std::vector<size_t>(std::move(unreachable))) {
+    grpc::experimental::ChannelResetConnectionBackoff(replica_channels_[i].get());
     if (std::string to = ask(i, true); !to.empty()) return to;
   }
   return "";

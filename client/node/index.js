@@ -531,8 +531,14 @@ class Client {
     };
     const credentials = options.credentials || grpc.credentials.createInsecure();
     this.stub = new Service(target, credentials, channelOptions);
-    // One stub (and channel) per replica, for the calls naming a session.
-    this.replicaStubs = this.replicas.map((a) => new Service(a, credentials, channelOptions));
+    // One stub (and channel) per replica, for the calls naming a session, each with its own
+    // connection (a local subchannel pool): its reconnect backoff is its own.
+    /** A new stub of replica `address`. */
+    this.newReplicaStub = (address) => new Service(address, credentials,
+      { ...channelOptions, 'grpc.use_local_subchannel_pool': 1 });
+    this.replicaStubs = this.replicas.map((a) => this.newReplicaStub(a));
+    /** Replica stubs replaced by findMoved; closed with the client (calls may be on them). */
+    this.retiredStubs = [];
     this.nextReplica = 0;
     /** Moves this client has seen: old session id -> new id. */
     this.moved = new Map();
@@ -655,28 +661,35 @@ class Client {
     try {
       owner = sessionOwner(sessionId);
     } catch (e) { /* asks every replica */ }
-    // The new id replica i answers for sessionId ('' if none); an unreachable one is noted.
-    const unreachable = [];
-    const ask = async (i, waitForReady) => {
-      const timeoutMs = Math.max(Math.min(deadline - Date.now(), waitForReady ? 1000 : 2000), 1);
+    // [the new id `stub` answers for sessionId or '', whether it could not be reached].
+    const ask = async (stub) => {
+      const timeoutMs = Math.max(Math.min(deadline - Date.now(), 2000), 1);
       try {
-        await this.unary('GetSession', { sessionId }, timeoutMs, this.replicaStubs[i],
-          waitForReady);
+        await this.unary('GetSession', { sessionId }, timeoutMs, stub);
       } catch (err) {
-        if (err.code === grpc.status.UNAVAILABLE) unreachable.push(i);
-        return trailer(err, MOVED_KEY);
+        return [trailer(err, MOVED_KEY), err.code === grpc.status.UNAVAILABLE];
       }
-      return '';
+      return ['', false];
     };
+    const unreachable = [];
     for (let i = 0; i < this.replicas.length; i++) {
       if (this.replicas[i] === owner) continue;
-      const to = await ask(i, false);
+      const [to, down] = await ask(this.replicaStubs[i]);
       if (to) return to;
+      if (down) unreachable.push(i);
     }
-    // A replica that could not be reached is asked again once, waiting up to a second for its
-    // channel (a new process at an address whose channel still backs off from the last one).
-    for (const i of unreachable.splice(0)) {
-      const to = await ask(i, true);
+    // A replica that could not be reached is asked again once over a new channel, which
+    // connects at once: the old one may be backing off from a process that stopped while a new
+    // one now listens at its address. If the new channel reaches it, it replaces the old one.
+    for (const i of unreachable) {
+      const stub = this.newReplicaStub(this.replicas[i]);
+      const [to, down] = await ask(stub);
+      if (down) {
+        stub.close();
+        continue;
+      }
+      this.retiredStubs.push(this.replicaStubs[i]);
+      this.replicaStubs[i] = stub;
       if (to) return to;
     }
     return '';
@@ -945,7 +958,7 @@ class Client {
   /** Closes the channels. */
   close() {
     this.stub.close();
-    for (const stub of this.replicaStubs) stub.close();
+    for (const stub of [...this.replicaStubs, ...this.retiredStubs]) stub.close();
   }
 }
 

@@ -355,8 +355,9 @@ class _Base:
         self.channel = self._channel(target)
         self.stub = pb_grpc.AttentionServiceStub(self.channel)
         self.replicas = replicas
-        self._replica_channels = [self._channel(a) for a in replicas]
+        self._replica_channels = [self._replica_channel(a) for a in replicas]
         self._replica_stubs = [pb_grpc.AttentionServiceStub(c) for c in self._replica_channels]
+        self._retired_channels: list = []  # replaced by _adopt; closed with the client
         self._next_replica = itertools.count()  # next() is atomic: thread-safe turns
         self._moved: dict = {}  # old session id -> new id (see "Moved sessions" above)
         self._moved_lock = threading.Lock()
@@ -376,6 +377,19 @@ class _Base:
     def _session_stub(self, session_id: str):
         address = self._session_address(session_id)
         return self._replica_stubs[self.replicas.index(address)] if address else self.stub
+
+    def _replica_channel(self, address: str):
+        """A channel to one replica with its own connection (a local subchannel pool): its
+        reconnect backoff is its own, not shared with another channel to the same address."""
+        return self._channel(address, [("grpc.use_local_subchannel_pool", 1)])
+
+    def _adopt(self, i: int, channel) -> None:
+        """Replica i's calls go over `channel` from now on (a new one that reached it while the
+        old one backs off); the old one is closed with the client (calls may be on it)."""
+        with self._moved_lock:
+            self._retired_channels.append(self._replica_channels[i])
+            self._replica_channels[i] = channel
+            self._replica_stubs[i] = pb_grpc.AttentionServiceStub(channel)
 
     # --- Moved sessions (see the module docstring) ---
 
@@ -430,13 +444,26 @@ class _Base:
             return "ask", True
         return None
 
-    def _others(self, session_id: str):
-        """(address, stub) of each replica but the owner of `session_id`."""
+    def _others(self, session_id: str) -> List[int]:
+        """The index of each replica but the owner of `session_id`."""
         try:
             owner = _s.session_owner(session_id)
         except ValueError:
             owner = ""
-        return [(a, stub) for a, stub in zip(self.replicas, self._replica_stubs) if a != owner]
+        return [i for i, a in enumerate(self.replicas) if a != owner]
+
+    def _ask_moved(self, session_id: str, deadline: Optional[float]):
+        """(request, keyword arguments) of the GetSession that asks a replica for the new id of
+        `session_id`, at most 2 s."""
+        left = _remaining(deadline)
+        return (pb.GetSessionRequest(session_id=session_id),
+                {"timeout": 2.0 if left is None else min(left, 2.0), "metadata": self._metadata})
+
+    @staticmethod
+    def _moved_answer(error: grpc.RpcError) -> Tuple[str, bool]:
+        """(the new id a GetSession's `error` names, or ""; whether its replica could not be
+        reached: UNAVAILABLE without a server's answer)."""
+        return _trailer(error, MOVED_KEY), _code(error) == grpc.StatusCode.UNAVAILABLE
 
     def _moved_items(self, requests, results) -> Tuple[List[int], bool]:
         """extend_sessions: the indices of the items to send again (moved: their request now
@@ -531,14 +558,16 @@ class Client(_Base):
     """Blocking client of one target. Thread-safe; use as a context manager or call close().
     The arguments are described under __init__ below."""
 
-    def _channel(self, target):
+    def _channel(self, target, more_options=()):
+        options = list(self._options) + list(more_options)
         if self._creds is None:
-            return grpc.insecure_channel(target, options=self._options)
-        return grpc.secure_channel(target, self._creds, options=self._options)
+            return grpc.insecure_channel(target, options=options)
+        return grpc.secure_channel(target, self._creds, options=options)
 
     def close(self) -> None:
-        """Closes the channel; calls in flight are cancelled."""
-        self.channel.close()
+        """Closes the channels; calls in flight are cancelled."""
+        for channel in [self.channel, *self._replica_channels, *self._retired_channels]:
+            channel.close()
 
     def __enter__(self) -> Client:
         return self
@@ -603,23 +632,35 @@ class Client(_Base):
     def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
         """The new id of `session_id` as a replica other than its owner knows it (one it was
         moved to), asked by GetSession; "" when none answers so. A replica that cannot be
-        reached is asked again once, waiting up to a second for its channel (a new process at
-        an address whose channel still backs off from the last one)."""
+        reached is asked again once over a new channel, which connects at once: the old one
+        may be backing off from a process that stopped while a new one now listens at its
+        address. If the new channel reaches it, it replaces the old one (_adopt)."""
         unreachable = []
-        for waiting, stubs in ((False, self._others(session_id)), (True, unreachable)):
-            for address, stub in list(stubs):
-                left = _remaining(deadline)
-                limit = 1.0 if waiting else 2.0
-                try:
-                    stub.GetSession(pb.GetSessionRequest(session_id=session_id),
-                                    timeout=limit if left is None else min(left, limit),
-                                    metadata=self._metadata, wait_for_ready=waiting)
-                except grpc.RpcError as e:
-                    to = _trailer(e, MOVED_KEY)
-                    if to:
-                        return to
-                    if not waiting and _code(e) == grpc.StatusCode.UNAVAILABLE:
-                        unreachable.append((address, stub))
+        for i in self._others(session_id):
+            try:
+                request, kw = self._ask_moved(session_id, deadline)
+                self._replica_stubs[i].GetSession(request, **kw)
+            except grpc.RpcError as e:
+                to, down = self._moved_answer(e)
+                if to:
+                    return to
+                if down:
+                    unreachable.append(i)
+        for i in unreachable:
+            channel = self._replica_channel(self.replicas[i])
+            to = ""
+            try:
+                request, kw = self._ask_moved(session_id, deadline)
+                pb_grpc.AttentionServiceStub(channel).GetSession(request, **kw)
+                down = False
+            except grpc.RpcError as e:
+                to, down = self._moved_answer(e)
+            if down:
+                channel.close()
+            else:
+                self._adopt(i, channel)
+                if to:
+                    return to
         return ""
 
     def _extend_sessions_once(self, requests, indices, timeout):
@@ -788,14 +829,16 @@ class AsyncClient(_Base):
     """asyncio client over grpc.aio: the same methods as Client, as coroutines. Create it
     inside the event loop that uses it; use `async with` or `await close()`."""
 
-    def _channel(self, target):
+    def _channel(self, target, more_options=()):
+        options = list(self._options) + list(more_options)
         if self._creds is None:
-            return grpc.aio.insecure_channel(target, options=self._options)
-        return grpc.aio.secure_channel(target, self._creds, options=self._options)
+            return grpc.aio.insecure_channel(target, options=options)
+        return grpc.aio.secure_channel(target, self._creds, options=options)
 
     async def close(self) -> None:
-        """Closes the channel; calls in flight are cancelled."""
-        await self.channel.close()
+        """Closes the channels; calls in flight are cancelled."""
+        for channel in [self.channel, *self._replica_channels, *self._retired_channels]:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -858,20 +901,31 @@ class AsyncClient(_Base):
     async def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
         """Client._find_moved as a coroutine."""
         unreachable = []
-        for waiting, stubs in ((False, self._others(session_id)), (True, unreachable)):
-            for address, stub in list(stubs):
-                left = _remaining(deadline)
-                limit = 1.0 if waiting else 2.0
-                try:
-                    await stub.GetSession(pb.GetSessionRequest(session_id=session_id),
-                                          timeout=limit if left is None else min(left, limit),
-                                          metadata=self._metadata, wait_for_ready=waiting)
-                except grpc.RpcError as e:
-                    to = _trailer(e, MOVED_KEY)
-                    if to:
-                        return to
-                    if not waiting and _code(e) == grpc.StatusCode.UNAVAILABLE:
-                        unreachable.append((address, stub))
+        for i in self._others(session_id):
+            try:
+                request, kw = self._ask_moved(session_id, deadline)
+                await self._replica_stubs[i].GetSession(request, **kw)
+            except grpc.RpcError as e:
+                to, down = self._moved_answer(e)
+                if to:
+                    return to
+                if down:
+                    unreachable.append(i)
+        for i in unreachable:
+            channel = self._replica_channel(self.replicas[i])
+            to = ""
+            try:
+                request, kw = self._ask_moved(session_id, deadline)
+                await pb_grpc.AttentionServiceStub(channel).GetSession(request, **kw)
+                down = False
+            except grpc.RpcError as e:
+                to, down = self._moved_answer(e)
+            if down:
+                await channel.close()
+            else:
+                self._adopt(i, channel)
+                if to:
+                    return to
         return ""
 
     async def _extend_sessions_once(self, requests, indices, timeout):
