@@ -3,7 +3,8 @@ B, C and A (A started with --session_peers=<B>,<C>; each names itself in session
 address it listens on) and clients of [A, B, C]. Sessions created on A are moved by
 move_session, by an operator's other client (the client then learns of the move from the
 answers: the trailing metadata attnserve-session-moved, ExtendSessionResult.moved_to), and by
-A's drain on SIGTERM, after which A is gone and the client must find them on B or C. Every
+A's drain on SIGTERM, after which A is gone and the client must find them on B or C, also
+for the items of an extend_sessions batch. Every
 extend's output equals causal attention over the session's whole sequence computed in float64
 here, and each Session takes its new id. No timing windows: A's exit is waited for.
 
@@ -38,6 +39,11 @@ def causal64(q, k, v):
     w = np.exp(s - s.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
     return np.einsum("hij,jhd->ihd", w, v)
+
+
+def eager():
+    """A client throttle that rejects every call it may (its draws are all 0)."""
+    return attnserve.Throttle(rand=lambda: 0.0)
 
 
 class Data:
@@ -160,12 +166,39 @@ class SessionMovesTest(unittest.TestCase):
             self.check("session 4 after A's drain", sessions[4].extend(*data[4].tokens(5, 7)),
                        data[4], 5, 7)
 
+            # A batch through a fresh client naming 3 and 4 by their ids on A (gone) and 0 by
+            # its id on B: the call to A fails as a whole, its items are looked for on B and C
+            # and sent again; every item answered in place. Then an asyncio client's batch of
+            # 3 alone under its id on A (the one call fails; the item is found and sent again).
+            # Fresh clients whose throttle rejects every call it may (rand() = 0): the attempt
+            # that finds A gone counts as refused, and the ones sent again to where the
+            # sessions went are the same call of the application's, never throttled.
+            with attnserve.Client(replicas, throttle=eager()) as fresh:
+                ids = {3: old[3], 4: old[4], 0: sessions[0].id}
+                stale = {i: attnserve.Session(fresh, pb.SessionInfo(session_id=x, length=7))
+                         for i, x in ids.items()}
+                results = fresh.extend_sessions([(stale[i], data[i].tokens(7, 8)) for i in ids])
+                for i, r in zip(ids, results):
+                    self.check(f"batch after A's drain, item {i}", r, data[i], 7, 8)
+                    self.assertIn(attnserve.session_owner(stale[i].id), (b.target, c.target))
+                self.assertEqual(stale[0].id, sessions[0].id)
+                self.assertEqual(stale[3].id, to_b)
+            with attnserve.Client(replicas, throttle=eager()) as fresh:
+                stale2 = attnserve.Session(fresh, pb.SessionInfo(session_id=old[2], length=7))
+                self.check("fresh client's extend after A's drain",
+                           stale2.extend(*data[2].tokens(7, 8)), data[2], 7, 8)
+                self.assertEqual(stale2.id, sessions[2].id)
+                self.assertEqual(fresh.throttle.counts(), (2, 1))
+            asyncio.run(self.async_batch_after_drain(replicas, old[3], to_b, data[3]))
+            sessions[0].info.length = sessions[2].info.length = sessions[4].info.length = 8
+            sessions[3].info.length = 9
+
             # Every session now lives on B or C (describe finds 3, which `client` did not see
             # move, with A gone), and closes there.
             for s in sessions:
                 s.describe()
             lengths = {s.id: s.length for s in sessions}
-            self.assertEqual(lengths[to_b], 7)
+            self.assertEqual(lengths[to_b], 9)
             listed = [x for r in (b.target, c.target)
                       for x in client.list_sessions(replica=r).sessions]
             self.assertEqual({x.session_id: x.length for x in listed}, lengths)
@@ -184,6 +217,13 @@ class SessionMovesTest(unittest.TestCase):
             self.check("asyncio batch, old id", r, data, 5, 6)
             self.assertEqual(s.id, new)
             self.check("asyncio extend", await s.extend(*data.tokens(6, 7)), data, 6, 7)
+
+    async def async_batch_after_drain(self, replicas, old, new, data):
+        async with attnserve.AsyncClient(replicas, throttle=eager()) as client:
+            s = attnserve.AsyncSession(client, pb.SessionInfo(session_id=old, length=8))
+            (r,) = await client.extend_sessions([(s, data.tokens(8, 9))])
+            self.check("asyncio batch after A's drain", r, data, 8, 9)
+            self.assertEqual(s.id, new)
 
 
 if __name__ == "__main__":

@@ -351,8 +351,10 @@ class FakeStubClientTest(unittest.TestCase):
         self.assertEqual(stub.calls["Attend"], 2)
 
     def test_extend_sessions_over_replicas(self):
-        # Two replicas: the throttle is the client's, one for both; a rejected replica call
-        # makes StepErrors of its steps, the other replica's call goes on.
+        # Two replicas: the throttle is the client's, one for both, and judges an
+        # extend_sessions once, as one call of the application's: rejected, no replica's call
+        # is sent and ThrottledError is raised; admitted, each replica's call is sent and its
+        # answer counted.
         clock, rand = FakeClock(), FakeRand()
         client = attnserve.Client(["10.0.0.1:1", "10.0.0.2:1"],
                                   throttle=Throttle(clock=clock, rand=rand))
@@ -365,19 +367,20 @@ class FakeStubClientTest(unittest.TestCase):
         a = client.create_session(layout=attnserve.layout(1, 2))
         b = client.create_session(layout=attnserve.layout(1, 2))
         client.throttle.record(grpc.StatusCode.UNAVAILABLE)  # p = 1/2
-        rand.queue += [0.1, 0.9]  # the first replica's call rejected, the second's sent
+        rand.queue.append(0.1)  # rejected
+        with self.assertRaises(ThrottledError) as e:
+            client.extend_sessions([(a, (X, X, X)), (b, (X, X, X))])
+        self.assertTrue(e.exception.details().startswith("throttled by the client"))
+        for stub in stubs:
+            self.assertNotIn("ExtendSessions", stub.calls)
+        self.assertEqual(client.throttle.counts(), (2, 0))  # p = 2/3
+        rand.queue.append(0.9)  # admitted: both replicas' calls
         out = client.extend_sessions([(a, (X, X, X)), (b, (X, X, X))])
-        self.assertIsInstance(out[0], attnserve.StepError)
-        self.assertEqual(out[0].code, grpc.StatusCode.UNAVAILABLE)
-        self.assertTrue(out[0].details.startswith("throttled by the client"), out[0].details)
+        self.assertIsInstance(out[0], attnserve.SessionResult)
         self.assertIsInstance(out[1], attnserve.SessionResult)
-        self.assertNotIn("ExtendSessions", stubs[0].calls)
-        self.assertEqual(stubs[1].calls["ExtendSessions"], 1)
-        self.assertEqual(client.throttle.counts(), (3, 1))
-        # With one replica's steps, the rejection is raised.
-        rand.queue.append(0.0)
-        with self.assertRaises(ThrottledError):
-            client.extend_sessions([(a, (X, X, X))])
+        for stub in stubs:
+            self.assertEqual(stub.calls["ExtendSessions"], 1)
+        self.assertEqual(client.throttle.counts(), (4, 2))
         self.assertEqual(rand.queue, [])
 
 

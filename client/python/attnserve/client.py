@@ -482,6 +482,50 @@ class _Base:
             again.append(i)
         return again, moving
 
+    def _lost_items(self, requests, results, asked: set) -> List[int]:
+        """extend_sessions: the indices of the items to look for on the other replicas (as
+        _follow does for one session's call): their replica's call failed UNAVAILABLE without a
+        pushback or CANCELLED, or they were answered "session lost (restarted)". Each session
+        once: `asked` holds those looked for already."""
+        if len(self.replicas) < 2:
+            return []
+        out = []
+        for i, r in enumerate(results):
+            if isinstance(r, ThrottledError):
+                continue
+            if isinstance(r, grpc.RpcError):
+                lost = (_code(r) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+                        and not _trailer(r, PUSHBACK_KEY))
+            else:
+                lost = (r.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
+                        and r.message.startswith("session lost (restarted)"))
+            if lost and requests[i].session_id not in asked:
+                asked.add(requests[i].session_id)
+                out.append(i)
+        return out
+
+    def _found(self, requests, results, i: int, to: str) -> bool:
+        """extend_sessions: item i's session was found on another replica as `to` ("": not
+        found). The move is remembered; whether to send the item again under `to`: when its
+        step carries expected_length (a Session's always do), or nothing was done (a
+        "session lost (restarted)" answer)."""
+        if not to:
+            return False
+        self._remember_move(requests[i].session_id, to)
+        if not (requests[i].HasField("expected_length")
+                or isinstance(results[i], pb.ExtendSessionResult)):
+            return False
+        requests[i].session_id = to
+        return True
+
+    def _step_results(self, steps, results):
+        """extend_sessions' answer: a SessionResult or StepError per step; raises the error of
+        the one replica's call when that call failed as a whole for every step."""
+        first = results[0] if results else None
+        if isinstance(first, grpc.RpcError) and all(r is first for r in results):
+            raise first
+        return _s._merge(steps, results, self.torch_out)
+
     @staticmethod
     def _results_of(group, response):
         """(index, pb.ExtendSessionResult) of each item of `group` from its call's response."""
@@ -575,10 +619,13 @@ class Client(_Base):
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _throttled(self, rpc, request, timeout):
-        """rpc(request), a compute call, through the throttle. A call interrupted without an
-        answer (KeyboardInterrupt) is not counted."""
-        self._admit()
+    def _throttled(self, rpc, request, timeout, admit: bool = True):
+        """rpc(request), a compute call, through the throttle (admit=False: counted, never
+        rejected; a call sent again to where its session went is one call of the
+        application's). A call interrupted without an answer (KeyboardInterrupt) is not
+        counted."""
+        if admit:
+            self._admit()
         try:
             response = rpc(request, **self._kw(timeout))
         except grpc.RpcError as e:
@@ -603,7 +650,8 @@ class Client(_Base):
                 rpc = functools.partial(rpc, wait_for_ready=True)
             try:
                 if throttled:
-                    return self._throttled(rpc, request, _remaining(deadline))
+                    return self._throttled(rpc, request, _remaining(deadline),
+                                           admit=not (moves or waits or asked_others))
                 return rpc(request, **self._kw(_remaining(deadline)))
             except grpc.RpcError as e:
                 error = e
@@ -663,17 +711,19 @@ class Client(_Base):
                     return to
         return ""
 
-    def _extend_sessions_once(self, requests, indices, timeout):
+    def _extend_sessions_once(self, requests, indices, timeout, admit=True):
         """{index: pb.ExtendSessionResult, or the grpc.RpcError of its replica's call} for the
-        items of `indices`, one call per replica; raises the error of a call to one replica."""
+        items of `indices`, one call per replica. admit: the throttle judges them once, as one
+        call of the application's (a ThrottledError raised before any is sent; see _throttled).
+        """
+        if admit:
+            self._admit()
         groups = self._groups(requests, indices)
         out = {}
         for stub, group, request in groups:
             try:
-                response = self._throttled(stub.ExtendSessions, request, timeout)
+                response = self._throttled(stub.ExtendSessions, request, timeout, admit=False)
             except grpc.RpcError as e:
-                if len(groups) == 1:
-                    raise
                 out.update((i, e) for i in group)
                 continue
             out.update(self._results_of(group, response))
@@ -757,28 +807,34 @@ class Client(_Base):
         details) per step; each session's length follows its successful step. Raises
         grpc.RpcError only when the call itself fails with one replica. Steps whose session
         moved (ExtendSessionResult.moved_to) are sent again under the new id, to its owner,
-        and their results merged in place; steps of a moving session, after a pause."""
+        and their results merged in place; steps of a moving session, after a pause. Steps
+        whose replica could not be reached, or a new process at whose address answered
+        "session lost (restarted)", are looked for on the other replicas as a session's own
+        calls are (see the module docstring) and sent again where found."""
         requests = _s._step_requests(self, steps)
         deadline = self._deadline(timeout)
         first = self._extend_sessions_once(requests, range(len(requests)), _remaining(deadline))
         results = [first[i] for i in range(len(requests))]
-        # Items whose session moved (sent again under its new id) or is moving (again, after a
-        # pause), until none is left or the deadline passes.
+        asked: set = set()  # the sessions looked for on the other replicas
+        # Items whose session moved (sent again under its new id), is moving (again, after a
+        # pause) or was found on another replica, until none is left or the deadline passes.
         for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
             if _expired(deadline):
                 break
             again, moving = self._moved_items(requests, results)
+            for i in self._lost_items(requests, results, asked):
+                if self._found(requests, results, i,
+                               self._find_moved(requests[i].session_id, deadline)):
+                    again.append(i)
             if not again:
                 break
             if moving:
                 time.sleep(min(0.021, _remaining(deadline) or 0.021))
-            try:
-                more = self._extend_sessions_once(requests, again, _remaining(deadline))
-            except grpc.RpcError:
-                break  # the first answer stands for these items
+            more = self._extend_sessions_once(requests, sorted(again), _remaining(deadline),
+                                              admit=False)
             for i in again:
                 results[i] = more[i]
-        return _s._merge(steps, results, self.torch_out)
+        return self._step_results(steps, results)
 
     def move_session(self, session_id: str, peer: str, *,
                      timeout: Optional[float] = None) -> pb.MoveSessionResponse:
@@ -846,10 +902,11 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc) -> None:
         await self.close()
 
-    async def _throttled(self, rpc, request, timeout):
+    async def _throttled(self, rpc, request, timeout, admit: bool = True):
         """Client._throttled as a coroutine. A call cancelled without an answer (its task
         cancelled) is not counted."""
-        self._admit()
+        if admit:
+            self._admit()
         try:
             response = await rpc(request, **self._kw(timeout))
         except grpc.RpcError as e:
@@ -872,7 +929,8 @@ class AsyncClient(_Base):
                 rpc = functools.partial(rpc, wait_for_ready=True)
             try:
                 if throttled:
-                    return await self._throttled(rpc, request, _remaining(deadline))
+                    return await self._throttled(rpc, request, _remaining(deadline),
+                                                 admit=not (moves or waits or asked_others))
                 return await rpc(request, **self._kw(_remaining(deadline)))
             except grpc.RpcError as e:
                 error = e
@@ -928,16 +986,17 @@ class AsyncClient(_Base):
                     return to
         return ""
 
-    async def _extend_sessions_once(self, requests, indices, timeout):
+    async def _extend_sessions_once(self, requests, indices, timeout, admit=True):
         """Client._extend_sessions_once as a coroutine (the replicas' calls run concurrently)."""
+        if admit:
+            self._admit()
         groups = self._groups(requests, indices)
         responses = await asyncio.gather(
-            *(self._throttled(stub.ExtendSessions, request, timeout)
+            *(self._throttled(stub.ExtendSessions, request, timeout, admit=False)
               for stub, _, request in groups),
             return_exceptions=True)
         for r in responses:
-            if isinstance(r, BaseException) and (len(groups) == 1
-                                                 or not isinstance(r, grpc.RpcError)):
+            if isinstance(r, BaseException) and not isinstance(r, grpc.RpcError):
                 raise r
         out = {}
         for (_, group, _), response in zip(groups, responses):
@@ -1016,21 +1075,24 @@ class AsyncClient(_Base):
         first = await self._extend_sessions_once(requests, range(len(requests)),
                                                  _remaining(deadline))
         results = [first[i] for i in range(len(requests))]
+        asked: set = set()
         for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
             if _expired(deadline):
                 break
             again, moving = self._moved_items(requests, results)
+            for i in self._lost_items(requests, results, asked):
+                if self._found(requests, results, i,
+                               await self._find_moved(requests[i].session_id, deadline)):
+                    again.append(i)
             if not again:
                 break
             if moving:
                 await asyncio.sleep(min(0.021, _remaining(deadline) or 0.021))
-            try:
-                more = await self._extend_sessions_once(requests, again, _remaining(deadline))
-            except grpc.RpcError:
-                break  # the first answer stands for these items
+            more = await self._extend_sessions_once(requests, sorted(again),
+                                                    _remaining(deadline), admit=False)
             for i in again:
                 results[i] = more[i]
-        return _s._merge(steps, results, self.torch_out)
+        return self._step_results(steps, results)
 
     async def move_session(self, session_id: str, peer: str, *,
                            timeout: Optional[float] = None) -> pb.MoveSessionResponse:

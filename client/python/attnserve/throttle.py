@@ -23,7 +23,9 @@ turns it off) and apply it to the compute calls: attend, multi_head_attention, a
 extend and extend_sessions. Control calls (server_info, modules, creating, describing, forking,
 listing and closing sessions) and streams are neither throttled nor counted. A locally
 rejected call raises ThrottledError, a grpc.RpcError with code() UNAVAILABLE, before anything
-is sent.
+is sent. One call of the application's is judged once: an extend_sessions whatever the number
+of replicas it reaches (each replica's answer is counted), and a call sent again where its
+session went (a move followed) is counted but never rejected.
 """
 from __future__ import annotations
 
