@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -456,6 +457,15 @@ std::string Trailer(const grpc::ClientContext& context, const std::string& key) 
   return it == metadata.end() ? "" : std::string(it->second.data(), it->second.size());
 }
 
+// Whether a call that ended with `status` found its replica unreachable or shutting down:
+// UNAVAILABLE without a pushback (an overload refusal has one), or CANCELLED (gRPC cancels the
+// calls that reach a server as it shuts down, grpc#41785).
+bool Unreachable(const grpc::ClientContext& context, const grpc::Status& status) {
+  return (status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          status.error_code() == grpc::StatusCode::CANCELLED) &&
+         Trailer(context, "grpc-retry-pushback-ms").empty();
+}
+
 bool IsMoving(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          absl::StrContains(status.message(), "' is moving to another replica");
@@ -544,7 +554,8 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
   for (;;) {
     absl::StatusOr<v1::AttentionService::Stub*> stub = SessionStub(request.session_id());
     if (!stub.ok()) return stub.status();
-    if (throttled) {
+    // Judged once: the attempts after a move followed are the same call of the application's.
+    if (throttled && moves == 0 && waits == 0 && !asked_others) {
       if (absl::Status s = Admit(); !s.ok()) return s;
     }
     grpc::ClientContext context;
@@ -573,9 +584,7 @@ absl::StatusOr<Response> Client::SessionCall(Request request, absl::Duration tim
     // held it ("session lost (restarted)": nothing was done, so the call may be sent again):
     // did the session move to another replica before?
     // (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
-    const bool unreachable =
-        (s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled) &&
-        Trailer(context, "grpc-retry-pushback-ms").empty();
+    const bool unreachable = Unreachable(context, status);
     const bool restarted = SessionLostReason(s) == "restarted";
     if ((unreachable || restarted) && !asked_others && replica_addresses_.size() > 1) {
       asked_others = true;
@@ -657,12 +666,17 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
   for (v1::ExtendSessionRequest& step : *resolved.mutable_steps()) {
     step.set_session_id(Resolve(step.session_id()));
   }
+  std::vector<char> unreachable;
+  absl::Status whole;  // the one replica's call failed as a whole
   absl::StatusOr<v1::ExtendSessionsResponse> response =
-      ExtendSessionsOnce(resolved, Remaining(deadline));
-  // Steps whose session moved (sent again under its new id) or is moving (again, after a
-  // pause), until none is left or the deadline passes.
-  for (int round = 0; response.ok() && round < kMaxHops + kMaxMovingWaits && absl::Now() < deadline;
-       ++round) {
+      ExtendSessionsOnce(resolved, Remaining(deadline), /*admit=*/true, &unreachable, &whole);
+  if (!response.ok()) return response;
+  bool sent_again = false;
+  std::set<std::string> asked;  // sessions looked for on the other replicas
+  // Steps whose session moved (sent again under its new id), is moving (again, after a pause)
+  // or, its replica unreachable or restarted, was found on another replica (as SessionCall
+  // does for one session), until none is left or the deadline passes.
+  for (int round = 0; round < kMaxHops + kMaxMovingWaits && absl::Now() < deadline; ++round) {
     std::vector<int> again;
     bool moving = false;
     v1::ExtendSessionsRequest retry;
@@ -670,11 +684,20 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
       const v1::ExtendSessionResult& r = response->results(i);
       const absl::Status s(static_cast<absl::StatusCode>(r.code()), r.message());
       v1::ExtendSessionRequest* step = resolved.mutable_steps(i);
+      const bool restarted = SessionLostReason(s) == "restarted";
       if (!r.moved_to().empty()) {
         RememberMove(step->session_id(), r.moved_to());
         step->set_session_id(r.moved_to());
       } else if (IsMoving(s)) {
         moving = true;
+      } else if ((unreachable[i] || restarted) && replica_addresses_.size() > 1 &&
+                 asked.insert(step->session_id()).second) {
+        std::string to = FindMoved(step->session_id(), deadline);
+        if (to.empty()) continue;
+        RememberMove(step->session_id(), to);
+        // Sent again when nothing was done, or its expected_length guards a repeat.
+        if (!restarted && !step->has_expected_length()) continue;
+        step->set_session_id(std::move(to));
       } else {
         continue;
       }
@@ -683,18 +706,24 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessions(
     }
     if (again.empty()) break;
     if (moving) absl::SleepFor(std::min(absl::Milliseconds(21), deadline - absl::Now()));
+    std::vector<char> more_unreachable;
     absl::StatusOr<v1::ExtendSessionsResponse> more =
-        ExtendSessionsOnce(retry, Remaining(deadline));
+        ExtendSessionsOnce(retry, Remaining(deadline), /*admit=*/false, &more_unreachable, nullptr);
     if (!more.ok()) break;  // the first answer stands for these steps
+    sent_again = true;
     for (size_t j = 0; j < again.size() && static_cast<int>(j) < more->results_size(); ++j) {
       *response->mutable_results(again[j]) = std::move(*more->mutable_results(static_cast<int>(j)));
+      unreachable[again[j]] = more_unreachable[j];
     }
   }
+  // One replica's call failed and none of its steps was found elsewhere: its error.
+  if (!whole.ok() && !sent_again) return whole;
   return response;
 }
 
 absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessionsOnce(
-    const v1::ExtendSessionsRequest& request, absl::Duration timeout) {
+    const v1::ExtendSessionsRequest& request, absl::Duration timeout, bool admit,
+    std::vector<char>* unreachable, absl::Status* whole) {
   // Group the steps by the stub of their replica, keeping each step's index.
   struct Group {
     v1::AttentionService::Stub* stub;
@@ -720,31 +749,24 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessionsOnce(
     group->indices.push_back(i);
     *group->request.add_steps() = request.steps(i);
   }
-  if (groups.size() <= 1) {  // one replica (or no steps: the server answers INVALID_ARGUMENT)
+  if (admit) {
     if (absl::Status s = Admit(); !s.ok()) return s;
+  }
+  if (groups.empty()) {  // no steps: the server answers INVALID_ARGUMENT
     grpc::ClientContext context;
     Prepare(&context, timeout);
     v1::ExtendSessionsResponse response;
-    v1::AttentionService::Stub* stub = groups.empty() ? &NextStub() : groups[0]->stub;
-    grpc::Status status = stub->ExtendSessions(&context, request, &response);
+    grpc::Status status = NextStub().ExtendSessions(&context, request, &response);
     Record(context, status);
     if (!status.ok()) return FromGrpc(status);
     return response;
   }
-  // Each replica's call passes the throttle on its own; a rejected one gives its steps the
-  // rejection's code and message, as a failed call would.
+  // The replicas' calls run at once; each answer is counted by the throttle.
   Mutex mu;
   CondVar cv;
   size_t pending = groups.size();
   for (auto& g : groups) {
     Group* group = g.get();
-    if (absl::Status s = Admit(); !s.ok()) {
-      MutexLock lock(&mu);
-      group->status =
-          grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-      --pending;
-      continue;
-    }
     Prepare(&group->context, timeout);
     group->stub->async()->ExtendSessions(&group->context, &group->request, &group->response,
                                          [&, group](grpc::Status s) {
@@ -758,11 +780,17 @@ absl::StatusOr<v1::ExtendSessionsResponse> Client::ExtendSessionsOnce(
     MutexLock lock(&mu);
     while (pending != 0) cv.Wait(&mu);
   }
+  if (groups.size() == 1 && !groups[0]->status.ok() && whole != nullptr) {
+    *whole = FromGrpc(groups[0]->status);
+  }
+  unreachable->assign(static_cast<size_t>(request.steps_size()), 0);
   v1::ExtendSessionsResponse merged;
   for (int i = 0; i < request.steps_size(); ++i) merged.add_results();
   for (auto& g : groups) {
+    const bool down = Unreachable(g->context, g->status);
     for (size_t j = 0; j < g->indices.size(); ++j) {
       v1::ExtendSessionResult* result = merged.mutable_results(g->indices[j]);
+      (*unreachable)[static_cast<size_t>(g->indices[j])] = down;
       if (!g->status.ok()) {
         result->set_code(g->status.error_code());
         result->set_message(g->status.error_message());

@@ -38,8 +38,12 @@
 // UNAVAILABLE with the move remembered, so that the caller's retry reaches the session. A new
 // process at the replica's address (a restart in place) answers FAILED_PRECONDITION "session
 // lost (restarted)" for a session the old one moved away: the client asks the others too, and
-// sends any call again (nothing was done). Streams (OpenStreamForSession) do not follow: an
-// item's ExtendSessionResult.moved_to names the new id.
+// sends any call again (nothing was done). ExtendSessions does the same for the steps of a
+// replica whose call failed so, or that answered "session lost (restarted)", and returns the
+// failure of a one-replica call only when none of its steps was found. A call of the
+// application's passes the throttle once: the attempts that follow a move are counted, never
+// rejected. Streams (OpenStreamForSession) do not follow: an item's
+// ExtendSessionResult.moved_to names the new id.
 #ifndef ATTNSERVE_CLIENT_CLIENT_H_
 #define ATTNSERVE_CLIENT_CLIENT_H_
 
@@ -288,9 +292,15 @@ class Client {
                                        bool resend,
                                        grpc::Status (v1::AttentionService::Stub::*rpc)(
                                            grpc::ClientContext*, const Request&, Response*));
-  // ExtendSessions once, each step to its replica (no following).
+  // ExtendSessions once, each step to its replica (no following); a result per step, a failed
+  // replica call's status in each of its steps' results. admit: the throttle judges the calls
+  // once, as one call of the application's (its rejection returned before anything is sent);
+  // false: counted, never rejected. unreachable[i]: step i's replica call failed UNAVAILABLE
+  // without a pushback, or CANCELLED. *whole (may be null): the failure of the one replica
+  // call, when all the steps went to one replica and it failed.
   absl::StatusOr<v1::ExtendSessionsResponse> ExtendSessionsOnce(
-      const v1::ExtendSessionsRequest& request, absl::Duration timeout);
+      const v1::ExtendSessionsRequest& request, absl::Duration timeout, bool admit,
+      std::vector<char>* unreachable, absl::Status* whole);
 
   // One asynchronous unary call (client.cc). Start registers it (the registry owns it until
   // it completes); Finish, on the gRPC thread after its callback, takes it out, destroys it

@@ -260,13 +260,14 @@ TEST(SessionLiveTest, TwoServersEachSessionReachesItsOwner) {
 
 // Sessions moved to other replicas, by an operator and by a drain, are followed by the client:
 // the Session wrapper's extends, ExtendSessions and an asynchronous extend of a client that
-// never saw the move all reach the session on its new replica, which goes on as before.
+// never saw the move all reach the session on its new replica, which goes on as before; after
+// a replica's drain, also a batch and an extend naming its sessions by their ids there.
 TEST(SessionLiveTest, CallsFollowMovedSessions) {
   LiveServer b, c;
   LiveServer a({b.address(), c.address()});
   auto client = Client::CreateBalanced({a.address(), b.address(), c.address()}).value();
   std::mt19937 rng(5);
-  const int64_t n = 5;
+  const int64_t n = 6;
   std::vector<std::vector<float>> qs, ks, vs;
   std::vector<Session> sessions;
   for (int i = 0; i < 7; ++i) {  // in turn: a, b, c, a, b, c, a
@@ -344,11 +345,53 @@ TEST(SessionLiveTest, CallsFollowMovedSessions) {
 
   // a drains: its last session moves (to b, the next peer in turn) before a stops. The client
   // finds a gone, asks b and c, and sends the extend again (it carries expected_length).
+  const std::string id_on_a = sessions[6].id();
   a.host->Shutdown(absl::Seconds(10));
   step(6, 2);
   EXPECT_NE(SessionOwner(sessions[6].id()).value(), a.address());
-  step(6, 3);
-  step(3, 3);
+
+  // Clients that saw none of it. A batch naming 6 by its id on a and 3 by its id on c: the
+  // call to a fails as a whole, 6 is looked for on b and c and sent again, both answered. An
+  // extend of 6 by its id on a likewise; the attempt sent again is not judged by the throttle
+  // (the first one's refusal counts, the second's success too).
+  const auto extend_request = [&](int i, const std::string& id, int64_t t) {
+    v1::ExtendSessionRequest r;
+    r.set_session_id(id);
+    r.set_expected_length(t);
+    *r.mutable_query() = Rows(qs[i], kHq, t, t + 1);
+    *r.mutable_key() = Rows(ks[i], kHkv, t, t + 1);
+    *r.mutable_value() = Rows(vs[i], kHkv, t, t + 1);
+    return r;
+  };
+  {
+    auto fresh = Client::CreateBalanced({a.address(), b.address(), c.address()}).value();
+    v1::ExtendSessionsRequest both;
+    *both.add_steps() = extend_request(6, id_on_a, 3);
+    *both.add_steps() = extend_request(3, sessions[3].id(), 3);
+    auto answered = fresh->ExtendSessions(both);
+    ASSERT_TRUE(answered.ok()) << answered.status();
+    ASSERT_EQ(answered->results_size(), 2);
+    for (int j = 0; j < 2; ++j) {
+      const int i = j == 0 ? 6 : 3;
+      const v1::ExtendSessionResult& r = answered->results(j);
+      ASSERT_EQ(r.code(), 0) << "item " << j << ": " << r.message();
+      EXPECT_LT(MaxError(r.response().output(), Causal64(qs[i], ks[i], vs[i], 3, 4)), 2e-5);
+      EXPECT_EQ(r.response().session_id(), sessions[i].id());
+      sessions[i].Applied(r.response());
+    }
+    EXPECT_EQ(fresh->throttle()->Counts(), std::make_pair(int64_t{3}, int64_t{2}));
+  }
+  {
+    auto fresh = Client::CreateBalanced({a.address(), b.address(), c.address()}).value();
+    auto r = fresh->ExtendSession(extend_request(6, id_on_a, 4));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_LT(MaxError(r->output(), Causal64(qs[6], ks[6], vs[6], 4, 5)), 2e-5);
+    EXPECT_EQ(r->session_id(), sessions[6].id());
+    sessions[6].Applied(*r);
+    EXPECT_EQ(fresh->throttle()->Counts(), std::make_pair(int64_t{2}, int64_t{1}));
+  }
+  step(6, 5);
+  step(3, 4);
   sessions.clear();  // closes them all, each on its replica now
   for (const std::string& replica : {b.address(), c.address()}) {
     EXPECT_EQ(client->ListSessions({}, replica).value().usage().pages_used(), 0) << replica;
