@@ -544,9 +544,13 @@ class Client {
     this.moved = new Map();
   }
 
-  unary(method, request, timeoutMs, stub = this.stub, waitForReady = false) {
+  /**
+   * `method`(request) on `stub`. A compute call passes the client's throttle (admit false:
+   * counted, never rejected, as the attempts of a call that follow a move are).
+   */
+  unary(method, request, timeoutMs, stub = this.stub, waitForReady = false, admit = true) {
     const throttle = THROTTLED.has(method) ? this.throttle : null;
-    if (throttle) {
+    if (throttle && admit) {
       const reason = throttle.check();
       if (reason !== null) return Promise.reject(new ThrottledError(reason));
     }
@@ -609,7 +613,7 @@ class Client {
       let err;
       try {
         return await this.unary(method, current, Math.max(deadline - Date.now(), 1), stub,
-          vouched);
+          vouched, moves === 0 && waits === 0 && !askedOthers);
       } catch (e) {
         err = e;
       }
@@ -811,7 +815,12 @@ class Client {
    * each session at most once. One ExtendSessions call per replica, all at once; resolves to
    * one item per step, in the steps' order: a SessionResult, or a StepError (code, details) as
    * ExtendSession would have rejected. A replica's failed call makes a StepError of each of its
-   * steps; with one replica, the call's error rejects instead.
+   * steps; with one replica, the call's error rejects instead. Steps whose session moved
+   * (movedTo) are sent again under the new id; those of a replica whose call failed unreachable
+   * (UNAVAILABLE without a pushback, or CANCELLED) or that answered "session lost (restarted)"
+   * are looked for on the other replicas and sent again where found, as extendSession does
+   * (a one-replica call's error rejects only when none was found). The throttle judges the
+   * call once, however many replicas it reaches.
    */
   async extendSessions(steps, options = {}) {
     if (!Array.isArray(steps) || steps.length === 0) {
@@ -829,34 +838,46 @@ class Client {
     });
     const deadline = Date.now() + (options.timeoutMs ?? this.timeoutMs);
     const all = requests.map((_, i) => i);
-    const results = await this.extendSessionsOnce(requests, all, deadline);
-    // Steps whose session moved (sent again under its new id) or is moving (again, after a
-    // pause), until none is left or the deadline passes.
+    const { results, whole } = await this.extendSessionsOnce(requests, all, deadline, true);
+    const asked = new Set();  // the sessions looked for on the other replicas
+    let sentAgain = false;
+    // Steps whose session moved (sent again under its new id), is moving (again, after a
+    // pause) or was found on another replica, until none is left or the deadline passes.
     for (let round = 0; round < MAX_HOPS + MAX_MOVING_WAITS && Date.now() < deadline; round++) {
       const again = [];
       let moving = false;
-      results.forEach((r, i) => {
-        if (r instanceof Error) return;  // its replica's call failed as a whole
-        if (r.movedTo) {
+      for (let i = 0; i < results.length; i++) {
+        const r = results[i];
+        if (r instanceof Error) {
+          // Its replica's call failed as a whole: unreachable, or shutting down?
+          const unreachable = !(r instanceof ThrottledError) &&
+            (r.code === grpc.status.UNAVAILABLE || r.code === grpc.status.CANCELLED) &&
+            !trailer(r, PUSHBACK_KEY);
+          if (!unreachable || !(await this.found(requests, i, asked, deadline, false))) continue;
+        } else if (r.movedTo) {
           this.rememberMove(requests[i].sessionId, r.movedTo);
           requests[i] = { ...requests[i], sessionId: r.movedTo };
         } else if (isMoving(r.code, r.message)) {
           moving = true;
-        } else {
-          return;
+        } else if (sessionLostReason({ code: r.code, details: r.message }) !== 'restarted' ||
+                   !(await this.found(requests, i, asked, deadline, true))) {
+          continue;
         }
         again.push(i);
-      });
+      }
       if (again.length === 0) break;
       if (moving) await sleep(Math.max(Math.min(21, deadline - Date.now()), 0));
       let more;
       try {
-        more = await this.extendSessionsOnce(requests, again, deadline);
+        more = (await this.extendSessionsOnce(requests, again, deadline, false)).results;
       } catch (err) {
         break;  // the first answer stands for these steps
       }
+      sentAgain = true;
       for (const i of again) results[i] = more[i];
     }
+    // One replica's call failed and none of its steps was found elsewhere: its error.
+    if (whole && !sentAgain) throw whole;
     return results.map((r) => {
       if (r instanceof Error) return new StepError(r.code, r.details || '');
       return r.code === 0 ? sessionResult(r.response) : new StepError(r.code, r.message);
@@ -864,11 +885,35 @@ class Client {
   }
 
   /**
-   * One ExtendSessions call per replica, all at once, for the steps of `indices`: an array
-   * (indexed like `requests`) holding each one's ExtendSessionResult message, or the error of
-   * its replica's failed call. With one replica, that call's error rejects instead.
+   * extendSessions: whether step i's session, its replica unreachable or restarted, was found
+   * on another replica (each session looked for once: `asked`) and is to be sent again: the
+   * move is remembered, and the step sent again when it carries expectedLength or nothing was
+   * done (`restarted`).
    */
-  async extendSessionsOnce(requests, indices, deadline) {
+  async found(requests, i, asked, deadline, restarted) {
+    const id = requests[i].sessionId;
+    if (this.replicas.length < 2 || asked.has(id)) return false;
+    asked.add(id);
+    const to = await this.findMoved(id, deadline);
+    if (!to) return false;
+    this.rememberMove(id, to);
+    if (!restarted && requests[i].expectedLength === undefined) return false;
+    requests[i] = { ...requests[i], sessionId: to };
+    return true;
+  }
+
+  /**
+   * One ExtendSessions call per replica, all at once, for the steps of `indices`: { results:
+   * an array (indexed like `requests`) holding each one's ExtendSessionResult message, or the
+   * error of its replica's failed call; whole: that error when all went to one replica }.
+   * admit: the throttle judges the calls once, as one call of the application's (a rejection
+   * rejects before anything is sent); false: counted, never rejected.
+   */
+  async extendSessionsOnce(requests, indices, deadline, admit) {
+    if (admit && this.throttle) {
+      const reason = this.throttle.check();
+      if (reason !== null) throw new ThrottledError(reason);
+    }
     const groups = new Map();  // stub -> { indices, request }
     for (const i of indices) {
       const stub = this.sessionStub(requests[i].sessionId);
@@ -879,12 +924,14 @@ class Client {
     }
     const timeoutMs = Math.max(deadline - Date.now(), 1);
     const answers = await Promise.allSettled([...groups].map(([stub, group]) =>
-      this.unary('ExtendSessions', group.request, timeoutMs, stub)));
+      this.unary('ExtendSessions', group.request, timeoutMs, stub, false, false)));
     const out = new Array(requests.length);
+    let whole = null;
     [...groups.values()].forEach((group, g) => {
       const answer = answers[g];
       if (answer.status === 'rejected') {
-        if (groups.size === 1 || answer.reason.code === undefined) throw answer.reason;
+        if (answer.reason.code === undefined) throw answer.reason;
+        if (groups.size === 1) whole = answer.reason;
         for (const i of group.indices) out[i] = answer.reason;
         return;
       }
@@ -894,7 +941,7 @@ class Client {
         };
       });
     });
-    return out;
+    return { results: out, whole };
   }
 
   /** A new session sharing `sessionId`'s tokens copy-on-write; resolves to its SessionInfo. */

@@ -7,15 +7,20 @@
 // moved to" answer); one is moved to B by the operator and extended, beside the others, in an
 // extendSessions whose items name the old ids (they follow ExtendSessionResult.movedTo and are
 // merged in place). Every output equals float64 causal attention over the session's whole
-// sequence, and each result names the id in use.
-//   node moves_test.js A_ADDRESS B_ADDRESS C_ADDRESS  (beside reference.js, where
-//                                                     `require('attnserve')` is installed)
+// sequence, and each result names the id in use. Then A drains (SIGTERM to A_PID) and exits,
+// having moved its last session: fresh clients, whose throttle rejects every call it may,
+// reach it by its id on A in an extendSessions (the call to A fails; the step is found on B or
+// C and sent again, not judged again by the throttle) and in an extendSession.
+//   node moves_test.js A_ADDRESS B_ADDRESS C_ADDRESS A_PID  (beside reference.js, where
+//                                                           `require('attnserve')` is installed)
 'use strict';
 const assert = require('node:assert/strict');
 const attnserve = require('attnserve');
 const { rng, tensor, maxError, sessionAttention64 } = require('./reference');
 
-const [a, b, c] = process.argv.slice(2);
+const fs = require('node:fs');
+
+const [a, b, c, aPid] = process.argv.slice(2);
 const { FAILED_PRECONDITION } = attnserve.grpc.status;
 const [HQ, HKV, D, LENGTH] = [4, 2, 8, 8];
 const TOLERANCE = 1e-5;
@@ -44,7 +49,7 @@ async function main() {
   const operator = new attnserve.Client(a, { timeoutMs: 60000 });  // `client` sees not its moves
   const layout = { numHeads: HQ, numKvHeads: HKV, headDim: D };
   const sessions = [];
-  for (let i = 0; i < 3; i++) {
+  for (let i = 0; i < 4; i++) {
     const info = await client.createSession({ layout, replica: a });
     assert.equal(attnserve.sessionOwner(info.sessionId), a);
     const s = {
@@ -55,7 +60,7 @@ async function main() {
       { expectedLength: 0 }), s, 0, 5);
     sessions.push(s);
   }
-  const [s0, s1, s2] = sessions;
+  const [s0, s1, s2, s3] = sessions;
 
   // 0: moved by this client to B, then extended under its old id.
   const moved = await client.moveSession(s0.old, b);
@@ -118,12 +123,51 @@ async function main() {
     assert.deepEqual([info.sessionId, info.length], [id, length]);
     await client.closeSession(s.old);
   }
-  for (const replica of replicas) {
+  for (const replica of [b, c]) {
     assert.equal((await client.listSessions({ replica })).usage.sessions, 0, replica);
   }
+  assert.equal((await client.listSessions({ replica: a })).usage.sessions, 1);  // 3's
+
+  // A drains: it moves 3 to B or C, then exits (its process gone, or a zombie).
+  process.kill(Number(aPid), 'SIGTERM');
+  for (let i = 0; !exited(aPid); i++) {
+    assert.ok(i < 12000, `attnserve A (pid ${aPid}) did not exit after SIGTERM`);
+    await sleep(20);
+  }
+  const eager = () => new attnserve.Client(replicas,
+    { timeoutMs: 60000, throttle: new attnserve.Throttle({}, { rand: () => 0 }) });
+  const batchClient = eager();
+  const [r3] = await batchClient.extendSessions([
+    { sessionId: s3.old, tokens: tokens(s3, 5, 6), expectedLength: 5 }]);
+  check('batch after A\'s drain', r3, s3, 5, 6);
+  assert.ok([b, c].includes(attnserve.sessionOwner(r3.sessionId)), r3.sessionId);
+  // The call to A refused, the one sent again answered.
+  assert.deepEqual(batchClient.throttle.counts(), { requests: 2, accepts: 1 });
+  batchClient.close();
+  const oneClient = eager();
+  const r3b = await oneClient.extendSession(s3.old, tokens(s3, 6, 7), { expectedLength: 6 });
+  check('extend after A\'s drain', r3b, s3, 6, 7);
+  assert.equal(r3b.sessionId, r3.sessionId);
+  assert.deepEqual(oneClient.throttle.counts(), { requests: 2, accepts: 1 });
+  await oneClient.closeSession(s3.old);
+  oneClient.close();
   console.log(`moves over ${a} -> ${b}, ${c}: followed; all checks passed`);
   client.close();
   operator.close();
+}
+
+/** Whether process `pid` has exited: gone, or a zombie not yet waited for. */
+function exited(pid) {
+  try {
+    const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return stat.slice(stat.lastIndexOf(')') + 2).startsWith('Z');
+  } catch (e) {
+    return true;
+  }
+}
+
+function sleep(ms) {
+  return new Promise((resolve) => setTimeout(resolve, ms));
 }
 
 main().catch((e) => {

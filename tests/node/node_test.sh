@@ -139,8 +139,10 @@ port_c=$(wait_for c)
 port_move_b=$(wait_for move_b)
 port_move_c=$(wait_for move_c)
 start_server move_a --session_peers="127.0.0.1:$port_move_b,127.0.0.1:$port_move_c"
+pid_move_a=${pids[-1]}  # moves_test.js drains it (SIGTERM) and waits for its exit
 port_move_a=$(wait_for move_a)
 cd "$work/app"
 node attend_test.js "127.0.0.1:$port_one" "$version"
 node routing_test.js "127.0.0.1:$port_a" "127.0.0.1:$port_b" "127.0.0.1:$port_c"
-node moves_test.js "127.0.0.1:$port_move_a" "127.0.0.1:$port_move_b" "127.0.0.1:$port_move_c"
+node moves_test.js "127.0.0.1:$port_move_a" "127.0.0.1:$port_move_b" "127.0.0.1:$port_move_c" \
+  "$pid_move_a"

@@ -3,7 +3,7 @@
 // same) on a fake clock and fake random draws; the options' checks; a Client with a fake stub:
 // answers UNAVAILABLE make it reject compute calls locally (nothing sent), INVALID_ARGUMENT
 // answers never do, control calls are never throttled nor counted, { throttle: false } turns it
-// off, extendSessions turns a rejected replica call into StepErrors; and an in-process grpc-js
+// off, extendSessions is judged once whatever the replicas it reaches; and an in-process grpc-js
 // server, so that the pushback trailer comes through real gRPC.
 //   node throttle_test.js CASES_JSON   (where `require('attnserve')` is installed)
 'use strict';
@@ -284,8 +284,8 @@ async function fakeStubClient() {
     assert.equal(stub.calls.Attend, 2);
   }
   {
-    // Two replicas, one throttle: a rejected replica call makes StepErrors of its steps, the
-    // other replica's call goes on; with one replica's steps, the rejection rejects the call.
+    // Two replicas, one throttle, judging an extendSessions once: rejected, no replica's call
+    // is sent and the call rejects; admitted, each replica's call is sent and counted.
     const clock = fakeClock();
     const rand = fakeRand();
     const client = new attnserve.Client(['10.0.0.1:1', '10.0.0.2:1'],
@@ -295,19 +295,23 @@ async function fakeStubClient() {
     const a = '10.0.0.1:1/i/1';
     const b = '10.0.0.2:1/i/1';
     client.throttle.record(status.UNAVAILABLE);  // p = 1/2
-    rand.queue.push(0.1, 0.9);  // the first replica's call rejected, the second's sent
-    const out = await client.extendSessions([
-      { sessionId: a, tokens: TOKENS }, { sessionId: b, tokens: TOKENS }]);
-    assert.ok(out[0] instanceof attnserve.StepError);
-    assert.equal(out[0].code, status.UNAVAILABLE);
-    assert.ok(out[0].details.startsWith('throttled by the client'), out[0].details);
-    assert.equal(out[1].length, 1);
+    rand.queue.push(0.1);  // rejected
+    const both = [{ sessionId: a, tokens: TOKENS }, { sessionId: b, tokens: TOKENS }];
+    await assert.rejects(client.extendSessions(both), (err) => {
+      assert.ok(err instanceof ThrottledError);
+      assert.ok(err.details.startsWith('throttled by the client'), err.details);
+      return true;
+    });
     assert.equal(client.replicaStubs[0].calls.ExtendSessions, undefined);
+    assert.equal(client.replicaStubs[1].calls.ExtendSessions, undefined);
+    assert.deepEqual(client.throttle.counts(), { requests: 2, accepts: 0 });  // p = 2/3
+    rand.queue.push(0.9);  // admitted: both replicas' calls
+    const out = await client.extendSessions(both);
+    assert.equal(out[0].length, 1);
+    assert.equal(out[1].length, 1);
+    assert.equal(client.replicaStubs[0].calls.ExtendSessions, 1);
     assert.equal(client.replicaStubs[1].calls.ExtendSessions, 1);
-    assert.deepEqual(client.throttle.counts(), { requests: 3, accepts: 1 });
-    rand.queue.push(0);
-    await assert.rejects(client.extendSessions([{ sessionId: a, tokens: TOKENS }]),
-      ThrottledError);
+    assert.deepEqual(client.throttle.counts(), { requests: 4, accepts: 2 });
     assert.deepEqual(rand.queue, []);
   }
 }
