@@ -6,7 +6,8 @@
 #     with -Wthread-safety -Werror (base/mutex.h's annotations checked) under AddressSanitizer +
 #     UndefinedBehaviorSanitizer, with the libFuzzer targets. Runs the unit and emulation tiers
 #     (the emulated CUDA kernels at one tensor-core head dim, 64, besides the generic, decode,
-#     paged and plain paths), the installed client header compiled by clang in the
+#     paged and plain paths; not the repository checks, labels format and repo, which the
+#     plain run did), the installed client header compiled by clang in the
 #     find_package test, and each fuzz target for a bounded time from its corpus (FUZZ_SECONDS
 #     each, 25 by default, two at a time; tests/fuzz/README.md).
 #   tsan (preset "tsan", build-tsan/): the batcher, server and session tests of the unit tier,
@@ -38,7 +39,9 @@ run_clang() {
   # The emulated kernels: hdim 64 of the tensor-core kernel in fp16 and bf16 (the other head
   # dims are the same template body; the plain build runs them all), every other kernel.
   local rc=0
-  ctest --preset clang -L "^(unit|emulation)$" -LE "python|node" \
+  # (Not the repository checks, labels format and repo: they build and run none of our code,
+  # and the plain run did them.)
+  ctest --preset clang -L "^(unit|emulation)$" -LE "python|node|format|repo" \
     -E "FlashEmuTest.*hdim(32|96|128|160|192|256)" || rc=$?
   cost build-clang
   ctest --preset clang -R "^client_install_find_package$" || rc=$?
