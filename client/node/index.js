@@ -369,6 +369,16 @@ function stepResults(results) {
  * "evicted", "expired" or "restarted" when `error` (grpc-js's error or a StepError) says the
  * session was lost; "" otherwise. A lost session is gone: create a new one and prefill again.
  */
+/**
+ * Whether a call that failed with `err` found its replica unreachable or shutting down:
+ * UNAVAILABLE without a pushback (an overload refusal has one), or CANCELLED (gRPC cancels the
+ * calls that reach a server as it shuts down, grpc#41785).
+ */
+function unreachable(err) {
+  return (err.code === grpc.status.UNAVAILABLE || err.code === grpc.status.CANCELLED) &&
+    !trailer(err, PUSHBACK_KEY);
+}
+
 function sessionLostReason(error) {
   const details = (error && error.details) || '';
   if (!error || error.code !== grpc.status.FAILED_PRECONDITION ||
@@ -636,11 +646,8 @@ class Client {
       // Its replica unreachable (or shutting down), or a new process at its address that never
       // held it ("session lost (restarted)": nothing was done, so the call may be sent again):
       // did the session move to another replica before?
-      // (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
-      const unreachable = (err.code === grpc.status.UNAVAILABLE ||
-        err.code === grpc.status.CANCELLED) && !trailer(err, PUSHBACK_KEY);
       const restarted = sessionLostReason(err) === 'restarted';
-      if ((unreachable || restarted) && !askedOthers && this.replicas.length > 1) {
+      if ((unreachable(err) || restarted) && !askedOthers && this.replicas.length > 1) {
         askedOthers = true;
         const found = await this.findMoved(current.sessionId, deadline);
         if (found) {
@@ -675,17 +682,17 @@ class Client {
       }
       return ['', false];
     };
-    const unreachable = [];
+    const notReached = [];
     for (let i = 0; i < this.replicas.length; i++) {
       if (this.replicas[i] === owner) continue;
       const [to, down] = await ask(this.replicaStubs[i]);
       if (to) return to;
-      if (down) unreachable.push(i);
+      if (down) notReached.push(i);
     }
     // A replica that could not be reached is asked again once over a new channel, which
     // connects at once: the old one may be backing off from a process that stopped while a new
     // one now listens at its address. If the new channel reaches it, it replaces the old one.
-    for (const i of unreachable) {
+    for (const i of notReached) {
       const stub = this.newReplicaStub(this.replicas[i]);
       const [to, down] = await ask(stub);
       if (down) {
@@ -850,10 +857,10 @@ class Client {
         const r = results[i];
         if (r instanceof Error) {
           // Its replica's call failed as a whole: unreachable, or shutting down?
-          const unreachable = !(r instanceof ThrottledError) &&
-            (r.code === grpc.status.UNAVAILABLE || r.code === grpc.status.CANCELLED) &&
-            !trailer(r, PUSHBACK_KEY);
-          if (!unreachable || !(await this.found(requests, i, asked, deadline, false))) continue;
+          if (r instanceof ThrottledError || !unreachable(r) ||
+              !(await this.found(requests, i, asked, deadline, false))) {
+            continue;
+          }
         } else if (r.movedTo) {
           this.rememberMove(requests[i].sessionId, r.movedTo);
           requests[i] = { ...requests[i], sessionId: r.movedTo };

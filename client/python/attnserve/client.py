@@ -281,6 +281,14 @@ def _code(error: BaseException):
     return error.code() if hasattr(error, "code") else None
 
 
+def _unreachable(error: grpc.RpcError) -> bool:
+    """Whether a call that failed with `error` found its replica unreachable or shutting down:
+    UNAVAILABLE without a pushback (an overload refusal has one), or CANCELLED (gRPC cancels
+    the calls that reach a server as it shuts down, grpc#41785)."""
+    return (_code(error) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+            and not _trailer(error, PUSHBACK_KEY))
+
+
 def _is_moving(code, details: str) -> bool:
     """Whether a call's answer says its session is being moved (UNAVAILABLE, send it again)."""
     return code == grpc.StatusCode.UNAVAILABLE and "' is moving to another replica" in details
@@ -436,9 +444,7 @@ class _Base:
         # again): did the session move to another replica before?
         if asked_others or len(self.replicas) < 2:
             return None
-        # (CANCELLED: gRPC cancels the calls that reach a server as it shuts down, grpc#41785.)
-        if (code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-                and not _trailer(error, PUSHBACK_KEY)):
+        if _unreachable(error):
             return "ask", False
         if _s.session_lost_reason(error) == "restarted":
             return "ask", True
@@ -494,11 +500,10 @@ class _Base:
             if isinstance(r, ThrottledError):
                 continue
             if isinstance(r, grpc.RpcError):
-                lost = (_code(r) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
-                        and not _trailer(r, PUSHBACK_KEY))
+                lost = _unreachable(r)
             else:
-                lost = (r.code == grpc.StatusCode.FAILED_PRECONDITION.value[0]
-                        and r.message.startswith("session lost (restarted)"))
+                step = _s.StepError(_s._CODES.get(r.code, grpc.StatusCode.UNKNOWN), r.message)
+                lost = _s.session_lost_reason(step) == "restarted"
             if lost and requests[i].session_id not in asked:
                 asked.add(requests[i].session_id)
                 out.append(i)
