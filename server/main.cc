@@ -24,6 +24,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -149,6 +150,14 @@ ABSL_FLAG(std::string, session_peer_token_file, "",
           "admin role); empty: --auth_token_file's token, if any");
 ABSL_FLAG(std::string, session_peer_ca_file, "",
           "PEM roots that verify the TLS certificates of --session_peers (empty: plaintext)");
+ABSL_FLAG(std::string, session_peer_cert_file, "",
+          "PEM certificate chain presented to --session_peers that require client certificates "
+          "(their --tls_client_ca_file); needs --session_peer_key_file and --session_peer_ca_file");
+ABSL_FLAG(std::string, session_peer_key_file, "", "PEM private key of --session_peer_cert_file");
+ABSL_FLAG(std::string, session_peer_server_name, "",
+          "the name the peers' TLS certificates are checked against instead of the address "
+          "dialled (a dns: entry's addresses are pod IPs: name the Service the certificate is "
+          "for); needs --session_peer_ca_file");
 ABSL_FLAG(int64_t, max_sessions, kDefaults.sessions.max_sessions,
           "most decode sessions held at once");
 
@@ -300,6 +309,24 @@ int Run() {
       return 2;
     }
     options.session_peers.ca_pem = *pem;
+  }
+  for (auto [flag, path, pem] :
+       {std::tuple{"--session_peer_cert_file", absl::GetFlag(FLAGS_session_peer_cert_file),
+                   &options.session_peers.cert_pem},
+        std::tuple{"--session_peer_key_file", absl::GetFlag(FLAGS_session_peer_key_file),
+                   &options.session_peers.key_pem}}) {
+    if (path.empty()) continue;
+    auto read = attnserve::ReadFileToString(path);
+    if (!read.ok()) {
+      std::fprintf(stderr, "attnserve: %s: %s\n", flag, read.status().ToString().c_str());
+      return 2;
+    }
+    *pem = *std::move(read);
+  }
+  options.session_peers.server_name = absl::GetFlag(FLAGS_session_peer_server_name);
+  if (absl::Status st = attnserve::server::CheckPeerOptions(options.session_peers); !st.ok()) {
+    std::fprintf(stderr, "attnserve: %s\n", std::string(st.message()).c_str());
+    return 2;
   }
   for (const std::string& spec : absl::GetFlag(FLAGS_module)) {
     auto parsed = attnserve::server::ParseModuleSpec(spec);

@@ -252,6 +252,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   service_options.auth = host->auth_.get();
   host->drain_ = std::make_shared<Drain>();
   service_options.drain = host->drain_.get();
+  if (absl::Status st = CheckPeerOptions(options.session_peers); !st.ok()) return st;
   if (!options.session_peers.peers.empty()) {
     host->mover_ =
         std::make_unique<SessionMover>(host->sessions_.get(), options.session_peers, metrics);

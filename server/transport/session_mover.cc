@@ -56,6 +56,8 @@ SessionMover::SessionMover(sessions::SessionManager* sessions, PeerOptions optio
   } else {
     grpc::SslCredentialsOptions ssl;
     ssl.pem_root_certs = options_.ca_pem;
+    ssl.pem_cert_chain = options_.cert_pem;
+    ssl.pem_private_key = options_.key_pem;
     credentials_ = grpc::SslCredentials(ssl);
   }
 }
@@ -70,6 +72,7 @@ std::shared_ptr<v1::AttentionService::Stub> SessionMover::StubFor(const std::str
   if (stub == nullptr) {
     grpc::ChannelArguments args;
     args.SetMaxSendMessageSize(-1);
+    if (!options_.server_name.empty()) args.SetSslTargetNameOverride(options_.server_name);
     stub = v1::AttentionService::NewStub(grpc::CreateCustomChannel(peer, credentials_, args));
   }
   return stub;
@@ -229,11 +232,49 @@ SessionMover::Report SessionMover::MoveAll(absl::Time deadline) {
   return report;
 }
 
+namespace {
+
+// Every address `host` resolves to now, as "ip:port" or "[ipv6]:port", sorted (the same order on
+// every replica); none when it does not resolve.
+std::vector<std::string> Resolve(const std::string& host, const std::string& port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) return {};
+  std::vector<std::string> addresses;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char ip[INET6_ADDRSTRLEN] = {};
+    if (a->ai_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr, ip,
+                sizeof ip);
+      addresses.push_back(absl::StrCat(ip, ":", port));
+    } else if (a->ai_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr, ip,
+                sizeof ip);
+      addresses.push_back(absl::StrCat("[", ip, "]:", port));
+    }
+  }
+  freeaddrinfo(found);
+  std::sort(addresses.begin(), addresses.end());
+  addresses.erase(std::unique(addresses.begin(), addresses.end()), addresses.end());
+  return addresses;
+}
+
+}  // namespace
+
 std::vector<std::string> ResolvePeers(const std::vector<std::string>& entries,
                                       const std::string& self) {
+  // This replica by its owner address and, when that names a host (a StatefulSet pod's stable
+  // name), by every address the host has now: a name's records may include this pod.
+  std::vector<std::string> selves = {self};
+  if (std::string host, port; SplitHostPort(self, &host, &port)) {
+    for (std::string& address : Resolve(host, port)) selves.push_back(std::move(address));
+  }
   std::vector<std::string> out;
   const auto add = [&](std::string address) {
-    if (address != self && std::find(out.begin(), out.end(), address) == out.end()) {
+    if (std::find(selves.begin(), selves.end(), address) == selves.end() &&
+        std::find(out.begin(), out.end(), address) == out.end()) {
       out.push_back(std::move(address));
     }
   };
@@ -244,27 +285,7 @@ std::vector<std::string> ResolvePeers(const std::vector<std::string>& entries,
     }
     std::string host, port;
     if (!SplitHostPort(absl::string_view(entry).substr(kDnsPrefix.size()), &host, &port)) continue;
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (getaddrinfo(host.c_str(), port.c_str(), &hints, &found) != 0) continue;
-    std::vector<std::string> addresses;
-    for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      char ip[INET6_ADDRSTRLEN] = {};
-      if (a->ai_family == AF_INET) {
-        inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr, ip,
-                  sizeof ip);
-        addresses.push_back(absl::StrCat(ip, ":", port));
-      } else if (a->ai_family == AF_INET6) {
-        inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr, ip,
-                  sizeof ip);
-        addresses.push_back(absl::StrCat("[", ip, "]:", port));
-      }
-    }
-    freeaddrinfo(found);
-    std::sort(addresses.begin(), addresses.end());  // the same order on every replica
-    for (std::string& address : addresses) add(std::move(address));
+    for (std::string& address : Resolve(host, port)) add(std::move(address));
   }
   return out;
 }
@@ -278,6 +299,20 @@ absl::Status CheckPeerEntries(const std::vector<std::string>& entries) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--session_peers: '", entry, "' is not host:port or dns:host:port (a port is needed)"));
     }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPeerOptions(const PeerOptions& options) {
+  if (absl::Status st = CheckPeerEntries(options.peers); !st.ok()) return st;
+  if (options.cert_pem.empty() != options.key_pem.empty()) {
+    return absl::InvalidArgumentError(
+        "--session_peer_cert_file and --session_peer_key_file must be given together");
+  }
+  if (options.ca_pem.empty() && (!options.cert_pem.empty() || !options.server_name.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        !options.cert_pem.empty() ? "--session_peer_cert_file" : "--session_peer_server_name",
+        " needs --session_peer_ca_file (TLS to the peers; without it the moves are plaintext)"));
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,17 @@ struct PeerOptions {
   // PEM roots that verify the peers' TLS certificates (--session_peer_ca_file). Empty:
   // plaintext.
   std::string ca_pem;
+  // The certificate chain and private key this replica presents to peers that require client
+  // certificates (their --tls_client_ca_file; --session_peer_cert_file, --session_peer_key_file):
+  // both or neither, and only with `ca_pem`. With a tenants file, the certificate's common name
+  // is the tenant the peer's AcceptSessions sees (it needs the admin role) unless `token` names
+  // one.
+  std::string cert_pem, key_pem;
+  // The name the peers' certificates are checked against instead of the address dialled
+  // (--session_peer_server_name): a "dns:" entry's addresses are pod IPs, which no certificate
+  // names; name the Service (e.g. "attnserve-grpc.<namespace>.svc") its certificate is for.
+  // Empty: the address's host. Only with `ca_pem`.
+  std::string server_name;
   // One transfer's deadline.
   absl::Duration timeout = absl::Seconds(30);
 };
@@ -97,6 +108,9 @@ std::vector<std::string> ResolvePeers(const std::vector<std::string>& entries,
                                       const std::string& self);
 // INVALID_ARGUMENT naming the entry when one is not "host:port" or "dns:host:port".
 absl::Status CheckPeerEntries(const std::vector<std::string>& entries);
+// CheckPeerEntries, and INVALID_ARGUMENT naming the flags when the TLS settings do not go
+// together (a certificate without its key, or either, or a server name, without `ca_pem`).
+absl::Status CheckPeerOptions(const PeerOptions& options);
 
 }  // namespace attnserve::server
 

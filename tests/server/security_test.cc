@@ -36,6 +36,7 @@ mkca ca; mkca otherca
 mkcert server ca "subjectAltName=DNS:localhost,IP:127.0.0.1"
 mkcert client ca "extendedKeyUsage=clientAuth"
 mkcert stranger otherca "extendedKeyUsage=clientAuth"
+mkcert service ca "subjectAltName=DNS:attnserve-grpc.test"
 )";
     ok_ = std::system(("bash -c \"$(cat <<'EOS'\n" + script + "\nEOS\n)\"").c_str()) == 0;
   }
@@ -57,6 +58,7 @@ class SecurityTest : public ::testing::Test {
 
   void Start(server::ServerOptions options) {
     options.listen_address = "127.0.0.1:0";
+    host_.reset();  // a server started before, with the metrics it reports to
     metrics_ = metrics::Metrics::Create({}).value();
     auto host = server::ServerHost::Start(options, metrics_.get());
     ASSERT_TRUE(host.ok()) << host.status();
@@ -170,6 +172,92 @@ TEST_F(SecurityTest, ACertificateNamesItsTenantAndATokenOverridesIt) {
   ClientOptions wrong = TlsClient("client");
   wrong.auth_token = "not-a-token";  // a token that is not listed is refused, certificate or not
   EXPECT_EQ(Call(wrong).code(), absl::StatusCode::kUnauthenticated);
+}
+
+// Session moves to a peer that requires client certificates: the replica presents its own
+// (--session_peer_cert_file) and checks the peer's against the name its certificate is for
+// (--session_peer_server_name), not the address it dials, as a "dns:" entry's pod IPs need.
+TEST_F(SecurityTest, SessionsMoveToPeersThatRequireClientCertificates) {
+  // The peer: TLS for "attnserve-grpc.test" only, client certificates of the CA required.
+  server::ServerOptions peer_options;
+  peer_options.listen_address = "127.0.0.1:0";
+  peer_options.tls.cert_file = certs_->path("service.pem");
+  peer_options.tls.key_file = certs_->path("service.key");
+  peer_options.tls.client_ca_file = certs_->path("ca.pem");
+  auto peer_metrics = metrics::Metrics::Create({}).value();
+  auto peer = server::ServerHost::Start(peer_options, peer_metrics.get());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  const std::string peer_address = "127.0.0.1:" + std::to_string((*peer)->port());
+
+  // This replica serves as the peer does; its caller (tenant "client", the certificate's common
+  // name) finds its session on the peer under the same tenant.
+  ClientOptions as_client = TlsClient("client");
+  as_client.tls_server_name = "attnserve-grpc.test";
+  as_client.timeout = absl::Seconds(10);
+  const auto start = [&](server::PeerOptions peers) {
+    server::ServerOptions options = peer_options;
+    options.session_peers = std::move(peers);
+    options.session_peers.peers = {peer_address};
+    Start(options);
+  };
+  const auto client_here = [&] {
+    return Client::Create("127.0.0.1:" + std::to_string(host_->port()), as_client).value();
+  };
+  const auto create_and_move = [&]() -> absl::StatusOr<v1::MoveSessionResponse> {
+    auto client = client_here();
+    v1::CreateSessionRequest create;
+    create.mutable_layout()->set_num_heads(1);
+    create.mutable_layout()->set_num_kv_heads(1);
+    create.mutable_layout()->set_head_dim(4);
+    create.set_cache_dtype(v1::DTYPE_FLOAT32);
+    auto created = client->CreateSession(create);
+    if (!created.ok()) return created.status();
+    v1::ExtendSessionRequest extend;
+    extend.set_session_id(created->session().session_id());
+    const std::vector<float> rows = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    *extend.mutable_query() = MakeTensor(v1::DTYPE_FLOAT32, {3, 1, 4}, rows);
+    *extend.mutable_key() = MakeTensor(v1::DTYPE_FLOAT32, {3, 1, 4}, rows);
+    *extend.mutable_value() = MakeTensor(v1::DTYPE_FLOAT32, {3, 1, 4}, rows);
+    if (auto extended = client->ExtendSession(extend); !extended.ok()) return extended.status();
+    v1::MoveSessionRequest move;
+    move.set_session_id(created->session().session_id());
+    move.set_peer(peer_address);
+    return client->MoveSession(move);
+  };
+  server::PeerOptions tls;
+  tls.ca_pem = certs_->pem("ca.pem");
+  tls.cert_pem = certs_->pem("client.pem");
+  tls.key_pem = certs_->pem("client.key");
+  tls.server_name = "attnserve-grpc.test";
+  start(tls);
+  auto moved = create_and_move();
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  auto on_peer = Client::Create(peer_address, as_client).value();
+  v1::GetSessionRequest get;
+  get.set_session_id(moved->session_id());
+  auto described = on_peer->GetSession(get);
+  ASSERT_TRUE(described.ok()) << described.status();
+  EXPECT_EQ(described->session().length(), 3);
+
+  // Without the certificate, or checking the peer's against the address dialled, the peer
+  // cannot be reached, and the session stays where it was.
+  for (const bool with_certificate : {false, true}) {
+    server::PeerOptions wrong = tls;
+    if (with_certificate) {
+      wrong.server_name.clear();
+    } else {
+      wrong.cert_pem.clear();
+      wrong.key_pem.clear();
+    }
+    start(wrong);
+    const absl::Status refused = create_and_move().status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << with_certificate << refused;
+    EXPECT_THAT(refused.message(), HasSubstr(peer_address)) << refused;
+    auto listed = client_here()->ListSessions(v1::ListSessionsRequest());
+    ASSERT_TRUE(listed.ok()) << listed.status();
+    ASSERT_EQ(listed->sessions_size(), 1);
+    EXPECT_EQ(listed->sessions(0).length(), 3) << "untouched";
+  }
 }
 
 TEST_F(SecurityTest, HalfConfiguredTlsFailsStartup) {

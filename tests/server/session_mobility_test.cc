@@ -966,12 +966,36 @@ TEST(ResolvePeersTest, NamesResolveToEveryAddressButThisReplicas) {
   EXPECT_THAT(others, ::testing::Not(::testing::Contains("127.0.0.1:5")));
   EXPECT_THAT(others, ::testing::Contains("10.0.0.7:9"));
   EXPECT_THAT(server::ResolvePeers({"dns:no-such-host.invalid:5"}, ""), ::testing::IsEmpty());
+  // An owner that names a host (a StatefulSet pod's stable name) leaves out every address the
+  // host has, at its port only.
+  const std::vector<std::string> by_name =
+      server::ResolvePeers({"dns:127.0.0.1:5", "127.0.0.1:6", "10.0.0.7:5"}, "localhost:5");
+  EXPECT_EQ(by_name, (std::vector<std::string>{"127.0.0.1:6", "10.0.0.7:5"}));
   EXPECT_TRUE(server::CheckPeerEntries({"a:1", "dns:b.svc:50051", "[::1]:7", "dns:[::1]:7"}).ok());
   for (const char* bad : {"a", "dns:b", "a:", ":5", "dns::5", "a:5x", "[::1:7"}) {
     const absl::Status st = server::CheckPeerEntries({"a:1", bad});
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
     EXPECT_THAT(st.message(), HasSubstr(absl::StrCat("'", bad, "'")));
   }
+  // The TLS settings go together.
+  server::PeerOptions tls;
+  tls.peers = {"a:1"};
+  tls.ca_pem = "roots";
+  EXPECT_TRUE(server::CheckPeerOptions(tls).ok());
+  tls.cert_pem = "chain";
+  EXPECT_THAT(server::CheckPeerOptions(tls).message(), HasSubstr("--session_peer_key_file"));
+  tls.key_pem = "key";
+  tls.server_name = "attnserve-grpc.ns.svc";
+  EXPECT_TRUE(server::CheckPeerOptions(tls).ok());
+  tls.ca_pem.clear();
+  EXPECT_THAT(server::CheckPeerOptions(tls).message(),
+              HasSubstr("--session_peer_cert_file needs --session_peer_ca_file"));
+  tls.cert_pem.clear();
+  tls.key_pem.clear();
+  EXPECT_THAT(server::CheckPeerOptions(tls).message(),
+              HasSubstr("--session_peer_server_name needs --session_peer_ca_file"));
+  tls.peers = {"a"};
+  EXPECT_EQ(server::CheckPeerOptions(tls).code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A drain resolves its "dns:" peers when it starts and moves every session to them.
