@@ -2,7 +2,9 @@
 what the manifests promise: gRPC probes on the health service, a grace period longer than the
 drain, a headless Service, the autoscaler's metrics (and that the prometheus-adapter example
 serves the custom one), the PodDisruptionBudget, the ServiceMonitor, and GPUs only in the GPU
-overlay. Every selector must match the pod labels and every named port must exist.
+overlay. Every selector must match the pod labels and every named port must exist. The sessions
+overlay runs the same pod as a StatefulSet: stable names as session owners, a volume per pod for
+the session snapshot, no autoscaler.
 
 usage: check_k8s.py DEPLOY_K8S_DIR      exit 0 passed, 1 failed, 77 no kubectl
 """
@@ -14,7 +16,10 @@ import sys
 
 import yaml
 
-OVERLAYS = {"overlays/gpu": "gpu", "overlays/cpu": "cpu", ".": "gpu"}  # "." is the default
+OVERLAYS = {"overlays/gpu": "gpu", "overlays/cpu": "cpu", ".": "gpu",  # "." is the default
+            "overlays/sessions": "cpu"}
+STATEFUL = {"overlays/sessions"}  # a StatefulSet with snapshot volumes, not a Deployment
+SNAPSHOT_BUDGET_MS = 10000  # the drain's snapshot of a 1 GiB pool at 100 MB/s
 GRPC_PORT, METRICS_PORT = 50051, 9464
 failures = []
 
@@ -45,13 +50,16 @@ def selects(selector, labels):
 
 def check_overlay(name, flavour, docs):
     w = f"[{name}]"
-    dep = one(docs, "Deployment", w)
+    stateful = name in STATEFUL
+    check(not any(d["kind"] == ("Deployment" if stateful else "StatefulSet") for d in docs),
+          f"{w} renders both a Deployment and a StatefulSet")
+    dep = one(docs, "StatefulSet" if stateful else "Deployment", w)
     if dep is None:
         return
     pod = dep["spec"]["template"]
     labels = pod["metadata"]["labels"]
     spec = pod["spec"]
-    check(selects(dep["spec"]["selector"]["matchLabels"], labels), f"{w} Deployment selector")
+    check(selects(dep["spec"]["selector"]["matchLabels"], labels), f"{w} {dep['kind']} selector")
     (c,) = spec["containers"]
     ports = {p["name"]: p["containerPort"] for p in c["ports"]}
     check(ports == {"grpc": GRPC_PORT, "metrics": METRICS_PORT}, f"{w} container ports {ports}")
@@ -81,12 +89,39 @@ def check_overlay(name, flavour, docs):
           f"{w} ATTNSERVE_METRICS_ADDRESS")
 
     # Decode sessions: each pod names itself in session ids by its pod IP and gRPC port, the
-    # address the headless Service resolves to (clients route a session's calls there).
-    pod_env = {e["name"]: e for e in c.get("env", [])}
-    check(pod_env.get("POD_IP", {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
-          == "status.podIP", f"{w} POD_IP must come from status.podIP")
-    check(pod_env.get("ATTNSERVE_SESSION_OWNER", {}).get("value") == f"$(POD_IP):{GRPC_PORT}",
-          f"{w} ATTNSERVE_SESSION_OWNER must be $(POD_IP):{GRPC_PORT}")
+    # address the headless Service resolves to (clients route a session's calls there); in a
+    # StatefulSet by its stable name, which the next pod of that name keeps (and with it the
+    # snapshot, on a volume of its own).
+    env_list = c.get("env", [])
+    pod_env = {e["name"]: e for e in env_list}
+    field = lambda name: pod_env.get(name, {}).get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+    owner = pod_env.get("ATTNSERVE_SESSION_OWNER", {}).get("value")
+    if stateful:
+        check(field("POD_NAME") == "metadata.name" and field("POD_NAMESPACE") == "metadata.namespace",
+              f"{w} POD_NAME and POD_NAMESPACE must come from the pod's metadata")
+        check(owner == f"$(POD_NAME).attnserve-grpc.$(POD_NAMESPACE).svc.cluster.local:{GRPC_PORT}",
+              f"{w} ATTNSERVE_SESSION_OWNER must be the pod's stable name, was {owner!r}")
+        check(dep["spec"].get("serviceName") == "attnserve-grpc",
+              f"{w} the StatefulSet's serviceName must be the headless Service")
+    else:
+        check(field("POD_IP") == "status.podIP", f"{w} POD_IP must come from status.podIP")
+        check(owner == f"$(POD_IP):{GRPC_PORT}", f"{w} ATTNSERVE_SESSION_OWNER must be $(POD_IP):{GRPC_PORT}")
+    # A variable is defined before the one whose value names it (Kubernetes expands only those).
+    for i, e in enumerate(env_list):
+        for ref in re.findall(r"\$\(([A-Z_]+)\)", e.get("value", "")):
+            check(ref in [x["name"] for x in env_list[:i]], f"{w} {e['name']} names $({ref}) before it is set")
+    snapshot_dir = env.get("ATTNSERVE_SESSION_SNAPSHOT_DIR")
+    if stateful:
+        mounts = {m["mountPath"]: m["name"] for m in c.get("volumeMounts", [])}
+        claims = {t["metadata"]["name"]: t for t in dep["spec"].get("volumeClaimTemplates", [])}
+        check(snapshot_dir is not None and mounts.get(snapshot_dir) in claims,
+              f"{w} ATTNSERVE_SESSION_SNAPSHOT_DIR {snapshot_dir!r} is not on a volume claim")
+        size = claims.get(mounts.get(snapshot_dir), {}).get("spec", {}).get("resources", {}).get(
+            "requests", {}).get("storage", "0")
+        check(re.fullmatch(r"\d+Gi", size) is not None and int(size[:-2]) >= 1,
+              f"{w} the snapshot volume ({size}) holds less than the 1 GiB pool")
+    else:
+        check(snapshot_dir is None, f"{w} a snapshot directory dies with a Deployment's pod")
 
     # A drain moves the pod's sessions to the pods the headless Service resolves to, on the
     # gRPC port (each pod leaves itself out: its owner is its own address there).
@@ -106,9 +141,10 @@ def check_overlay(name, flavour, docs):
     elif "sleep" in pre_stop:
         pre_stop_s = int(pre_stop["sleep"]["seconds"])
     tgps = spec.get("terminationGracePeriodSeconds", 30)
-    check(tgps * 1000 >= pre_stop_s * 1000 + grace_ms + 5000,
+    snapshot_ms = SNAPSHOT_BUDGET_MS if snapshot_dir else 0
+    check(tgps * 1000 >= pre_stop_s * 1000 + grace_ms + snapshot_ms + 5000,
           f"{w} terminationGracePeriodSeconds {tgps} s is not 5 s longer than preStop "
-          f"{pre_stop_s} s + drain {grace_ms} ms")
+          f"{pre_stop_s} s + drain {grace_ms} ms + snapshot {snapshot_ms} ms")
     live = c["livenessProbe"]
     check(live["periodSeconds"] * live["failureThreshold"] * 1000 > grace_ms,
           f"{w} liveness could kill a draining pod")
@@ -136,7 +172,9 @@ def check_overlay(name, flavour, docs):
     check(len(headless) == 1 and [p["port"] for p in headless[0]["spec"]["ports"]] == [GRPC_PORT],
           f"{w} expected one headless Service on {GRPC_PORT}")
 
-    hpa = one(docs, "HorizontalPodAutoscaler", w)
+    if stateful:  # clients list the pods by name: a fixed count
+        check(not any(d["kind"] == "HorizontalPodAutoscaler" for d in docs), f"{w} has an autoscaler")
+    hpa = None if stateful else one(docs, "HorizontalPodAutoscaler", w)
     if hpa:
         check(hpa["apiVersion"] == "autoscaling/v2", f"{w} HPA apiVersion")
         ref = hpa["spec"]["scaleTargetRef"]
