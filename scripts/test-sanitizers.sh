@@ -5,14 +5,16 @@
 #   clang (preset "clang", build-clang/): every library, binary and test of ours built by clang
 #     with -Wthread-safety -Werror (base/mutex.h's annotations checked) under AddressSanitizer +
 #     UndefinedBehaviorSanitizer, with the libFuzzer targets. Runs the unit and emulation tiers
-#     (the emulated CUDA kernels at one tensor-core head dim, 64, besides the generic, decode,
-#     paged and plain paths; not the repository checks, labels format and repo, which the
+#     (the emulated CUDA kernels at one tensor-core head dim, 64, the only one the preset builds
+#     into flash_emu_test (ATTNSERVE_EMU_HEAD_DIMS), besides the generic, decode, paged and plain
+#     paths; not the repository checks, labels format and repo, which the
 #     plain run did), the installed client header compiled by clang in the
 #     find_package test, and each fuzz target for a bounded time from its corpus (FUZZ_SECONDS
 #     each, 25 by default, two at a time; tests/fuzz/README.md).
-#   tsan (preset "tsan", build-tsan/): the batcher, server and session tests of the unit tier,
-#     and the emulated CUDA kernels in fp16 at head dims 32 and 64 and the generic, paged and
-#     plain paths: races between the emulated threads of a block (a missing barrier or
+#   tsan (preset "tsan", build-tsan/, -g1: line tables are all a report needs): the batcher,
+#     server and session tests of the unit tier, and the emulated CUDA kernels in fp16 at head
+#     dims 32 and 64 (the preset's ATTNSERVE_EMU_HEAD_DIMS) and the generic, paged and plain
+#     paths: races between the emulated threads of a block (a missing barrier or
 #     cp.async wait) and in the server.
 # The process-level tests (integration tier) do not run here: they drive the server through
 # gRPC's and Python's uninstrumented code, and the plain build ran them.
@@ -37,7 +39,8 @@ run_clang() {
   cmake --preset clang
   cmake --build --preset clang
   # The emulated kernels: hdim 64 of the tensor-core kernel in fp16 and bf16 (the other head
-  # dims are the same template body; the plain build runs them all), every other kernel.
+  # dims are the same template body, not built here; the plain build runs them all), every
+  # other kernel.
   local rc=0
   # (Not the repository checks, labels format and repo: they build and run none of our code,
   # and the plain run did them.)

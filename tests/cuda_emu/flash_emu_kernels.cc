@@ -22,12 +22,18 @@
 #ifndef ATTNSERVE_EMU_ONLY_KERNEL
 #define ATTNSERVE_EMU_ONLY_KERNEL -1
 #endif
+// A bit per Kernel number (ATTNSERVE_EMU_HEAD_DIMS in CMakeLists.txt); all by default.
+#ifndef ATTNSERVE_EMU_KERNELS
+#define ATTNSERVE_EMU_KERNELS 0x1ff
+#endif
 
 namespace attnserve::kernels::cuda {
 namespace {
 
 constexpr bool Built(Kernel k) {
-  return ATTNSERVE_EMU_ONLY_KERNEL < 0 || ATTNSERVE_EMU_ONLY_KERNEL == static_cast<int>(k);
+  const int n = static_cast<int>(k);
+  return ATTNSERVE_EMU_ONLY_KERNEL < 0 ? ((ATTNSERVE_EMU_KERNELS >> n) & 1) != 0
+                                       : ATTNSERVE_EMU_ONLY_KERNEL == n;
 }
 
 template <typename Traits>
@@ -108,7 +114,8 @@ template <Kernel kKernel>
 void Launch(ComputeType type, const FlashFwdParams& p) {
   if constexpr (!Built(kKernel)) {
     FAIL() << KernelName(kKernel) << " is not built into this binary (ATTNSERVE_EMU_ONLY_KERNEL "
-           << ATTNSERVE_EMU_ONLY_KERNEL << ")";
+           << ATTNSERVE_EMU_ONLY_KERNEL << ", ATTNSERVE_EMU_HEAD_DIMS' mask "
+           << ATTNSERVE_EMU_KERNELS << ")";
   } else if constexpr (kKernel == Kernel::kDecode) {
     return type == ComputeType::kFloat16 ? LaunchDecode<__half>(p) : LaunchDecode<__nv_bfloat16>(p);
   } else if constexpr (kKernel == Kernel::kGeneric) {

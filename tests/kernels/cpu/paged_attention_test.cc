@@ -239,6 +239,28 @@ bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Every kernel path the backend has; the tests below run those this CPU supports.
+const Path kPaths[] = {{Isa::kGeneric, Bf16Isa::kNone},
+                       {Isa::kAvx2, Bf16Isa::kNone},
+                       {Isa::kAvx512, Bf16Isa::kNone},
+                       {Isa::kAvx512, Bf16Isa::kAvx512Bf16}};
+
+std::string PathName(Path path) {
+  return path.bf16 == Bf16Isa::kNone ? std::string(IsaName(path.isa))
+                                     : absl::StrCat(IsaName(path.isa), "_", Bf16IsaName(path.bf16));
+}
+
+// The backends of the paths this CPU supports, by name.
+std::vector<std::pair<std::string, std::unique_ptr<CpuBackend>>> SupportedBackends(int threads) {
+  std::vector<std::pair<std::string, std::unique_ptr<CpuBackend>>> out;
+  for (const Path& path : kPaths) {
+    if (CpuSupports(path.isa) && CpuSupports(path.bf16)) {
+      out.emplace_back(PathName(path), MakeBackend(path, threads));
+    }
+  }
+  return out;
+}
+
 class PagedAttentionIsaTest : public ::testing::TestWithParam<Path> {
  protected:
   void SetUp() override {
@@ -252,8 +274,11 @@ class PagedAttentionIsaTest : public ::testing::TestWithParam<Path> {
 // The sweep: page sizes 1, 16, 64; kv lens around the split size (kPagedSplitKeys 256) and long;
 // q_len 1 (decode, split over tasks) and > 1 (row blocks folding their own splits, up to a full
 // prefill); GQA 8/2, 4/1, 1/1; D 64 and 128, Dv != D; three cache dtypes.
-TEST_P(PagedAttentionIsaTest, MatchesReferenceWithinFlashBound) {
-  std::unique_ptr<CpuBackend> backend = MakeBackend(GetParam(), 2);
+//
+// Every path in one test, each case's float64 reference computed once for all of them: the
+// reference is most of the cost (three quarters here, more under the sanitizers).
+TEST(PagedAttentionTest, MatchesReferenceWithinFlashBoundOnEveryPath) {
+  const auto backends = SupportedBackends(2);
   struct Heads {
     int hq, hkv, d, dv;
   };
@@ -261,14 +286,6 @@ TEST_P(PagedAttentionIsaTest, MatchesReferenceWithinFlashBound) {
   const std::vector<SeqSpec> seqs = {{1, 1},     {255, 1},  {256, 1},   {257, 1},
                                      {1000, 1},  {4096, 1}, {255, 255}, {257, 40},
                                      {1000, 17}, {4096, 5}, {300, 2},   {1, 1}};
-  // The float64 reference and the naive float32 errors of each case, computed once for every
-  // path (they do not depend on it).
-  struct Expected {
-    Reference64 ref;
-    double naive_out_err, naive_lse_err;
-  };
-  static std::vector<Expected> expected;
-  int index = 0;
   uint32_t seed = 100;
   // Each head layout with each page size, the dtype rotating so that every head layout and every
   // page size meets all three dtypes (12 cases; the full product took minutes under ctest).
@@ -288,23 +305,21 @@ TEST_P(PagedAttentionIsaTest, MatchesReferenceWithinFlashBound) {
                      .seqs = seqs,
                      .seed = ++seed};
       PagedCase c(spec);
-      if (index == static_cast<int>(expected.size())) {
-        std::vector<float> naive_out, naive_lse;
-        NaivePaged32(c, &naive_out, &naive_lse);
-        Reference64 ref = ReferencePagedAttention64(c.params());
-        const double out_err = MaxAbsError(naive_out, ref.out);
-        const double lse_err = MaxAbsError(naive_lse, ref.weights);
-        expected.push_back({std::move(ref), out_err, lse_err});
+      // The float64 reference, and the naive float32 computation's error against it (the
+      // bound), once for every path: they do not depend on it.
+      std::vector<float> naive_out, naive_lse;
+      NaivePaged32(c, &naive_out, &naive_lse);
+      const Reference64 ref = ReferencePagedAttention64(c.params());
+      const double naive_out_err = MaxAbsError(naive_out, ref.out);
+      const double naive_lse_err = MaxAbsError(naive_lse, ref.weights);
+      for (const auto& [name, backend] : backends) {
+        c.PoisonOutputs();
+        ASSERT_TRUE(backend->PagedAttention(c.params()).ok()) << name;
+        EXPECT_LE(MaxAbsError(c.out(), ref.out), 2 * naive_out_err + 1e-6)
+            << name << " " << spec.DebugString() << ": naive " << naive_out_err;
+        EXPECT_LE(MaxAbsError(c.lse(), ref.weights), 2 * naive_lse_err + 1e-6)
+            << name << " " << spec.DebugString() << ": naive " << naive_lse_err;
       }
-      const Expected& want = expected[index++];
-      c.PoisonOutputs();
-      ASSERT_TRUE(backend->PagedAttention(c.params()).ok());
-      const double err = MaxAbsError(c.out(), want.ref.out);
-      EXPECT_LE(err, 2 * want.naive_out_err + 1e-6)
-          << spec.DebugString() << ": naive " << want.naive_out_err;
-      const double lse_err = MaxAbsError(c.lse(), want.ref.weights);
-      EXPECT_LE(lse_err, 2 * want.naive_lse_err + 1e-6)
-          << spec.DebugString() << ": naive " << want.naive_lse_err;
     }
   }
 }
@@ -516,8 +531,8 @@ TEST_P(PagedAttentionIsaTest, FollowsTheNanRule) {
 // the first splits, which the kernel skips), a prefill whose rows' windows start in different
 // splits, and GQA with a slope per query head. Each modification changes the answer (the
 // reference without it differs by far more than the bound).
-TEST_P(PagedAttentionIsaTest, ScoreModsMatchTheReference) {
-  std::unique_ptr<CpuBackend> backend = MakeBackend(GetParam(), 2);
+TEST(PagedAttentionTest, ScoreModsMatchTheReferenceOnEveryPath) {
+  const auto backends = SupportedBackends(2);
   const std::vector<float> slopes = {0.5f,     0.25f,   0.125f,  0.0625f,
                                      0.03125f, 0.0156f, 0.0078f, 0.0039f};
   struct ModCase {
@@ -532,7 +547,6 @@ TEST_P(PagedAttentionIsaTest, ScoreModsMatchTheReference) {
                            {"alibi", -1, 0.0f, true},
                            {"all three", 600, 1.5f, true}};
   uint32_t seed = 500;
-  int index = 0;
   for (const DType dtype : {DType::kFloat32, DType::kBFloat16}) {
     for (const ModCase& m : cases) {
       PagedSpec spec{.num_heads = 8,
@@ -550,17 +564,13 @@ TEST_P(PagedAttentionIsaTest, ScoreModsMatchTheReference) {
       p.alibi_slopes = m.alibi ? slopes.data() : nullptr;
       const std::string what = absl::StrCat(m.name, " ", DTypeName(dtype));
       // The float64 reference, computed once for every path (it does not depend on it).
-      static std::vector<Reference64> expected;
-      if (index == static_cast<int>(expected.size())) {
-        expected.push_back(ReferencePagedAttention64(p));
-        const Reference64 plain = ReferencePagedAttention64(c.params());
-        double effect = 0;
-        for (size_t n = 0; n < plain.out.size(); ++n) {
-          effect = std::max(effect, std::fabs(expected.back().out[n] - plain.out[n]));
-        }
-        EXPECT_GT(effect, 1e-2) << what << ": the case must matter";
+      const Reference64 want = ReferencePagedAttention64(p);
+      const Reference64 plain = ReferencePagedAttention64(c.params());
+      double effect = 0;
+      for (size_t n = 0; n < plain.out.size(); ++n) {
+        effect = std::max(effect, std::fabs(want.out[n] - plain.out[n]));
       }
-      const Reference64& want = expected[index++];
+      EXPECT_GT(effect, 1e-2) << what << ": the case must matter";
       // A session drops the pages wholly before the split holding its next token's window
       // start (server/sessions/session_table.h): here they point at a page of NaN, which any
       // read would spread into the output.
@@ -573,10 +583,12 @@ TEST_P(PagedAttentionIsaTest, ScoreModsMatchTheReference) {
         }
         p.page_table = table.data();
       }
-      c.PoisonOutputs();
-      ASSERT_TRUE(backend->PagedAttention(p).ok());
-      EXPECT_LE(MaxAbsError(c.out(), want.out), 2e-5) << what;
-      EXPECT_LE(MaxAbsError(c.lse(), want.weights), 2e-5) << what;
+      for (const auto& [name, backend] : backends) {
+        c.PoisonOutputs();
+        ASSERT_TRUE(backend->PagedAttention(p).ok()) << name;
+        EXPECT_LE(MaxAbsError(c.out(), want.out), 2e-5) << name << " " << what;
+        EXPECT_LE(MaxAbsError(c.lse(), want.weights), 2e-5) << name << " " << what;
+      }
     }
   }
 }
@@ -644,15 +656,10 @@ TEST(PagedAttentionTest, ReferenceScoreModsAreAttendsOnTheSameKeys) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Isas, PagedAttentionIsaTest,
-    ::testing::Values(Path{Isa::kGeneric, Bf16Isa::kNone}, Path{Isa::kAvx2, Bf16Isa::kNone},
-                      Path{Isa::kAvx512, Bf16Isa::kNone}, Path{Isa::kAvx512, Bf16Isa::kAvx512Bf16}),
-    [](const ::testing::TestParamInfo<Path>& info) {
-      return info.param.bf16 == Bf16Isa::kNone
-                 ? std::string(IsaName(info.param.isa))
-                 : absl::StrCat(IsaName(info.param.isa), "_", Bf16IsaName(info.param.bf16));
-    });
+INSTANTIATE_TEST_SUITE_P(Isas, PagedAttentionIsaTest, ::testing::ValuesIn(kPaths),
+                         [](const ::testing::TestParamInfo<Path>& info) {
+                           return PathName(info.param);
+                         });
 
 // Which paged kernel a backend runs: the AVX512_BF16 scores only with Isa kAvx512 and a 16-bit
 // path; FLOAT32 and FLOAT16 caches get the same bits either way.
