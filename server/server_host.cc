@@ -207,7 +207,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
 
   if (!host->backend_->supports_linear_attention()) {
     // Linear attention, which the backend lacks, on the CPU (its recurrent form is O(L) and
-    // memory-bound: a GPU server's CPU cores do it well).
+    // memory-bound: a host's CPU cores do it well).
     auto cpu = kernels::MakeBackend("cpu", options.backend_threads, options.cpu_float32_precision);
     if (!cpu.ok()) return cpu.status();
     host->fallback_ = *std::move(cpu);

@@ -158,8 +158,8 @@ class ServerHost {
   // factory; read by service_ and idle_releaser_.
   std::shared_ptr<Drain> drain_;
   std::unique_ptr<kernels::Backend> backend_;
-  // The CPU backend, for what backend_ lacks (linear attention on the CUDA backend); null when
-  // backend_ has it all.
+  // The CPU backend, for what backend_ lacks (linear attention, for a backend without it: none
+  // of the shipped ones since the CUDA backend has its kernel); null when backend_ has it all.
   std::unique_ptr<kernels::Backend> fallback_;
   std::unique_ptr<metrics::Metrics::ScrapeHook> memory_hook_;  // reads backend_: declared after
   ModuleRegistry modules_;

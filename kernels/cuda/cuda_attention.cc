@@ -19,6 +19,7 @@
 #include "kernels/cuda/device_pages.h"
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/linear_attention.h"
 #include "kernels/cuda/online_softmax.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/dtype.h"
@@ -77,15 +78,113 @@ std::vector<std::pair<size_t, size_t>> PlanAttentionGroups(absl::Span<const Atte
 }
 
 absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
-  for (const AttentionParams& p : batch) {
-    // supports_linear_attention() is false: the server computes such requests on its CPU
-    // backend (server/core/executor.h); never compute softmax attention in their place.
-    if (p.kind != AttentionKind::kSoftmax) {
-      return absl::UnimplementedError("cuda backend: no linear attention kernel yet");
+  // Linear attention's items take their own kernel, one launch each, in float32 whatever the
+  // input dtype (as the CPU backend computes them); the rest as before.
+  std::vector<AttentionParams> softmax;
+  if (std::any_of(batch.begin(), batch.end(),
+                  [](const AttentionParams& p) { return p.kind == AttentionKind::kLinear; })) {
+    for (const AttentionParams& p : batch) {
+      if (p.kind != AttentionKind::kLinear) softmax.push_back(p);
     }
+    absl::Status st = OnWorker([&](Worker* w) {
+      for (const AttentionParams& p : batch) {
+        if (p.kind != AttentionKind::kLinear) continue;
+        if (absl::Status s = RunLinearAttention(w, p); !s.ok()) return s;
+      }
+      return absl::OkStatus();
+    });
+    if (!st.ok()) return st;
+    batch = softmax;
   }
   return ByOperandType(batch, options_.float32_compute,
                        [this](auto items, ComputeType type) { return AttendAs(items, type); });
+}
+
+absl::Status CudaBackend::RunLinearAttention(Worker* w, const AttentionParams& p) {
+  if (p.mask.present() || p.mods.any() || p.weights != nullptr) {
+    return absl::InvalidArgumentError(
+        "cuda backend: linear attention takes no mask, score modifications or weights");
+  }
+  if (p.head_dim > kLinearMaxHeadDim) {
+    return absl::UnimplementedError(absl::StrCat("cuda backend: linear attention at head_dim ",
+                                                 p.head_dim, " (at most ", kLinearMaxHeadDim, ")"));
+  }
+  const int64_t nq = int64_t{p.batch} * p.num_heads * p.q_len;
+  const int64_t nk = int64_t{p.batch} * p.num_kv_heads * p.kv_len;
+  const int d = p.head_dim, dv = p.v_head_dim;
+  // Staged packed [batch, heads, rows, dim] in float32 (16-bit inputs widened on the way).
+  Layout host;
+  const size_t h_q = host.Add(nq * d * sizeof(float));
+  const size_t h_k = host.Add(nk * d * sizeof(float));
+  const size_t h_v = host.Add(nk * dv * sizeof(float));
+  const size_t h_o = host.Add(nq * dv * sizeof(float));
+  const size_t h_len = host.Add(p.key_lengths != nullptr ? p.batch * sizeof(int) : 0);
+  Layout dev;
+  const size_t d_q = dev.Add(nq * d * sizeof(float));
+  const size_t d_k = dev.Add(nk * d * sizeof(float));
+  const size_t d_v = dev.Add(nk * dv * sizeof(float));
+  const size_t d_o = dev.Add(nq * dv * sizeof(float));
+  const size_t d_len = dev.Add(p.key_lengths != nullptr ? p.batch * sizeof(int) : 0);
+  absl::Status st = ReservePinned(w, host.size());
+  if (!st.ok()) return st;
+  st = ReserveDevice(w, dev.size());
+  if (!st.ok()) return st;
+  char* base = w->device;
+  cudaStream_t stream = w->stream;
+  const size_t esize = DTypeSize(p.input_dtype);
+  auto stage = [&](const InputView& view, int heads, int rows, int dim, size_t host_off,
+                   size_t dev_off) {
+    float* dst = At<float>(w->pinned, host_off);
+    for (int b = 0; b < p.batch; ++b) {
+      for (int h = 0; h < heads; ++h) {
+        for (int r = 0; r < rows; ++r, dst += dim) {
+          ToFloat32(p.input_dtype,
+                    static_cast<const char*>(view.data) + view.offset(b, h, r) * esize,
+                    static_cast<size_t>(dim), dst);
+        }
+      }
+    }
+    const size_t bytes = size_t(p.batch) * heads * rows * dim * sizeof(float);
+    return CudaCheck(cudaMemcpyAsync(base + dev_off, At<float>(w->pinned, host_off), bytes,
+                                     cudaMemcpyHostToDevice, stream),
+                     "copying inputs to the device");
+  };
+  RETURN_IF_GPU_ERROR(stage(p.q, p.num_heads, p.q_len, d, h_q, d_q));
+  RETURN_IF_GPU_ERROR(stage(p.k, p.num_kv_heads, p.kv_len, d, h_k, d_k));
+  RETURN_IF_GPU_ERROR(stage(p.v, p.num_kv_heads, p.kv_len, dv, h_v, d_v));
+  if (p.key_lengths != nullptr) {
+    std::memcpy(At<int>(w->pinned, h_len), p.key_lengths, p.batch * sizeof(int));
+    RETURN_IF_GPU_ERROR(
+        CudaCheck(cudaMemcpyAsync(At<int>(base, d_len), At<int>(w->pinned, h_len),
+                                  p.batch * sizeof(int), cudaMemcpyHostToDevice, stream),
+                  "copying key lengths"));
+  }
+  const auto packed = [&](size_t off, int heads, int rows, int dim) {
+    return LinearView{At<float>(base, off), int64_t{heads} * rows * dim, int64_t{rows} * dim, dim};
+  };
+  LinearAttentionParams lp = LinearShapeOf(p);
+  lp.q = packed(d_q, p.num_heads, p.q_len, d);
+  lp.k = packed(d_k, p.num_kv_heads, p.kv_len, d);
+  lp.v = packed(d_v, p.num_kv_heads, p.kv_len, dv);
+  lp.o = At<float>(base, d_o);
+  lp.o_batch_stride = int64_t{p.num_heads} * p.q_len * dv;
+  lp.o_head_stride = int64_t{p.q_len} * dv;
+  lp.o_row_stride = dv;
+  lp.key_lengths = p.key_lengths != nullptr ? At<int>(base, d_len) : nullptr;
+  RETURN_IF_GPU_ERROR(LinearAttentionForward(lp, stream));
+  float* out_host = At<float>(w->pinned, h_o);
+  RETURN_IF_GPU_ERROR(CudaCheck(
+      cudaMemcpyAsync(out_host, lp.o, nq * dv * sizeof(float), cudaMemcpyDeviceToHost, stream),
+      "copying the output back"));
+  RETURN_IF_GPU_ERROR(CudaCheck(cudaStreamSynchronize(stream), "linear attention"));
+  for (int b = 0; b < p.batch; ++b) {
+    for (int h = 0; h < p.num_heads; ++h) {
+      for (int r = 0; r < p.q_len; ++r, out_host += dv) {
+        std::memcpy(p.out.row(b, h, r), out_host, dv * sizeof(float));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::AttendAs(absl::Span<const AttentionParams> batch, ComputeType type) {

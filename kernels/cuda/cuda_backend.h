@@ -114,8 +114,8 @@ class CudaBackend final : public Backend {
 
   // See Backend.
   std::string name() const override { return "cuda"; }
-  // Not yet: no linear-attention kernel (issue 32).
-  bool supports_linear_attention() const override { return false; }
+  // Linear attention: its own kernel (linear_attention.h), in float32, head dims up to 256.
+  bool supports_linear_attention() const override { return true; }
   // The paged kernels take no ScoreMods yet (sessions with them are refused by the server).
   bool supports_session_score_mods() const override { return false; }
   std::vector<DeviceInfo> devices() const override;
@@ -176,6 +176,8 @@ class CudaBackend final : public Backend {
   // One launch group of compatible Attend items (see the header comment).
   absl::Status RunAttentionGroup(Worker* w, absl::Span<const AttentionParams> items,
                                  ComputeType type);
+  // One linear-attention item (AttentionKind::kLinear): staged in float32, one launch.
+  absl::Status RunLinearAttention(Worker* w, const AttentionParams& p);
   absl::Status RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type);
   absl::Status RunProjection(Worker* w, const ProjectionParams& p);
   absl::Status RunPagedAttention(Worker* w, const PagedAttentionParams& p);

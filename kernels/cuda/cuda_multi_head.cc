@@ -19,6 +19,7 @@
 #include "kernels/cuda/device_pages.h"
 #include "kernels/cuda/flash_fwd.h"
 #include "kernels/cuda/linear.h"
+#include "kernels/cuda/linear_attention.h"
 #include "kernels/cuda/online_softmax.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/dtype.h"
@@ -27,11 +28,6 @@
 namespace attnserve::kernels::cuda {
 
 absl::Status CudaBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
-  for (const MultiHeadParams& p : batch) {
-    if (p.kind != AttentionKind::kSoftmax) {  // as in Attend
-      return absl::UnimplementedError("cuda backend: no linear attention kernel yet");
-    }
-  }
   return ByOperandType(batch, options_.float32_compute,
                        [this](auto items, ComputeType type) { return MultiHeadAs(items, type); });
 }
@@ -100,6 +96,16 @@ absl::Status CudaBackend::RunProjection(Worker* w, const ProjectionParams& p) {
 absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, ComputeType type) {
   const MultiHeadWeights& m = *p.module;
   const int dm = m.d_model, h = m.num_heads, dk = m.head_dim();
+  // Linear attention runs its own kernel on the float32 projections (linear_attention.h).
+  const bool linear = p.kind == AttentionKind::kLinear;
+  if (linear && (p.mask.present() || p.mods.any() || p.weights != nullptr)) {
+    return absl::InvalidArgumentError(
+        "cuda backend: linear attention takes no mask, score modifications or weights");
+  }
+  if (linear && dk > kLinearMaxHeadDim) {
+    return absl::UnimplementedError(absl::StrCat("cuda backend: linear attention at head_dim ", dk,
+                                                 " (at most ", kLinearMaxHeadDim, ")"));
+  }
   const int64_t nq = int64_t{p.batch} * p.q_len, nk = int64_t{p.batch} * p.kv_len;
   const bool self = p.self_attention;
   const int num_seqs = p.batch;
@@ -226,18 +232,31 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
         {At<float>(base, d_xv), wqkv + 2 * dd, bqkv + 2 * dm, proj + nq * dm + nk * dm, nk, dm, dm},
         w->lt, w->blas, lt_ws, kLtWorkspaceBytes, stream));
   }
-  RETURN_IF_GPU_ERROR(ConvertFromFloat(proj, proj16, proj_elems, type, stream));
-  if (need_mean) {
-    RETURN_IF_GPU_ERROR(ValueMean(v32, fp.v_row_stride, fp.v_head_stride, fp.cu_seqlens_k, num_seqs,
-                                  h, dk, At<float>(base, d_mean), stream));
-  }
-  if (naive) {
-    RETURN_IF_GPU_ERROR(NaiveAttentionForward(fp, type, cu_q, cu_k,
-                                              p.key_lengths != nullptr ? klen : nullptr,
-                                              with_weights ? At<float>(base, d_weights) : nullptr,
-                                              At<void>(base, d_ws), w->blas, stream));
+  if (linear) {
+    LinearAttentionParams lp = LinearShapeOf(heads);
+    lp.q = {q32, heads.q.batch_stride, heads.q.head_stride, heads.q.row_stride};
+    lp.k = {k32, heads.k.batch_stride, heads.k.head_stride, heads.k.row_stride};
+    lp.v = {v32, heads.v.batch_stride, heads.v.head_stride, heads.v.row_stride};
+    lp.o = fp.o;
+    lp.o_batch_stride = heads.out.batch_stride;
+    lp.o_head_stride = heads.out.head_stride;
+    lp.o_row_stride = heads.out.row_stride;
+    lp.key_lengths = fp.key_lengths;  // the device's copy of klen
+    RETURN_IF_GPU_ERROR(LinearAttentionForward(lp, stream));
   } else {
-    RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
+    RETURN_IF_GPU_ERROR(ConvertFromFloat(proj, proj16, proj_elems, type, stream));
+    if (need_mean) {
+      RETURN_IF_GPU_ERROR(ValueMean(v32, fp.v_row_stride, fp.v_head_stride, fp.cu_seqlens_k,
+                                    num_seqs, h, dk, At<float>(base, d_mean), stream));
+    }
+    if (naive) {
+      RETURN_IF_GPU_ERROR(NaiveAttentionForward(fp, type, cu_q, cu_k,
+                                                p.key_lengths != nullptr ? klen : nullptr,
+                                                with_weights ? At<float>(base, d_weights) : nullptr,
+                                                At<void>(base, d_ws), w->blas, stream));
+    } else {
+      RETURN_IF_GPU_ERROR(FlashForward(fp, type, stream));
+    }
   }
   RETURN_IF_GPU_ERROR(LinearForward(
       {fp.o, At<float>(base, d_wo), At<float>(base, d_bo), At<float>(base, d_out), nq, dm, dm},

@@ -19,6 +19,7 @@
 #include "kernels/multi_head.h"
 #include "kernels/reference.h"
 #include "tests/gpu/backend_problem.h"
+#include "tests/gpu/linear_rows.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
@@ -176,6 +177,93 @@ TEST_P(BackendEmuTest, MultiHeadSelfAndCross) {
 // the same.
 TEST_P(BackendEmuTest, ProjectMatchesTheReference) {
   ExpectProjectMatchesReference(*backend_, 64, 4, 37, 1e-6, 9);
+}
+
+// Linear attention (linear_attention.cu) through Attend: every feature map, causal with more
+// and fewer queries than keys, GQA, key lengths (one of 0: rows of zeros), Dv over one 32-column
+// tile and not a multiple of it. Against the float64 reference within the CPU backend's bound,
+// and, with relu and identity features (no exp), bit for bit the CPU backend's rows: the kernel
+// rounds every product and sum on its own in the CPU's order. A linear item beside a softmax
+// one and another linear one in the same call has its bits alone.
+TEST(LinearAttentionEmuTest, AttendMatchesTheReferenceAndTheCpuBackend) {
+  auto gpu = CudaBackend::Create(CudaBackendOptions{});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  struct Case {
+    const char* name;
+    int batch, hq, hkv, lq, lk, d, dv;
+    bool causal;
+    FeatureMap map;
+    std::vector<int32_t> key_lengths;
+  };
+  const Case cases[] = {
+      {"elu, causal, GQA, lengths", 2, 4, 2, 9, 23, 16, 40, true, FeatureMap::kEluPlusOne, {23, 0}},
+      {"elu, full", 1, 2, 2, 7, 5, 24, 8, false, FeatureMap::kEluPlusOne, {}},
+      {"relu, causal, more queries than keys", 1, 2, 1, 12, 7, 8, 33, true, FeatureMap::kRelu, {}},
+      {"identity, full", 2, 2, 2, 5, 11, 8, 8, false, FeatureMap::kIdentity, {}},
+      {"identity, causal, lengths", 2, 1, 1, 6, 6, 4, 64, true, FeatureMap::kIdentity, {3, 6}},
+  };
+  std::mt19937 rng(31);
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem pr = MakeProblem(rng, c.batch, c.hq, c.hkv, c.lq, c.lk, c.d, c.dv);
+    pr.causal = c.causal;
+    pr.key_lengths = c.key_lengths;
+    AttentionParams p = pr.Params(false);
+    p.kind = AttentionKind::kLinear;
+    p.feature_map = c.map;
+    const Reference64 ref = ReferenceAttention64(p);
+    double scale = 1;  // an identity map's small normalisers make large outputs
+    for (double x : ref.out) scale = std::max(scale, std::fabs(x));
+    // Beside a softmax item and a second linear one.
+    Problem other = MakeProblem(rng, 1, 2, 1, 4, 9, 64, 64);
+    AttentionParams softmax = other.Params(false);
+    Problem second = MakeProblem(rng, 1, 1, 1, 3, 3, 8, 8);
+    AttentionParams linear2 = second.Params(false);
+    linear2.kind = AttentionKind::kLinear;
+    ASSERT_TRUE((*gpu)->Attend({softmax, p, linear2}).ok());
+    const std::vector<float> together = pr.out;
+    EXPECT_LE(MaxAbsDiff(pr.out, ref.out), 2e-5 * scale);
+    const Reference64 softmax_ref = ReferenceAttention64(softmax);
+    EXPECT_LE(MaxAbsDiff(other.out, softmax_ref.out), 1e-2) << "the softmax item beside it";
+    AttentionParams alone = pr.Params(false);  // the output poisoned again
+    alone.kind = AttentionKind::kLinear;
+    alone.feature_map = c.map;
+    ASSERT_TRUE((*gpu)->Attend({alone}).ok());
+    EXPECT_EQ(std::memcmp(together.data(), pr.out.data(), pr.out.size() * sizeof(float)), 0)
+        << "batch invariance";
+    const std::vector<float> device = pr.out;
+    if (c.map != FeatureMap::kEluPlusOne) {
+      const std::vector<float> cpu = LinearRowsOnHost(alone);
+      EXPECT_EQ(std::memcmp(device.data(), cpu.data(), cpu.size() * sizeof(float)), 0)
+          << "the CPU backend's bits";
+    }
+    if (!c.key_lengths.empty() && c.key_lengths[1] == 0) {
+      // Item 1 has no key: every row is zero (the normaliser rule).
+      const size_t half = device.size() / 2;
+      for (size_t n = half; n < device.size(); ++n) ASSERT_EQ(device[n], 0.0f) << n;
+    }
+  }
+}
+
+// MultiHead with linear heads: the projections (the emulator's cuBLASLt, in float64) around the
+// linear kernel on the projection buffers' strides, self and cross, against the float64
+// reference module.
+TEST(LinearAttentionEmuTest, MultiHeadMatchesTheReferenceModule) {
+  auto gpu = CudaBackend::Create(CudaBackendOptions{});
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::mt19937 rng(17);
+  for (bool self : {true, false}) {
+    SCOPED_TRACE(self ? "self" : "cross");
+    const MultiHeadWeights m = RandomModule(rng, 64, 4);
+    MultiHeadProblem pr = MakeMultiHeadProblem(rng, m, 2, 7, self ? 7 : 12, self);
+    if (!self) pr.key_lengths = {12, 5};
+    MultiHeadParams p = pr.Params(false);
+    p.causal = self;
+    p.kind = AttentionKind::kLinear;
+    const Reference64 ref = ReferenceMultiHead64(p);
+    ASSERT_TRUE((*gpu)->MultiHead({p}).ok());
+    EXPECT_LE(MaxAbsDiff(pr.out, ref.out), 1e-5);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, BackendEmuTest,

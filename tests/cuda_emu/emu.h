@@ -116,6 +116,11 @@ void SyncWarp(unsigned mask);
 }  // namespace emu
 
 inline void __syncthreads() { emu::SyncThreads(); }
+// Single roundings without contraction into a fused multiply-add (host code compiled for the
+// baseline x86-64 has no FMA instruction to contract into).
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 inline void __syncwarp(unsigned mask = 0xffffffffu) { emu::SyncWarp(mask); }
 
 inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {

@@ -138,6 +138,30 @@ case "$name" in
     file=flash_decode_kernel.h
     from="p.alibi_slopes[head]"
     to="p.alibi_slopes[kv_head]" ;;
+  linear_causality_ignored)  # linear attention's rows read every key, causal or not
+    file=linear_attention.cu
+    from="KeyLimit(i, p.q_len, p.kv_len, key_length, p.causal)"
+    to="KeyLimit(i, p.q_len, p.kv_len, key_length, false)" ;;
+  linear_zero_normaliser_divided)  # a row with no key divided by its zero normaliser (NaN)
+    file=linear_attention.cu
+    from="norm != 0.0f ? __fdiv_rn(1.0f, norm) : 0.0f"
+    to="__fdiv_rn(1.0f, norm)" ;;
+  linear_kv_head_of_query_head)  # GQA's kv head taken modulo instead of by group
+    file=linear_attention.cu
+    from="const int kvh = h / (p.num_heads / p.num_kv_heads);"
+    to="const int kvh = h % p.num_kv_heads;" ;;
+  linear_keys_without_features)  # φ applied to the queries only
+    file=linear_attention.cu
+    from="f[d] = Feature(p.feature_map, key[d]);"
+    to="f[d] = key[d];" ;;
+  linear_no_barrier)  # a key's features written while other lanes still read the last ones
+    file=linear_attention.cu
+    from="      __syncthreads();  // every lane is done reading f and z${nl}"
+    to="" ;;
+  linear_fused_multiply_add)  # S accumulated with a fused multiply-add: not the CPU's bits
+    file=linear_attention.cu
+    from="cell = __fadd_rn(cell, __fmul_rn(f[d], value));"
+    to="cell = std::fma(f[d], value, cell);" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \

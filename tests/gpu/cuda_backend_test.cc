@@ -20,6 +20,7 @@
 #include "kernels/multi_head.h"
 #include "kernels/reference.h"
 #include "tests/gpu/backend_problem.h"
+#include "tests/gpu/linear_rows.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
@@ -152,6 +153,37 @@ TEST_P(CudaBackendTest, DecodeSteps) {
     Problem pr = MakeProblem(rng, 3, s.hq, s.hkv, 1, s.lk, s.d, s.d);
     pr.key_lengths = {s.lk, 0, s.lk / 2 + 1};
     CheckAgainstReference(pr, "decode");
+  }
+}
+
+// Linear attention's kernel (linear_attention.h) at sizes a device is for: every feature map,
+// causal and not, GQA, key lengths; against the float64 reference within the CPU backend's
+// bound, and bit for bit the CPU backend's rows with relu and identity features (the kernel
+// rounds each product and sum on its own, in the CPU's order: no fused multiply-add).
+TEST(CudaLinearAttentionTest, MatchesTheReferenceAndTheCpuBackendsBits) {
+  if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  auto backend = CudaBackend::Create(CudaBackendOptions{});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::mt19937 rng(23);
+  for (const FeatureMap map : {FeatureMap::kEluPlusOne, FeatureMap::kRelu, FeatureMap::kIdentity}) {
+    for (const bool causal : {true, false}) {
+      SCOPED_TRACE(::testing::Message() << "map " << static_cast<int>(map) << " causal " << causal);
+      Problem pr = MakeProblem(rng, 2, 8, 2, 700, 1024, 64, 128);
+      pr.causal = causal;
+      pr.key_lengths = {1024, 513};
+      AttentionParams p = pr.Params(false);
+      p.kind = AttentionKind::kLinear;
+      p.feature_map = map;
+      const Reference64 ref = ReferenceAttention64(p);
+      double scale = 1;
+      for (double x : ref.out) scale = std::max(scale, std::fabs(x));
+      ASSERT_TRUE((*backend)->Attend({p}).ok());
+      EXPECT_LE(MaxAbsDiff(pr.out, ref.out), 2e-5 * scale);
+      if (map != FeatureMap::kEluPlusOne) {
+        const std::vector<float> cpu = LinearRowsOnHost(p);
+        EXPECT_EQ(std::memcmp(cpu.data(), pr.out.data(), cpu.size() * sizeof(float)), 0);
+      }
+    }
   }
 }
 

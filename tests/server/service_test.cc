@@ -536,8 +536,8 @@ TEST_F(ServiceTest, LimitsAnswerResourceExhausted) {
   EXPECT_THAT(r2.status().message(), HasSubstr("--max_tensor_elements"));
 }
 
-// A backend without linear attention (as the CUDA backend is): the reference for softmax
-// attention, and a failure should a linear item ever reach it.
+// A backend without linear attention (as the CUDA backend was before its kernel): the reference for
+// softmax attention, and a failure should a linear item ever reach it.
 class NoLinearBackend final : public kernels::Backend {
  public:
   std::string name() const override { return "no-linear"; }
