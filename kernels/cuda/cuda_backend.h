@@ -116,8 +116,8 @@ class CudaBackend final : public Backend {
   std::string name() const override { return "cuda"; }
   // Linear attention: its own kernel (linear_attention.h), in float32, head dims up to 256.
   bool supports_linear_attention() const override { return true; }
-  // The paged kernels take no ScoreMods yet (sessions with them are refused by the server).
-  bool supports_session_score_mods() const override { return false; }
+  // The paged kernels take a session's sliding window, soft-cap and ALiBi slopes.
+  bool supports_session_score_mods() const override { return true; }
   std::vector<DeviceInfo> devices() const override;
   // pool_bytes: the workers' buffers plus the session pages (CudaMemoryFigures).
   std::vector<DeviceMemory> device_memory() const override;

@@ -28,13 +28,6 @@ namespace attnserve::kernels::cuda {
 
 absl::Status CudaBackend::PagedAttention(const PagedAttentionParams& p) {
   const bool device_pages = p.store != nullptr && p.store->on_device();
-  if (p.modifies_scores()) {
-    // supports_session_score_mods() is false: the server refuses such sessions. Host pages
-    // can still take the reference; device pages never compute without their modifications.
-    if (!device_pages) return Backend::PagedAttention(p);
-    return absl::UnimplementedError(
-        "cuda backend: paged attention with a window, soft-capping or ALiBi is not implemented");
-  }
   if (device_pages) {
     if (!IsDeviceStoreOf(*p.store, this)) {
       return absl::InvalidArgumentError(
@@ -107,6 +100,7 @@ absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParam
   const size_t o_v = lay.Add(used.size() * v_page_bytes);
   const size_t o_q = lay.Add(q_bytes);
   const size_t o_tables = lay.Add(table_bytes);
+  const size_t o_slopes = lay.Add(p.alibi_slopes != nullptr ? p.num_heads * sizeof(float) : 0);
   const size_t o_out = lay.Add(out_bytes);
   const size_t o_lse = lay.Add(p.lse != nullptr ? lse_bytes : 0);
   const size_t staged_bytes = lay.size();
@@ -131,6 +125,9 @@ absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParam
   std::copy(p.kv_lens, p.kv_lens + S, tables + table.size());
   std::copy(p.q_lens, p.q_lens + S, tables + table.size() + S);
   std::copy(p.q_offsets, p.q_offsets + S, tables + table.size() + 2 * S);
+  if (p.alibi_slopes != nullptr) {
+    std::copy_n(p.alibi_slopes, p.num_heads, At<float>(host, o_slopes));
+  }
 
   char* dev = w->device;
   cudaStream_t stream = w->stream;
@@ -145,6 +142,7 @@ absl::Status CudaBackend::RunPagedAttention(Worker* w, const PagedAttentionParam
   dp.q_offsets = dp.q_lens + S;
   dp.out = At<float>(dev, o_out);
   dp.lse = p.lse != nullptr ? At<float>(dev, o_lse) : nullptr;
+  dp.alibi_slopes = p.alibi_slopes != nullptr ? At<float>(dev, o_slopes) : nullptr;
   RETURN_IF_GPU_ERROR(PagedAttentionForward(dp, max_q, max_kv, dev + o_ws, stream));
   RETURN_IF_GPU_ERROR(CudaCheck(cudaMemcpyAsync(host + o_out, dev + o_out, staged_bytes - o_out,
                                                 cudaMemcpyDeviceToHost, stream),

@@ -37,8 +37,8 @@ GpuStatus Launch(const PagedAttentionParams& p, int max_q_len, int max_kv_len, v
       p, row_blocks, max_splits, partial);
   ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(cudaGetLastError(), "paged attention: split launch"));
   PagedAttentionCombineKernel<Element>
-      <<<static_cast<unsigned>(combine_blocks), kPagedWarps * 32, 0, stream>>>(p, row_blocks,
-                                                                               max_splits, partial);
+      <<<static_cast<unsigned>(combine_blocks), kPagedWarps * 32, 0, stream>>>(
+          p, p.window_left, row_blocks, max_splits, partial);
   return CudaCheck(cudaGetLastError(), "paged attention: combine launch");
 }
 

@@ -20,8 +20,12 @@
 // of 32 keys of the split; lane j reads key j of the tile through the page table and scores it
 // against the block's rows (queries in shared memory, pre-scaled to log2 units); the tile's
 // probabilities go to shared memory, and each lane accumulates the value columns it owns
-// (lane + 32 t) over the tile's keys. Keys past a row's causal limit score -inf (weight exactly
-// 0). The warps' states are merged in warp order.
+// (lane + 32 t) over the tile's keys. Keys past a row's causal limit, or before its sliding
+// window's start, score -inf (weight exactly 0); with soft-capping or ALiBi (PagedAttentionParams'
+// modifications) each score is modified in linear units (ModifyScore) before it is taken to log2
+// units. A split wholly before the window of every row of the block is not computed, and kernel 2
+// merges a row's splits from the first one its window reaches (PagedFirstSplit): a session's
+// dropped pages are never read. The warps' states are merged in warp order.
 // Kernel 2, PagedAttentionCombineKernel: same blocks without the split; thread c owns columns
 // c, c + 128, ... of every row.
 //
@@ -68,16 +72,31 @@ ATTNSERVE_HD PagedBlock PagedBlockOf(const PagedKernelParams& p, int64_t b, int 
   return blk;
 }
 
-// Keys row `row` of sequence `seq` may attend to (causal, bottom-right aligned).
+// Keys row `row` of sequence `seq` may attend to (causal, bottom-right aligned): those before
+// this limit, its aligned position pos = limit - 1 included.
 ATTNSERVE_HD int PagedRowLimit(const PagedKernelParams& p, int seq, int row) {
   const int token = row / (p.num_heads / p.num_kv_heads);
   return p.kv_lens[seq] - p.q_lens[seq] + token + 1;
 }
 
+// The first key the row may attend to: its sliding window's start, pos - window_left (0 without
+// a window, window_left < 0). Starts grow with the token, as limits do.
+ATTNSERVE_HD int PagedRowStart(const PagedKernelParams& p, int window_left, int seq, int row) {
+  if (window_left < 0) return 0;
+  const int start = PagedRowLimit(p, seq, row) - 1 - window_left;
+  return start < 0 ? 0 : start;
+}
+
+// The first split holding a key the row may attend to. The splits before it are never computed
+// for the row, nor read (a session drops the pages wholly before its next token's split).
+ATTNSERVE_HD int PagedFirstSplit(const PagedKernelParams& p, int window_left, int seq, int row) {
+  return PagedRowStart(p, window_left, seq, row) / kPagedSplitKeys;
+}
+
 template <typename Element, int kOutPerLane>
 __global__ void __launch_bounds__(kPagedWarps * 32, 1)
-    PagedAttentionSplitKernel(const PagedKernelParams p, const int row_blocks, const int max_splits,
-                              float* partial) {
+    PagedAttentionSplitKernel(const PagedAttentionParams p, const int row_blocks,
+                              const int max_splits, float* partial) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   const int slot_floats = PagedSlotFloats(p.v_head_dim);
   float* q_s = reinterpret_cast<float*>(smem_raw);          // [kPagedRows, head_dim]
@@ -92,6 +111,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
   // Limits grow with the token: the block's last row sees the most keys.
   const int block_limit = PagedRowLimit(p, blk.seq, blk.row0 + blk.n_rows - 1);
   if (split >= PagedSplits(block_limit)) return;  // kernel 2 reads only splits a row can see
+  if (split < PagedFirstSplit(p, p.window_left, blk.seq, blk.row0)) return;  // before every window
   const int j_begin = split * kPagedSplitKeys;
   const int j_end = min(j_begin + kPagedSplitKeys, block_limit);
   const int group = p.num_heads / p.num_kv_heads;
@@ -99,7 +119,9 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
   const Element* k_pages = static_cast<const Element*>(p.k_pages);
   const Element* v_pages = static_cast<const Element*>(p.v_pages);
 
-  const float scale_log2 = p.scale * kLog2e;
+  // Scores in log2 units; with soft-capping or ALiBi in linear ones first (ModifyScore).
+  const bool modify = p.softcap != 0.0f || p.alibi_slopes != nullptr;
+  const float q_scale = modify ? p.scale : p.scale * kLog2e;
   const int q_token0 = p.q_offsets[blk.seq];
   for (int idx = threadIdx.x; idx < kPagedRows * p.head_dim; idx += kPagedWarps * 32) {
     const int r = idx / p.head_dim;
@@ -113,18 +135,23 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
       // q in float32 or in the cache's type (q_dtype): queries are not rounded to the cache's.
       x = (p.q_dtype == DType::kFloat32 ? static_cast<const float*>(p.q)[at]
                                         : detail::ToFloat(static_cast<const Element*>(p.q)[at])) *
-          scale_log2;
+          q_scale;
     }
     q_s[idx] = x;
   }
   __syncthreads();
 
-  int limit[kPagedRows];
+  int limit[kPagedRows], start[kPagedRows];
+  float slope[kPagedRows];
   OnlineSoftmaxRow softmax[kPagedRows];
   float acc[kPagedRows][kOutPerLane];
 #pragma unroll
   for (int r = 0; r < kPagedRows; ++r) {
     limit[r] = r < blk.n_rows ? PagedRowLimit(p, blk.seq, blk.row0 + r) : 0;
+    start[r] = r < blk.n_rows ? PagedRowStart(p, p.window_left, blk.seq, blk.row0 + r) : 0;
+    slope[r] = p.alibi_slopes != nullptr && r < blk.n_rows
+                   ? p.alibi_slopes[blk.kv_head * group + (blk.row0 + r) % group]
+                   : 0.0f;
     softmax[r] = OnlineSoftmaxInit();
 #pragma unroll
     for (int t = 0; t < kOutPerLane; ++t) acc[r][t] = 0.0f;
@@ -147,7 +174,8 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
 #pragma unroll
     for (int r = 0; r < kPagedRows; ++r) {
       if (r >= blk.n_rows) break;  // uniform over the block
-      if (!(j < j_end && j < limit[r])) s[r] = NegativeInfinity();
+      if (modify) s[r] = ModifyScore(s[r], p.softcap, slope[r], j, limit[r] - 1) * kLog2e;
+      if (!(j < j_end && j < limit[r] && j >= start[r])) s[r] = NegativeInfinity();
       const float factor = OnlineSoftmaxRescale(softmax[r], detail::WarpMax(s[r]));
 #pragma unroll
       for (int t = 0; t < kOutPerLane; ++t) acc[r][t] *= factor;
@@ -230,8 +258,8 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
 // Block (row block, kv head, sequence) as in kernel 1; kPagedWarps * 32 threads.
 template <typename Element>
 __global__ void __launch_bounds__(kPagedWarps * 32)
-    PagedAttentionCombineKernel(const PagedKernelParams p, const int row_blocks,
-                                const int max_splits, const float* partial) {
+    PagedAttentionCombineKernel(const PagedKernelParams p, const int window_left,
+                                const int row_blocks, const int max_splits, const float* partial) {
   const PagedBlock blk = PagedBlockOf(p, blockIdx.x, row_blocks);
   const int group = p.num_heads / p.num_kv_heads;
   const int slot_floats = PagedSlotFloats(p.v_head_dim);
@@ -240,12 +268,13 @@ __global__ void __launch_bounds__(kPagedWarps * 32)
     const int head = blk.kv_head * group + row_index % group;
     const int64_t token = p.q_offsets[blk.seq] + row_index / group;
     const int splits = PagedSplits(PagedRowLimit(p, blk.seq, row_index));
+    const int first = PagedFirstSplit(p, window_left, blk.seq, row_index);
     const float* base = partial + (token * p.num_heads + head) * max_splits * slot_floats;
     float m = NegativeInfinity();
-    for (int s = 0; s < splits; ++s) m = Max(m, base[s * slot_floats]);
+    for (int s = first; s < splits; ++s) m = Max(m, base[s * slot_floats]);
     const float m_ref = m == NegativeInfinity() ? 0.0f : m;
     float l = 0.0f;
-    for (int s = 0; s < splits; ++s)
+    for (int s = first; s < splits; ++s)
       l += base[s * slot_floats + 1] * Exp2(base[s * slot_floats] - m_ref);
     // A zero sum (every allowed score -inf): the uniform average over the sequence's keys (the
     // NaN rule's rule 2). A NaN sum stays NaN.
@@ -265,7 +294,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32)
         o[d] = a / static_cast<float>(kv_len);
         continue;
       }
-      for (int s = 0; s < splits; ++s) {
+      for (int s = first; s < splits; ++s) {
         const float* row = base + s * slot_floats;
         a += row[2 + d] * Exp2(row[0] - m_ref);
       }

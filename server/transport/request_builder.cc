@@ -582,7 +582,7 @@ absl::Status BuildSessionMods(const v1::CreateSessionRequest& request, int64_t h
   if (mods->any() && !limits.session_score_mods) {
     return absl::UnimplementedError(
         "sessions with a window, softcap or alibi are not implemented by this server's backend "
-        "(--backend=cpu computes them)");
+        "(--backend=cpu and --backend=cuda compute them)");
   }
   return absl::OkStatus();
 }

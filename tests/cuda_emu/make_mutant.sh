@@ -162,6 +162,22 @@ case "$name" in
     file=linear_attention.cu
     from="cell = __fadd_rn(cell, __fmul_rn(f[d], value));"
     to="cell = std::fma(f[d], value, cell);" ;;
+  paged_window_start_off_by_one)  # a session's sliding window one key shorter on its left
+    file=paged_attention_kernel.h
+    from="const int start = PagedRowLimit(p, seq, row) - 1 - window_left;"
+    to="const int start = PagedRowLimit(p, seq, row) - window_left;" ;;
+  paged_splits_before_the_window_merged)  # kernel 2 merges splits kernel 1 never wrote
+    file=paged_attention_kernel.h
+    from="const int first = PagedFirstSplit(p, window_left, blk.seq, row_index);"
+    to="const int first = 0;" ;;
+  paged_alibi_kv_head_slope)  # a GQA group's rows given their kv head's ALiBi slope
+    file=paged_attention_kernel.h
+    from="p.alibi_slopes[blk.kv_head * group + (blk.row0 + r) % group]"
+    to="p.alibi_slopes[blk.kv_head]" ;;
+  paged_mods_in_log2_units)  # soft-cap and ALiBi applied to scores already in log2 units
+    file=paged_attention_kernel.h
+    from="const float q_scale = modify ? p.scale : p.scale * kLog2e;"
+    to="const float q_scale = p.scale * kLog2e;" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \

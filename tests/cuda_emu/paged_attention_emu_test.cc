@@ -69,6 +69,12 @@ struct PagedCase {
   bool k_col0_positive = false;
   // Queries in float32 (q_dtype FLOAT32) instead of in the cache's dtype.
   bool float32_queries = false;
+  // Score modifications (PagedAttentionParams): a sliding window (its session's dropped pages,
+  // those wholly before the split of its first row's window start, then point at an unused
+  // NaN page), a soft-cap, ALiBi slopes (one per query head).
+  int window_left = -1;
+  float softcap = 0.0f;
+  std::vector<float> alibi_slopes;
 };
 
 // Exact-size storage of `n` elements of `dtype`.
@@ -181,13 +187,26 @@ Result RunPaged(const PagedCase& c, DType dtype) {
   p.out = out.get();
   p.lse = lse.get();
   p.scale = 1.0f / std::sqrt(static_cast<float>(D));
-  LaunchPaged(p, max_q, max_kv);
-
+  p.window_left = c.window_left;
+  p.softcap = c.softcap;
+  p.alibi_slopes = c.alibi_slopes.empty() ? nullptr : c.alibi_slopes.data();
   Result r;
+  r.ref = ReferencePagedAttention64(p);  // over every page
+  if (c.window_left >= 0) {
+    // As a session drops them (server/sessions/session_table.h): the pages wholly before the
+    // split holding the first new token's window start, made to point at an unused page of NaN
+    // (any read of them would spread into the output).
+    if (c.extra_pages < 1) std::abort();
+    for (int s = 0; s < S; ++s) {
+      const int first = std::max(0, c.seqs[s].kv_len - c.seqs[s].q_len - c.window_left);
+      const int dropped = first / kPagedSplitKeys * kPagedSplitKeys / P;
+      for (int i = 0; i < dropped; ++i) page_table[size_t(s) * max_pages_per_seq + i] = perm[used];
+    }
+  }
+  LaunchPaged(p, max_q, max_kv);
   r.out.assign(out.get(), out.get() + out_n);
   r.lse.assign(lse.get(), lse.get() + lse_n);
   r.q_offsets = q_off;
-  r.ref = ReferencePagedAttention64(p);
   return r;
 }
 
@@ -278,6 +297,44 @@ TEST_P(PagedAttentionEmuTest, PrefillChunks) {
   c.head_dim = 40;
   c.v_head_dim = 72;
   c.page_size = 1;
+  Check(c);
+}
+
+// Sliding windows, soft-capping and ALiBi (issue 32), as decode sessions use them: windows whose
+// start falls in a later split than the sequence's first key (the pages before that split
+// dropped, pointing at NaN: never read), a window of one key, windows across a prefill chunk's
+// rows (the block's rows start in different splits), each modification alone and all three with
+// GQA, on page sizes 1, 16 and 64.
+TEST_P(PagedAttentionEmuTest, ScoreModsAndDroppedPages) {
+  PagedCase c;
+  c.name = "window_300";
+  c.seqs = {{1, 1000, 51}, {17, 600, 52}, {5, 5, 53}, {1, 257, 54}, {3, 530, 55}};
+  c.window_left = 300;
+  Check(c);
+  c.name = "window_of_one_key_p1";
+  c.seqs = {{1, 700, 56}, {4, 300, 57}};
+  c.window_left = 0;
+  c.page_size = 1;
+  c.num_heads = c.num_kv_heads = 2;
+  Check(c);
+  c.name = "softcap_p64";
+  c.window_left = -1;
+  c.page_size = 64;
+  c.softcap = 0.75f;
+  c.seqs = {{1, 300, 58}, {9, 9, 59}};
+  Check(c);
+  c.name = "alibi";
+  c.softcap = 0.0f;
+  c.page_size = 16;
+  c.num_heads = 8;
+  c.num_kv_heads = 2;
+  c.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.0156f, 0.0078f, 0.0039f};
+  c.seqs = {{1, 1300, 60}, {17, 40, 61}};
+  Check(c);
+  c.name = "all_three_gqa8_2";
+  c.window_left = 600;
+  c.softcap = 1.5f;
+  c.seqs = {{1, 1300, 62}, {40, 900, 63}, {2, 2, 64}};
   Check(c);
 }
 

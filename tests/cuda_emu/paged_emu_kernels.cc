@@ -30,8 +30,9 @@ void LaunchPagedT(const PagedAttentionParams& p, int max_q, int max_kv) {
               PagedSplitSmemBytes(p.head_dim, p.v_head_dim), [&] {
                 PagedAttentionSplitKernel<Element, kOut>(p, row_blocks, max_splits, ws.get());
               });
-  emu::Launch(dim3(static_cast<unsigned>(combine_blocks)), dim3(kPagedWarps * 32), 0,
-              [&] { PagedAttentionCombineKernel<Element>(p, row_blocks, max_splits, ws.get()); });
+  emu::Launch(dim3(static_cast<unsigned>(combine_blocks)), dim3(kPagedWarps * 32), 0, [&] {
+    PagedAttentionCombineKernel<Element>(p, p.window_left, row_blocks, max_splits, ws.get());
+  });
 }
 
 template <typename Element>

@@ -159,6 +159,31 @@ TEST_P(SessionEmuTest, PrefillsStepsAndAForkMatchHostPages) {
   EXPECT_EQ(cuda_->MemoryFigures().session_pages_bytes, 0);
 }
 
+// A session with a sliding window, soft-capping and ALiBi (issue 32) on the device store: the
+// paged kernel applies them, and the pages the window left behind (dropped by the session once
+// its next token's window starts a split past them) are neither read nor kept: the device side
+// agrees with host pages and the reference backend, and its pool use stops growing with the
+// length.
+TEST_P(SessionEmuTest, ScoreModsAndAWindowMatchHostPages) {
+  // Pools of 1 MiB: a prefill reserves the pages of all its tokens first.
+  device_.manager =
+      SessionManager::Create(Options(device_.backend.get(), 1 << 20), nullptr).value();
+  host_.manager = SessionManager::Create(Options(nullptr, 1 << 20), nullptr).value();
+  server::sessions::SessionSpec spec = Spec(GetParam());
+  spec.mods.window_left = 40;
+  spec.mods.softcap = 1.5f;
+  spec.mods.alibi_slopes = {0.5f, 0.25f, 0.125f, 0.0625f};
+  const std::pair<std::string, std::string> a = {device_.manager->Create(spec).value().id,
+                                                 host_.manager->Create(spec).value().id};
+  const Tokens t(1100, 3);
+  Extend(a, t, 0, 700);  // a prefill in chunks of 3: past two splits of 256 keys
+  const int64_t pages = device_.manager->Usage().pages_used;
+  Extend(a, t, 700, 701);
+  Extend(a, t, 701, 1100);  // the window moved past another split: its pages went
+  EXPECT_LE(device_.manager->Usage().pages_used, pages);
+  EXPECT_EQ(device_.manager->Usage().pages_used, host_.manager->Usage().pages_used);
+}
+
 // Two head layouts (here two cache types) share the one pool on the device too: each layout's
 // store maps device memory only under its pages in use. With a 4 MiB pool and a few pages per
 // layout the device holds one granule (64 KiB on the emulated device) of K and one of V per

@@ -201,7 +201,7 @@ TEST_F(SessionTest, ModuleSessionsTakeScoreModsAsMultiHeadAttentionDoes) {
   }
 }
 
-// A backend whose paged attention takes no score modifications (the CUDA backend today).
+// A backend whose paged attention takes no score modifications (as the CUDA backend's did).
 class NoSessionModsBackend final : public kernels::Backend {
  public:
   std::string name() const override { return "no-session-mods"; }
