@@ -9,7 +9,9 @@ Both compute the causal self-attention of one module (d_model, heads) over L tok
             CloseSession.
 Rounds alternate the two ways; the figure is the median wall time per call of each way and
 their ratio (mha / session: 1.0 means the session's prefill is as fast), beside the largest
-difference between their outputs (they compute the same thing).
+difference between their outputs (they compute the same thing). Also given: the extend alone
+(the prefill without the two session rpcs around it) and the server's compute time of each
+(the responses' Timing.compute_us).
 
   /usr/bin/python3 tests/bench/module_prefill.py --server=build/server/attnserve \\
       [--tokens=512] [--d_model=512] [--heads=8] [--rounds=15] [--json=out.json]
@@ -65,22 +67,35 @@ def main():
             x = np.random.default_rng(2).standard_normal((a.tokens, a.d_model)).astype(
                 np.float32)
 
+            times = {"mha": [], "session": [], "extend": [], "mha_compute": [],
+                     "extend_compute": []}
+
             def mha():
-                return client.multi_head_attention("bench", x[None], causal=True).output[0]
+                result = client.multi_head_attention("bench", x[None], causal=True)
+                return result.output[0], result.timing
 
             def session():
                 with client.create_session(module="bench") as s:
-                    return s.extend(input=x).output
+                    t0 = time.perf_counter()
+                    result = s.extend(input=x)
+                    return result.output, result.timing, time.perf_counter() - t0
 
-            times = {"mha": [], "session": []}
             outputs = {}
             for r in range(a.rounds + 1):  # the first round warms up
                 for name, fn in (("mha", mha), ("session", session)) if r % 2 else (
                         ("session", session), ("mha", mha)):
                     t0 = time.perf_counter()
-                    outputs[name] = np.asarray(fn())
+                    out = fn()
+                    elapsed = time.perf_counter() - t0
+                    outputs[name] = np.asarray(out[0])
                     if r > 0:
-                        times[name].append(time.perf_counter() - t0)
+                        times[name].append(elapsed)
+                        compute_s = out[1].compute_us * 1e-6
+                        if name == "mha":
+                            times["mha_compute"].append(compute_s)
+                        else:
+                            times["extend"].append(out[2])
+                            times["extend_compute"].append(compute_s)
             med = {k: statistics.median(v) for k, v in times.items()}
             diff = float(np.max(np.abs(outputs["mha"] - outputs["session"])))
             result = {
@@ -90,6 +105,10 @@ def main():
                 "rounds": a.rounds, "mha_ms": med["mha"] * 1e3,
                 "session_ms": med["session"] * 1e3,
                 "session_speed_vs_mha": med["mha"] / med["session"],
+                "extend_ms": med["extend"] * 1e3,
+                "extend_speed_vs_mha": med["mha"] / med["extend"],
+                "mha_compute_ms": med["mha_compute"] * 1e3,
+                "extend_compute_ms": med["extend_compute"] * 1e3,
                 "max_abs_difference": diff,
             }
             print(f"{result['machine']} ({result['cpus']} CPUs), backend {result['backend']}, "
@@ -97,6 +116,10 @@ def main():
             print(f"  MultiHeadAttention {result['mha_ms']:.2f} ms, session prefill "
                   f"{result['session_ms']:.2f} ms (create + extend + close): session speed "
                   f"{result['session_speed_vs_mha']:.2f}x of MHA; outputs differ by {diff:.2e}")
+            print(f"  the extend alone {result['extend_ms']:.2f} ms: "
+                  f"{result['extend_speed_vs_mha']:.2f}x of MHA; server compute "
+                  f"{result['extend_compute_ms']:.2f} ms against MHA's "
+                  f"{result['mha_compute_ms']:.2f} ms")
             if a.json:
                 with open(a.json, "w") as f:
                     json.dump(result, f, indent=1)
