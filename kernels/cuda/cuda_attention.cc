@@ -101,13 +101,10 @@ absl::Status CudaBackend::Attend(absl::Span<const AttentionParams> batch) {
 }
 
 absl::Status CudaBackend::RunLinearAttention(Worker* w, const AttentionParams& p) {
-  if (p.mask.present() || p.mods.any() || p.weights != nullptr) {
-    return absl::InvalidArgumentError(
-        "cuda backend: linear attention takes no mask, score modifications or weights");
-  }
-  if (p.head_dim > kLinearMaxHeadDim) {
-    return absl::UnimplementedError(absl::StrCat("cuda backend: linear attention at head_dim ",
-                                                 p.head_dim, " (at most ", kLinearMaxHeadDim, ")"));
+  if (absl::Status s =
+          CheckLinearAttention(p.mask.present(), p.mods.any(), p.weights != nullptr, p.head_dim);
+      !s.ok()) {
+    return s;
   }
   const int64_t nq = int64_t{p.batch} * p.num_heads * p.q_len;
   const int64_t nk = int64_t{p.batch} * p.num_kv_heads * p.kv_len;

@@ -19,6 +19,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/flash_params.h"
 #include "kernels/cuda/gpu_status.h"
+#include "kernels/cuda/linear_attention.h"
 #include "kernels/cuda/online_softmax.h"
 #include "kernels/page_store.h"
 
@@ -143,6 +144,21 @@ inline absl::Status ByOperandType(absl::Span<const Params> batch, ComputeType fl
       return s;
     }
     begin = end;
+  }
+  return absl::OkStatus();
+}
+
+// What the linear-attention kernel takes (linear_attention.h), for Attend's and MultiHead's
+// items: no mask, score modifications or weights (INVALID_ARGUMENT: the server never sends
+// them), head dims up to kLinearMaxHeadDim (UNIMPLEMENTED naming it).
+inline absl::Status CheckLinearAttention(bool mask, bool mods, bool weights, int head_dim) {
+  if (mask || mods || weights) {
+    return absl::InvalidArgumentError(
+        "cuda backend: linear attention takes no mask, score modifications or weights");
+  }
+  if (head_dim > kLinearMaxHeadDim) {
+    return absl::UnimplementedError(absl::StrCat("cuda backend: linear attention at head_dim ",
+                                                 head_dim, " (at most ", kLinearMaxHeadDim, ")"));
   }
   return absl::OkStatus();
 }

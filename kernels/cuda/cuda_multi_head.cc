@@ -98,13 +98,12 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   const int dm = m.d_model, h = m.num_heads, dk = m.head_dim();
   // Linear attention runs its own kernel on the float32 projections (linear_attention.h).
   const bool linear = p.kind == AttentionKind::kLinear;
-  if (linear && (p.mask.present() || p.mods.any() || p.weights != nullptr)) {
-    return absl::InvalidArgumentError(
-        "cuda backend: linear attention takes no mask, score modifications or weights");
-  }
-  if (linear && dk > kLinearMaxHeadDim) {
-    return absl::UnimplementedError(absl::StrCat("cuda backend: linear attention at head_dim ", dk,
-                                                 " (at most ", kLinearMaxHeadDim, ")"));
+  if (linear) {
+    if (absl::Status s =
+            CheckLinearAttention(p.mask.present(), p.mods.any(), p.weights != nullptr, dk);
+        !s.ok()) {
+      return s;
+    }
   }
   const int64_t nq = int64_t{p.batch} * p.q_len, nk = int64_t{p.batch} * p.kv_len;
   const bool self = p.self_attention;

@@ -80,11 +80,11 @@ ATTNSERVE_HD int PagedRowLimit(const PagedKernelParams& p, int seq, int row) {
 }
 
 // The first key the row may attend to: its sliding window's start, pos - window_left (0 without
-// a window, window_left < 0). Starts grow with the token, as limits do.
+// a window, window_left < 0), as KeyStart computes it for dense rows. Starts grow with the
+// token, as limits do.
 ATTNSERVE_HD int PagedRowStart(const PagedKernelParams& p, int window_left, int seq, int row) {
-  if (window_left < 0) return 0;
-  const int start = PagedRowLimit(p, seq, row) - 1 - window_left;
-  return start < 0 ? 0 : start;
+  const int token = row / (p.num_heads / p.num_kv_heads);
+  return KeyStart(token, p.q_lens[seq], p.kv_lens[seq], KeyWindow{window_left, -1});
 }
 
 // The first split holding a key the row may attend to. The splits before it are never computed

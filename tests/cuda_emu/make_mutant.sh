@@ -163,9 +163,10 @@ case "$name" in
     from="cell = __fadd_rn(cell, __fmul_rn(f[d], value));"
     to="cell = std::fma(f[d], value, cell);" ;;
   paged_window_start_off_by_one)  # a session's sliding window one key shorter on its left
-    file=paged_attention_kernel.h
-    from="const int start = PagedRowLimit(p, seq, row) - 1 - window_left;"
-    to="const int start = PagedRowLimit(p, seq, row) - window_left;" ;;
+    # (the paged kernel takes the dense kernels' KeyStart: the same bug, the paged tests)
+    file=online_softmax.h
+    from="const int start = i + kv_len - q_len - window.left;"
+    to="const int start = i + kv_len - q_len - window.left + 1;" ;;
   paged_splits_before_the_window_merged)  # kernel 2 merges splits kernel 1 never wrote
     file=paged_attention_kernel.h
     from="const int first = PagedFirstSplit(p, window_left, blk.seq, row_index);"
