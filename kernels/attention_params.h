@@ -181,26 +181,12 @@ struct AttentionParams {
 
   // Number of key positions that can be allowed for (b, i) before the mask is consulted:
   // keys at j >= limit are blocked by causality, key length or the window's right side.
-  int key_limit(int b, int i) const {
-    int limit = kv_len;
-    if (causal) {
-      const int causal_limit = i + kv_len - q_len + 1;
-      if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
-    }
-    if (mods.window_right >= 0) {
-      const int64_t window_limit = int64_t{i} + kv_len - q_len + mods.window_right + 1;
-      if (window_limit < limit) limit = window_limit < 0 ? 0 : static_cast<int>(window_limit);
-    }
-    if (key_lengths != nullptr && key_lengths[b] < limit) limit = key_lengths[b];
-    return limit;
-  }
+  // Out of line (attention_params.cc, compiled without ISA flags), so that the per-ISA kernels
+  // can call it: an inline copy compiled with AVX-512 could be the one the linker keeps.
+  int key_limit(int b, int i) const;
   // The first key position that can be allowed for row i: keys at j < start are blocked by the
   // window's left side (0 without one).
-  int key_start(int i) const {
-    if (mods.window_left < 0) return 0;
-    const int64_t start = int64_t{i} + kv_len - q_len - mods.window_left;
-    return start < 0 ? 0 : start > kv_len ? kv_len : static_cast<int>(start);
-  }
+  int key_start(int i) const;
 };
 
 // Floating-point operations of the attention part (4 * B * Hq * Lq * Lk * D, the figure every

@@ -9,26 +9,12 @@
 
 #include <immintrin.h>
 
-#include <cstdint>
-
-#include "kernels/cpu/attention_kernel.h"
 #include "kernels/cpu/vec_avx512.h"
-#include "kernels/cpu/vec_tiles.h"
-#include "kernels/dtype.h"
-
-namespace attnserve::kernels::cpu::avx512 {
-namespace {
 
 // 6 keys x 4 vectors (64 query rows) = 24 accumulators + 4 query loads + 1 broadcast of the 32
 // zmm registers.
-using Vec = AttentionTiles<Avx512Ops, /*ScoreKeys=*/6, /*ScoreVecs=*/4, /*PvCols=*/6, /*PvVecs=*/4>;
-
-}  // namespace
-}  // namespace attnserve::kernels::cpu::avx512
-
+#define ATTNSERVE_CPU_TILES \
+  AttentionTiles<Avx512Ops, /*ScoreKeys=*/6, /*ScoreVecs=*/4, /*PvCols=*/6, /*PvVecs=*/4>
 #define ATTNSERVE_CPU_ISA_NAMESPACE avx512
+#define ATTNSERVE_CPU_KERNEL(make) kAvx512AttentionKernel = make(Isa::kAvx512, "avx512")
 #include "kernels/cpu/attention_kernel_impl.h"
-
-namespace attnserve::kernels::cpu {
-extern const AttentionKernel kAvx512AttentionKernel = avx512::Kernel(Isa::kAvx512, "avx512");
-}  // namespace attnserve::kernels::cpu

@@ -58,16 +58,6 @@ int MaxInt(int a, int b) { return a > b ? a : b; }
 int Round32(int n) { return (n + 31) / 32 * 32; }
 int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 
-int KeyLimit(const AttentionParams& p, int b, int i) {
-  int limit = p.kv_len;
-  if (p.causal) {
-    const int causal_limit = i + p.kv_len - p.q_len + 1;
-    if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
-  }
-  if (p.key_lengths != nullptr && p.key_lengths[b] < limit) limit = p.key_lengths[b];
-  return limit;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Conversions.
 
@@ -394,7 +384,7 @@ void Begin(Task& t, int pad_rows) {
   for (int r = 0; r < pad_rows; ++r) {
     if (r < t.rows) {
       ToBf16Row(p.input_dtype, q.row(t.i0 + r), p.head_dim, t.dp, t.s.qa + int64_t{r} * t.dp);
-      t.limit[r] = KeyLimit(p, t.b, t.i0 + r);
+      t.limit[r] = p.key_limit(t.b, t.i0 + r);
       t.max_limit = MaxInt(t.max_limit, t.limit[r]);
     } else {
       std::memset(t.s.qa + int64_t{r} * t.dp, 0, sizeof(uint16_t) * t.dp);

@@ -1,10 +1,12 @@
 // The body of the fused attention kernel, written once against a small vector-traits struct and
 // compiled once per instruction set. NOT a normal header: it has no include guard and is
 // included exactly once, at the end of each per-ISA translation unit (attention_avx512.cc,
-// attention_avx2.cc, attention_generic.cc), after that unit has defined
+// attention_avx2.cc, attention_generic.cc), after that unit has included its vector traits and
+// defined
 //
 //   ATTNSERVE_CPU_ISA_NAMESPACE   a namespace name unique to the unit (avx512, avx2, generic)
-//   Vec (a type)                   in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
+//   ATTNSERVE_CPU_KERNEL(make)    the kernel's constant: `kXAttentionKernel = make(isa, name)`
+//   ATTNSERVE_CPU_TILES           the tiles, Vec here (vec_tiles.h's AttentionTiles), with
 //     V, kWidth                    the vector type and its number of float lanes
 //     kScoreKeys, kScoreVecs       register block of the score kernel (keys x row vectors)
 //     kPvCols, kPvVecs             register block of the P·V kernel (value columns x row vectors)
@@ -14,9 +16,9 @@
 //     HalfToFloat(src, n, dst)     n IEEE binary16 values to float32 (exact)
 //
 // Everything here has internal linkage (an unnamed namespace inside the ISA namespace), and the
-// body calls no inline function of another header (not even AttentionParams' helpers): an
-// out-of-line copy of such a function compiled with AVX-512 flags could otherwise be chosen by
-// the linker for the generic path and crash a CPU without AVX-512.
+// body calls no inline function of another header: an out-of-line copy of such a function
+// compiled with AVX-512 flags could otherwise be chosen by the linker for the generic path and
+// crash a CPU without AVX-512 (AttentionParams' key_limit and key_start are out of line for it).
 //
 // Layout. Vectors run across the kQueryBlock query rows of a task (one row per lane): the task
 // packs Qᵀ [D][kQueryBlock] once, computes Sᵀ = K·Qᵀ tile by tile [keys][rows] straight from the
@@ -26,9 +28,16 @@
 // (exactly) one key tile at a time into the task's scratch, so a 16-bit request gives the bits a
 // float32 request with the same values gives, and no float32 copy of a whole tensor exists.
 
+#include <cstdint>
+
+#include "kernels/cpu/attention_kernel.h"
+#include "kernels/cpu/vec_tiles.h"
+#include "kernels/dtype.h"
+
 namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE {
 namespace {
 
+using Vec = ATTNSERVE_CPU_TILES;
 using V = Vec::V;
 constexpr int kW = Vec::kWidth;
 constexpr int kQ = kQueryBlock;
@@ -42,27 +51,6 @@ int MinInt(int a, int b) { return a < b ? a : b; }
 int MaxInt(int a, int b) { return a > b ? a : b; }
 int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
 
-// AttentionParams::key_limit and key_start, restated here (see the note at the top on inline
-// functions).
-int KeyLimit(const AttentionParams& p, int b, int i) {
-  int limit = p.kv_len;
-  if (p.causal) {
-    const int causal_limit = i + p.kv_len - p.q_len + 1;
-    if (causal_limit < limit) limit = causal_limit < 0 ? 0 : causal_limit;
-  }
-  if (p.mods.window_right >= 0) {
-    const int64_t window_limit = int64_t{i} + p.kv_len - p.q_len + p.mods.window_right + 1;
-    if (window_limit < limit) limit = window_limit < 0 ? 0 : static_cast<int>(window_limit);
-  }
-  if (p.key_lengths != nullptr && p.key_lengths[b] < limit) limit = p.key_lengths[b];
-  return limit;
-}
-int KeyStart(const AttentionParams& p, int i) {
-  if (p.mods.window_left < 0) return 0;
-  const int64_t start = int64_t{i} + p.kv_len - p.q_len - p.mods.window_left;
-  return start < 0 ? 0 : start > p.kv_len ? p.kv_len : static_cast<int>(start);
-}
-
 // Per-task scratch, carved from one 64-byte aligned buffer. Every [.][kQ] row starts on a
 // 64-byte boundary.
 struct Scratch {
@@ -74,8 +62,8 @@ struct Scratch {
   float* m;      // [kQ]: running max per row (-inf until the row meets an allowed key)
   float* l;      // [kQ]: running sum of exp(s - m) per row
   float* alpha;  // [kQ]: rescale factor of the current tile, exp(m_old - m_new)
-  float* limit;  // [kQ]: KeyLimit per row, as float (exact below 2^24)
-  float* lower;  // [kQ]: 1 - KeyStart per row (a key j is before the window iff -j >= lower)
+  float* limit;  // [kQ]: key_limit per row, as float (exact below 2^24)
+  float* lower;  // [kQ]: 1 - key_start per row (a key j is before the window iff -j >= lower)
   float* pos;    // [kQ]: the row's aligned position i' = i + Lk - Lq (ALiBi)
   float* mean;   // [Dv]: mean of all value rows, for rows with no allowed key
 };
@@ -325,8 +313,8 @@ void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int p
   *min_start = p.kv_len;
   *max_start = 0;
   for (int r = 0; r < rows; ++r) {
-    const int limit = KeyLimit(p, b, i0 + r);
-    const int start = KeyStart(p, i0 + r);
+    const int limit = p.key_limit(b, i0 + r);
+    const int start = p.key_start(i0 + r);
     s.limit[r] = static_cast<float>(limit);
     s.lower[r] = static_cast<float>(1 - start);
     s.pos[r] = static_cast<float>(int64_t{i0} + r + p.kv_len - p.q_len);
@@ -370,7 +358,7 @@ void ModifyScores(const AttentionParams& p, int h, int j0, int keys, int padded_
   }
 }
 
-// Sets st[j][r] = -inf for the keys before row r's window (j < KeyStart).
+// Sets st[j][r] = -inf for the keys before row r's window (j < key_start).
 void MaskBeforeWindow(int j0, int keys, int padded_rows, const Scratch& s) {
   for (int j = 0; j < keys; ++j) {
     const V neg_pos = Vec::Set1(-static_cast<float>(j0 + j));
@@ -601,3 +589,7 @@ constexpr AttentionKernel Kernel(Isa isa, const char* name) {
 
 }  // namespace
 }  // namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE
+
+namespace attnserve::kernels::cpu {
+extern const AttentionKernel ATTNSERVE_CPU_KERNEL(ATTNSERVE_CPU_ISA_NAMESPACE::Kernel);
+}  // namespace attnserve::kernels::cpu

@@ -11,28 +11,12 @@
 
 #include <immintrin.h>
 
-#include <cstdint>
-
-#include "kernels/cpu/paged_attention_kernel.h"
 #include "kernels/cpu/vec_avx512.h"
-#include "kernels/cpu/vec_tiles.h"
-#include "kernels/dtype.h"
-
-namespace attnserve::kernels::cpu::avx512p {
-namespace {
 
 // FLOAT32 arithmetic for every cache type. Scores: 8 accumulators + the key vector + query
 // loads. P·V: 4 row-heads x 4 vectors = 16 accumulators + 4 value vectors + 1 broadcast of the
 // 32 zmm registers (the tiles of paged_attention_avx512bf16.cc too).
-using PVec = PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4>;
-
-}  // namespace
-}  // namespace attnserve::kernels::cpu::avx512p
-
+#define ATTNSERVE_CPU_TILES PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4>
 #define ATTNSERVE_CPU_ISA_NAMESPACE avx512p
+#define ATTNSERVE_CPU_KERNEL(make) kAvx512PagedAttentionKernel = make(Isa::kAvx512, "avx512")
 #include "kernels/cpu/paged_attention_impl.h"
-
-namespace attnserve::kernels::cpu {
-extern const PagedAttentionKernel kAvx512PagedAttentionKernel =
-    avx512p::paged::Kernel(Isa::kAvx512, "avx512");
-}  // namespace attnserve::kernels::cpu

@@ -14,18 +14,16 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/paged_attention_kernel.h"
 #include "kernels/cpu/vec_avx512.h"
 #include "kernels/cpu/vec_tiles.h"
-#include "kernels/dtype.h"
 
-namespace attnserve::kernels::cpu::avx512bf16p {
+namespace attnserve::kernels::cpu {
 namespace {
 
 // The scores of BFLOAT16 caches by VDPBF16PS (32 products per instruction, pairs summed into
 // float32 lanes; the products of two bfloat16 are exact in float32), everything else as the
 // AVX-512 kernel.
-struct PVec : PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4> {
+struct Avx512Bf16PagedTiles : PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4> {
   static constexpr bool kBf16Dot = true;
   static constexpr int kPairWidth = 32;  // bfloat16 elements per Bh
   using Bh = __m512bh;
@@ -39,12 +37,10 @@ struct PVec : PagedTiles<Avx512Ops, /*ScoreRows=*/8, /*PvRows=*/4, /*PvVecs=*/4>
 };
 
 }  // namespace
-}  // namespace attnserve::kernels::cpu::avx512bf16p
-
-#define ATTNSERVE_CPU_ISA_NAMESPACE avx512bf16p
-#include "kernels/cpu/paged_attention_impl.h"
-
-namespace attnserve::kernels::cpu {
-extern const PagedAttentionKernel kAvx512Bf16PagedAttentionKernel =
-    avx512bf16p::paged::Kernel(Isa::kAvx512, "avx512_bf16");
 }  // namespace attnserve::kernels::cpu
+
+#define ATTNSERVE_CPU_TILES Avx512Bf16PagedTiles
+#define ATTNSERVE_CPU_ISA_NAMESPACE avx512bf16p
+#define ATTNSERVE_CPU_KERNEL(make) \
+  kAvx512Bf16PagedAttentionKernel = make(Isa::kAvx512, "avx512_bf16")
+#include "kernels/cpu/paged_attention_impl.h"

@@ -2,10 +2,12 @@
 // vector-traits struct and compiled once per instruction set. NOT a normal header: no include
 // guard, included exactly once at the end of each per-ISA translation unit
 // (paged_attention_avx512.cc, paged_attention_avx2.cc, paged_attention_generic.cc), after that
-// unit has defined
+// unit has included its vector traits and defined
 //
 //   ATTNSERVE_CPU_ISA_NAMESPACE   a namespace name unique to the unit
-//   PVec (a type)                  in attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE, with
+//   ATTNSERVE_CPU_KERNEL(make)    the kernel's constant: `kXPagedAttentionKernel = make(isa, name)`
+//   ATTNSERVE_CPU_TILES           the tiles, PVec here (vec_tiles.h's PagedTiles or a type
+//                                  derived from it), with
 //     V, kWidth                    the vector type and its float lanes
 //     kScoreRows                   row-heads per pass of the score loop (accumulators)
 //     kPvRows, kPvVecs             register block of P·V (row-heads x vectors of columns)
@@ -31,11 +33,17 @@
 // keys in order, each V element loaded once per block.
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
+
+#include "kernels/cpu/paged_attention_kernel.h"
+#include "kernels/cpu/vec_tiles.h"
+#include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE::paged {
 namespace {
 
+using PVec = ATTNSERVE_CPU_TILES;
 using V = PVec::V;
 constexpr int kW = PVec::kWidth;
 constexpr int kSplit = kPagedSplitKeys;
@@ -820,3 +828,7 @@ constexpr PagedAttentionKernel Kernel(Isa isa, const char* name) {
 
 }  // namespace
 }  // namespace attnserve::kernels::cpu::ATTNSERVE_CPU_ISA_NAMESPACE::paged
+
+namespace attnserve::kernels::cpu {
+extern const PagedAttentionKernel ATTNSERVE_CPU_KERNEL(ATTNSERVE_CPU_ISA_NAMESPACE::paged::Kernel);
+}  // namespace attnserve::kernels::cpu
