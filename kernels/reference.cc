@@ -174,6 +174,13 @@ std::vector<float> Widen(DType type, const InputView& src, int batch, int heads,
   return out;
 }
 
+// A float64 result rounded into float32 outputs; `weights` (the weights or the lse) may be null.
+void ReferenceToFloat(const Reference64& r, float* out, float* weights) {
+  for (size_t n = 0; n < r.out.size(); ++n) out[n] = static_cast<float>(r.out[n]);
+  if (weights == nullptr) return;
+  for (size_t n = 0; n < r.weights.size(); ++n) weights[n] = static_cast<float>(r.weights[n]);
+}
+
 }  // namespace
 
 AttentionParams WithFloat32Inputs(const AttentionParams& p, Float32Inputs* storage) {
@@ -271,11 +278,7 @@ Reference64 ReferenceMultiHead64(const MultiHeadParams& p16) {
 }
 
 void ReferenceMultiHead(const MultiHeadParams& p) {
-  const Reference64 r = ReferenceMultiHead64(p);
-  for (size_t n = 0; n < r.out.size(); ++n) p.out[n] = static_cast<float>(r.out[n]);
-  if (p.weights != nullptr) {
-    for (size_t n = 0; n < r.weights.size(); ++n) p.weights[n] = static_cast<float>(r.weights[n]);
-  }
+  ReferenceToFloat(ReferenceMultiHead64(p), p.out, p.weights);
 }
 
 std::vector<DeviceInfo> ReferenceBackend::devices() const {
@@ -375,11 +378,7 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
 }
 
 void ReferencePagedAttention(const PagedAttentionParams& p) {
-  const Reference64 r = ReferencePagedAttention64(p);
-  for (size_t i = 0; i < r.out.size(); ++i) p.out[i] = static_cast<float>(r.out[i]);
-  if (p.lse != nullptr) {
-    for (size_t i = 0; i < r.weights.size(); ++i) p.lse[i] = static_cast<float>(r.weights[i]);
-  }
+  ReferenceToFloat(ReferencePagedAttention64(p), p.out, p.lse);
 }
 
 absl::Status Backend::Project(absl::Span<const ProjectionParams> batch) {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "kernels/cuda/device_utils.h"
 #include "kernels/cuda/flash_fwd.h"
 
 namespace attnserve::kernels::cuda {
@@ -13,21 +14,10 @@ namespace {
 constexpr int kThreads = 256;
 
 template <typename Element>
-__device__ __forceinline__ Element FromFloat(float x);
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
-template <typename Element>
 __global__ void ConvertKernel(const float* __restrict__ src, Element* __restrict__ dst, int64_t n) {
   const int64_t stride = int64_t{gridDim.x} * blockDim.x;
   for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n; i += stride) {
-    dst[i] = FromFloat<Element>(src[i]);
+    dst[i] = detail::FromFloat<Element>(src[i]);
   }
 }
 

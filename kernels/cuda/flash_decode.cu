@@ -23,11 +23,8 @@ GpuStatus Launch(const FlashFwdParams& p, int max_seqlen_k, void* workspace, cud
   }
   const int smem = DecodeSplitSmemBytes(kGroup, p.head_dim, p.v_head_dim);
   auto* split_kernel = &FlashDecodeSplitKernel<Element, kGroup>;
-  if (smem > 48 * 1024) {
-    ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(
-        cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        "decode attention: raising the shared-memory limit"));
-  }
+  ATTNSERVE_GPU_RETURN_IF_ERROR(
+      AllowSharedMemory(split_kernel, smem, "decode attention: raising the shared-memory limit"));
   split_kernel<<<static_cast<unsigned>(split_blocks), kDecodeWarps * 32, smem, stream>>>(
       p, max_splits, partial);
   ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(cudaGetLastError(), "decode attention: split launch"));

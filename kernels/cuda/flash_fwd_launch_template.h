@@ -17,11 +17,8 @@ GpuStatus RunFlashFwd(const FlashFwdParams& p, cudaStream_t stream) {
   if (num_m_blocks == 0 || p.num_seqs == 0 || p.num_heads == 0) return {};
   auto* kernel = &FlashFwdKernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
-  if constexpr (kSmem > 48 * 1024) {
-    ATTNSERVE_GPU_RETURN_IF_ERROR(
-        CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem),
-                  "flash forward: raising the shared-memory limit"));
-  }
+  ATTNSERVE_GPU_RETURN_IF_ERROR(
+      AllowSharedMemory(kernel, kSmem, "flash forward: raising the shared-memory limit"));
   const int64_t blocks = FlashGridBlocks(num_m_blocks, p.num_seqs, p.num_heads);
   if (blocks > kMaxGridX) return {"flash forward: more than 2^31 - 1 blocks"};
   kernel<<<static_cast<unsigned>(blocks), Traits::kNThreads, kSmem, stream>>>(p, num_m_blocks);
@@ -34,11 +31,8 @@ GpuStatus RunFlashFwdGenericImpl(const FlashFwdParams& p, cudaStream_t stream) {
   if (blocks_per_seq == 0 || p.num_seqs == 0 || p.num_heads == 0) return {};
   const int smem = kGenericWarps * p.head_dim * static_cast<int>(sizeof(float));
   auto* kernel = &FlashFwdGenericKernel<Element>;
-  if (smem > 48 * 1024) {
-    ATTNSERVE_GPU_RETURN_IF_ERROR(
-        CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                  "generic attention forward: raising the shared-memory limit"));
-  }
+  ATTNSERVE_GPU_RETURN_IF_ERROR(AllowSharedMemory(
+      kernel, smem, "generic attention forward: raising the shared-memory limit"));
   const int64_t blocks = FlashGridBlocks(blocks_per_seq, p.num_seqs, p.num_heads);
   if (blocks > kMaxGridX) return {"generic attention forward: more than 2^31 - 1 blocks"};
   kernel<<<static_cast<unsigned>(blocks), kGenericWarps * 32, smem, stream>>>(p, blocks_per_seq);

@@ -26,6 +26,15 @@ inline GpuStatus CublasCheck(cublasStatus_t s, const char* what) {
           ")"};
 }
 
+// Lets `kernel` launch with `smem` bytes of dynamic shared memory: above 48 KiB a kernel must
+// opt in first. `what` names the launch in the error.
+template <typename... Params>
+GpuStatus AllowSharedMemory(void (*kernel)(Params...), int smem, const char* what) {
+  if (smem <= 48 * 1024) return {};
+  return CudaCheck(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                   what);
+}
+
 #define ATTNSERVE_GPU_RETURN_IF_ERROR(expr)             \
   do {                                                  \
     ::attnserve::kernels::cuda::GpuStatus _st = (expr); \

@@ -16,17 +16,6 @@ namespace {
 
 constexpr int kSoftmaxThreads = 256;
 
-template <typename Element>
-__device__ __forceinline__ Element RoundTo(float x);
-template <>
-__device__ __forceinline__ __half RoundTo<__half>(float x) {
-  return __float2half_rn(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 RoundTo<__nv_bfloat16>(float x) {
-  return __float2bfloat16_rn(x);
-}
-
 __device__ float BlockReduce(float x, bool is_max, float* scratch) {
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
@@ -98,7 +87,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   for (int j = threadIdx.x; j < kv_len; j += kSoftmaxThreads) {
     const float w = blocked ? uniform : (allowed(j) ? expf(row[j] - mx) : 0.0f) * inv;
     row[j] = w;
-    prow[j] = RoundTo<Element>(w);
+    prow[j] = detail::FromFloat<Element>(w);
   }
 }
 

@@ -28,11 +28,8 @@ GpuStatus Launch(const PagedAttentionParams& p, int max_q_len, int max_kv_len, v
   float* partial = static_cast<float*>(workspace);
   const int smem = PagedSplitSmemBytes(p.head_dim, p.v_head_dim);
   auto* split_kernel = &PagedAttentionSplitKernel<Element, kOutPerLane>;
-  if (smem > 48 * 1024) {
-    ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(
-        cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-        "paged attention: raising the shared-memory limit"));
-  }
+  ATTNSERVE_GPU_RETURN_IF_ERROR(
+      AllowSharedMemory(split_kernel, smem, "paged attention: raising the shared-memory limit"));
   split_kernel<<<static_cast<unsigned>(split_blocks), kPagedWarps * 32, smem, stream>>>(
       p, row_blocks, max_splits, partial);
   ATTNSERVE_GPU_RETURN_IF_ERROR(CudaCheck(cudaGetLastError(), "paged attention: split launch"));

@@ -165,6 +165,17 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
 
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
+// float32 to a 16-bit element, rounding to nearest even.
+template <typename Element>
+__device__ __forceinline__ Element FromFloat(float x);
+template <>
+__device__ __forceinline__ __half FromFloat<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 
 __device__ __forceinline__ float QuadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
