@@ -315,6 +315,26 @@ def _moving_wait(error: BaseException, deadline: Optional[float]) -> float:
     return ms / 1000 if left is None else min(ms / 1000, left)
 
 
+def _drive(plan):
+    """Runs a plan of _Base's to its end, calling each step; returns what the plan returns."""
+    result = None
+    while True:
+        try:
+            result = plan.send(result)()
+        except StopIteration as done:
+            return done.value
+
+
+async def _drive_async(plan):
+    """_drive for AsyncClient: awaits each step."""
+    step_result = None
+    while True:
+        try:
+            step_result = await plan.send(step_result)()
+        except StopIteration as end:
+            return end.value
+
+
 class _Base:
     """What Client and AsyncClient share: the channel's settings."""
 
@@ -422,11 +442,121 @@ class _Base:
         timeout = self.timeout if timeout is None else timeout
         return None if timeout is None else time.monotonic() + timeout
 
+    # The session calls that follow moves are written once, as plans: generators that yield
+    # each step with I/O as a function of no arguments (functools.partial of _try, _sleep,
+    # _extend_sessions_once) and are sent back its result. Client runs a plan with _drive, calling
+    # each step; AsyncClient with _drive_async, awaiting each (its _try, _sleep and
+    # _extend_sessions_once are coroutines).
+
+    def _session_steps(self, method: str, request, timeout: Optional[float], throttled: bool,
+                       resend: bool):
+        """The plan of the session rpc `method` with `request`, following moves (see the module
+        docstring). resend: the call may be sent again after its replica could not be reached
+        and another said the session moved there."""
+        deadline = self._deadline(timeout)
+        request = _with_id(request, self._resolve(request.session_id))
+        asked_others = False
+        moves = waits = 0
+        vouched = False  # a replica said the session is on the one asked now
+        while True:
+            rpc = getattr(self._session_stub(request.session_id), method)
+            if vouched:  # it is up: wait for a channel still backing off from its last process
+                rpc = functools.partial(rpc, wait_for_ready=True)
+            if throttled:
+                response, error = yield functools.partial(
+                    self._try, self._throttled, rpc, request, _remaining(deadline),
+                    admit=not (moves or waits or asked_others))
+            else:
+                response, error = yield functools.partial(
+                    self._try, rpc, request, **self._kw(_remaining(deadline)))
+            if error is None:
+                return response
+            action = self._follow(error, request.session_id, moves, waits, deadline, asked_others)
+            if action is None:
+                raise error
+            what, value = action
+            if what == "moved":
+                moves += 1
+                vouched = True
+                request = _with_id(request, value)
+            elif what == "wait":
+                waits += 1
+                yield functools.partial(self._sleep, value)
+            else:
+                asked_others = True
+                to = yield from self._find_moved_steps(request.session_id, deadline)
+                if not to:
+                    raise error
+                self._remember_move(request.session_id, to)
+                if not (resend or value):
+                    raise error
+                vouched = True
+                request = _with_id(request, to)
+
+    def _find_moved_steps(self, session_id: str, deadline: Optional[float]):
+        """The plan that finds the new id of `session_id` as a replica other than its owner
+        knows it (one it was moved to), asked by GetSession; "" when none answers so. A replica
+        that cannot be reached is asked again once over a new channel, which connects at once:
+        the old one may be backing off from a process that stopped while a new one now listens
+        at its address. If the new channel reaches it, it replaces the old one (_adopt)."""
+        unreachable = []
+        for i in self._others(session_id):
+            request, kw = self._ask_moved(session_id, deadline)
+            _, error = yield functools.partial(self._try, self._replica_stubs[i].GetSession,
+                                               request, **kw)
+            if error is not None:
+                to, down = self._moved_answer(error)
+                if to:
+                    return to
+                if down:
+                    unreachable.append(i)
+        for i in unreachable:
+            channel = self._replica_channel(self.replicas[i])
+            request, kw = self._ask_moved(session_id, deadline)
+            _, error = yield functools.partial(
+                self._try, pb_grpc.AttentionServiceStub(channel).GetSession, request, **kw)
+            to, down = self._moved_answer(error) if error is not None else ("", False)
+            if down:
+                yield functools.partial(self._try, channel.close)
+            else:
+                self._adopt(i, channel)
+                if to:
+                    return to
+        return ""
+
+    def _extend_sessions_steps(self, steps: Sequence[Step], timeout: Optional[float]):
+        """The plan of extend_sessions (see Client.extend_sessions)."""
+        requests = _s._step_requests(self, steps)
+        deadline = self._deadline(timeout)
+        first = yield functools.partial(self._extend_sessions_once, requests,
+                                        range(len(requests)), _remaining(deadline))
+        results = [first[i] for i in range(len(requests))]
+        asked: set = set()  # the sessions looked for on the other replicas
+        # Items whose session moved (sent again under its new id), is moving (again, after a
+        # pause) or was found on another replica, until none is left or the deadline passes.
+        for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
+            if _expired(deadline):
+                break
+            again, moving = self._moved_items(requests, results)
+            for i in self._lost_items(requests, results, asked):
+                to = yield from self._find_moved_steps(requests[i].session_id, deadline)
+                if self._found(requests, results, i, to):
+                    again.append(i)
+            if not again:
+                break
+            if moving:
+                yield functools.partial(self._sleep, min(0.021, _remaining(deadline) or 0.021))
+            more = yield functools.partial(self._extend_sessions_once, requests, sorted(again),
+                                           _remaining(deadline), admit=False)
+            for i in again:
+                results[i] = more[i]
+        return self._step_results(steps, results)
+
     def _follow(self, error: grpc.RpcError, session_id: str, moves: int, waits: int,
                 deadline: Optional[float], asked_others: bool):
         """What a session call that failed with `error` does next, after `moves` moves followed
         and `waits` waits for a moving session: ("moved", new id), ("wait", seconds), ("ask",
-        nothing_done): ask the other replicas (_find_moved; nothing_done: the call may be sent
+        nothing_done): ask the other replicas (_find_moved_steps; nothing_done: the call may be sent
         again whatever it is), or None: raise it."""
         if isinstance(error, ThrottledError) or _expired(deadline):
             return None
@@ -639,82 +769,20 @@ class Client(_Base):
         self._record(None)
         return response
 
+    def _try(self, fn, *args, **kw):
+        """fn(*args, **kw): (its result, None), or (None, the grpc.RpcError it raised)."""
+        try:
+            return fn(*args, **kw), None
+        except grpc.RpcError as e:
+            return None, e
+
+    _sleep = staticmethod(time.sleep)
+
     def _session_call(self, method: str, request, timeout: Optional[float], *,
                       throttled: bool = False, resend: bool = False):
         """The session rpc `method` with `request` (naming a session), following moves (see the
-        module docstring). resend: the call may be sent again after its replica could not be
-        reached and another said the session moved there."""
-        deadline = self._deadline(timeout)
-        request = _with_id(request, self._resolve(request.session_id))
-        asked_others = False
-        moves = waits = 0
-        vouched = False  # a replica said the session is on the one asked now
-        while True:
-            rpc = getattr(self._session_stub(request.session_id), method)
-            if vouched:  # it is up: wait for a channel still backing off from its last process
-                rpc = functools.partial(rpc, wait_for_ready=True)
-            try:
-                if throttled:
-                    return self._throttled(rpc, request, _remaining(deadline),
-                                           admit=not (moves or waits or asked_others))
-                return rpc(request, **self._kw(_remaining(deadline)))
-            except grpc.RpcError as e:
-                error = e
-            action = self._follow(error, request.session_id, moves, waits, deadline, asked_others)
-            if action is None:
-                raise error
-            what, value = action
-            if what == "moved":
-                moves += 1
-                vouched = True
-                request = _with_id(request, value)
-            elif what == "wait":
-                waits += 1
-                time.sleep(value)
-            else:
-                asked_others = True
-                to = self._find_moved(request.session_id, deadline)
-                if not to:
-                    raise error
-                self._remember_move(request.session_id, to)
-                if not (resend or value):
-                    raise error
-                vouched = True
-                request = _with_id(request, to)
-
-    def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
-        """The new id of `session_id` as a replica other than its owner knows it (one it was
-        moved to), asked by GetSession; "" when none answers so. A replica that cannot be
-        reached is asked again once over a new channel, which connects at once: the old one
-        may be backing off from a process that stopped while a new one now listens at its
-        address. If the new channel reaches it, it replaces the old one (_adopt)."""
-        unreachable = []
-        for i in self._others(session_id):
-            try:
-                request, kw = self._ask_moved(session_id, deadline)
-                self._replica_stubs[i].GetSession(request, **kw)
-            except grpc.RpcError as e:
-                to, down = self._moved_answer(e)
-                if to:
-                    return to
-                if down:
-                    unreachable.append(i)
-        for i in unreachable:
-            channel = self._replica_channel(self.replicas[i])
-            to = ""
-            try:
-                request, kw = self._ask_moved(session_id, deadline)
-                pb_grpc.AttentionServiceStub(channel).GetSession(request, **kw)
-                down = False
-            except grpc.RpcError as e:
-                to, down = self._moved_answer(e)
-            if down:
-                channel.close()
-            else:
-                self._adopt(i, channel)
-                if to:
-                    return to
-        return ""
+        module docstring and _session_steps)."""
+        return _drive(self._session_steps(method, request, timeout, throttled, resend))
 
     def _extend_sessions_once(self, requests, indices, timeout, admit=True):
         """{index: pb.ExtendSessionResult, or the grpc.RpcError of its replica's call} for the
@@ -816,30 +884,7 @@ class Client(_Base):
         whose replica could not be reached, or a new process at whose address answered
         "session lost (restarted)", are looked for on the other replicas as a session's own
         calls are (see the module docstring) and sent again where found."""
-        requests = _s._step_requests(self, steps)
-        deadline = self._deadline(timeout)
-        first = self._extend_sessions_once(requests, range(len(requests)), _remaining(deadline))
-        results = [first[i] for i in range(len(requests))]
-        asked: set = set()  # the sessions looked for on the other replicas
-        # Items whose session moved (sent again under its new id), is moving (again, after a
-        # pause) or was found on another replica, until none is left or the deadline passes.
-        for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
-            if _expired(deadline):
-                break
-            again, moving = self._moved_items(requests, results)
-            for i in self._lost_items(requests, results, asked):
-                if self._found(requests, results, i,
-                               self._find_moved(requests[i].session_id, deadline)):
-                    again.append(i)
-            if not again:
-                break
-            if moving:
-                time.sleep(min(0.021, _remaining(deadline) or 0.021))
-            more = self._extend_sessions_once(requests, sorted(again), _remaining(deadline),
-                                              admit=False)
-            for i in again:
-                results[i] = more[i]
-        return self._step_results(steps, results)
+        return _drive(self._extend_sessions_steps(steps, timeout))
 
     def move_session(self, session_id: str, peer: str, *,
                      timeout: Optional[float] = None) -> pb.MoveSessionResponse:
@@ -920,76 +965,20 @@ class AsyncClient(_Base):
         self._record(None)
         return response
 
+    async def _try(self, fn, *args, **kw):
+        """Client._try, awaiting fn's call."""
+        try:
+            return await fn(*args, **kw), None
+        except grpc.RpcError as e:
+            return None, e
+
+    _sleep = staticmethod(asyncio.sleep)
+
     async def _session_call(self, method: str, request, timeout: Optional[float], *,
                             throttled: bool = False, resend: bool = False):
         """Client._session_call as a coroutine."""
-        deadline = self._deadline(timeout)
-        request = _with_id(request, self._resolve(request.session_id))
-        asked_others = False
-        moves = waits = 0
-        vouched = False  # a replica said the session is on the one asked now
-        while True:
-            rpc = getattr(self._session_stub(request.session_id), method)
-            if vouched:  # it is up: wait for a channel still backing off from its last process
-                rpc = functools.partial(rpc, wait_for_ready=True)
-            try:
-                if throttled:
-                    return await self._throttled(rpc, request, _remaining(deadline),
-                                                 admit=not (moves or waits or asked_others))
-                return await rpc(request, **self._kw(_remaining(deadline)))
-            except grpc.RpcError as e:
-                error = e
-            action = self._follow(error, request.session_id, moves, waits, deadline, asked_others)
-            if action is None:
-                raise error
-            what, value = action
-            if what == "moved":
-                moves += 1
-                vouched = True
-                request = _with_id(request, value)
-            elif what == "wait":
-                waits += 1
-                await asyncio.sleep(value)
-            else:
-                asked_others = True
-                to = await self._find_moved(request.session_id, deadline)
-                if not to:
-                    raise error
-                self._remember_move(request.session_id, to)
-                if not (resend or value):
-                    raise error
-                vouched = True
-                request = _with_id(request, to)
-
-    async def _find_moved(self, session_id: str, deadline: Optional[float]) -> str:
-        """Client._find_moved as a coroutine."""
-        unreachable = []
-        for i in self._others(session_id):
-            try:
-                request, kw = self._ask_moved(session_id, deadline)
-                await self._replica_stubs[i].GetSession(request, **kw)
-            except grpc.RpcError as e:
-                to, down = self._moved_answer(e)
-                if to:
-                    return to
-                if down:
-                    unreachable.append(i)
-        for i in unreachable:
-            channel = self._replica_channel(self.replicas[i])
-            to = ""
-            try:
-                request, kw = self._ask_moved(session_id, deadline)
-                await pb_grpc.AttentionServiceStub(channel).GetSession(request, **kw)
-                down = False
-            except grpc.RpcError as e:
-                to, down = self._moved_answer(e)
-            if down:
-                await channel.close()
-            else:
-                self._adopt(i, channel)
-                if to:
-                    return to
-        return ""
+        return await _drive_async(self._session_steps(method, request, timeout, throttled,
+                                                      resend))
 
     async def _extend_sessions_once(self, requests, indices, timeout, admit=True):
         """Client._extend_sessions_once as a coroutine (the replicas' calls run concurrently)."""
@@ -1075,29 +1064,7 @@ class AsyncClient(_Base):
     async def extend_sessions(self, steps: Sequence[Step], *, timeout: Optional[float] = None
                               ) -> List[Union[SessionResult, Exception]]:
         """Client.extend_sessions as a coroutine (the replicas' calls run concurrently)."""
-        requests = _s._step_requests(self, steps)
-        deadline = self._deadline(timeout)
-        first = await self._extend_sessions_once(requests, range(len(requests)),
-                                                 _remaining(deadline))
-        results = [first[i] for i in range(len(requests))]
-        asked: set = set()
-        for _ in range(_MAX_HOPS + _MAX_MOVING_WAITS):
-            if _expired(deadline):
-                break
-            again, moving = self._moved_items(requests, results)
-            for i in self._lost_items(requests, results, asked):
-                if self._found(requests, results, i,
-                               await self._find_moved(requests[i].session_id, deadline)):
-                    again.append(i)
-            if not again:
-                break
-            if moving:
-                await asyncio.sleep(min(0.021, _remaining(deadline) or 0.021))
-            more = await self._extend_sessions_once(requests, sorted(again),
-                                                    _remaining(deadline), admit=False)
-            for i in again:
-                results[i] = more[i]
-        return self._step_results(steps, results)
+        return await _drive_async(self._extend_sessions_steps(steps, timeout))
 
     async def move_session(self, session_id: str, peer: str, *,
                            timeout: Optional[float] = None) -> pb.MoveSessionResponse:

@@ -75,34 +75,32 @@ def is_session_lost(error: BaseException) -> bool:
     return session_lost_reason(error) != ""
 
 
-def session_lost_reason(error: BaseException) -> str:
-    """"evicted", "expired" or "restarted" for a lost session's error; "" otherwise."""
+def _error_field(error: BaseException, prefix: str, close: str) -> str:
+    """The text between `prefix` and the first `close` after it, when `error` (a grpc.RpcError
+    or StepError) is FAILED_PRECONDITION and its details start with `prefix`; "" otherwise (as
+    base/session_errors.h reads the same errors)."""
     if isinstance(error, StepError):
         code, details = error.code, error.details
     elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
         code, details = error.code(), error.details() or ""
     else:
         return ""
-    if code != grpc.StatusCode.FAILED_PRECONDITION or not details.startswith("session lost ("):
+    if code != grpc.StatusCode.FAILED_PRECONDITION or not details.startswith(prefix):
         return ""
-    return details[len("session lost ("):].split(")", 1)[0]
+    rest = details[len(prefix):]
+    return rest.split(close, 1)[0] if close in rest else ""
+
+
+def session_lost_reason(error: BaseException) -> str:
+    """"evicted", "expired" or "restarted" for a lost session's error; "" otherwise."""
+    return _error_field(error, "session lost (", ")")
 
 
 def session_moved_to(error: BaseException) -> str:
     """The new id when `error` (a grpc.RpcError or StepError) says the session was moved to
     another replica (FAILED_PRECONDITION "session moved to '<new id>'"); "" otherwise. The
     client follows such answers itself; this is for the ones it could not."""
-    if isinstance(error, StepError):
-        code, details = error.code, error.details
-    elif isinstance(error, grpc.RpcError) and hasattr(error, "code"):
-        code, details = error.code(), error.details() or ""
-    else:
-        return ""
-    prefix = "session moved to '"
-    if code != grpc.StatusCode.FAILED_PRECONDITION or not details.startswith(prefix):
-        return ""
-    rest = details[len(prefix):]
-    return rest.split("'", 1)[0] if "'" in rest else ""
+    return _error_field(error, "session moved to '", "'")
 
 
 def session_owner(session_id: str) -> str:
