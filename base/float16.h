@@ -7,7 +7,8 @@
 #define ATTNSERVE_BASE_FLOAT16_H_
 
 #include <cstdint>
-#include <cstring>
+
+#include "absl/base/casts.h"
 
 namespace attnserve {
 
@@ -32,16 +33,13 @@ inline float HalfToFloat(uint16_t h) {
     } while ((mant & 0x400u) == 0);
     bits = sign | ((112u - e) << 23) | ((mant & 0x3ffu) << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return absl::bit_cast<float>(bits);
 }
 
 // binary32 -> binary16, rounding to nearest even; overflows to infinity and keeps NaN a quiet
 // NaN.
 inline uint16_t FloatToHalf(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+  uint32_t bits = absl::bit_cast<uint32_t>(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7e00u;   // NaN stays a quiet NaN
@@ -65,15 +63,12 @@ inline uint16_t FloatToHalf(float f) {
 // bfloat16 is the top half of a float32: widening is exact.
 inline float BFloat16ToFloat(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return absl::bit_cast<float>(bits);
 }
 
 // Narrowing rounds to nearest even and keeps NaN a (quiet) NaN.
 inline uint16_t FloatToBFloat16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
+  uint32_t bits = absl::bit_cast<uint32_t>(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x0040u);
   bits += 0x7fffu + ((bits >> 16) & 1u);
   return static_cast<uint16_t>(bits >> 16);

@@ -129,6 +129,17 @@ void PrintTiming(const v1::Timing& t) {
               static_cast<long long>(t.server_us()), t.batch_size(), t.backend().c_str());
 }
 
+// An Attend or MultiHeadAttention answer printed: its output, its weights when asked for, its
+// timing; or its error. The exit code.
+template <typename Response>
+int PrintAnswer(const absl::StatusOr<Response>& response) {
+  if (!response.ok()) return Fail(response.status());
+  PrintTensor("output", response->output());
+  if (response->has_weights()) PrintTensor("weights", response->weights());
+  PrintTiming(response->timing());
+  return 0;
+}
+
 absl::StatusOr<v1::Dtype> ParseDType(const std::string& s) {
   if (s == "float32") return v1::DTYPE_FLOAT32;
   if (s == "float16") return v1::DTYPE_FLOAT16;
@@ -235,12 +246,7 @@ int Attend(attnserve::Client& client, absl::Duration timeout) {
   *request.mutable_value() =
       attnserve::MakeTensor(*dtype, kv_shape, Random(Product(kv_shape), &rng));
   if (absl::Status st = SetOptions(request.mutable_options()); !st.ok()) return Fail(st);
-  auto response = client.Attend(request, timeout);
-  if (!response.ok()) return Fail(response.status());
-  PrintTensor("output", response->output());
-  if (response->has_weights()) PrintTensor("weights", response->weights());
-  PrintTiming(response->timing());
-  return 0;
+  return PrintAnswer(client.Attend(request, timeout));
 }
 
 int MultiHead(attnserve::Client& client, absl::Duration timeout) {
@@ -264,12 +270,7 @@ int MultiHead(attnserve::Client& client, absl::Duration timeout) {
   const std::vector<int64_t> q_shape = {(*shape)[0], (*shape)[1], d_model};
   *request.mutable_query() = attnserve::MakeTensor(*dtype, q_shape, Random(Product(q_shape), &rng));
   if (absl::Status st = SetOptions(request.mutable_options()); !st.ok()) return Fail(st);
-  auto response = client.MultiHeadAttention(request, timeout);
-  if (!response.ok()) return Fail(response.status());
-  PrintTensor("output", response->output());
-  if (response->has_weights()) PrintTensor("weights", response->weights());
-  PrintTiming(response->timing());
-  return 0;
+  return PrintAnswer(client.MultiHeadAttention(request, timeout));
 }
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {

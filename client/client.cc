@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "base/mutex.h"
+#include "base/session_errors.h"
 #include "client/float_codec.h"
 #include "client/stream.h"
 #include "grpcpp/channel.h"
@@ -296,19 +297,27 @@ void Client::Prepare(grpc::ClientContext* context, absl::Duration timeout) const
 }
 
 // `throttled`: the call passes the throttle (Admit) and its answer is counted (Record).
-#define ATTNSERVE_CLIENT_METHOD(Rpc, throttled)                                  \
-  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request, \
-                                                absl::Duration timeout) {        \
-    if (throttled) {                                                             \
-      if (absl::Status s = Admit(); !s.ok()) return s;                           \
-    }                                                                            \
-    grpc::ClientContext context;                                                 \
-    Prepare(&context, timeout);                                                  \
-    v1::Rpc##Response response;                                                  \
-    grpc::Status status = NextStub().Rpc(&context, request, &response);          \
-    if (throttled) Record(context, status);                                      \
-    if (!status.ok()) return FromGrpc(status);                                   \
-    return response;                                                             \
+template <typename Request, typename Response>
+absl::StatusOr<Response> Client::UnaryCall(const Request& request, absl::Duration timeout,
+                                           bool throttled,
+                                           grpc::Status (v1::AttentionService::Stub::*rpc)(
+                                               grpc::ClientContext*, const Request&, Response*)) {
+  if (throttled) {
+    if (absl::Status s = Admit(); !s.ok()) return s;
+  }
+  grpc::ClientContext context;
+  Prepare(&context, timeout);
+  Response response;
+  grpc::Status status = (NextStub().*rpc)(&context, request, &response);
+  if (throttled) Record(context, status);
+  if (!status.ok()) return FromGrpc(status);
+  return response;
+}
+
+#define ATTNSERVE_CLIENT_METHOD(Rpc, throttled)                                      \
+  absl::StatusOr<v1::Rpc##Response> Client::Rpc(const v1::Rpc##Request& request,     \
+                                                absl::Duration timeout) {            \
+    return UnaryCall(request, timeout, throttled, &v1::AttentionService::Stub::Rpc); \
   }
 ATTNSERVE_CLIENT_METHOD(Attend, true)
 ATTNSERVE_CLIENT_METHOD(MultiHeadAttention, true)
@@ -317,21 +326,13 @@ ATTNSERVE_CLIENT_METHOD(UnloadModule, false)
 #undef ATTNSERVE_CLIENT_METHOD
 
 absl::StatusOr<v1::ListModulesResponse> Client::ListModules(absl::Duration timeout) {
-  grpc::ClientContext context;
-  Prepare(&context, timeout);
-  v1::ListModulesResponse response;
-  grpc::Status status = NextStub().ListModules(&context, v1::ListModulesRequest(), &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response;
+  return UnaryCall(v1::ListModulesRequest(), timeout, false,
+                   &v1::AttentionService::Stub::ListModules);
 }
 
 absl::StatusOr<v1::GetServerInfoResponse> Client::GetServerInfo(absl::Duration timeout) {
-  grpc::ClientContext context;
-  Prepare(&context, timeout);
-  v1::GetServerInfoResponse response;
-  grpc::Status status = NextStub().GetServerInfo(&context, v1::GetServerInfoRequest(), &response);
-  if (!status.ok()) return FromGrpc(status);
-  return response;
+  return UnaryCall(v1::GetServerInfoRequest(), timeout, false,
+                   &v1::AttentionService::Stub::GetServerInfo);
 }
 
 #define ATTNSERVE_CLIENT_ASYNC(Rpc)                                                                \
@@ -868,20 +869,11 @@ absl::StatusOr<std::string> SessionOwner(const std::string& session_id) {
 
 bool IsSessionMoved(const absl::Status& status) { return !SessionMovedTo(status).empty(); }
 
-std::string SessionMovedTo(const absl::Status& status) {
-  constexpr absl::string_view kPrefix = "session moved to '";
-  if (status.code() != absl::StatusCode::kFailedPrecondition ||
-      !absl::StartsWith(status.message(), kPrefix)) {
-    return "";
-  }
-  const absl::string_view rest = status.message().substr(kPrefix.size());
-  const size_t end = rest.find('\'');
-  return end == absl::string_view::npos ? "" : std::string(rest.substr(0, end));
-}
+std::string SessionMovedTo(const absl::Status& status) { return MovedSessionId(status); }
 
 bool IsSessionLost(const absl::Status& status) {
   return status.code() == absl::StatusCode::kFailedPrecondition &&
-         absl::StartsWith(status.message(), "session lost (");
+         absl::StartsWith(status.message(), kSessionLostPrefix);
 }
 
 std::string SessionLostReason(const absl::Status& status) {

@@ -285,6 +285,12 @@ class Client {
   // The new id of session `id` as another replica than its owner knows it (a replica it was
   // moved to), asked by GetSession until `deadline`; "" when none answers so.
   std::string FindMoved(const std::string& id, absl::Time deadline);
+  // A unary rpc of no session: `rpc` of the next stub in turn; `throttled`: judged by the
+  // client's throttle (the attention rpcs).
+  template <typename Request, typename Response>
+  absl::StatusOr<Response> UnaryCall(const Request& request, absl::Duration timeout, bool throttled,
+                                     grpc::Status (v1::AttentionService::Stub::*rpc)(
+                                         grpc::ClientContext*, const Request&, Response*));
   // A session rpc, following moves: `rpc` of the stub of the request's session. `resend`: the
   // call may be sent again after its replica could not be reached (see above).
   template <typename Request, typename Response>

@@ -27,32 +27,34 @@ bool AttentionStream::Send(v1::AttentionStreamRequest request) {
   return true;
 }
 
-bool AttentionStream::Send(uint64_t request_id, const v1::AttendRequest& request) {
+namespace {
+
+// The stream message carrying `request` with its id: `field` is the oneof's mutable accessor.
+template <typename Request>
+v1::AttentionStreamRequest Wrap(uint64_t request_id, const Request& request,
+                                Request* (v1::AttentionStreamRequest::*field)()) {
   v1::AttentionStreamRequest r;
   r.set_request_id(request_id);
-  *r.mutable_attend() = request;
-  return Send(std::move(r));
+  *(r.*field)() = request;
+  return r;
+}
+
+}  // namespace
+
+bool AttentionStream::Send(uint64_t request_id, const v1::AttendRequest& request) {
+  return Send(Wrap(request_id, request, &v1::AttentionStreamRequest::mutable_attend));
 }
 
 bool AttentionStream::Send(uint64_t request_id, const v1::MultiHeadAttentionRequest& request) {
-  v1::AttentionStreamRequest r;
-  r.set_request_id(request_id);
-  *r.mutable_multi_head_attention() = request;
-  return Send(std::move(r));
+  return Send(Wrap(request_id, request, &v1::AttentionStreamRequest::mutable_multi_head_attention));
 }
 
 bool AttentionStream::Send(uint64_t request_id, const v1::ExtendSessionRequest& request) {
-  v1::AttentionStreamRequest r;
-  r.set_request_id(request_id);
-  *r.mutable_extend_session() = request;
-  return Send(std::move(r));
+  return Send(Wrap(request_id, request, &v1::AttentionStreamRequest::mutable_extend_session));
 }
 
 bool AttentionStream::Send(uint64_t request_id, const v1::ExtendSessionsRequest& request) {
-  v1::AttentionStreamRequest r;
-  r.set_request_id(request_id);
-  *r.mutable_extend_sessions() = request;
-  return Send(std::move(r));
+  return Send(Wrap(request_id, request, &v1::AttentionStreamRequest::mutable_extend_sessions));
 }
 
 void AttentionStream::CloseSend() {

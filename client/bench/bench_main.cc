@@ -133,25 +133,17 @@ bool WriteOutput(const std::string& path, const std::string& text) {
   return static_cast<bool>(f);
 }
 
-// --html_from: the saved JSON report at `from` drawn as HTML into `to`.
-int RedrawHtml(const std::string& from, const std::string& to) {
-  if (to.empty()) return Usage("--html_from needs --html=FILE to write to");
+// --html_from and --sweep_from: the JSON saved at `from` (by --json or the sweep), parsed by
+// `parse` and drawn by `draw` as HTML into `to`.
+template <typename Parse, typename Draw>
+int DrawFrom(const char* flag, const std::string& from, const std::string& to, Parse parse,
+             Draw draw) {
+  if (to.empty()) return Usage(absl::StrCat("--", flag, " needs --html=FILE to write to"));
   std::string text;
-  if (!ReadFile(from, &text)) return Usage("cannot read --html_from " + from);
-  auto report = bench::ParseJsonReport(text);
-  if (!report.ok()) return Usage(from + ": " + std::string(report.status().message()));
-  if (!WriteOutput(to, bench::ToHtml(*report))) return Usage("cannot write " + to);
-  return 0;
-}
-
-// --sweep_from: the request-size sweep at `from` drawn as HTML into `to`.
-int DrawSweep(const std::string& from, const std::string& to) {
-  if (to.empty()) return Usage("--sweep_from needs --html=FILE to write to");
-  std::string text;
-  if (!ReadFile(from, &text)) return Usage("cannot read --sweep_from " + from);
-  auto sweep = bench::ParseSweep(text);
-  if (!sweep.ok()) return Usage(from + ": " + std::string(sweep.status().message()));
-  if (!WriteOutput(to, bench::SweepToHtml(*sweep))) return Usage("cannot write " + to);
+  if (!ReadFile(from, &text)) return Usage(absl::StrCat("cannot read --", flag, " ", from));
+  auto parsed = parse(text);
+  if (!parsed.ok()) return Usage(from + ": " + std::string(parsed.status().message()));
+  if (!WriteOutput(to, draw(*parsed))) return Usage("cannot write " + to);
   return 0;
 }
 
@@ -179,10 +171,12 @@ int main(int argc, char** argv) {
     if (!absl::GetFlag(FLAGS_html_from).empty()) {
       return Usage("give --sweep_from or --html_from, not both");
     }
-    return DrawSweep(from, absl::GetFlag(FLAGS_html));  // nothing to run
+    return DrawFrom("sweep_from", from, absl::GetFlag(FLAGS_html), bench::ParseSweep,
+                    bench::SweepToHtml);  // nothing to run
   }
   if (const std::string from = absl::GetFlag(FLAGS_html_from); !from.empty()) {
-    return RedrawHtml(from, absl::GetFlag(FLAGS_html));  // nothing to run
+    return DrawFrom("html_from", from, absl::GetFlag(FLAGS_html), bench::ParseJsonReport,
+                    bench::ToHtml);  // nothing to run
   }
   const std::string rpc = absl::GetFlag(FLAGS_rpc);
   if (rpc == "attend") {

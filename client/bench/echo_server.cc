@@ -74,25 +74,26 @@ class EchoService final : public v1::AttentionService::CallbackService {
   }
 
  private:
-  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
-                                   const v1::AttendRequest* request,
-                                   v1::AttendResponse* response) override {
-    *response->mutable_output() = request->query();
+  // The query back as the output, as a computing server answers (its timing says "echo").
+  template <typename Request, typename Response>
+  static grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
+                                        const Request& request, Response* response) {
+    *response->mutable_output() = request.query();
     response->mutable_timing()->set_batch_size(1);
     response->mutable_timing()->set_backend("echo");
     auto* reactor = context->DefaultReactor();
     reactor->Finish(grpc::Status::OK);
     return reactor;
   }
+  grpc::ServerUnaryReactor* Attend(grpc::CallbackServerContext* context,
+                                   const v1::AttendRequest* request,
+                                   v1::AttendResponse* response) override {
+    return Echo(context, *request, response);
+  }
   grpc::ServerUnaryReactor* MultiHeadAttention(grpc::CallbackServerContext* context,
                                                const v1::MultiHeadAttentionRequest* request,
                                                v1::MultiHeadAttentionResponse* response) override {
-    *response->mutable_output() = request->query();
-    response->mutable_timing()->set_batch_size(1);
-    response->mutable_timing()->set_backend("echo");
-    auto* reactor = context->DefaultReactor();
-    reactor->Finish(grpc::Status::OK);
-    return reactor;
+    return Echo(context, *request, response);
   }
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest*,

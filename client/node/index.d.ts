@@ -32,7 +32,20 @@ export interface MaskInput {
   data: ArrayLike<boolean | number>;
 }
 
-export interface AttentionOptions {
+/** The score modifications and the kind of attention, for calls and sessions alike. */
+export interface AttentionKindOptions {
+  /** Logit soft-cap: scores become softcap·tanh(score / softcap). 0: none. */
+  softcap?: number;
+  /** ALiBi: 'standard' (the paper's slopes) or one slope per query head. */
+  alibi?: 'standard' | ArrayLike<number>;
+  /** 'softmax' (default) or 'linear' attention (Katharopoulos et al. 2020). A linear-attention
+   * session keeps its running state only (no window, softcap, alibi or scale). */
+  kind?: 'softmax' | 'linear';
+  /** Linear attention's feature map (default 'elu_plus_one'). */
+  featureMap?: 'elu_plus_one' | 'relu' | 'identity';
+}
+
+export interface AttentionOptions extends AttentionKindOptions {
   /** Bottom-right aligned causal mask. */
   causal?: boolean;
   mask?: MaskInput | TensorMessage;
@@ -44,14 +57,6 @@ export interface AttentionOptions {
   returnWeights?: boolean;
   /** A sliding window [left, right] around the query's aligned position; -1 leaves a side open. */
   window?: [number, number];
-  /** Logit soft-cap: scores become softcap·tanh(score / softcap). 0: none. */
-  softcap?: number;
-  /** ALiBi: 'standard' (the paper's slopes) or one slope per query head. */
-  alibi?: 'standard' | ArrayLike<number>;
-  /** 'softmax' (default) or 'linear' attention (Katharopoulos et al. 2020). */
-  kind?: 'softmax' | 'linear';
-  /** Linear attention's feature map (default 'elu_plus_one'). */
-  featureMap?: 'elu_plus_one' | 'relu' | 'identity';
   /** The dtype sent (default: the query's, else float32); key and value follow the query. */
   dtype?: Dtype;
   /** Per call deadline (default: the client's timeoutMs). */
@@ -166,7 +171,7 @@ export interface SessionInfo {
   featureMap: string;
 }
 
-export interface CreateSessionOptions {
+export interface CreateSessionOptions extends AttentionKindOptions {
   /** A loaded module (extends send input [L, d_model]); or give layout. */
   module?: string;
   /** A raw layout (extends send q [L, Hq, D], k and v [L, Hkv, D]). */
@@ -179,14 +184,6 @@ export interface CreateSessionOptions {
   idleTtlUs?: number;
   /** A sliding window: the keys before each token's position it attends. */
   window?: number;
-  /** Logit soft-cap (0: none). */
-  softcap?: number;
-  /** ALiBi: 'standard' or one slope per query head. */
-  alibi?: 'standard' | ArrayLike<number>;
-  /** 'linear': a linear-attention session (its running state only; no window, softcap, alibi
-   * or scale), with featureMap as attend's. Default: softmax. */
-  kind?: 'softmax' | 'linear';
-  featureMap?: 'elu_plus_one' | 'relu' | 'identity';
   /** With several replicas: the one to create it on (default: the next in turn). */
   replica?: string;
   timeoutMs?: number;

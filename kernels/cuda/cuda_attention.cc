@@ -110,18 +110,17 @@ absl::Status CudaBackend::RunLinearAttention(Worker* w, const AttentionParams& p
   const int64_t nk = int64_t{p.batch} * p.num_kv_heads * p.kv_len;
   const int d = p.head_dim, dv = p.v_head_dim;
   // Staged packed [batch, heads, rows, dim] in float32 (16-bit inputs widened on the way).
-  Layout host;
-  const size_t h_q = host.Add(nq * d * sizeof(float));
-  const size_t h_k = host.Add(nk * d * sizeof(float));
-  const size_t h_v = host.Add(nk * dv * sizeof(float));
-  const size_t h_o = host.Add(nq * dv * sizeof(float));
-  const size_t h_len = host.Add(p.key_lengths != nullptr ? p.batch * sizeof(int) : 0);
-  Layout dev;
-  const size_t d_q = dev.Add(nq * d * sizeof(float));
-  const size_t d_k = dev.Add(nk * d * sizeof(float));
-  const size_t d_v = dev.Add(nk * dv * sizeof(float));
-  const size_t d_o = dev.Add(nq * dv * sizeof(float));
-  const size_t d_len = dev.Add(p.key_lengths != nullptr ? p.batch * sizeof(int) : 0);
+  // The same buffers in pinned memory and on the device: q, k, v, o, the key lengths.
+  struct Offsets {
+    size_t q, k, v, o, len;
+  };
+  auto lay_out = [&](Layout* l) {
+    return Offsets{l->Add(nq * d * sizeof(float)), l->Add(nk * d * sizeof(float)),
+                   l->Add(nk * dv * sizeof(float)), l->Add(nq * dv * sizeof(float)),
+                   l->Add(p.key_lengths != nullptr ? p.batch * sizeof(int) : 0)};
+  };
+  Layout host, dev;
+  const Offsets at_host = lay_out(&host), at_dev = lay_out(&dev);
   absl::Status st = ReservePinned(w, host.size());
   if (!st.ok()) return st;
   st = ReserveDevice(w, dev.size());
@@ -146,13 +145,13 @@ absl::Status CudaBackend::RunLinearAttention(Worker* w, const AttentionParams& p
                                      cudaMemcpyHostToDevice, stream),
                      "copying inputs to the device");
   };
-  RETURN_IF_GPU_ERROR(stage(p.q, p.num_heads, p.q_len, d, h_q, d_q));
-  RETURN_IF_GPU_ERROR(stage(p.k, p.num_kv_heads, p.kv_len, d, h_k, d_k));
-  RETURN_IF_GPU_ERROR(stage(p.v, p.num_kv_heads, p.kv_len, dv, h_v, d_v));
+  RETURN_IF_GPU_ERROR(stage(p.q, p.num_heads, p.q_len, d, at_host.q, at_dev.q));
+  RETURN_IF_GPU_ERROR(stage(p.k, p.num_kv_heads, p.kv_len, d, at_host.k, at_dev.k));
+  RETURN_IF_GPU_ERROR(stage(p.v, p.num_kv_heads, p.kv_len, dv, at_host.v, at_dev.v));
   if (p.key_lengths != nullptr) {
-    std::memcpy(At<int>(w->pinned, h_len), p.key_lengths, p.batch * sizeof(int));
+    std::memcpy(At<int>(w->pinned, at_host.len), p.key_lengths, p.batch * sizeof(int));
     RETURN_IF_GPU_ERROR(
-        CudaCheck(cudaMemcpyAsync(At<int>(base, d_len), At<int>(w->pinned, h_len),
+        CudaCheck(cudaMemcpyAsync(At<int>(base, at_dev.len), At<int>(w->pinned, at_host.len),
                                   p.batch * sizeof(int), cudaMemcpyHostToDevice, stream),
                   "copying key lengths"));
   }
@@ -160,16 +159,16 @@ absl::Status CudaBackend::RunLinearAttention(Worker* w, const AttentionParams& p
     return LinearView{At<float>(base, off), int64_t{heads} * rows * dim, int64_t{rows} * dim, dim};
   };
   LinearAttentionParams lp = LinearShapeOf(p);
-  lp.q = packed(d_q, p.num_heads, p.q_len, d);
-  lp.k = packed(d_k, p.num_kv_heads, p.kv_len, d);
-  lp.v = packed(d_v, p.num_kv_heads, p.kv_len, dv);
-  lp.o = At<float>(base, d_o);
+  lp.q = packed(at_dev.q, p.num_heads, p.q_len, d);
+  lp.k = packed(at_dev.k, p.num_kv_heads, p.kv_len, d);
+  lp.v = packed(at_dev.v, p.num_kv_heads, p.kv_len, dv);
+  lp.o = At<float>(base, at_dev.o);
   lp.o_batch_stride = int64_t{p.num_heads} * p.q_len * dv;
   lp.o_head_stride = int64_t{p.q_len} * dv;
   lp.o_row_stride = dv;
-  lp.key_lengths = p.key_lengths != nullptr ? At<int>(base, d_len) : nullptr;
+  lp.key_lengths = p.key_lengths != nullptr ? At<int>(base, at_dev.len) : nullptr;
   RETURN_IF_GPU_ERROR(LinearAttentionForward(lp, stream));
-  float* out_host = At<float>(w->pinned, h_o);
+  float* out_host = At<float>(w->pinned, at_host.o);
   RETURN_IF_GPU_ERROR(CudaCheck(
       cudaMemcpyAsync(out_host, lp.o, nq * dv * sizeof(float), cudaMemcpyDeviceToHost, stream),
       "copying the output back"));

@@ -211,9 +211,8 @@ __global__ void __launch_bounds__(kDecodeMaxVHeadDim)
   if (!OnlineSoftmaxFullyBlocked(l)) {
     o[d] = a * OnlineSoftmaxInvSum(l);
   } else {
-    o[d] = p.v_mean != nullptr
-               ? p.v_mean[(int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim + d]
-               : 0.0f;
+    const float* mean = detail::ValueMeanRow(p, seq, kv_head);
+    o[d] = mean != nullptr ? mean[d] : 0.0f;
   }
 }
 

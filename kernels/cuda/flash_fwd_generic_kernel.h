@@ -102,9 +102,7 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   const float total = detail::WarpSum(softmax.sum);
   const float inv = OnlineSoftmaxInvSum(total);
   const bool blocked = OnlineSoftmaxFullyBlocked(total);
-  const float* mean = p.v_mean != nullptr
-                          ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim
-                          : nullptr;
+  const float* mean = detail::ValueMeanRow(p, seq, kv_head);
   float* o_row = p.o + (q_begin + i) * p.o_row_stride + head * p.o_head_stride;
 #pragma unroll
   for (int t = 0; t < kOutPerLane; ++t) {

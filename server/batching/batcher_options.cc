@@ -1,30 +1,33 @@
 #include "server/batching/batcher_options.h"
 
+#include <cstdint>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace attnserve::batching {
+namespace {
+
+absl::Status CheckPositive(absl::string_view name, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(name, " must be positive; was ", value));
+}
+
+}  // namespace
 
 absl::Status ValidateBatcherOptions(const BatcherOptions& options) {
-  if (options.max_batch_requests <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_batch_requests must be positive; was ", options.max_batch_requests));
-  }
-  if (options.max_batch_tokens <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_batch_tokens must be positive; was ", options.max_batch_tokens));
+  for (const auto& [name, value] :
+       {std::pair<absl::string_view, int64_t>{"max_batch_requests", options.max_batch_requests},
+        {"max_batch_tokens", options.max_batch_tokens},
+        {"max_queued_requests", options.max_queued_requests},
+        {"max_queued_bytes", options.max_queued_bytes}}) {
+    if (absl::Status s = CheckPositive(name, value); !s.ok()) return s;
   }
   if (options.max_queue_delay < absl::ZeroDuration() ||
       options.max_queue_delay == absl::InfiniteDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("max_queue_delay must be >= 0 and finite; was ",
                                                    absl::FormatDuration(options.max_queue_delay)));
-  }
-  if (options.max_queued_requests <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_queued_requests must be positive; was ", options.max_queued_requests));
-  }
-  if (options.max_queued_bytes <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("max_queued_bytes must be positive; was ", options.max_queued_bytes));
   }
   if (options.num_batch_threads <= 0 || options.num_batch_threads > 1024) {
     return absl::InvalidArgumentError(

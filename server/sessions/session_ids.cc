@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "base/session_errors.h"
 #include "server/batching/pushback.h"
 #include "server/sessions/session_manager.h"
 #include "server/sessions/session_manager_internal.h"
@@ -64,40 +65,24 @@ absl::StatusOr<ParsedId> ParseId(absl::string_view id) {
 
 absl::Status SessionManager::Lost(absl::string_view reason, absl::string_view id) {
   return absl::FailedPreconditionError(
-      absl::StrCat("session lost (", reason, "): session '", id,
+      absl::StrCat(kSessionLostPrefix, reason, "): session '", id,
                    "' is no longer held by this server; create a new session and prefill it "
                    "again"));
 }
 
 std::string SessionManager::LostReason(const absl::Status& status) {
-  constexpr absl::string_view kPrefix = "session lost (";
-  if (status.code() != absl::StatusCode::kFailedPrecondition ||
-      !absl::StartsWith(status.message(), kPrefix)) {
-    return "";
-  }
-  const absl::string_view rest = status.message().substr(kPrefix.size());
-  const size_t end = rest.find(')');
-  return end == absl::string_view::npos ? "" : std::string(rest.substr(0, end));
+  return LostSessionReason(status);
 }
 
 absl::Status SessionManager::Moved(absl::string_view id, absl::string_view to) {
   auto parsed = ParseId(to);
   const absl::string_view owner = parsed.ok() ? parsed->owner : absl::string_view("?");
   return absl::FailedPreconditionError(absl::StrCat(
-      "session moved to '", to, "': session '", id, "' was moved to replica '", owner,
+      kSessionMovedPrefix, to, "': session '", id, "' was moved to replica '", owner,
       "'; send its calls there under its new id (the bundled clients do so themselves)"));
 }
 
-std::string SessionManager::MovedTo(const absl::Status& status) {
-  constexpr absl::string_view kPrefix = "session moved to '";
-  if (status.code() != absl::StatusCode::kFailedPrecondition ||
-      !absl::StartsWith(status.message(), kPrefix)) {
-    return "";
-  }
-  const absl::string_view rest = status.message().substr(kPrefix.size());
-  const size_t end = rest.find('\'');
-  return end == absl::string_view::npos ? "" : std::string(rest.substr(0, end));
-}
+std::string SessionManager::MovedTo(const absl::Status& status) { return MovedSessionId(status); }
 
 absl::Status SessionManager::Moving(absl::string_view id) {
   // One session's pages cross the network meanwhile: milliseconds for most.

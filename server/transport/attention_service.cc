@@ -545,6 +545,18 @@ grpc::ServerUnaryReactor* AttentionService::GetServerInfo(grpc::CallbackServerCo
   });
 }
 
+namespace {
+
+// A session rpc's answer: the session's state written into `info`, or why there is none.
+absl::Status WriteSession(const absl::StatusOr<sessions::SessionState>& state,
+                          v1::SessionInfo* info) {
+  if (!state.ok()) return state.status();
+  WriteSessionInfo(*state, info);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 grpc::ServerUnaryReactor* AttentionService::CreateSession(grpc::CallbackServerContext* context,
                                                           const v1::CreateSessionRequest* request,
                                                           v1::CreateSessionResponse* response) {
@@ -552,10 +564,7 @@ grpc::ServerUnaryReactor* AttentionService::CreateSession(grpc::CallbackServerCo
     auto spec = BuildSessionSpec(*request, *modules_, options_.limits);
     if (!spec.ok()) return spec.status();
     spec->tenant = who.tenant;
-    auto state = sessions_->Create(*spec);
-    if (!state.ok()) return state.status();
-    WriteSessionInfo(*state, response->mutable_session());
-    return absl::OkStatus();
+    return WriteSession(sessions_->Create(*spec), response->mutable_session());
   });
 }
 
@@ -567,11 +576,9 @@ grpc::ServerUnaryReactor* AttentionService::ForkSession(grpc::CallbackServerCont
       return absl::InvalidArgumentError(
           absl::StrCat("idle_ttl_us must be >= 0; was ", request->idle_ttl_us()));
     }
-    auto state = sessions_->Fork(who.tenant, request->session_id(), request->pinned(),
-                                 absl::Microseconds(request->idle_ttl_us()));
-    if (!state.ok()) return state.status();
-    WriteSessionInfo(*state, response->mutable_session());
-    return absl::OkStatus();
+    return WriteSession(sessions_->Fork(who.tenant, request->session_id(), request->pinned(),
+                                        absl::Microseconds(request->idle_ttl_us())),
+                        response->mutable_session());
   });
 }
 
@@ -587,10 +594,8 @@ grpc::ServerUnaryReactor* AttentionService::GetSession(grpc::CallbackServerConte
                                                        const v1::GetSessionRequest* request,
                                                        v1::GetSessionResponse* response) {
   return AnswerNow(context, metrics::Rpc::kGetSession, [&](const Identity& who) -> absl::Status {
-    auto state = sessions_->Get(who.tenant, request->session_id());
-    if (!state.ok()) return state.status();
-    WriteSessionInfo(*state, response->mutable_session());
-    return absl::OkStatus();
+    return WriteSession(sessions_->Get(who.tenant, request->session_id()),
+                        response->mutable_session());
   });
 }
 

@@ -413,6 +413,19 @@ std::string Signature(const Job& job, absl::string_view extra) {
                       job.attention_kind() == kernels::AttentionKind::kLinear ? "/linear" : "");
 }
 
+// Key and value beside a checked query: of the query's dtype, valid tensors of `rank`
+// dimensions, with the query's batch dimension 0 (the value's as well: the rank-3 callers
+// compare the rest of the value with the key).
+absl::Status CheckKeyAndValue(const v1::Tensor& k, const v1::Tensor& v, const v1::Tensor& q,
+                              int rank, const Limits& limits) {
+  if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
+  if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
+  if (auto n = CheckTensor(k, "key", rank, limits); !n.ok()) return n.status();
+  if (auto n = CheckTensor(v, "value", rank, limits); !n.ok()) return n.status();
+  if (auto s = CheckDimEqual(k, "key", 0, q, "query", 0); !s.ok()) return s;
+  return CheckDimEqual(v, "value", 0, q, "query", 0);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& request,
@@ -424,17 +437,10 @@ absl::StatusOr<std::unique_ptr<Job>> BuildAttendJob(const v1::AttendRequest& req
   if (!request.has_key()) return Invalid("key is required");
   if (!request.has_value()) return Invalid("value is required");
   if (auto s = CheckFloatDType(q, "query", nullptr, ""); !s.ok()) return s;
-  if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
-  if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
   auto nq = CheckTensor(q, "query", 4, limits);
   if (!nq.ok()) return nq.status();
-  auto nk = CheckTensor(k, "key", 4, limits);
-  if (!nk.ok()) return nk.status();
-  auto nv = CheckTensor(v, "value", 4, limits);
-  if (!nv.ok()) return nv.status();
   // q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv]
-  if (auto s = CheckDimEqual(k, "key", 0, q, "query", 0); !s.ok()) return s;
-  if (auto s = CheckDimEqual(v, "value", 0, q, "query", 0); !s.ok()) return s;
+  if (auto s = CheckKeyAndValue(k, v, q, 4, limits); !s.ok()) return s;
   if (auto s = CheckDimEqual(k, "key", 3, q, "query", 3); !s.ok()) return s;
   if (auto s = CheckDimEqual(v, "value", 1, k, "key", 1); !s.ok()) return s;
   if (auto s = CheckDimEqual(v, "value", 2, k, "key", 2); !s.ok()) return s;
@@ -509,13 +515,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
                                 request.module(), "' (", dm, "); was ", q.shape(2)));
   }
   if (!self_attention) {
-    if (auto s = CheckFloatDType(k, "key", &q, "query"); !s.ok()) return s;
-    if (auto s = CheckFloatDType(v, "value", &q, "query"); !s.ok()) return s;
-    auto nk = CheckTensor(k, "key", 3, limits);
-    if (!nk.ok()) return nk.status();
-    auto nv = CheckTensor(v, "value", 3, limits);
-    if (!nv.ok()) return nv.status();
-    if (auto s = CheckDimEqual(k, "key", 0, q, "query", 0); !s.ok()) return s;
+    if (auto s = CheckKeyAndValue(k, v, q, 3, limits); !s.ok()) return s;
     if (auto s = CheckDimEqual(k, "key", 2, q, "query", 2); !s.ok()) return s;
     for (int i = 0; i < 3; ++i) {
       if (auto s = CheckDimEqual(v, "value", i, k, "key", i); !s.ok()) return s;

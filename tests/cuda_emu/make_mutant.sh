@@ -45,8 +45,8 @@ case "$name" in
     to="(kFixedChunk || true)" ;;
   v_mean_padded_stride)  # a blocked row's v_mean read at the padded width's stride
     file=flash_fwd_kernel.h
-    from="(int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim"
-    to="(int64_t{seq} * p.num_kv_heads + kv_head) * kHeadDim" ;;
+    from="detail::ValueMeanRow(p, seq, kv_head)"
+    to="(p.v_mean != nullptr ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * kHeadDim : nullptr)" ;;
   stale_mask_tile)  # the next key block's mask tile never loaded
     file=flash_fwd_kernel.h
     from="      if (mask_ptr != nullptr) {${nl}        detail::LoadMaskTile"

@@ -177,6 +177,14 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// The value mean that the rows of (seq, kv_head) with no allowed key take (p.v_mean), or null
+// when the launch has none (such rows are zero).
+__device__ __forceinline__ const float* ValueMeanRow(const FlashFwdParams& p, int seq,
+                                                     int kv_head) {
+  return p.v_mean != nullptr ? p.v_mean + (int64_t{seq} * p.num_kv_heads + kv_head) * p.v_head_dim
+                             : nullptr;
+}
+
 __device__ __forceinline__ float QuadMax(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
