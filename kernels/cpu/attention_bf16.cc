@@ -38,6 +38,7 @@
 
 #include "kernels/cpu/attention_kernel.h"
 #include "kernels/cpu/exp_avx512.h"
+#include "kernels/cpu/vec_tiles.h"
 #include "kernels/dtype.h"
 #if defined(ATTNSERVE_AMX_EMULATION)
 // Tests only: this file compiled a second time with the tile intrinsics replaced by a host
@@ -50,11 +51,8 @@ namespace {
 
 constexpr int kQ = kQueryBlock;  // 64
 constexpr int kN = kKeyTile;     // 128
-constexpr float kNegInf = -__builtin_inff();
 static_assert(kQ % 32 == 0 && kN % 32 == 0, "tiles are whole AMX blocks");
 
-int MinInt(int a, int b) { return a < b ? a : b; }
-int MaxInt(int a, int b) { return a > b ? a : b; }
 int Round32(int n) { return (n + 31) / 32 * 32; }
 int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
 

@@ -41,15 +41,10 @@ using Vec = ATTNSERVE_CPU_TILES;
 using V = Vec::V;
 constexpr int kW = Vec::kWidth;
 constexpr int kQ = kQueryBlock;
-constexpr float kNegInf = -__builtin_inff();
 
 static_assert(kQ % kW == 0, "the query block must be a whole number of vectors");
 static_assert(Vec::kScoreVecs * kW <= kQ && Vec::kPvVecs * kW <= kQ, "register block too wide");
 static_assert(kKeyTile % 8 == 0, "key tile");
-
-int MinInt(int a, int b) { return a < b ? a : b; }
-int MaxInt(int a, int b) { return a > b ? a : b; }
-int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
 
 // Per-task scratch, carved from one 64-byte aligned buffer. Every [.][kQ] row starts on a
 // 64-byte boundary.
@@ -97,11 +92,7 @@ Scratch CarveScratch(float* base, int d, int dv) {
 template <int kKeys, int kVecs>
 inline void ScoreBlock(const float* qt, int d, const float* k, int64_t k_stride, float* st) {
   V acc[kKeys][kVecs];
-#pragma GCC unroll 16
-  for (int jj = 0; jj < kKeys; ++jj) {
-#pragma GCC unroll 16
-    for (int n = 0; n < kVecs; ++n) acc[jj][n] = Vec::Zero();
-  }
+  ZeroBlock<Vec>(acc);
   for (int x = 0; x < d; ++x) {
     V q[kVecs];
 #pragma GCC unroll 16

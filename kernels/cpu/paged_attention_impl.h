@@ -47,14 +47,8 @@ using PVec = ATTNSERVE_CPU_TILES;
 using V = PVec::V;
 constexpr int kW = PVec::kWidth;
 constexpr int kSplit = kPagedSplitKeys;
-constexpr float kNegInf = -__builtin_inff();
 
 static_assert(kSplit % kW == 0, "a split must be a whole number of vectors");
-
-int MinInt(int a, int b) { return a < b ? a : b; }
-int MaxInt(int a, int b) { return a > b ? a : b; }
-int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
-int64_t Align16(int64_t n) { return RoundUp(n, 16); }
 
 // Element type as a template parameter, so the inner loops carry no dtype branch.
 template <DType T>
@@ -251,11 +245,7 @@ constexpr int ScoreKeys() {
 template <DType T, int kRows, int kKeys>
 void ScoreKeysAtOnce(const float* q, int dp, int d, const void* k, float* s) {
   V acc[kKeys][kRows];
-#pragma GCC unroll 16
-  for (int x = 0; x < kKeys; ++x) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) acc[x][i] = PVec::Zero();
-  }
+  ZeroBlock<PVec>(acc);
   int c = 0;
   for (; c + kW <= d; c += kW) {
     V kv[kKeys];
@@ -303,11 +293,7 @@ template <class Vec, int kRows, int kKeys>
 void ScoreKeysAtOnceBf16(const uint16_t* q, int dq, int d, const uint16_t* k, float* s) {
   constexpr int kP = Vec::kPairWidth;
   V acc[kKeys][kRows];
-#pragma GCC unroll 16
-  for (int x = 0; x < kKeys; ++x) {
-#pragma GCC unroll 16
-    for (int i = 0; i < kRows; ++i) acc[x][i] = Vec::Zero();
-  }
+  ZeroBlock<Vec>(acc);
   int c = 0;
   for (; c + kP <= d; c += kP) {
     typename Vec::Bh kv[kKeys];
@@ -563,9 +549,7 @@ void ComputeSplit(const PagedAttentionParams& p, const Shape& sh, const Seq& sq,
     for (int i0 = 0; i0 < sh.n; i0 += kR) {
       const int nr = MinInt(kR, sh.n - i0);
       V acc[kR][kX];
-      for (int i = 0; i < kR; ++i) {
-        for (int x = 0; x < kX; ++x) acc[i][x] = PVec::Zero();
-      }
+      ZeroBlock<PVec>(acc);
       const float* s = sc.s + int64_t{i0} * kSplit;
       for (int j = k0; j < k1;) {
         const int32_t page = sq.pages[j / ps];

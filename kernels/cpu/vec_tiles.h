@@ -5,7 +5,30 @@
 #ifndef ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
 #define ATTNSERVE_KERNELS_CPU_VEC_TILES_H_
 
+#include <cstdint>
+
 namespace attnserve::kernels::cpu {
+namespace {
+
+// The scalar helpers of the bodies. Internal to each unit, like everything the bodies call (see
+// attention_kernel_impl.h on inline functions): each unit's copies compile with its own flags.
+constexpr float kNegInf = -__builtin_inff();
+constexpr int MinInt(int a, int b) { return a < b ? a : b; }
+constexpr int MaxInt(int a, int b) { return a > b ? a : b; }
+constexpr int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+constexpr int64_t Align16(int64_t n) { return RoundUp(n, 16); }
+
+// A register block of accumulators set to zero (unrolled, so that they stay in registers).
+template <class Ops, class V, int kA, int kB>
+void ZeroBlock(V (&acc)[kA][kB]) {
+#pragma GCC unroll 16
+  for (int a = 0; a < kA; ++a) {
+#pragma GCC unroll 16
+    for (int b = 0; b < kB; ++b) acc[a][b] = Ops::Zero();
+  }
+}
+
+}  // namespace
 
 // The fused attention body (attention_kernel_impl.h): the score kernel's register block is
 // kScoreKeys keys x kScoreVecs vectors of query rows, the P·V kernel's kPvCols value columns x

@@ -100,6 +100,23 @@ __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// Where a block's rows start: row q_row of query head `head` in q, row k_row of kv head
+// `kv_head` in k and v.
+template <typename Element>
+struct QkvRows {
+  const Element* q;
+  const Element* k;
+  const Element* v;
+};
+template <typename Element>
+__device__ __forceinline__ QkvRows<Element> QkvRowsOf(const FlashFwdParams& p, int64_t q_row,
+                                                      int64_t head, int64_t k_row,
+                                                      int64_t kv_head) {
+  return {static_cast<const Element*>(p.q) + q_row * p.q_row_stride + head * p.q_head_stride,
+          static_cast<const Element*>(p.k) + k_row * p.k_row_stride + kv_head * p.k_head_stride,
+          static_cast<const Element*>(p.v) + k_row * p.v_row_stride + kv_head * p.v_head_stride};
+}
+
 // The value mean that the rows of (seq, kv_head) with no allowed key take (p.v_mean), or null
 // when the launch has none (such rows are zero).
 __device__ __forceinline__ const float* ValueMeanRow(const FlashFwdParams& p, int seq,

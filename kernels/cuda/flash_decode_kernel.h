@@ -61,12 +61,8 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
   const int j_begin = split * kDecodeSplitKeys;
   const int j_end = min(j_begin + kDecodeSplitKeys, limit);
 
-  const Element* q_row = static_cast<const Element*>(p.q) + int64_t{q_begin} * p.q_row_stride +
-                         int64_t{kv_head} * kGroup * p.q_head_stride;
-  const Element* k_base = static_cast<const Element*>(p.k) + int64_t{k_begin} * p.k_row_stride +
-                          int64_t{kv_head} * p.k_head_stride;
-  const Element* v_base = static_cast<const Element*>(p.v) + int64_t{k_begin} * p.v_row_stride +
-                          int64_t{kv_head} * p.v_head_stride;
+  const auto [q_row, k_base, v_base] =
+      detail::QkvRowsOf<Element>(p, q_begin, int64_t{kv_head} * kGroup, k_begin, kv_head);
   for (int idx = threadIdx.x; idx < kGroup * p.head_dim; idx += kDecodeWarps * 32) {
     const int g = idx / p.head_dim;
     const int d = idx % p.head_dim;

@@ -45,12 +45,8 @@ __global__ void __launch_bounds__(kGenericWarps * 32, 1)
   const bool modify = p.modifies_scores();
   const float slope = p.alibi_slopes != nullptr ? p.alibi_slopes[head] : 0.0f;
 
-  const Element* q_row =
-      static_cast<const Element*>(p.q) + (q_begin + i) * p.q_row_stride + head * p.q_head_stride;
-  const Element* k_base =
-      static_cast<const Element*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
-  const Element* v_base =
-      static_cast<const Element*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  const auto [q_row, k_base, v_base] =
+      detail::QkvRowsOf<Element>(p, q_begin + i, head, k_begin, kv_head);
   const uint8_t* mask_row =
       p.mask != nullptr
           ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride + i * p.mask_row_stride

@@ -156,12 +156,8 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int row_end = min(m0 + kBlockM, q_len);
   const int n_blocks = NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
 
-  const Element* q_ptr =
-      static_cast<const Element*>(p.q) + (q_begin + m0) * p.q_row_stride + head * p.q_head_stride;
-  const Element* k_ptr =
-      static_cast<const Element*>(p.k) + k_begin * p.k_row_stride + kv_head * p.k_head_stride;
-  const Element* v_ptr =
-      static_cast<const Element*>(p.v) + k_begin * p.v_row_stride + kv_head * p.v_head_stride;
+  const auto [q_ptr, k_ptr, v_ptr] =
+      detail::QkvRowsOf<Element>(p, q_begin + m0, head, k_begin, kv_head);
 
   const int tid = threadIdx.x;
   const int warp = tid / 32;

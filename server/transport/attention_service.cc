@@ -288,39 +288,35 @@ AttentionService::AttentionService(const Options& options, ModuleRegistry* modul
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions are unary for their callers,
   // served as a stream of one request and one response (StreamedUnaryReactor), marked by their
   // index in the service (MethodIndex).
-  using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
-  MarkMethodStreamed(
-      MethodIndex("Attend"), new Handler([this](grpc::CallbackServerContext* context) {
-        return ServeStreamed<v1::AttendRequest, v1::AttendResponse>(
-            context, metrics::Rpc::kAttend, [this](const v1::AttendRequest& r, const std::string&) {
-              return BuildAttendJob(r, options_.limits);
-            });
-      }));
-  MarkMethodStreamed(
-      MethodIndex("MultiHeadAttention"), new Handler([this](grpc::CallbackServerContext* context) {
-        return ServeStreamed<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
-            context, metrics::Rpc::kMultiHeadAttention,
-            [this](const v1::MultiHeadAttentionRequest& r, const std::string&) {
-              return BuildMultiHeadJob(r, *modules_, options_.limits);
-            });
-      }));
-  MarkMethodStreamed(MethodIndex("ExtendSession"),
-                     new Handler([this](grpc::CallbackServerContext* context) {
-                       return ServeStreamed<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
-                           context, metrics::Rpc::kExtendSession,
-                           [this](const v1::ExtendSessionRequest& r, const std::string& tenant) {
-                             return BuildExtendJob(r, tenant, *sessions_, options_.limits);
-                           });
-                     }));
-  MarkMethodStreamed(MethodIndex("ExtendSessions"),
-                     new Handler([this](grpc::CallbackServerContext* context) {
-                       return ServeStreamed<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
-                           context, metrics::Rpc::kExtendSessions,
-                           [this](const v1::ExtendSessionsRequest& r, const std::string& tenant) {
-                             return BuildExtendsJob(r, tenant, *sessions_, options_.limits);
-                           });
-                     }));
+  MarkStreamedUnary<v1::AttendRequest, v1::AttendResponse>(
+      "Attend", metrics::Rpc::kAttend, [this](const v1::AttendRequest& r, const std::string&) {
+        return BuildAttendJob(r, options_.limits);
+      });
+  MarkStreamedUnary<v1::MultiHeadAttentionRequest, v1::MultiHeadAttentionResponse>(
+      "MultiHeadAttention", metrics::Rpc::kMultiHeadAttention,
+      [this](const v1::MultiHeadAttentionRequest& r, const std::string&) {
+        return BuildMultiHeadJob(r, *modules_, options_.limits);
+      });
+  MarkStreamedUnary<v1::ExtendSessionRequest, v1::ExtendSessionResponse>(
+      "ExtendSession", metrics::Rpc::kExtendSession,
+      [this](const v1::ExtendSessionRequest& r, const std::string& tenant) {
+        return BuildExtendJob(r, tenant, *sessions_, options_.limits);
+      });
+  MarkStreamedUnary<v1::ExtendSessionsRequest, v1::ExtendSessionsResponse>(
+      "ExtendSessions", metrics::Rpc::kExtendSessions,
+      [this](const v1::ExtendSessionsRequest& r, const std::string& tenant) {
+        return BuildExtendsJob(r, tenant, *sessions_, options_.limits);
+      });
   metrics_->SetModuleBytes(modules_->TotalBytes());
+}
+
+template <typename Request, typename Response, typename Build>
+void AttentionService::MarkStreamedUnary(const char* method, metrics::Rpc rpc, Build build) {
+  using Handler = grpc::internal::CallbackBidiHandler<grpc::ByteBuffer, grpc::ByteBuffer>;
+  MarkMethodStreamed(MethodIndex(method),
+                     new Handler([this, rpc, build](grpc::CallbackServerContext* context) {
+                       return ServeStreamed<Request, Response>(context, rpc, build);
+                     }));
 }
 
 template <typename Request, typename Response, typename Build>

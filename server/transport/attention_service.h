@@ -120,10 +120,13 @@ class AttentionService final : public AttentionServiceBase {
                                                             grpc::ByteBuffer* response) override;
 
  private:
+  // Serves the unary rpc `method` as a stream of one request and one response (see the
+  // constructor) by ServeStreamed; `build` makes the request's Job.
+  template <typename Request, typename Response, typename Build>
+  void MarkStreamedUnary(const char* method, metrics::Rpc rpc, Build build);
   // Attend, MultiHeadAttention, ExtendSession and ExtendSessions (served as streams: see the
-  // constructor): authorise and ask
-  // the dispatcher whether the call can be served, before its request is read; then parse,
-  // validate, queue; answered by the Call.
+  // constructor): authorise and ask the dispatcher whether the call can be served, before its
+  // request is read; then parse, validate, queue; answered by the Call.
   template <typename Request, typename Response, typename Build>
   StreamedUnaryReactor* ServeStreamed(grpc::CallbackServerContext* context, metrics::Rpc rpc,
                                       Build build);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <initializer_list>
 #include <limits>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -26,31 +27,22 @@ absl::Status Invalid(const Args&... args) {
   return absl::InvalidArgumentError(absl::StrCat(args...));
 }
 
+// The wire's element types and the kernels', one to one.
+constexpr std::pair<v1::Dtype, DType> kDTypes[] = {{v1::DTYPE_FLOAT32, DType::kFloat32},
+                                                   {v1::DTYPE_FLOAT16, DType::kFloat16},
+                                                   {v1::DTYPE_BFLOAT16, DType::kBFloat16},
+                                                   {v1::DTYPE_BOOL, DType::kBool}};
+
 absl::StatusOr<DType> WireDType(v1::Dtype t) {
-  switch (t) {
-    case v1::DTYPE_FLOAT32:
-      return DType::kFloat32;
-    case v1::DTYPE_FLOAT16:
-      return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16:
-      return DType::kBFloat16;
-    case v1::DTYPE_BOOL:
-      return DType::kBool;
-    default:
-      return absl::InvalidArgumentError("unknown dtype");
+  for (const auto& [wire, kernel] : kDTypes) {
+    if (wire == t) return kernel;
   }
+  return absl::InvalidArgumentError("unknown dtype");
 }
 
 v1::Dtype ProtoDType(DType t) {
-  switch (t) {
-    case DType::kFloat32:
-      return v1::DTYPE_FLOAT32;
-    case DType::kFloat16:
-      return v1::DTYPE_FLOAT16;
-    case DType::kBFloat16:
-      return v1::DTYPE_BFLOAT16;
-    case DType::kBool:
-      return v1::DTYPE_BOOL;
+  for (const auto& [wire, kernel] : kDTypes) {
+    if (kernel == t) return wire;
   }
   return v1::DTYPE_UNSPECIFIED;
 }
