@@ -10,6 +10,7 @@ namespace attnserve::server {
 absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
   int64_t ahead;
   absl::Duration wait, interval;
+  const absl::Duration allowed = kTimeoutShare * (deadline - now);
   {
     MutexLock lock(&mu_);
     // A busy period starts: the idle time before it is no interval between answers.
@@ -17,17 +18,19 @@ absl::Status AdmissionGate::Admit(absl::Time now, absl::Time deadline) {
     ahead = in_flight_;
     interval = interval_;
     wait = (in_flight_ + 1) * interval_;
-    if (in_flight_ == 0 || wait <= kTimeoutShare * (deadline - now)) {
+    if (in_flight_ == 0 || wait <= allowed) {
       ++in_flight_;
       return absl::OkStatus();
     }
   }
-  // The retry pushback: about when the calls ahead will have been answered.
+  // The retry pushback: about when a call with as much time left would be admitted (enough of
+  // the calls ahead answered), at least one interval. Not until all of them are answered: a
+  // client's throttle holds back every call for the pushback, and the server would go idle.
   return batching::WithPushback(
       absl::DeadlineExceededError(absl::StrCat(
           "the server would answer in about ", absl::FormatDuration(wait), " (", ahead,
           " calls ahead), too close to the deadline; refused before the request was read")),
-      wait - interval);
+      std::max(wait - allowed, interval));
 }
 
 void AdmissionGate::Done(absl::Time now) {

@@ -39,7 +39,8 @@ class AdmissionGate {
 
   // OK: admitted, and Done() must follow once. DEADLINE_EXCEEDED: (in_flight + 1) x interval
   // is more than kTimeoutShare x (deadline - now) (refused; no Done()), with a retry pushback
-  // (server/batching/pushback.h) of in_flight x interval: about when the calls ahead are answered.
+  // (server/batching/pushback.h) of the difference, at least one interval: about when a call
+  // with as much time left would be admitted.
   absl::Status Admit(absl::Time now, absl::Time deadline) ABSL_LOCKS_EXCLUDED(mu_);
   // An admitted call is answered (whatever the answer).
   void Done(absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);

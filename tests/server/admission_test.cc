@@ -37,8 +37,12 @@ TEST(AdmissionGateTest, RefusesWhenTheCallsAheadOutlastTheShareOfItsTimeout) {
   absl::Status refused = gate.Admit(At(20), At(99));
   EXPECT_EQ(refused.code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(refused.message().find("3 calls ahead"), std::string::npos) << refused.message();
-  EXPECT_EQ(batching::PushbackMs(refused), 30);  // the 3 calls ahead, 10 ms apart
-  EXPECT_EQ(gate.in_flight(), 3);                // a refused call is not in flight
+  // Pushback: until a call with 79 ms left would be admitted (40 - 39.5 ms), at least one
+  // interval (10 ms).
+  EXPECT_EQ(batching::PushbackMs(refused), 10);
+  EXPECT_EQ(gate.in_flight(), 3);  // a refused call is not in flight
+  // With 20 ms left: 40 - 10 = 30 ms, after which three calls ahead would have been answered.
+  EXPECT_EQ(batching::PushbackMs(gate.Admit(At(20), At(40))), 30);
   EXPECT_TRUE(gate.Admit(At(20), At(100)).ok());
   EXPECT_EQ(gate.in_flight(), 4);
 }
