@@ -10,6 +10,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -35,9 +36,15 @@ double R(double v) {
   return std::strtod(absl::StrFormat("%.6g", v).c_str(), nullptr);
 }
 
+// Distribution's fields by their JSON names, in the order written; read by the same table.
+constexpr std::pair<const char*, double Distribution::*> kDistributionFields[] = {
+    {"p50", &Distribution::p50},   {"p90", &Distribution::p90}, {"p99", &Distribution::p99},
+    {"p999", &Distribution::p999}, {"max", &Distribution::max}, {"mean", &Distribution::mean}};
+
 Json DistributionJson(const Distribution& d) {
-  return Json{{"p50", R(d.p50)},   {"p90", R(d.p90)}, {"p99", R(d.p99)},
-              {"p999", R(d.p999)}, {"max", R(d.max)}, {"mean", R(d.mean)}};
+  Json j = Json::object();
+  for (const auto& [name, field] : kDistributionFields) j[name] = R(d.*field);
+  return j;
 }
 
 Json Rounded(const std::vector<double>& v) {
@@ -118,12 +125,7 @@ std::vector<T> Array(const Json& j, const char* key) {
 
 Distribution DistributionFrom(const Json& j) {
   Distribution d;
-  d.p50 = Num(j, "p50");
-  d.p90 = Num(j, "p90");
-  d.p99 = Num(j, "p99");
-  d.p999 = Num(j, "p999");
-  d.max = Num(j, "max");
-  d.mean = Num(j, "mean");
+  for (const auto& [name, field] : kDistributionFields) d.*field = Num(j, name);
   return d;
 }
 
