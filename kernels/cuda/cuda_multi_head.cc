@@ -109,8 +109,9 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   const bool self = p.self_attention;
   const int num_seqs = p.batch;
   const bool with_weights = p.weights != nullptr;
-  const bool need_mean = MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal, p.q_len,
-                                            p.kv_len, p.mods.windowed());
+  // The softmax path's value mean for rows with no allowed key (linear attention has none).
+  const bool need_mean = !linear && MayHaveBlockedRows(p.mask.present(), p.key_lengths, p.causal,
+                                                       p.q_len, p.kv_len, p.mods.windowed());
   const int64_t mask_bytes =
       p.mask.present() ? MaskExtent(p.mask, p.batch, h, p.q_len, p.kv_len) : 0;
 
@@ -144,7 +145,9 @@ absl::Status CudaBackend::RunMultiHead(Worker* w, const MultiHeadParams& p, Comp
   const size_t d_wo = dev.Add(m.w_o.size() * sizeof(float));
   const size_t d_bo = dev.Add(m.b_o.size() * sizeof(float));
   const size_t d_proj = dev.Add(proj_elems * sizeof(float));
-  const size_t d_proj16 = dev.Add(proj_elems * 2);
+  // The 16-bit copy of the projections the softmax kernels read (linear attention reads the
+  // float32 ones).
+  const size_t d_proj16 = dev.Add(linear ? 0 : proj_elems * 2);
   const size_t d_attn = dev.Add(nq * dm * sizeof(float));
   const size_t d_out = dev.Add(nq * dm * sizeof(float));
   const size_t d_cu = dev.Add((3 * num_seqs + 2) * sizeof(int));
