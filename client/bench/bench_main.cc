@@ -77,6 +77,8 @@ ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
 ABSL_FLAG(bool, causal, false, "causal masking");
 ABSL_FLAG(std::string, kind, "softmax",
           "softmax or linear (attention.proto, AttentionOptions.kind)");
+ABSL_FLAG(std::string, feature_map, "elu_plus_one",
+          "linear attention's feature map: elu_plus_one, relu or identity (with --kind=linear)");
 ABSL_FLAG(std::string, window, "",
           "sliding window as LEFT,RIGHT (-1: that side open; decode sessions: RIGHT 0 or -1); "
           "empty: none");
@@ -293,6 +295,20 @@ int main(int argc, char** argv) {
   }
   work.kind = kind == "linear" ? attnserve::v1::ATTENTION_KIND_LINEAR
                                : attnserve::v1::ATTENTION_KIND_UNSPECIFIED;
+  const std::string feature_map = absl::GetFlag(FLAGS_feature_map);
+  if (feature_map == "elu_plus_one") {
+    work.feature_map = attnserve::v1::FEATURE_MAP_ELU_PLUS_ONE;
+  } else if (feature_map == "relu") {
+    work.feature_map = attnserve::v1::FEATURE_MAP_RELU;
+  } else if (feature_map == "identity") {
+    work.feature_map = attnserve::v1::FEATURE_MAP_IDENTITY;
+  } else {
+    return Usage("--feature_map must be elu_plus_one, relu or identity; was " + feature_map);
+  }
+  if (kind != "linear" && feature_map != "elu_plus_one") {
+    return Usage("--feature_map is for --kind=linear");
+  }
+  if (kind != "linear") work.feature_map = attnserve::v1::FEATURE_MAP_UNSPECIFIED;
   const std::string window = absl::GetFlag(FLAGS_window);
   if (!window.empty()) {
     const std::vector<std::string> sides = absl::StrSplit(window, ',');
@@ -368,6 +384,7 @@ int main(int argc, char** argv) {
     sopts.softcap = work.softcap;
     sopts.alibi_standard = work.alibi;
     sopts.kind = work.kind;  // --kind=linear: linear-attention sessions
+    sopts.feature_map = work.feature_map;
     std::mt19937 rng(static_cast<uint32_t>(load.seed));
     std::normal_distribution<float> normal;
     auto random = [&](std::vector<int64_t> shape) {
@@ -418,6 +435,7 @@ int main(int argc, char** argv) {
                    {"dtype", dtype},
                    {"causal", work.causal},
                    {"kind", kind},
+                   {"feature_map", kind == "linear" ? feature_map : ""},
                    {"window", window},
                    {"softcap", work.softcap},
                    {"alibi", work.alibi},

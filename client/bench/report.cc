@@ -8,9 +8,11 @@
 #include <cstdlib>
 #include <fstream>
 #include <optional>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -488,13 +490,37 @@ std::string ConfigText(const Json& config, const char* key) {
   return it->is_string() ? it->get<std::string>() : Dump(*it);
 }
 
+// The kind of attention the run asked for, from its settings: "softmax attention" with its score
+// modifications ("window 4095,0", "soft-cap 30", "ALiBi"), or "linear attention (relu)".
+// Reports from before these settings say "softmax attention".
+std::string AttentionText(const Json& config) {
+  if (ConfigText(config, "kind") == "linear") {
+    const std::string map = ConfigText(config, "feature_map");
+    return absl::StrCat("linear attention (", map == "?" || map.empty() ? "elu_plus_one" : map,
+                        ")");
+  }
+  std::vector<std::string> mods;
+  if (const std::string w = ConfigText(config, "window"); w != "?" && !w.empty()) {
+    mods.push_back(absl::StrCat("window ", w));
+  }
+  if (auto it = config.find("softcap");
+      it != config.end() && it->is_number() && it->get<double>() > 0) {
+    mods.push_back(absl::StrCat("soft-cap ", Dump(*it)));
+  }
+  if (auto it = config.find("alibi"); it != config.end() && it->is_boolean() && it->get<bool>()) {
+    mods.push_back("ALiBi");
+  }
+  return mods.empty() ? "softmax attention"
+                      : absl::StrCat("softmax attention, ", absl::StrJoin(mods, ", "));
+}
+
 }  // namespace
 
 std::string ToHtml(const RunReport& report) {
   const Json& c = report.config;
   const std::string title =
-      absl::StrCat("attnserve-bench: ", ConfigText(c, "rpc"), ", ", ConfigText(c, "mode"),
-                   " loop against ", ConfigText(c, "target"));
+      absl::StrCat("attnserve-bench: ", ConfigText(c, "rpc"), " (", AttentionText(c), "), ",
+                   ConfigText(c, "mode"), " loop against ", ConfigText(c, "target"));
   // The JSON rides along for whoever wants the numbers; "<" escaped so that no "</script>"
   // inside a string can end the element.
   const std::string data = absl::StrReplaceAll(ToJson(report), {{"<", "\\u003c"}});

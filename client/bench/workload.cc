@@ -16,6 +16,7 @@ namespace {
 void SetOptions(const WorkloadOptions& o, v1::AttentionOptions* options) {
   options->set_causal(o.causal);
   options->set_kind(o.kind);
+  options->set_feature_map(o.feature_map);
   if (o.window_left >= 0 || o.window_right >= 0) {
     options->mutable_window()->set_left(o.window_left);
     options->mutable_window()->set_right(o.window_right);

@@ -72,7 +72,8 @@ struct WorkloadOptions {
   // The attention kind and FlashAttention's options (attention.proto, AttentionOptions), on
   // Attend and MultiHeadAttention requests alike.
   v1::AttentionKind kind = v1::ATTENTION_KIND_UNSPECIFIED;
-  int window_left = -1, window_right = -1;  // both -1: no window
+  v1::FeatureMap feature_map = v1::FEATURE_MAP_UNSPECIFIED;  // kind linear only
+  int window_left = -1, window_right = -1;                   // both -1: no window
   float softcap = 0;
   bool alibi = false;  // the standard slopes
   std::string module = "demo";

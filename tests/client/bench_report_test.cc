@@ -215,6 +215,30 @@ TEST(ReportHtmlTest, RedrawnFromSavedJsonIsTheSamePage) {
   EXPECT_EQ(ToHtml(saved), ToHtml(live));
 }
 
+TEST(ReportHtmlTest, TheTitleNamesTheKindOfAttention) {
+  auto title_of = [](const nlohmann::ordered_json& settings) {
+    RunReport r = Sample();
+    for (const auto& [key, value] : settings.items()) r.config[key] = value;
+    const std::string html = ToHtml(r);
+    const size_t at = html.find("<h1>");
+    return html.substr(at + 4, html.find("</h1>") - at - 4);
+  };
+  // A report from before these settings: plain softmax attention.
+  EXPECT_EQ(title_of(nlohmann::ordered_json::object()),
+            "attnserve-bench: attend (softmax attention), open loop against 127.0.0.1:1");
+  EXPECT_EQ(title_of({{"kind", "softmax"},
+                      {"feature_map", ""},
+                      {"window", "4095,0"},
+                      {"softcap", 30},
+                      {"alibi", true}}),
+            "attnserve-bench: attend (softmax attention, window 4095,0, soft-cap 30, ALiBi), open "
+            "loop against 127.0.0.1:1");
+  EXPECT_EQ(title_of({{"kind", "softmax"}, {"window", ""}, {"softcap", 0}, {"alibi", false}}),
+            "attnserve-bench: attend (softmax attention), open loop against 127.0.0.1:1");
+  EXPECT_EQ(title_of({{"kind", "linear"}, {"feature_map", "relu"}}),
+            "attnserve-bench: attend (linear attention (relu)), open loop against 127.0.0.1:1");
+}
+
 TEST(ReportHtmlTest, NoPhasesStillDrawsEveryChart) {
   RunReport r;
   const std::string html = ToHtml(r);
