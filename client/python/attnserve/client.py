@@ -806,7 +806,8 @@ class Client(_Base):
                timeout: Optional[float] = None, **options: Any) -> Result:
         """Attention on projected tensors q [B, Hq, Lq, D], k [B, Hkv, Lk, D],
         v [B, Hkv, Lk, Dv]. options: causal, mask, key_lengths, scale, return_weights, dtype,
-        window, softcap, alibi, kind, feature_map (see attnserve.attend_request). Returns a Result with output [B, Hq, Lq, Dv]."""
+        window, softcap, alibi, kind, feature_map (see attnserve.attend_request). Returns a
+        Result with output [B, Hq, Lq, Dv]."""
         response = self._throttled(self.stub.Attend, attend_request(q, k, v, **options), timeout)
         return _result(response, self.torch_out)
 
