@@ -198,18 +198,12 @@ absl::StatusOr<Kinds> ParseKinds() {
         absl::StrCat("--kind must be softmax or linear; got '", kind, "'"));
   }
   if (const std::string map = absl::GetFlag(FLAGS_feature_map); !map.empty()) {
-    const std::pair<const char*, v1::FeatureMap> maps[] = {
-        {"elu_plus_one", v1::FEATURE_MAP_ELU_PLUS_ONE},
-        {"relu", v1::FEATURE_MAP_RELU},
-        {"identity", v1::FEATURE_MAP_IDENTITY}};
-    bool found = false;
-    for (const auto& [name, value] : maps) {
-      if (map == name) k.feature_map = value, found = true;
-    }
-    if (!found) {
+    const std::optional<v1::FeatureMap> named = attnserve::FeatureMapNamed(map);
+    if (!named.has_value()) {
       return absl::InvalidArgumentError(
           absl::StrCat("--feature_map must be elu_plus_one, relu or identity; got '", map, "'"));
     }
+    k.feature_map = *named;
   }
   return k;
 }

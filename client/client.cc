@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <optional>
 #include <set>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -876,11 +878,17 @@ bool IsSessionLost(const absl::Status& status) {
          absl::StartsWith(status.message(), kSessionLostPrefix);
 }
 
-std::string SessionLostReason(const absl::Status& status) {
-  if (!IsSessionLost(status)) return "";
-  const absl::string_view rest = status.message().substr(14);
-  const size_t close = rest.find(')');
-  return close == absl::string_view::npos ? "" : std::string(rest.substr(0, close));
+std::string SessionLostReason(const absl::Status& status) { return LostSessionReason(status); }
+
+std::optional<v1::FeatureMap> FeatureMapNamed(absl::string_view name) {
+  constexpr std::pair<absl::string_view, v1::FeatureMap> kMaps[] = {
+      {"elu_plus_one", v1::FEATURE_MAP_ELU_PLUS_ONE},
+      {"relu", v1::FEATURE_MAP_RELU},
+      {"identity", v1::FEATURE_MAP_IDENTITY}};
+  for (const auto& [map_name, map] : kMaps) {
+    if (name == map_name) return map;
+  }
+  return std::nullopt;
 }
 
 v1::Tensor MakeTensor(v1::Dtype dtype, const std::vector<int64_t>& shape,

@@ -53,10 +53,12 @@
 #include <future>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "attnserve/v1/attention.grpc.pb.h"
 #include "base/mutex.h"
@@ -358,6 +360,10 @@ std::string SessionMovedTo(const absl::Status& status);
 bool IsSessionLost(const absl::Status& status);
 // "evicted", "expired" or "restarted" for a lost session's status; empty otherwise.
 std::string SessionLostReason(const absl::Status& status);
+
+// Linear attention's feature map by the name the command-line tools and the Python client give
+// it: "elu_plus_one", "relu" or "identity"; nullopt for any other name.
+std::optional<v1::FeatureMap> FeatureMapNamed(absl::string_view name);
 
 }  // namespace attnserve
 

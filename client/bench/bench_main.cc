@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -296,19 +297,14 @@ int main(int argc, char** argv) {
   work.kind = kind == "linear" ? attnserve::v1::ATTENTION_KIND_LINEAR
                                : attnserve::v1::ATTENTION_KIND_UNSPECIFIED;
   const std::string feature_map = absl::GetFlag(FLAGS_feature_map);
-  if (feature_map == "elu_plus_one") {
-    work.feature_map = attnserve::v1::FEATURE_MAP_ELU_PLUS_ONE;
-  } else if (feature_map == "relu") {
-    work.feature_map = attnserve::v1::FEATURE_MAP_RELU;
-  } else if (feature_map == "identity") {
-    work.feature_map = attnserve::v1::FEATURE_MAP_IDENTITY;
-  } else {
+  const std::optional<attnserve::v1::FeatureMap> named = attnserve::FeatureMapNamed(feature_map);
+  if (!named.has_value()) {
     return Usage("--feature_map must be elu_plus_one, relu or identity; was " + feature_map);
   }
   if (kind != "linear" && feature_map != "elu_plus_one") {
     return Usage("--feature_map is for --kind=linear");
   }
-  if (kind != "linear") work.feature_map = attnserve::v1::FEATURE_MAP_UNSPECIFIED;
+  if (kind == "linear") work.feature_map = *named;
   const std::string window = absl::GetFlag(FLAGS_window);
   if (!window.empty()) {
     const std::vector<std::string> sides = absl::StrSplit(window, ',');

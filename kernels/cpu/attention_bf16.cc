@@ -53,8 +53,8 @@ constexpr int kQ = kQueryBlock;  // 64
 constexpr int kN = kKeyTile;     // 128
 static_assert(kQ % 32 == 0 && kN % 32 == 0, "tiles are whole AMX blocks");
 
-int Round32(int n) { return (n + 31) / 32 * 32; }
-int64_t Align64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+int Round32(int n) { return static_cast<int>(RoundUp(n, 32)); }
+int64_t Align64(int64_t bytes) { return RoundUp(bytes, 64); }
 
 // ---------------------------------------------------------------------------------------------
 // Conversions.

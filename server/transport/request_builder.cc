@@ -509,7 +509,7 @@ absl::StatusOr<std::unique_ptr<Job>> BuildMultiHeadJob(const v1::MultiHeadAttent
   if (!self_attention) {
     if (auto s = CheckKeyAndValue(k, v, q, 3, limits); !s.ok()) return s;
     if (auto s = CheckDimEqual(k, "key", 2, q, "query", 2); !s.ok()) return s;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 1; i < 3; ++i) {  // dimension 0: both the query's (CheckKeyAndValue)
       if (auto s = CheckDimEqual(v, "value", i, k, "key", i); !s.ok()) return s;
     }
   }
