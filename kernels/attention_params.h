@@ -141,8 +141,22 @@ struct StridedView {
   }
 };
 
-struct AttentionParams {
-  // Dimensions. REQUIRES: all >= 1, num_heads % num_kv_heads == 0.
+// The options of one attention problem, combined with AND: the part of AttentionParams that
+// MultiHeadParams shares (and the request builder fills for both), so that a caller copies them
+// as one (`static_cast<AttentionOptions&>(params) = options`).
+struct AttentionOptions {
+  MaskView mask;
+  bool causal = false;
+  const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
+  float scale = 1.0f;                    // multiplies q.k before masking
+  ScoreMods mods;                        // window, soft-cap, ALiBi (above)
+  AttentionKind kind = AttentionKind::kSoftmax;
+  FeatureMap feature_map = FeatureMap::kEluPlusOne;  // kLinear only
+};
+
+// The dimensions of one attention problem (shared with the CUDA linear-attention launch's
+// params). REQUIRES: all >= 1, num_heads % num_kv_heads == 0.
+struct AttentionShape {
   int batch = 0;
   int num_heads = 0;     // query heads (Hq)
   int num_kv_heads = 0;  // key/value heads (Hkv)
@@ -150,7 +164,11 @@ struct AttentionParams {
   int kv_len = 0;        // Lk
   int head_dim = 0;      // D, of q and k
   int v_head_dim = 0;    // Dv, of v and out
+};
 
+// The dimensions and the options (bases, so that every kernel reads p.batch, p.causal, p.scale,
+// ...), and the problem's buffers.
+struct AttentionParams : AttentionShape, AttentionOptions {
   // Inputs: q [B, Hq, Lq, D], k [B, Hkv, Lk, D], v [B, Hkv, Lk, Dv] (strided), all three of
   // element type input_dtype.
   InputView q;
@@ -167,15 +185,6 @@ struct AttentionParams {
 
   // Optional attention weights, [B, Hq, Lq, Lk] dense row-major; nullptr when not asked for.
   float* weights = nullptr;
-
-  // Options (combined with AND).
-  MaskView mask;
-  bool causal = false;
-  const int32_t* key_lengths = nullptr;  // [B] or nullptr; REQUIRES 0 <= key_lengths[b] <= Lk
-  float scale = 1.0f;                    // multiplies q.k before masking
-  ScoreMods mods;                        // window, soft-cap, ALiBi (above)
-  AttentionKind kind = AttentionKind::kSoftmax;
-  FeatureMap feature_map = FeatureMap::kEluPlusOne;  // kLinear only
 
   int group_size() const { return num_heads / num_kv_heads; }
 

@@ -53,6 +53,7 @@ AttentionParams HeadAttentionParams(const MultiHeadParams& p, const ProjectedQkv
                                     float* concat, int64_t concat_ld) {
   const int dk = p.module->head_dim();
   AttentionParams a;
+  static_cast<AttentionOptions&>(a) = p;  // the mask, causality, lengths, scale, mods and kind
   a.batch = p.batch;
   a.num_heads = a.num_kv_heads = p.module->num_heads;
   a.q_len = p.q_len;
@@ -65,13 +66,6 @@ AttentionParams HeadAttentionParams(const MultiHeadParams& p, const ProjectedQkv
   a.input_dtype = qkv.dtype;
   a.out = StridedView<float>{concat, int64_t{p.q_len} * concat_ld, dk, concat_ld};
   a.weights = p.weights;
-  a.mask = p.mask;
-  a.causal = p.causal;
-  a.key_lengths = p.key_lengths;
-  a.scale = p.scale;
-  a.mods = p.mods;
-  a.kind = p.kind;
-  a.feature_map = p.feature_map;
   return a;
 }
 

@@ -3,8 +3,7 @@
 //   Q = query · W_qᵀ + b_q,  K = key · W_kᵀ + b_k,  V = value · W_vᵀ + b_v     ([B, L, d_model])
 //   split each into h heads of d_k = d_model / h      (head t uses columns [t·d_k, (t+1)·d_k))
 //   A_t = attention(Q_t, K_t, V_t) with the options of AttentionParams, scale 1/sqrt(d_k) default
-//   out = concat_t(A_t) · W_oᵀ + b_o                                               ([B, Lq,
-//   d_model])
+//   out = concat_t(A_t) · W_oᵀ + b_o                                            ([B, Lq, d_model])
 //
 // Weights follow nn.Linear: [out_features, in_features], y = x·Wᵀ + b.
 #ifndef ATTNSERVE_KERNELS_MULTI_HEAD_H_
@@ -60,7 +59,9 @@ struct MultiHeadWeights {
 absl::Status ValidateWeights(const MultiHeadWeights& w);
 
 // One multi-head request. Buffers belong to the caller and outlive the call.
-struct MultiHeadParams {
+// Attention options as in AttentionParams (the mask broadcast over [B, h, Lq, Lk]; alibi_slopes
+// [h]).
+struct MultiHeadParams : AttentionOptions {
   const MultiHeadWeights* module = nullptr;
   int batch = 0;
   int q_len = 0;
@@ -77,15 +78,6 @@ struct MultiHeadParams {
 
   float* out = nullptr;      // [B, Lq, d_model]
   float* weights = nullptr;  // [B, h, Lq, Lk] or nullptr when not asked for
-
-  // Attention options, as in AttentionParams (mask broadcast over [B, h, Lq, Lk]).
-  MaskView mask;
-  bool causal = false;
-  const int32_t* key_lengths = nullptr;
-  float scale = 1.0f;
-  ScoreMods mods;  // alibi_slopes: [h]
-  AttentionKind kind = AttentionKind::kSoftmax;
-  FeatureMap feature_map = FeatureMap::kEluPlusOne;
 };
 
 // One projection with a module's weights (nn.Linear), as decode sessions bound to a module use

@@ -34,12 +34,10 @@ struct LinearView {
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
 };
 
-struct LinearAttentionParams {
+struct LinearAttentionParams : AttentionShape {
   LinearView q, k, v;  // q [batch, num_heads, q_len, D]; k [.., num_kv_heads, kv_len, D]; v (Dv)
   float* o = nullptr;  // [batch, num_heads, q_len, Dv]
   int64_t o_batch_stride = 0, o_head_stride = 0, o_row_stride = 0;
-  int batch = 0, num_heads = 0, num_kv_heads = 0, q_len = 0, kv_len = 0;
-  int head_dim = 0, v_head_dim = 0;
   bool causal = false;
   const int* key_lengths = nullptr;  // device [batch], or nullptr: kv_len each
   FeatureMap feature_map = FeatureMap::kEluPlusOne;
@@ -49,13 +47,7 @@ struct LinearAttentionParams {
 // device views, the output and the key lengths.
 inline LinearAttentionParams LinearShapeOf(const AttentionParams& a) {
   LinearAttentionParams p;
-  p.batch = a.batch;
-  p.num_heads = a.num_heads;
-  p.num_kv_heads = a.num_kv_heads;
-  p.q_len = a.q_len;
-  p.kv_len = a.kv_len;
-  p.head_dim = a.head_dim;
-  p.v_head_dim = a.v_head_dim;
+  static_cast<AttentionShape&>(p) = a;
   p.causal = a.causal;
   p.feature_map = a.feature_map;
   return p;

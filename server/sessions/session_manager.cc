@@ -214,10 +214,7 @@ SessionState SessionManager::StateLocked(const Session& s) {
   st.idle_ttl = s.ttl;
   st.idle = Now() - s.last_used;
   st.parent_id = s.parent_id;
-  st.scale = s.scale;
-  st.mods = s.mods;
-  st.kind = s.kind;
-  st.feature_map = s.feature_map;
+  static_cast<SessionScoring&>(st) = s;
   st.tenant = s.tenant;
   st.serial = s.serial;
   return st;
@@ -326,10 +323,7 @@ absl::StatusOr<SessionState> SessionManager::Fork(const std::string& tenant, con
   c->num_heads = p.num_heads;
   c->arena = arena;
   c->cache_dtype = p.cache_dtype;
-  c->scale = p.scale;
-  c->mods = p.mods;
-  c->kind = p.kind;
-  c->feature_map = p.feature_map;
+  static_cast<SessionScoring&>(*c) = p;
   c->pages = p.pages;
   c->dropped = p.dropped;
   for (size_t i = c->dropped; i < c->pages.size(); ++i) pool_->Ref(c->arena, c->pages[i]);

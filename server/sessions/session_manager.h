@@ -89,7 +89,7 @@ struct SessionSpec {
 };
 
 // A session's state (SessionInfo).
-struct SessionState {
+struct SessionState : SessionScoring {
   std::string id;
   std::string module_name;  // empty for raw sessions
   int num_heads = 0, num_kv_heads = 0, head_dim = 0, v_head_dim = 0;
@@ -98,10 +98,6 @@ struct SessionState {
   bool pinned = false;
   absl::Duration idle_ttl, idle;
   std::string parent_id;
-  float scale = 1.0f;
-  SessionMods mods;
-  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
-  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
   std::string tenant;
   uint64_t serial = 0;  // the order of creation on this replica (ListSessions' pages)
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/attention_params.h"
 #include "kernels/paged_attention_params.h"
 
 namespace attnserve::server::sessions {
@@ -40,6 +41,18 @@ struct SessionMods {
     p.softcap = softcap;
     p.alibi_slopes = alibi_slopes.empty() ? nullptr : alibi_slopes.data();
   }
+};
+
+// What each step of a session computes beyond its shape: the scale, the score modifications and
+// the kind. Session (the table's record) and SessionState (what describing it returns) derive
+// from it, so that they copy it as one.
+struct SessionScoring {
+  float scale = 1.0f;
+  SessionMods mods;
+  // Linear attention (attention.proto, CreateSessionRequest.kind; no mods, no scale): the
+  // session's pages hold its running state (linear_extend.cc), not keys and values.
+  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
+  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
 };
 
 }  // namespace attnserve::server::sessions

@@ -32,7 +32,7 @@ namespace attnserve::server::sessions {
 // A page table entry whose page left its session's sliding window and was freed.
 inline constexpr int32_t kDroppedPage = -1;
 
-struct Session {
+struct Session : SessionScoring {
   std::string id;
   std::string tenant;   // whose it is (session_manager.h, "Tenants")
   uint64_t serial = 0;  // creation order on this replica
@@ -41,11 +41,6 @@ struct Session {
   int num_heads = 0;
   Arena* arena = nullptr;
   kernels::DType cache_dtype = kernels::DType::kFloat32;  // a linear session's arena is float32
-  float scale = 1.0f;
-  SessionMods mods;
-  // Linear attention: `pages` hold the running state (linear_extend.cc), not keys and values.
-  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
-  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
   // Its page table: pages[i] holds tokens [i · page_tokens, (i + 1) · page_tokens). The first
   // `dropped` entries left a sliding window and went back to the pool (kDroppedPage): no later
   // query reads them (SessionManager::DropPagesBeforeWindowLocked).

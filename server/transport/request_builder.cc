@@ -130,17 +130,9 @@ absl::Status CheckHeadDim(int64_t d, absl::string_view what, const Limits& limit
   return absl::OkStatus();
 }
 
-// Validates and decodes the options shared by both rpcs into `job` and `mask`/`params`
-// fields. `b`, `h`, `lq`, `lk`, `head_dim` are the problem's sizes.
-struct OptionFields {
-  kernels::MaskView mask;
-  bool causal = false;
-  const int32_t* key_lengths = nullptr;
-  float scale = 1.0f;
-  kernels::ScoreMods mods;
-  kernels::AttentionKind kind = kernels::AttentionKind::kSoftmax;
-  kernels::FeatureMap feature_map = kernels::FeatureMap::kEluPlusOne;
-};
+// The options shared by both rpcs, as the kernels take them (AttentionParams and
+// MultiHeadParams derive from it).
+using OptionFields = kernels::AttentionOptions;
 
 // A feature map of linear attention (FeatureMap; unset: ELU_PLUS_ONE), named `field` in errors.
 absl::Status BuildFeatureMap(v1::FeatureMap map, absl::string_view field,
@@ -283,6 +275,8 @@ absl::Status BuildAlibi(const v1::Alibi& alibi, int64_t heads, absl::string_view
   return absl::OkStatus();
 }
 
+// Validates and decodes the options shared by both rpcs (what they own, such as the ALiBi
+// slopes, into `job`). `b`, `h`, `lq`, `lk`, `head_dim` are the problem's sizes.
 absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b, int64_t h,
                                           int64_t lq, int64_t lk, int64_t head_dim,
                                           const Limits& limits, Job* job) {
@@ -375,13 +369,7 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
 template <typename Params>
 void FillShared(const OptionFields& opts, Job* job, Params* p) {
   p->weights = job->weights.empty() ? nullptr : job->weights.data();
-  p->mask = opts.mask;
-  p->causal = opts.causal;
-  p->key_lengths = opts.key_lengths;
-  p->scale = opts.scale;
-  p->mods = opts.mods;
-  p->kind = opts.kind;
-  p->feature_map = opts.feature_map;
+  static_cast<kernels::AttentionOptions&>(*p) = opts;
   // The inputs are views of the request's bytes, in the dtype they came in.
   p->input_dtype = job->dtype;
 }
