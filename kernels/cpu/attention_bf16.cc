@@ -37,7 +37,6 @@
 #include <cstring>
 
 #include "kernels/cpu/attention_kernel.h"
-#include "kernels/cpu/exp_avx512.h"
 #include "kernels/cpu/vec_tiles.h"
 #include "kernels/dtype.h"
 #if defined(ATTNSERVE_AMX_EMULATION)

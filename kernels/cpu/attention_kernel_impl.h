@@ -284,11 +284,48 @@ Rows InputRows(const AttentionParams& p, const InputView& view, int b, int h, in
 // ---------------------------------------------------------------------------------------------
 // Shared steps of both paths.
 
-// Packs qt[x][r] = scale · q[i0 + r][x] (rows past `rows` are zero up to padded_rows), the
-// per-row key limits, window starts and positions; returns the smallest and largest limit and
-// the smallest and largest start over the real rows.
-void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int padded_rows,
-                 const Scratch& s, int* min_limit, int* max_limit, int* min_start, int* max_start) {
+// One block of query rows [i0, i0 + rows) of head h of batch entry b, and both paths over it.
+// Its constructor carves the scratch and packs qt[x][r] = scale · q[i0 + r][x] (rows past `rows`
+// are zero up to padded_rows), the per-row key limits, window starts and positions, and the
+// smallest and largest limit and start over the real rows.
+struct QueryBlock {
+  QueryBlock(const AttentionParams& params, int batch, int head, int first_row, float* scratch);
+
+  // The scores of the key tile [j0, j0 + keys) into st: st[j][r] = scale·q_r · k_j, soft-capped
+  // and biased (ScoreMods); then the scores the explicit mask and the window's start block -inf.
+  void ScoreKeyTile(int j0, int keys) const;
+  // Row r's output row.
+  float* Out(int r) const {
+    return p.out.data + b * p.out.batch_stride + h * p.out.head_stride +
+           (i0 + r) * p.out.row_stride;
+  }
+
+  // The fused path: online softmax over key tiles, scores never leave the [kKeyTile][kQ] tile.
+  void RunFused() const;
+  // The materialising path, when the weights are asked for: the scores of whole rows go to the
+  // caller's weights buffer, a plain softmax per row (reference semantics), then O = W · V.
+  void RunWithWeights() const;
+
+  const AttentionParams& p;
+  const int b, h, i0;
+  const Scratch s;
+  const int rows, row_vecs, padded_rows;
+  const Rows k, v;  // of h's key/value head
+  int min_limit, max_limit, min_start, max_start;
+};
+
+QueryBlock::QueryBlock(const AttentionParams& params, int batch, int head, int first_row,
+                       float* scratch)
+    : p(params),
+      b(batch),
+      h(head),
+      i0(first_row),
+      s(CarveScratch(scratch, p.head_dim, p.v_head_dim)),
+      rows(MinInt(kQ, p.q_len - i0)),
+      row_vecs((rows + kW - 1) / kW),
+      padded_rows(row_vecs * kW),
+      k(InputRows(p, p.k, b, h / p.group_size(), p.head_dim)),
+      v(InputRows(p, p.v, b, h / p.group_size(), p.v_head_dim)) {
   const Rows q = InputRows(p, p.q, b, h, p.head_dim);
   for (int r = 0; r < rows; ++r) {
     // Widened into the (not yet used) key tile buffer, then scaled and transposed.
@@ -299,20 +336,20 @@ void PackQueries(const AttentionParams& p, int b, int h, int i0, int rows, int p
   for (int x = 0; x < p.head_dim; ++x) {
     for (int r = rows; r < padded_rows; ++r) s.qt[int64_t{x} * kQ + r] = 0.0f;
   }
-  *min_limit = p.kv_len;
-  *max_limit = 0;
-  *min_start = p.kv_len;
-  *max_start = 0;
+  min_limit = p.kv_len;
+  max_limit = 0;
+  min_start = p.kv_len;
+  max_start = 0;
   for (int r = 0; r < rows; ++r) {
     const int limit = p.key_limit(b, i0 + r);
     const int start = p.key_start(i0 + r);
     s.limit[r] = static_cast<float>(limit);
     s.lower[r] = static_cast<float>(1 - start);
     s.pos[r] = static_cast<float>(int64_t{i0} + r + p.kv_len - p.q_len);
-    *min_limit = MinInt(*min_limit, limit);
-    *max_limit = MaxInt(*max_limit, limit);
-    *min_start = MinInt(*min_start, start);
-    *max_start = MaxInt(*max_start, start);
+    min_limit = MinInt(min_limit, limit);
+    max_limit = MaxInt(max_limit, limit);
+    min_start = MinInt(min_start, start);
+    max_start = MaxInt(max_start, start);
   }
   for (int r = rows; r < padded_rows; ++r) {
     s.limit[r] = s.limit[rows - 1];
@@ -394,19 +431,17 @@ void MeanOfValues(const AttentionParams& p, const Rows& v, const Scratch& s) {
   for (int c = 0; c < p.v_head_dim; ++c) mean[c] *= inv;
 }
 
-// ---------------------------------------------------------------------------------------------
-// The fused path: online softmax over key tiles, scores never leave the [kKeyTile][kQ] tile.
-void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
-  const Scratch s = CarveScratch(scratch, p.head_dim, p.v_head_dim);
-  const int rows = MinInt(kQ, p.q_len - i0);
-  const int row_vecs = (rows + kW - 1) / kW;
-  const int padded_rows = row_vecs * kW;
-  const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const Rows k = InputRows(p, p.k, b, kvh, p.head_dim);
-  const Rows v = InputRows(p, p.v, b, kvh, p.v_head_dim);
+void QueryBlock::ScoreKeyTile(int j0, int keys) const {
+  int64_t k_ld;
+  const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
+  ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
+  ModifyScores(p, h, j0, keys, padded_rows, s);
+  if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
+  if (j0 < max_start) MaskBeforeWindow(j0, keys, padded_rows, s);
+}
 
-  int min_limit, max_limit, min_start, max_start;
-  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit, &min_start, &max_start);
+// ---------------------------------------------------------------------------------------------
+void QueryBlock::RunFused() const {
   for (int r = 0; r < padded_rows; ++r) {
     s.m[r] = kNegInf;
     s.l[r] = 0.0f;
@@ -419,16 +454,10 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   // p = 0), so skipping never changes a result.
   for (int j0 = min_start / kKeyTile * kKeyTile; j0 < max_limit; j0 += kKeyTile) {
     const int keys = MinInt(kKeyTile, p.kv_len - j0);
-    int64_t k_ld;
-    const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
-
     // 1. Scores of the tile: st[j][r] = scale·q_r · k_j, soft-capped and biased (ScoreMods).
-    ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
-    ModifyScores(p, h, j0, keys, padded_rows, s);
-    // 2. Blocked scores become -inf: the explicit mask, the window's start, then causality, key
-    //    length and the window's end.
-    if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
-    if (j0 < max_start) MaskBeforeWindow(j0, keys, padded_rows, s);
+    // 2. Blocked scores become -inf: the explicit mask, the window's start, then (below)
+    //    causality, key length and the window's end.
+    ScoreKeyTile(j0, keys);
     const bool need_limit = j0 + keys > min_limit;
 
     for (int r = 0; r < padded_rows; r += kW) {
@@ -475,8 +504,7 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
   // 9. Normalise: out = O / l; a row that met no allowed key gets the mean of all values.
   bool have_mean = false;
   for (int r = 0; r < rows; ++r) {
-    float* out =
-        p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
+    float* out = Out(r);
     // Fully blocked (or only -inf scores) <=> the running sum is exactly 0. Not m == -inf: a NaN
     // score can be lost by the vector max, but never by the sum (the NaN rule: NaN row).
     if (s.l[r] == 0.0f) {
@@ -491,30 +519,13 @@ void RunFused(const AttentionParams& p, int b, int h, int i0, float* scratch) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The materialising path, when the weights are asked for: the scores of whole rows go to the
-// caller's weights buffer, a plain softmax per row (reference semantics), then O = W · V.
-void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scratch) {
-  const Scratch s = CarveScratch(scratch, p.head_dim, p.v_head_dim);
-  const int rows = MinInt(kQ, p.q_len - i0);
-  const int row_vecs = (rows + kW - 1) / kW;
-  const int padded_rows = row_vecs * kW;
-  const int kvh = h / (p.num_heads / p.num_kv_heads);
-  const Rows k = InputRows(p, p.k, b, kvh, p.head_dim);
-  const Rows v = InputRows(p, p.v, b, kvh, p.v_head_dim);
+void QueryBlock::RunWithWeights() const {
   float* weights = p.weights + ((int64_t{b} * p.num_heads + h) * p.q_len + i0) * p.kv_len;
-
-  int min_limit, max_limit, min_start, max_start;
-  PackQueries(p, b, h, i0, rows, padded_rows, s, &min_limit, &max_limit, &min_start, &max_start);
 
   // Scores, blocked ones -inf, into the weights rows.
   for (int j0 = 0; j0 < p.kv_len; j0 += kKeyTile) {
     const int keys = MinInt(kKeyTile, p.kv_len - j0);
-    int64_t k_ld;
-    const float* kt = k.Float32(j0, keys, s.kt, &k_ld);
-    ScoreTile(s.qt, p.head_dim, kt, k_ld, keys, row_vecs, s.st);
-    ModifyScores(p, h, j0, keys, padded_rows, s);
-    if (p.mask.data != nullptr) ApplyMask(p, b, h, i0, j0, keys, rows, padded_rows, s.st);
-    if (j0 < max_start) MaskBeforeWindow(j0, keys, padded_rows, s);
+    ScoreKeyTile(j0, keys);
     for (int r = 0; r < rows; ++r) {
       float* w = weights + int64_t{r} * p.kv_len + j0;
       const int limit = static_cast<int>(s.limit[r]) - j0;
@@ -559,17 +570,17 @@ void RunWithWeights(const AttentionParams& p, int b, int h, int i0, float* scrat
     PvTile(s.st, keys, vt, v_ld, p.v_head_dim, row_vecs, s.alpha, s.ot);
   }
   for (int r = 0; r < rows; ++r) {
-    float* out =
-        p.out.data + b * p.out.batch_stride + h * p.out.head_stride + (i0 + r) * p.out.row_stride;
+    float* out = Out(r);
     for (int c = 0; c < p.v_head_dim; ++c) out[c] = s.ot[int64_t{c} * kQ + r];
   }
 }
 
 void Run(const AttentionParams& p, int b, int h, int i0, float* scratch) {
+  const QueryBlock block(p, b, h, i0, scratch);
   if (p.weights != nullptr) {
-    RunWithWeights(p, b, h, i0, scratch);
+    block.RunWithWeights();
   } else {
-    RunFused(p, b, h, i0, scratch);
+    block.RunFused();
   }
 }
 

@@ -1,7 +1,7 @@
 // The AVX2 + FMA + F16C vector operations the fused attention body (attention_kernel_impl.h) and
 // the paged attention body (paged_attention_impl.h) are written in: one definition of each, the
 // kernels' traits (attention_avx2.cc, paged_attention_avx2.cc) add their tile shapes to it.
-// Internal linkage (an unnamed namespace), as exp_avx2.h and for the same reason; include only
+// Internal linkage (an unnamed namespace), as exp_cephes.h and for the same reason; include only
 // from a unit compiled with at least those flags.
 #ifndef ATTNSERVE_KERNELS_CPU_VEC_AVX2_H_
 #define ATTNSERVE_KERNELS_CPU_VEC_AVX2_H_
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/exp_avx2.h"
+#include "kernels/cpu/exp_cephes.h"
 #include "kernels/dtype.h"
 
 namespace attnserve::kernels::cpu {
@@ -69,7 +69,20 @@ struct Avx2Ops {
   static V Div(V a, V b) { return _mm256_div_ps(a, b); }
   static V Max(V a, V b) { return _mm256_max_ps(a, b); }
   static V Fmadd(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
-  static V Exp(V x) { return Exp256(x); }  // exp_avx2.h
+  static V Min(V a, V b) { return _mm256_min_ps(a, b); }
+  static V Fnmadd(V a, V b, V c) { return _mm256_fnmadd_ps(a, b, c); }
+  static V RoundNearest(V x) {
+    return _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static V ScalePow2(V y, V n) {
+    const __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+  static V ZeroBelow(V v, V x, V bound) {
+    return _mm256_andnot_ps(_mm256_cmp_ps(x, bound, _CMP_LT_OQ), v);
+  }
+  static V Exp(V x) { return CephesExp<Avx2Ops>(x); }  // exp_cephes.h
   // -inf in the lanes where pos >= limit.
   static V MaskBeyond(V s, V limit, V pos) {
     return _mm256_blendv_ps(s, _mm256_set1_ps(-__builtin_inff()),

@@ -2,7 +2,7 @@
 // attention body (attention_kernel_impl.h) and the paged attention body (paged_attention_impl.h)
 // are written in: one definition of each, the kernels' traits (attention_avx512.cc,
 // paged_attention_avx512.cc, paged_attention_avx512bf16.cc) add their tile shapes to it.
-// Internal linkage (an unnamed namespace), as exp_avx512.h and for the same reason; include only
+// Internal linkage (an unnamed namespace), as exp_cephes.h and for the same reason; include only
 // from a unit compiled with at least those flags.
 #ifndef ATTNSERVE_KERNELS_CPU_VEC_AVX512_H_
 #define ATTNSERVE_KERNELS_CPU_VEC_AVX512_H_
@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-#include "kernels/cpu/exp_avx512.h"
+#include "kernels/cpu/exp_cephes.h"
 
 namespace attnserve::kernels::cpu {
 namespace {
@@ -60,7 +60,21 @@ struct Avx512Ops {
   static V Div(V a, V b) { return _mm512_div_ps(a, b); }
   static V Max(V a, V b) { return _mm512_max_ps(a, b); }
   static V Fmadd(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
-  static V Exp(V x) { return Exp512(x); }  // exp_avx512.h
+  static V Min(V a, V b) { return _mm512_min_ps(a, b); }
+  static V Fnmadd(V a, V b, V c) { return _mm512_fnmadd_ps(a, b, c); }
+  static V RoundNearest(V x) {
+    return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static V ScalePow2(V y, V n) {
+    const __m512i e =
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+  }
+  static V ZeroBelow(V v, V x, V bound) {
+    return _mm512_maskz_mov_ps(static_cast<__mmask16>(~_mm512_cmp_ps_mask(x, bound, _CMP_LT_OQ)),
+                               v);
+  }
+  static V Exp(V x) { return CephesExp<Avx512Ops>(x); }  // exp_cephes.h
   // -inf in the lanes where pos >= limit.
   static V MaskBeyond(V s, V limit, V pos) {
     return _mm512_mask_mov_ps(s, _mm512_cmp_ps_mask(pos, limit, _CMP_GE_OQ),
