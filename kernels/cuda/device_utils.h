@@ -86,6 +86,7 @@ __device__ __forceinline__ uint32_t PackPair(float lo, float hi) {
   }
 }
 
+__device__ __forceinline__ float ToFloat(float x) { return x; }  // float32 caches and inputs
 __device__ __forceinline__ float ToFloat(__half x) { return __half2float(x); }
 __device__ __forceinline__ float ToFloat(__nv_bfloat16 x) { return __bfloat162float(x); }
 // float32 to a 16-bit element, rounding to nearest even.

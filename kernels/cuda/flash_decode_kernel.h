@@ -22,6 +22,7 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/decode_steps.h"
 #include "kernels/cuda/device_utils.h"
 #include "kernels/cuda/flash_decode_shape.h"
 #include "kernels/cuda/flash_params.h"
@@ -81,16 +82,7 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
   for (int j0 = j_begin + warp * 32; j0 < j_end; j0 += kDecodeWarps * 32) {
     const int j = j0 + lane;
     float s[kGroup];
-#pragma unroll
-    for (int g = 0; g < kGroup; ++g) s[g] = 0.0f;
-    if (j < j_end) {
-      const Element* k_row = k_base + int64_t{j} * p.k_row_stride;
-      for (int d = 0; d < p.head_dim; ++d) {
-        const float kd = detail::ToFloat(k_row[d]);
-#pragma unroll
-        for (int g = 0; g < kGroup; ++g) s[g] = fmaf(q_s[g * p.head_dim + d], kd, s[g]);
-      }
-    }
+    ScoreKey(q_s, p.head_dim, j < j_end ? k_base + int64_t{j} * p.k_row_stride : nullptr, s);
 #pragma unroll
     for (int g = 0; g < kGroup; ++g) {
       const int head = kv_head * kGroup + g;
@@ -104,21 +96,13 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
         s[g] = ModifyScore(s[g], p.softcap, slope, j, aligned) * kLog2e;
       }
       if (!allowed) s[g] = NegativeInfinity();
-      const float factor = OnlineSoftmaxRescale(softmax[g], detail::WarpMax(s[g]));
-#pragma unroll
-      for (int t = 0; t < kDecodeOutPerLane; ++t) acc[g][t] *= factor;
-      s[g] = OnlineSoftmaxProb(softmax[g], s[g]);  // now the probability
-      softmax[g].sum += s[g];
+      s[g] = OnlineSoftmaxStep(softmax[g], acc[g], s[g]);  // now the probability
     }
     const int n = min(32, j_end - j0);
     for (int jj = 0; jj < n; ++jj) {
       const Element* v_row = v_base + int64_t{j0 + jj} * p.v_row_stride;
       float vals[kDecodeOutPerLane];
-#pragma unroll
-      for (int t = 0; t < kDecodeOutPerLane; ++t) {
-        const int d = lane + 32 * t;
-        vals[t] = d < p.v_head_dim ? detail::ToFloat(v_row[d]) : 0.0f;
-      }
+      LoadLaneColumns(v_row, lane, p.v_head_dim, vals);
 #pragma unroll
       for (int g = 0; g < kGroup; ++g) {
         const float pj = __shfl_sync(0xffffffffu, s[g], jj);
@@ -129,47 +113,19 @@ __global__ void __launch_bounds__(kDecodeWarps * 32, 1)
   }
 
   // This warp's state per row -> shared memory; then warp 0 merges the warps in order.
-  float* mine = warp_state + warp * slot_floats;
+  const int row_floats = 2 + p.v_head_dim;
 #pragma unroll
   for (int g = 0; g < kGroup; ++g) {
-    const float total = detail::WarpSum(softmax[g].sum);
-    float* row = mine + g * (2 + p.v_head_dim);
-    if (lane == 0) {
-      row[0] = softmax[g].max_log2;
-      row[1] = total;
-    }
-#pragma unroll
-    for (int t = 0; t < kDecodeOutPerLane; ++t) {
-      const int d = lane + 32 * t;
-      if (d < p.v_head_dim) row[2 + d] = acc[g][t];
-    }
+    StoreWarpRow(softmax[g], acc[g], lane, p.v_head_dim,
+                 warp_state + warp * slot_floats + g * row_floats);
   }
   __syncthreads();
   if (warp != 0) return;
   float* slot =
       partial + ((int64_t{seq} * p.num_kv_heads + kv_head) * max_splits + split) * slot_floats;
   for (int g = 0; g < kGroup; ++g) {
-    float m = NegativeInfinity();
-    for (int w = 0; w < kDecodeWarps; ++w)
-      m = Max(m, warp_state[w * slot_floats + g * (2 + p.v_head_dim)]);
-    const float m_ref = m == NegativeInfinity() ? 0.0f : m;
-    float l = 0.0f;
-    for (int w = 0; w < kDecodeWarps; ++w) {
-      const float* row = warp_state + w * slot_floats + g * (2 + p.v_head_dim);
-      l += row[1] * Exp2(row[0] - m_ref);
-    }
-    for (int d = lane; d < p.v_head_dim; d += 32) {
-      float a = 0.0f;
-      for (int w = 0; w < kDecodeWarps; ++w) {
-        const float* row = warp_state + w * slot_floats + g * (2 + p.v_head_dim);
-        a += row[2 + d] * Exp2(row[0] - m_ref);
-      }
-      slot[g * (2 + p.v_head_dim) + 2 + d] = a;
-    }
-    if (lane == 0) {
-      slot[g * (2 + p.v_head_dim)] = m;
-      slot[g * (2 + p.v_head_dim) + 1] = l;
-    }
+    MergeWarpRows(warp_state + g * row_floats, slot_floats, kDecodeWarps, lane, p.v_head_dim,
+                  slot + g * row_floats);
   }
 }
 

@@ -38,17 +38,13 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/decode_steps.h"
 #include "kernels/cuda/device_utils.h"
 #include "kernels/cuda/online_softmax.h"
 #include "kernels/cuda/paged_attention_shape.h"
 #include "kernels/paged_attention_params.h"
 
 namespace attnserve::kernels::cuda {
-
-namespace detail {
-// float32 caches (the 16-bit overloads are in device_utils.h).
-__device__ __forceinline__ float ToFloat(float x) { return x; }
-}  // namespace detail
 
 inline constexpr float kLn2 = 0.6931471805599453f;
 
@@ -160,27 +156,16 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
   for (int j0 = j_begin + warp * 32; j0 < j_end; j0 += kPagedWarps * 32) {
     const int j = j0 + lane;
     float s[kPagedRows];
-#pragma unroll
-    for (int r = 0; r < kPagedRows; ++r) s[r] = 0.0f;
-    if (j < j_end) {
-      const Element* k_row =
-          k_pages + p.k_offset(pages[j / p.page_size], blk.kv_head, j % p.page_size);
-      for (int d = 0; d < p.head_dim; ++d) {
-        const float kd = detail::ToFloat(k_row[d]);
-#pragma unroll
-        for (int r = 0; r < kPagedRows; ++r) s[r] = fmaf(q_s[r * p.head_dim + d], kd, s[r]);
-      }
-    }
+    ScoreKey(q_s, p.head_dim,
+             j < j_end ? k_pages + p.k_offset(pages[j / p.page_size], blk.kv_head, j % p.page_size)
+                       : nullptr,
+             s);
 #pragma unroll
     for (int r = 0; r < kPagedRows; ++r) {
       if (r >= blk.n_rows) break;  // uniform over the block
       if (modify) s[r] = ModifyScore(s[r], p.softcap, slope[r], j, limit[r] - 1) * kLog2e;
       if (!(j < j_end && j < limit[r] && j >= start[r])) s[r] = NegativeInfinity();
-      const float factor = OnlineSoftmaxRescale(softmax[r], detail::WarpMax(s[r]));
-#pragma unroll
-      for (int t = 0; t < kOutPerLane; ++t) acc[r][t] *= factor;
-      s[r] = OnlineSoftmaxProb(softmax[r], s[r]);  // now the probability
-      softmax[r].sum += s[r];
+      s[r] = OnlineSoftmaxStep(softmax[r], acc[r], s[r]);  // now the probability
       my_p[r * 32 + lane] = s[r];
     }
     __syncwarp();
@@ -190,11 +175,7 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
       const Element* v_row =
           v_pages + p.v_offset(pages[key / p.page_size], blk.kv_head, key % p.page_size);
       float vals[kOutPerLane];
-#pragma unroll
-      for (int t = 0; t < kOutPerLane; ++t) {
-        const int d = lane + 32 * t;
-        vals[t] = d < p.v_head_dim ? detail::ToFloat(v_row[d]) : 0.0f;
-      }
+      LoadLaneColumns(v_row, lane, p.v_head_dim, vals);
 #pragma unroll
       for (int r = 0; r < kPagedRows; ++r) {
         if (r >= blk.n_rows) break;
@@ -207,21 +188,11 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
   }
 
   // This warp's state per row -> shared memory; then warp 0 merges the warps in order.
-  float* mine = warp_state + warp * kPagedRows * slot_floats;
 #pragma unroll
   for (int r = 0; r < kPagedRows; ++r) {
     if (r >= blk.n_rows) break;
-    const float total = detail::WarpSum(softmax[r].sum);
-    float* row = mine + r * slot_floats;
-    if (lane == 0) {
-      row[0] = softmax[r].max_log2;
-      row[1] = total;
-    }
-#pragma unroll
-    for (int t = 0; t < kOutPerLane; ++t) {
-      const int d = lane + 32 * t;
-      if (d < p.v_head_dim) row[2 + d] = acc[r][t];
-    }
+    StoreWarpRow(softmax[r], acc[r], lane, p.v_head_dim,
+                 warp_state + (warp * kPagedRows + r) * slot_floats);
   }
   __syncthreads();
   if (warp != 0) return;
@@ -230,28 +201,8 @@ __global__ void __launch_bounds__(kPagedWarps * 32, 1)
     const int head = blk.kv_head * group + row_index % group;
     const int64_t token = q_token0 + row_index / group;
     float* slot = partial + ((token * p.num_heads + head) * max_splits + split) * slot_floats;
-    float m = NegativeInfinity();
-    for (int w = 0; w < kPagedWarps; ++w) {
-      m = Max(m, warp_state[(w * kPagedRows + r) * slot_floats]);
-    }
-    const float m_ref = m == NegativeInfinity() ? 0.0f : m;
-    float l = 0.0f;
-    for (int w = 0; w < kPagedWarps; ++w) {
-      const float* row = warp_state + (w * kPagedRows + r) * slot_floats;
-      l += row[1] * Exp2(row[0] - m_ref);
-    }
-    for (int d = lane; d < p.v_head_dim; d += 32) {
-      float a = 0.0f;
-      for (int w = 0; w < kPagedWarps; ++w) {
-        const float* row = warp_state + (w * kPagedRows + r) * slot_floats;
-        a += row[2 + d] * Exp2(row[0] - m_ref);
-      }
-      slot[2 + d] = a;
-    }
-    if (lane == 0) {
-      slot[0] = m;
-      slot[1] = l;
-    }
+    MergeWarpRows(warp_state + r * slot_floats, int64_t{kPagedRows} * slot_floats, kPagedWarps,
+                  lane, p.v_head_dim, slot);
   }
 }
 
