@@ -155,35 +155,36 @@ Metrics::Metrics(const MetricsOptions& options)
   device_pool_ =
       &Build<Gauge>(r, "attnserve_device_memory_pool_bytes",
                     "Device memory held by attnserve: its buffers and the decode sessions' pages.");
-  host_resident_ = &Build<Gauge>(r, "attnserve_host_resident_memory_bytes",
-                                 "Resident set size of the attnserve process.")
-                        .Add({});
-  host_limit_ =
-      &Build<Gauge>(r, "attnserve_host_memory_limit_bytes",
-                    "Memory the process may use: its cgroup limit, else the host's MemTotal.")
-           .Add({});
-  module_bytes_ =
-      &Build<Gauge>(r, "attnserve_module_bytes", "Bytes held by loaded modules.").Add({});
-  const auto gauge = [&r](const char* name, const char* help) {
-    return &Build<Gauge>(r, name, help).Add({});
+  // The gauges with no labels, one row each.
+  const struct {
+    Gauge** gauge;
+    const char* name;
+    const char* help;
+  } gauges[] = {
+      {&host_resident_, "attnserve_host_resident_memory_bytes",
+       "Resident set size of the attnserve process."},
+      {&host_limit_, "attnserve_host_memory_limit_bytes",
+       "Memory the process may use: its cgroup limit, else the host's MemTotal."},
+      {&module_bytes_, "attnserve_module_bytes", "Bytes held by loaded modules."},
+      {&session_pages_used_, "attnserve_session_pool_pages_used",
+       "Pages of the session KV pool held by sessions."},
+      {&session_pages_total_, "attnserve_session_pool_pages_capacity",
+       "Pages the session KV pool holds at most (pool bytes over the page bytes of the largest "
+       "head layout in use)."},
+      {&session_bytes_used_, "attnserve_session_pool_bytes_used",
+       "Bytes of the session KV pool's pages held by sessions."},
+      {&session_bytes_total_, "attnserve_session_pool_bytes_capacity",
+       "Bytes of the session KV pool (its budget)."},
+      {&session_bytes_kept_, "attnserve_session_pool_bytes_kept",
+       "Bytes of freed session pages whose memory the pool keeps for the next sessions, given "
+       "back once the server is idle."},
+      {&session_tokens_, "attnserve_session_pool_tokens",
+       "Tokens cached in the session KV pool (a shared page's once)."},
+      {&session_pages_shared_, "attnserve_session_pages_shared",
+       "Pages of the session KV pool held by more than one session."},
+      {&sessions_active_, "attnserve_sessions_active", "Open decode sessions."},
   };
-  session_pages_used_ =
-      gauge("attnserve_session_pool_pages_used", "Pages of the session KV pool held by sessions.");
-  session_pages_total_ = gauge("attnserve_session_pool_pages_capacity",
-                               "Pages the session KV pool holds at most (pool bytes over the "
-                               "page bytes of the largest head layout in use).");
-  session_bytes_used_ = gauge("attnserve_session_pool_bytes_used",
-                              "Bytes of the session KV pool's pages held by sessions.");
-  session_bytes_total_ =
-      gauge("attnserve_session_pool_bytes_capacity", "Bytes of the session KV pool (its budget).");
-  session_bytes_kept_ = gauge("attnserve_session_pool_bytes_kept",
-                              "Bytes of freed session pages whose memory the pool keeps for the "
-                              "next sessions, given back once the server is idle.");
-  session_tokens_ = gauge("attnserve_session_pool_tokens",
-                          "Tokens cached in the session KV pool (a shared page's once).");
-  session_pages_shared_ = gauge("attnserve_session_pages_shared",
-                                "Pages of the session KV pool held by more than one session.");
-  sessions_active_ = gauge("attnserve_sessions_active", "Open decode sessions.");
+  for (const auto& g : gauges) *g.gauge = &Build<Gauge>(r, g.name, g.help).Add({});
   auto& lost = Build<Counter>(r, "attnserve_sessions_lost_total",
                               "Decode sessions lost, by reason (evicted, expired, device_reset: "
                               "their KV pages were on a device the backend re-initialised; "
@@ -289,14 +290,27 @@ void Metrics::ObserveBatch(int64_t requests, int64_t tokens) {
   batch_tokens_->Observe(static_cast<double>(tokens));
 }
 
+namespace {
+
+// The handle of `key` in `handles`, made by make(labels) the first time, with labels
+// {{label, key}}. Its caller holds the lock that guards `handles`.
+template <typename Handle, typename Make>
+Handle& FindOrMake(std::map<std::string, std::unique_ptr<Handle>, std::less<>>& handles,
+                   const char* label, std::string_view key, Make make) {
+  auto it = handles.find(key);
+  if (it != handles.end()) return *it->second;
+  std::unique_ptr<Handle> handle = make(prometheus::Labels{{label, std::string(key)}});
+  return *handles.emplace(std::string(key), std::move(handle)).first->second;
+}
+
+}  // namespace
+
 BackendMetrics& Metrics::ForBackend(std::string_view name) {
   MutexLock lock(&handles_mu_);
-  auto it = backends_.find(name);
-  if (it != backends_.end()) return *it->second;
-  const prometheus::Labels labels = {{"backend", std::string(name)}};
-  auto handle = std::unique_ptr<BackendMetrics>(new BackendMetrics(
-      &compute_duration_->Add(labels, DurationBucketsSeconds()), &flops_total_->Add(labels)));
-  return *backends_.emplace(std::string(name), std::move(handle)).first->second;
+  return FindOrMake(backends_, "backend", name, [this](const prometheus::Labels& labels) {
+    return std::unique_ptr<BackendMetrics>(new BackendMetrics(
+        &compute_duration_->Add(labels, DurationBucketsSeconds()), &flops_total_->Add(labels)));
+  });
 }
 
 void BackendMetrics::ObserveCompute(absl::Duration elapsed, double flops) {
@@ -308,12 +322,10 @@ void Metrics::SetModuleBytes(int64_t bytes) { module_bytes_->Set(static_cast<dou
 
 DeviceMetrics& Metrics::ForDevice(std::string_view device) {
   MutexLock lock(&handles_mu_);
-  auto it = devices_.find(device);
-  if (it != devices_.end()) return *it->second;
-  const prometheus::Labels labels = {{"device", std::string(device)}};
-  auto handle = std::unique_ptr<DeviceMetrics>(new DeviceMetrics(
-      &device_used_->Add(labels), &device_total_->Add(labels), &device_pool_->Add(labels)));
-  return *devices_.emplace(std::string(device), std::move(handle)).first->second;
+  return FindOrMake(devices_, "device", device, [this](const prometheus::Labels& labels) {
+    return std::unique_ptr<DeviceMetrics>(new DeviceMetrics(
+        &device_used_->Add(labels), &device_total_->Add(labels), &device_pool_->Add(labels)));
+  });
 }
 
 void DeviceMetrics::SetMemory(int64_t used_bytes, int64_t total_bytes, int64_t pool_held_bytes) {

@@ -84,36 +84,22 @@ class AttentionService final : public AttentionServiceBase {
 
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* AttentionStream(
       grpc::CallbackServerContext* context) override;
-  grpc::ServerUnaryReactor* LoadModule(grpc::CallbackServerContext* context,
-                                       const v1::LoadModuleRequest* request,
-                                       v1::LoadModuleResponse* response) override;
-  grpc::ServerUnaryReactor* UnloadModule(grpc::CallbackServerContext* context,
-                                         const v1::UnloadModuleRequest* request,
-                                         v1::UnloadModuleResponse* response) override;
-  grpc::ServerUnaryReactor* ListModules(grpc::CallbackServerContext* context,
-                                        const v1::ListModulesRequest* request,
-                                        v1::ListModulesResponse* response) override;
-  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
-                                          const v1::GetServerInfoRequest* request,
-                                          v1::GetServerInfoResponse* response) override;
-  grpc::ServerUnaryReactor* CreateSession(grpc::CallbackServerContext* context,
-                                          const v1::CreateSessionRequest* request,
-                                          v1::CreateSessionResponse* response) override;
-  grpc::ServerUnaryReactor* ForkSession(grpc::CallbackServerContext* context,
-                                        const v1::ForkSessionRequest* request,
-                                        v1::ForkSessionResponse* response) override;
-  grpc::ServerUnaryReactor* CloseSession(grpc::CallbackServerContext* context,
-                                         const v1::CloseSessionRequest* request,
-                                         v1::CloseSessionResponse* response) override;
-  grpc::ServerUnaryReactor* GetSession(grpc::CallbackServerContext* context,
-                                       const v1::GetSessionRequest* request,
-                                       v1::GetSessionResponse* response) override;
-  grpc::ServerUnaryReactor* ListSessions(grpc::CallbackServerContext* context,
-                                         const v1::ListSessionsRequest* request,
-                                         v1::ListSessionsResponse* response) override;
-  grpc::ServerUnaryReactor* MoveSession(grpc::CallbackServerContext* context,
-                                        const v1::MoveSessionRequest* request,
-                                        v1::MoveSessionResponse* response) override;
+  // The unary rpcs: Rpc(grpc::CallbackServerContext*, const v1::RpcRequest*, v1::RpcResponse*).
+#define ATTNSERVE_UNARY_RPC(Rpc)                                                              \
+  grpc::ServerUnaryReactor* Rpc(grpc::CallbackServerContext* context,                         \
+                                const v1::Rpc##Request* request, v1::Rpc##Response* response) \
+      override
+  ATTNSERVE_UNARY_RPC(LoadModule);
+  ATTNSERVE_UNARY_RPC(UnloadModule);
+  ATTNSERVE_UNARY_RPC(ListModules);
+  ATTNSERVE_UNARY_RPC(GetServerInfo);
+  ATTNSERVE_UNARY_RPC(CreateSession);
+  ATTNSERVE_UNARY_RPC(ForkSession);
+  ATTNSERVE_UNARY_RPC(CloseSession);
+  ATTNSERVE_UNARY_RPC(GetSession);
+  ATTNSERVE_UNARY_RPC(ListSessions);
+  ATTNSERVE_UNARY_RPC(MoveSession);
+#undef ATTNSERVE_UNARY_RPC
   // Raw: each chunk's bytes go from gRPC's slices into the session pool's pages with no copy
   // of their own.
   grpc::ServerReadReactor<grpc::ByteBuffer>* AcceptSessions(grpc::CallbackServerContext* context,
