@@ -228,10 +228,11 @@ class DrainTest(unittest.TestCase):
     def test_sigterm_under_load_answers_every_call_once_and_exits_zero(self):
         # A drain whose grace ends with work still queued: every call the server took gets
         # exactly one answer, OK (computed within the grace) or UNAVAILABLE (still queued at its
-        # end), and the process exits 0. 200 requests of 20 ms: 4 s of work, a 1.5 s grace.
+        # end), and the process exits 0. 200 requests of 20 ms: 4 s of work, a 1.5 s grace. All
+        # 200 are open at once on one connection, so the stream limit is lifted.
         grace_s = 1.5
         server = LiveServer("--backend=sleep:20000", f"--shutdown_grace_ms={int(grace_s * 1000)}",
-                            "--max_queued_requests=4096")
+                            "--max_queued_requests=4096", "--max_concurrent_streams=0")
         exit_code = None
         try:
             with grpc.insecure_channel(server.target) as channel:

@@ -36,6 +36,7 @@ TEST_F(BatchingServiceTest, SixtyFourConcurrentCallersWithMixedShapesGetReferenc
   server::ServerOptions options;
   options.batching.batcher.max_batch_requests = 16;
   options.batching.batcher.max_queue_delay = absl::Milliseconds(5);
+  options.max_concurrent_streams = 0;  // the 64 and the blocker open at once on one connection
   Start(options);
   const AttendShape shapes[] = {{1, 4, 2, 8, 12, 16, 16},
                                 {2, 4, 2, 3, 20, 16, 16},
