@@ -130,10 +130,6 @@ absl::Status CheckHeadDim(int64_t d, absl::string_view what, const Limits& limit
   return absl::OkStatus();
 }
 
-// The options shared by both rpcs, as the kernels take them (AttentionParams and
-// MultiHeadParams derive from it).
-using OptionFields = kernels::AttentionOptions;
-
 // A feature map of linear attention (FeatureMap; unset: ELU_PLUS_ONE), named `field` in errors.
 absl::Status BuildFeatureMap(v1::FeatureMap map, absl::string_view field,
                              kernels::FeatureMap* out) {
@@ -202,7 +198,8 @@ absl::Status BuildAttentionKind(v1::AttentionKind kind, v1::FeatureMap map,
 }
 
 // AttentionOptions.kind LINEAR and what it does not take (attention.proto).
-absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits, OptionFields* f) {
+absl::Status BuildKind(const v1::AttentionOptions& options, const Limits& limits,
+                       kernels::AttentionOptions* f) {
   bool linear = false;
   if (absl::Status s = BuildAttentionKind(options.kind(), options.feature_map(), "options.",
                                           {{options.has_mask(), "mask"},
@@ -275,12 +272,14 @@ absl::Status BuildAlibi(const v1::Alibi& alibi, int64_t heads, absl::string_view
   return absl::OkStatus();
 }
 
-// Validates and decodes the options shared by both rpcs (what they own, such as the ALiBi
-// slopes, into `job`). `b`, `h`, `lq`, `lk`, `head_dim` are the problem's sizes.
-absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, int64_t b, int64_t h,
-                                          int64_t lq, int64_t lk, int64_t head_dim,
-                                          const Limits& limits, Job* job) {
-  OptionFields f;
+// Validates and decodes the options shared by both rpcs into the kernels' form (AttentionParams
+// and MultiHeadParams derive from it; what the options own, such as the ALiBi slopes, goes into
+// `job`). `b`, `h`, `lq`, `lk`, `head_dim` are the problem's sizes.
+absl::StatusOr<kernels::AttentionOptions> BuildOptions(const v1::AttentionOptions& options,
+                                                       int64_t b, int64_t h, int64_t lq, int64_t lk,
+                                                       int64_t head_dim, const Limits& limits,
+                                                       Job* job) {
+  kernels::AttentionOptions f;
   f.causal = options.causal();
   if (absl::Status s = BuildKind(options, limits, &f); !s.ok()) return s;
 
@@ -367,7 +366,7 @@ absl::StatusOr<OptionFields> BuildOptions(const v1::AttentionOptions& options, i
 // Fills what AttentionParams and MultiHeadParams share: the weights output, the options and the
 // inputs' element type.
 template <typename Params>
-void FillShared(const OptionFields& opts, Job* job, Params* p) {
+void FillShared(const kernels::AttentionOptions& opts, Job* job, Params* p) {
   p->weights = job->weights.empty() ? nullptr : job->weights.data();
   static_cast<kernels::AttentionOptions&>(*p) = opts;
   // The inputs are views of the request's bytes, in the dtype they came in.
