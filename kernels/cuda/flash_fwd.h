@@ -23,7 +23,8 @@ enum class FlashPath { kTensorCore, kGeneric, kUnsupported };
 // kTensorCore (flash_fwd_kernel.h) when head_dim and v_head_dim are multiples of 8 in [8, 256]
 // and q, k, v are 16-byte aligned with strides that are multiples of 8 elements (o: 8-byte
 // aligned, even strides; a mask 4-byte aligned with a column stride of 0 or 1, as
-// kernels/mask.h broadcasts): both are zero-padded to TensorCoreHeadDim(p); kGeneric (no tensor
+// kernels/mask.h broadcasts), with or without ScoreMods: both are zero-padded to
+// TensorCoreHeadDim(p); kGeneric (no tensor
 // cores) for the other layouts and head dims with v_head_dim <= 256; else kUnsupported (use
 // NaiveAttentionForward).
 FlashPath SelectFlashPath(const FlashFwdParams& p);
@@ -38,8 +39,9 @@ int TensorCoreHeadDim(const FlashFwdParams& p);
 GpuStatus FlashForward(const FlashFwdParams& p, ComputeType type, cudaStream_t stream);
 
 // Instantiations, one .cu file each (flash_fwd_hdim*.cu, flash_fwd_generic_*.cu); kHeadDim is
-// one of kTensorCoreHeadDims.
-template <int kHeadDim, ComputeType kType>
+// one of kTensorCoreHeadDims. kMods: the instantiation that takes ScoreMods (windows,
+// soft-capping, ALiBi; flash_fwd_kernel.h), run for every p that has any.
+template <int kHeadDim, ComputeType kType, bool kMods>
 GpuStatus RunFlashFwdHdim(const FlashFwdParams& p, cudaStream_t stream);
 template <ComputeType kType>
 GpuStatus RunFlashFwdGeneric(const FlashFwdParams& p, cudaStream_t stream);

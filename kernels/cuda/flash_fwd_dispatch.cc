@@ -33,11 +33,7 @@ FlashPath SelectFlashPath(const FlashFwdParams& p) {
       p.o_row_stride % 2 == 0 && p.o_head_stride % 2 == 0 &&
       (p.mask == nullptr ||
        (Aligned(p.mask, 4) && (p.mask_col_stride == 0 || p.mask_col_stride == 1)));
-  // ScoreMods (windows, soft-capping, ALiBi) are in the generic, decode and plain kernels only:
-  // the tensor-core kernel at hdim 64 has no register left for even the window's start (it
-  // spilled 4 bytes with one more), so it awaits a variant of its own.
-  const bool mods = p.window.left >= 0 || p.window.right >= 0 || p.modifies_scores();
-  if (tensor_core_layout && TensorCoreHeadDim(p) != 0 && !mods) return FlashPath::kTensorCore;
+  if (tensor_core_layout && TensorCoreHeadDim(p) != 0) return FlashPath::kTensorCore;
   if (p.v_head_dim <= kGenericMaxVHeadDim && p.head_dim >= 1) return FlashPath::kGeneric;
   return FlashPath::kUnsupported;
 }
@@ -68,25 +64,26 @@ const char* FlashPathName(FlashPath path) {
   return "?";
 }
 
-// A switch on the padded head dim, then the type (two levels, as FlashAttention's
-// static_switch.h dispatch).
-template <ComputeType kType>
+// A switch on the padded head dim, then the type and whether p has ScoreMods (as FlashAttention's
+// static_switch.h dispatch): the plain instantiation has no register to spare for a window
+// (flash_fwd_kernel.h), and attention without mods is the common case.
+template <ComputeType kType, bool kMods>
 GpuStatus RunTensorCore(const FlashFwdParams& p, cudaStream_t stream) {
   switch (TensorCoreHeadDim(p)) {
     case 32:
-      return RunFlashFwdHdim<32, kType>(p, stream);
+      return RunFlashFwdHdim<32, kType, kMods>(p, stream);
     case 64:
-      return RunFlashFwdHdim<64, kType>(p, stream);
+      return RunFlashFwdHdim<64, kType, kMods>(p, stream);
     case 96:
-      return RunFlashFwdHdim<96, kType>(p, stream);
+      return RunFlashFwdHdim<96, kType, kMods>(p, stream);
     case 128:
-      return RunFlashFwdHdim<128, kType>(p, stream);
+      return RunFlashFwdHdim<128, kType, kMods>(p, stream);
     case 160:
-      return RunFlashFwdHdim<160, kType>(p, stream);
+      return RunFlashFwdHdim<160, kType, kMods>(p, stream);
     case 192:
-      return RunFlashFwdHdim<192, kType>(p, stream);
+      return RunFlashFwdHdim<192, kType, kMods>(p, stream);
     case 256:
-      return RunFlashFwdHdim<256, kType>(p, stream);
+      return RunFlashFwdHdim<256, kType, kMods>(p, stream);
   }
   return {"flash forward: no tensor-core instantiation for head_dim " + std::to_string(p.head_dim) +
           ", v_head_dim " + std::to_string(p.v_head_dim)};
@@ -96,8 +93,12 @@ GpuStatus FlashForward(const FlashFwdParams& p, ComputeType type, cudaStream_t s
   const bool fp16 = type == ComputeType::kFloat16;
   switch (SelectFlashPath(p)) {
     case FlashPath::kTensorCore:
-      return fp16 ? RunTensorCore<ComputeType::kFloat16>(p, stream)
-                  : RunTensorCore<ComputeType::kBFloat16>(p, stream);
+      if (p.has_score_mods()) {
+        return fp16 ? RunTensorCore<ComputeType::kFloat16, true>(p, stream)
+                    : RunTensorCore<ComputeType::kBFloat16, true>(p, stream);
+      }
+      return fp16 ? RunTensorCore<ComputeType::kFloat16, false>(p, stream)
+                  : RunTensorCore<ComputeType::kBFloat16, false>(p, stream);
     case FlashPath::kGeneric:
       return fp16 ? RunFlashFwdGeneric<ComputeType::kFloat16>(p, stream)
                   : RunFlashFwdGeneric<ComputeType::kBFloat16>(p, stream);

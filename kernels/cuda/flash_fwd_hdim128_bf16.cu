@@ -1,12 +1,19 @@
-// One instantiation per file so that nvcc builds them in parallel (FlashAttention's pattern).
+// One head dim and type per file so that nvcc builds them in parallel (FlashAttention's
+// pattern): the plain and the ScoreMods instantiation (flash_fwd_kernel.h).
 #include "kernels/cuda/flash_fwd_launch_template.h"
 
 namespace attnserve::kernels::cuda {
 
 template <>
-GpuStatus RunFlashFwdHdim<128, ComputeType::kBFloat16>(const FlashFwdParams& p,
-                                                       cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim<128, ComputeType::kBFloat16>>(p, stream);
+GpuStatus RunFlashFwdHdim<128, ComputeType::kBFloat16, false>(const FlashFwdParams& p,
+                                                              cudaStream_t stream) {
+  return RunFlashFwd<FlashFwdTraitsHdim<128, ComputeType::kBFloat16>, false>(p, stream);
+}
+
+template <>
+GpuStatus RunFlashFwdHdim<128, ComputeType::kBFloat16, true>(const FlashFwdParams& p,
+                                                             cudaStream_t stream) {
+  return RunFlashFwd<FlashFwdTraitsHdim<128, ComputeType::kBFloat16, true>, true>(p, stream);
 }
 
 }  // namespace attnserve::kernels::cuda

@@ -8,8 +8,13 @@
 // scale + mask in registers, online softmax (online_softmax.h), then O += P V with P rounded to
 // the operand type. Key blocks past the last allowed key of the block's last row (causal, key
 // length) are never loaded. Rows with no allowed key get the mean of all values (v_mean).
-// It takes no ScoreMods (windows, soft-capping, ALiBi): SelectFlashPath sends those to the
-// generic kernel (flash_fwd_dispatch.cc says why).
+//
+// ScoreMods (windows, soft-capping, ALiBi) are taken by the kMods instantiation only: it starts
+// at the first key block inside the block's windows (blocks wholly before every row's window
+// are never loaded, so a window of w keys costs O(L·w)), tests each score against its row's
+// window start as well as its limit, and modifies the scores in linear units before taking
+// them to log2 units. The plain instantiation keeps the registers it had: at hdim 64 one more
+// live value made it spill (flash_fwd_dispatch.cc picks the instantiation).
 #ifndef ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
 #define ATTNSERVE_KERNELS_CUDA_FLASH_FWD_KERNEL_H_
 
@@ -37,7 +42,8 @@ __device__ __forceinline__ int SwizzledOffset(int row, int col) {
 // r % 8 and it reads one 8-column half of each 16-column block kk16, so the XOR touches only
 // the chunk's place within its swizzle group and takes kGroup / 2 distinct values per thread,
 // computed once here. Written with SwizzledOffset in the loops, nvcc kept one address register
-// per (block, tile) and the kernels spilled (tests/gpu/check_no_spills.sh).
+// per (block, tile) and the kernels spilled (ptxas fails the build on any:
+// kernels/cuda/CMakeLists.txt).
 template <int kHeadDim>
 struct LdMatrixCols {
   static constexpr int kGroup = kHeadDim % 64 == 0 ? 8 : 4;  // chunks per swizzle group
@@ -122,7 +128,7 @@ __device__ __forceinline__ void LoadMaskTileAsync(uint8_t* s_mask, const uint8_t
 
 }  // namespace detail
 
-template <typename Traits>
+template <typename Traits, bool kMods = false>
 __global__ void __launch_bounds__(Traits::kNThreads)
     FlashFwdKernel(const FlashFwdParams p, const int num_m_blocks) {
   using Element = typename Traits::Element;
@@ -154,7 +160,11 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int key_length = p.key_lengths != nullptr ? p.key_lengths[seq] : kv_len;
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const int row_end = min(m0 + kBlockM, q_len);
-  const int n_blocks = NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
+  // The key blocks [nb_begin, n_blocks) hold every key some row of the block may attend to.
+  const int n_blocks =
+      kMods ? NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN, p.window)
+            : NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
+  const int nb_begin = kMods ? FirstKeyBlock(m0, q_len, kv_len, kBlockN, p.window) : 0;
 
   const auto [q_ptr, k_ptr, v_ptr] =
       detail::QkvRowsOf<Element>(p, q_begin + m0, head, k_begin, kv_head);
@@ -167,12 +177,13 @@ __global__ void __launch_bounds__(Traits::kNThreads)
                                                       p.head_dim, tid);
   const uint8_t* mask_ptr =
       p.mask != nullptr ? p.mask + seq * p.mask_batch_stride + head * p.mask_head_stride : nullptr;
-  if (n_blocks > 0) {
-    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(s_k, k_ptr, p.k_row_stride, kv_len,
-                                                        p.head_dim, tid);
+  if (nb_begin < n_blocks) {
+    const int n0 = nb_begin * kBlockN;
+    detail::LoadTileAsync<kBlockN, kHeadDim, kNThreads>(
+        s_k, k_ptr + n0 * p.k_row_stride, p.k_row_stride, kv_len - n0, p.head_dim, tid);
     if (mask_ptr != nullptr) {
       detail::LoadMaskTileAsync<kBlockM, kBlockN, Traits::kMaskStride, kNThreads>(
-          s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, 0, q_len, kv_len, tid);
+          s_mask, mask_ptr, p.mask_row_stride, p.mask_col_stride, m0, n0, q_len, kv_len, tid);
     }
   }
   detail::CpAsyncCommit();
@@ -203,8 +214,16 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   // This thread owns rows r0 = lane / 4 and r0 + 8 of its warp's 16 (accumulator elements 0-1
   // and 2-3), and columns 2 * (lane % 4) + {0, 1} of every 8-wide tile.
   const int row_in_seq[2] = {m0 + warp * 16 + lane / 4, m0 + warp * 16 + lane / 4 + 8};
-  const int limit[2] = {KeyLimit(row_in_seq[0], q_len, kv_len, key_length, p.causal),
-                        KeyLimit(row_in_seq[1], q_len, kv_len, key_length, p.causal)};
+  const KeyWindow window = kMods ? p.window : KeyWindow{};
+  const int limit[2] = {KeyLimit(row_in_seq[0], q_len, kv_len, key_length, p.causal, window),
+                        KeyLimit(row_in_seq[1], q_len, kv_len, key_length, p.causal, window)};
+  // Row r0's aligned position i' = i + kv_len - q_len (row r0 + 8's is 8 more): its window
+  // starts at i' - window.left (KeyStart without its clamp: the keys tested lie in [0, kv_len),
+  // so the comparisons come out the same) and ALiBi's distance is |j - i'|. One register for
+  // both rows and both uses: with a start per row, hdims 64, 96 and 160 spilled. And the head's
+  // ALiBi slope. (kMods only.)
+  const int aligned = kMods ? row_in_seq[0] + kv_len - q_len : 0;
+  const float slope = kMods && p.alibi_slopes != nullptr ? p.alibi_slopes[head] : 0.0f;
   OnlineSoftmaxRow softmax[2] = {OnlineSoftmaxInit(), OnlineSoftmaxInit()};
   // Where the two rows' scores start in the mask tile, and the step per key (0: the mask is
   // broadcast over the keys).
@@ -218,7 +237,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     }
   }
 
-  for (int nb = 0; nb < n_blocks; ++nb) {
+  for (int nb = nb_begin; nb < n_blocks; ++nb) {
     const int n0 = nb * kBlockN;
     // K[nb] has landed and every thread is done reading V[nb - 1]: V[nb] may overwrite it.
     detail::CpAsyncWaitAll();
@@ -248,27 +267,56 @@ __global__ void __launch_bounds__(Traits::kNThreads)
       }
     }
 
-    // Scale to log2 units; block what causality, key length, kv_len or the mask block. Tiles
-    // wholly below every row's limit without a mask skip the per-element test.
-    const bool check = mask_ptr != nullptr || !TileFullyAllowed(m0, m0 + 1, n0, kBlockN, q_len,
-                                                                kv_len, key_length, p.causal);
+    // Scale to log2 units (with soft-capping or ALiBi: modify in linear units first); block
+    // what causality, key length, kv_len, the window or the mask block. Tiles wholly inside
+    // every row's allowed keys without a mask skip the per-element test.
+    const bool check =
+        mask_ptr != nullptr ||
+        !(kMods ? TileFullyAllowed(m0, row_end, n0, kBlockN, q_len, kv_len, key_length, p.causal,
+                                   p.window)
+                : TileFullyAllowed(m0, m0 + 1, n0, kBlockN, q_len, kv_len, key_length, p.causal));
+    if constexpr (kMods) {
+      // In log2 units here already (below, the plain kernel's scaling is skipped).
+      if (p.modifies_scores()) {
+#pragma unroll
+        for (int t = 0; t < Traits::kSTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int col = t * 8 + (lane % 4) * 2 + (e & 1);
+            acc_s[t][e] = ModifyScore(acc_s[t][e] * p.scale, p.softcap, slope, n0 + col,
+                                      aligned + 8 * (e / 2)) *
+                          kLog2e;
+          }
+        }
+      } else {
+#pragma unroll
+        for (int t = 0; t < Traits::kSTiles; ++t) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc_s[t][e] *= p.scale_log2;
+        }
+      }
+    }
     float tile_max[2] = {kNegInf, kNegInf};
 #pragma unroll
     for (int t = 0; t < Traits::kSTiles; ++t) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        float s = acc_s[t][e] * p.scale_log2;
+        const int r = e / 2;
+        const int col = t * 8 + (lane % 4) * 2 + (e & 1);
+        float s = kMods ? acc_s[t][e] : acc_s[t][e] * p.scale_log2;
         if (check) {
-          const int r = e / 2;
-          const int col = t * 8 + (lane % 4) * 2 + (e & 1);
           bool allowed = n0 + col < limit[r];
+          if constexpr (kMods) {
+            allowed =
+                allowed && (p.window.left < 0 || n0 + col - 8 * r - aligned >= -p.window.left);
+          }
           if (mask_ptr != nullptr) {
             allowed = allowed && s_mask[mask_at[r] + col * mask_col_step] != 0;
           }
           if (!allowed) s = kNegInf;
         }
         acc_s[t][e] = s;
-        tile_max[e / 2] = fmaxf(tile_max[e / 2], s);
+        tile_max[r] = fmaxf(tile_max[r], s);
       }
     }
 

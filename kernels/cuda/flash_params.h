@@ -76,6 +76,10 @@ struct FlashFwdParams {
   float softcap = 0.0f;
   const float* alibi_slopes = nullptr;
   ATTNSERVE_HD bool modifies_scores() const { return softcap != 0.0f || alibi_slopes != nullptr; }
+  // Any of them: the tensor-core kernel's kMods instantiation runs (flash_fwd_kernel.h).
+  ATTNSERVE_HD bool has_score_mods() const {
+    return window.left >= 0 || window.right >= 0 || modifies_scores();
+  }
 
   // Optional boolean mask (0 = blocked), element (s, h, i, j) at
   // mask + s * mask_batch_stride + h * mask_head_stride + i * mask_row_stride + j * mask_col_stride

@@ -35,7 +35,8 @@ struct ElementOf<ComputeType::kBFloat16> {
 // zero-filled when loading (zero columns of q and k leave q.k unchanged; zero columns of v make
 // output columns that are never stored). One width for both: a separate v width would square the
 // number of instantiations for the rare D != Dv.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, ComputeType kType_>
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, ComputeType kType_,
+          bool kQInRegs_ = (kHeadDim_ <= 128)>
 struct FlashFwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -77,8 +78,8 @@ struct FlashFwdTraits {
   // Q's A-fragments (kQSteps x 4 registers) stay in registers for the whole key loop up to head
   // dim 128; above, they are re-read from shared memory (Q is never overwritten there) at each
   // k16 step, which keeps O (kOTiles x 4) + S (kSTiles x 4) within 255 registers without
-  // spilling (tests/gpu/check_no_spills.sh).
-  static constexpr bool kQInRegs = kHeadDim <= 128;
+  // spilling (ptxas fails the build on any: kernels/cuda/CMakeLists.txt).
+  static constexpr bool kQInRegs = kQInRegs_;
 
   static_assert(kBlockM == 16 * kNWarps, "one m16 row tile per warp");
   static_assert(kHeadDim % 32 == 0 && kHeadDim >= 32 && kHeadDim <= 256,
@@ -93,18 +94,28 @@ struct FlashFwdTraits {
 
 // The instantiations (kTensorCoreHeadDims, flash_params.h), one .cu file per dim and type
 // (flash_fwd_hdim*.cu). The block shapes: 4 warps, 64 query rows; kBlockN as large as compiles
-// without spilling at 255 registers (ptxas -v, sm_80 and sm_90, tests/gpu/check_no_spills.sh):
+// without spilling at 255 registers (ptxas -v, sm_80 and sm_90; the build fails on a spill):
 // 128 up to hdim 64 (fewer key-loop iterations and barriers for small tiles), 64 for 96 and
 // 128, 32 for 160, 16 for 192 and 256 (32 spilled 16-60 bytes; 224 spilled at 32 and cannot
 // split 16-key tiles over 128 threads, so it has no instantiation). Registers of tiles per
 // thread: hdim 64: 64 (S) + 32 (O) + 16 (Q); hdim 128: 32 + 64 + 32; hdim 256: 8 + 128, Q from
 // shared memory. Shared memory: 20 KiB (hdim 32) to 52 KiB (hdim 128). Not yet measured on a
 // GPU: the small kBlockN of 192/256 costs a barrier per 16 keys.
-template <int kHeadDim, ComputeType kType>
-using FlashFwdTraitsHdim =
-    FlashFwdTraits<kHeadDim, 64,
-                   kHeadDim <= 64 ? 128 : (kHeadDim <= 128 ? 64 : (kHeadDim <= 160 ? 32 : 16)), 4,
-                   kType>;
+// The kMods instantiations (windows, soft-capping, ALiBi; flash_fwd_kernel.h) need a few more
+// live values: at hdim 64 they take 64-key blocks, and at hdim 96 Q from shared memory (with
+// the plain shapes, ptxas spilled 16 and 24 bytes there); the other dims keep the plain shapes.
+constexpr int FlashBlockN(int head_dim, bool mods) {
+  if (head_dim <= 32) return 128;
+  if (head_dim <= 64) return mods ? 64 : 128;
+  if (head_dim <= 128) return 64;
+  return head_dim <= 160 ? 32 : 16;
+}
+constexpr bool FlashQInRegs(int head_dim, bool mods) {
+  return mods ? head_dim != 96 && head_dim <= 128 : head_dim <= 128;
+}
+template <int kHeadDim, ComputeType kType, bool kMods = false>
+using FlashFwdTraitsHdim = FlashFwdTraits<kHeadDim, 64, FlashBlockN(kHeadDim, kMods), 4, kType,
+                                          FlashQInRegs(kHeadDim, kMods)>;
 
 }  // namespace attnserve::kernels::cuda
 

@@ -57,7 +57,8 @@ struct KeyWindow {
 // The number of keys row i of a sequence may attend to before the mask is consulted: keys at
 // j >= KeyLimit are blocked by causality (bottom-right aligned, j <= i + kv_len - q_len), by
 // the key length or by the window's right side. Mirrors AttentionParams::key_limit;
-// key_length = kv_len when none is given.
+// key_length = kv_len when none is given. A window bound may be as large as INT32_MAX (a caller's
+// "any"): it is compared before it is added, so nothing overflows.
 ATTNSERVE_HD int KeyLimit(int i, int q_len, int kv_len, int key_length, bool causal,
                           KeyWindow window = {}) {
   int limit = kv_len < key_length ? kv_len : key_length;
@@ -66,10 +67,10 @@ ATTNSERVE_HD int KeyLimit(int i, int q_len, int kv_len, int key_length, bool cau
     if (causal_limit < 0) causal_limit = 0;
     if (causal_limit < limit) limit = causal_limit;
   }
-  if (window.right >= 0) {
-    int window_limit = i + kv_len - q_len + window.right + 1;
-    if (window_limit < 0) window_limit = 0;
-    if (window_limit < limit) limit = window_limit;
+  const int aligned = i + kv_len - q_len;
+  if (window.right >= 0 && window.right < limit - aligned - 1) {
+    const int window_limit = aligned + window.right + 1;  // < limit
+    limit = window_limit < 0 ? 0 : window_limit;
   }
   return limit;
 }
@@ -77,9 +78,10 @@ ATTNSERVE_HD int KeyLimit(int i, int q_len, int kv_len, int key_length, bool cau
 // The first key row i may attend to: keys at j < KeyStart are before its window (0 without
 // one). Mirrors AttentionParams::key_start.
 ATTNSERVE_HD int KeyStart(int i, int q_len, int kv_len, KeyWindow window) {
-  if (window.left < 0) return 0;
-  const int start = i + kv_len - q_len - window.left;
-  return start < 0 ? 0 : start > kv_len ? kv_len : start;
+  const int aligned = i + kv_len - q_len;
+  if (window.left < 0 || window.left >= aligned) return 0;  // (no overflow below)
+  const int start = aligned - window.left;
+  return start > kv_len ? kv_len : start;
 }
 
 // The number of key blocks of kBlockN keys a block of query rows [row_begin, row_end) visits:
@@ -103,8 +105,7 @@ ATTNSERVE_HD int FirstKeyBlock(int row_begin, int q_len, int kv_len, int block_n
 // Whether every key of [col_begin, col_begin + block_n) is below the limit of every row in
 // [row_begin, row_end) and at or past every such row's window start: such a tile needs no
 // per-element limit check (only the mask, if any). REQUIRES row_begin < row_end. (The
-// tensor-core kernel asks it without a window: SelectFlashPath keeps windows off that kernel
-// until it has a variant with a register to spare for the window's start.)
+// tensor-core kernel's plain instantiation asks it without a window, and its kMods one with.)
 ATTNSERVE_HD bool TileFullyAllowed(int row_begin, int row_end, int col_begin, int block_n,
                                    int q_len, int kv_len, int key_length, bool causal,
                                    KeyWindow window = {}) {

@@ -3,7 +3,7 @@
 // the float64 reference (kernels/reference.h), on every option: odd lengths, Lq = 1, causal
 // with Lq > Lk, key lengths, mask layouts (fully blocked rows and tiles), GQA, mixed-length
 // packs, D != Dv, and the NaN rule (attention_params.h); sliding windows, soft-capping and ALiBi
-// on the generic and decode kernels (the ones that take them). Each case runs with cp.async
+// on every kernel (the tensor-core kernel's kMods instantiations). Each case runs with cp.async
 // landing at issue and at the wait (emu::CpAsyncMode).
 //
 // The launches are flash_emu_kernels.cc's: this file holds the cases and includes no kernel
@@ -241,10 +241,12 @@ TEST(FlashGridTest, SixtyFiveThousandHeads) {
   EXPECT_EQ(o[size_t(2) * kD], -12345.0f);  // not emulated
 }
 
-// Sliding windows, soft-capping and ALiBi (ScoreMods), which SelectFlashPath gives the generic
-// kernel only: each one alone and all together, against the float64 reference. The windows
-// are small against the lengths so that a bound one key off moves many rows; the window
-// starts cross the kernel's 32-key blocks (whole blocks before them are skipped).
+// Sliding windows, soft-capping and ALiBi (ScoreMods) on the generic kernel and the tensor-core
+// kernel's kMods instantiations: each one alone and all together, against the float64
+// reference. The windows are small against the lengths so that a bound one key off moves many
+// rows; the window starts cross the kernels' key blocks (32 keys in the generic kernel, 16 to
+// 128 in the tensor-core ones: whole blocks before them are skipped, and with a mask its first
+// tile is copied from that block on).
 class FlashModsEmuTest : public FlashEmuTest {};
 
 TEST_P(FlashModsEmuTest, WindowSoftcapAndAlibi) {
@@ -275,12 +277,32 @@ TEST_P(FlashModsEmuTest, WindowSoftcapAndAlibi) {
   c.mods = {.window_left = 40, .window_right = -1, .softcap = 1.5f};
   c.slopes = {0.25f, 1.0f};
   Check(c);
+  // Windows that start one and more 128-key blocks in, over two query blocks of 64 rows, with a
+  // mask (its first tile copied from the first block in the window).
+  c = Base("long_window_mask");
+  c.seqs = {{70, 300}, {9, 81}};
+  c.causal = true;
+  c.mask = MaskLayout::kPerHead;
+  c.mods = {.window_left = 100, .window_right = 0};
+  Check(c);
 }
 
+// The generic kernel, and each tensor-core head dim once (one type and one mode each,
+// alternating; hdim 64 and 128 in both): the kMods instantiations differ in key block (128 at
+// hdim 32, 64 up to 128, 32 at 160, 16 above) and in where Q is kept (kernel_traits.h).
 INSTANTIATE_TEST_SUITE_P(
-    Generic, FlashModsEmuTest,
+    Kernels, FlashModsEmuTest,
     testing::Values(Param{Kernel::kGeneric, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtIssue},
-                    Param{Kernel::kGeneric, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtWait}),
+                    Param{Kernel::kGeneric, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtWait},
+                    Param{Kernel::kHdim32, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtWait},
+                    Param{Kernel::kHdim64, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtIssue},
+                    Param{Kernel::kHdim64, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtWait},
+                    Param{Kernel::kHdim96, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtIssue},
+                    Param{Kernel::kHdim128, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtWait},
+                    Param{Kernel::kHdim128, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtIssue},
+                    Param{Kernel::kHdim160, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtIssue},
+                    Param{Kernel::kHdim192, ComputeType::kBFloat16, emu::CpAsyncMode::kLandAtWait},
+                    Param{Kernel::kHdim256, ComputeType::kFloat16, emu::CpAsyncMode::kLandAtWait}),
     ParamName);
 
 // The decode-shaped path (flash_decode_kernel.h): Lq = 1, GQA heads packed into a block's rows,

@@ -120,12 +120,12 @@ case "$name" in
     to="const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;" ;;
   window_start_off_by_one)  # a sliding window one key shorter on its left (issue 32)
     file=online_softmax.h
-    from="const int start = i + kv_len - q_len - window.left;"
-    to="const int start = i + kv_len - q_len - window.left + 1;" ;;
+    from="const int start = aligned - window.left;"
+    to="const int start = aligned - window.left + 1;" ;;
   window_end_off_by_one)  # one key fewer after the aligned position (window.right)
     file=online_softmax.h
-    from="int window_limit = i + kv_len - q_len + window.right + 1;"
-    to="int window_limit = i + kv_len - q_len + window.right;" ;;
+    from="const int window_limit = aligned + window.right + 1;"
+    to="const int window_limit = aligned + window.right;" ;;
   softcap_dropped)  # scores never soft-capped
     file=online_softmax.h
     from="if (softcap != 0.0f) s = softcap * tanhf(s / softcap);"
@@ -165,8 +165,8 @@ case "$name" in
   paged_window_start_off_by_one)  # a session's sliding window one key shorter on its left
     # (the paged kernel takes the dense kernels' KeyStart: the same bug, the paged tests)
     file=online_softmax.h
-    from="const int start = i + kv_len - q_len - window.left;"
-    to="const int start = i + kv_len - q_len - window.left + 1;" ;;
+    from="const int start = aligned - window.left;"
+    to="const int start = aligned - window.left + 1;" ;;
   paged_splits_before_the_window_merged)  # kernel 2 merges splits kernel 1 never wrote
     file=paged_attention_kernel.h
     from="const int first = PagedFirstSplit(p, window_left, blk.seq, row_index);"
@@ -179,6 +179,30 @@ case "$name" in
     file=paged_attention_kernel.h
     from="const float q_scale = modify ? p.scale : p.scale * kLog2e;"
     to="const float q_scale = p.scale * kLog2e;" ;;
+  tc_window_start_off_by_one)  # the tensor-core kernel's windows one key shorter on their left
+    file=flash_fwd_kernel.h
+    from="n0 + col - 8 * r - aligned >= -p.window.left"
+    to="n0 + col - 8 * r - aligned > -p.window.left" ;;
+  tc_first_block_of_last_row)  # key blocks skipped that the block's first rows' windows hold
+    file=flash_fwd_kernel.h
+    from="FirstKeyBlock(m0, q_len, kv_len, kBlockN, p.window)"
+    to="FirstKeyBlock(row_end - 1, q_len, kv_len, kBlockN, p.window)" ;;
+  tc_window_mask_tile_from_zero)  # the first mask tile copied from key 0, not the window's block
+    file=flash_fwd_kernel.h
+    from="m0, n0, q_len, kv_len, tid);"
+    to="m0, 0, q_len, kv_len, tid);" ;;
+  tc_alibi_first_head_slope)  # every head biased by head 0's ALiBi slope
+    file=flash_fwd_kernel.h
+    from="p.alibi_slopes[head] : 0.0f"
+    to="p.alibi_slopes[0] : 0.0f" ;;
+  tc_alibi_row_r0_position)  # a thread's second row (r0 + 8) biased from its first row's position
+    file=flash_fwd_kernel.h
+    from="aligned + 8 * (e / 2)) *"
+    to="aligned) *" ;;
+  tc_softcap_dropped)  # the tensor-core kernel's scores never soft-capped
+    file=flash_fwd_kernel.h
+    from="p.softcap, slope, n0 + col"
+    to="0.0f, slope, n0 + col" ;;
   *) echo "unknown mutation $name" >&2; exit 2 ;;
 esac
 FROM="$from" TO="$to" perl -0pi -e 's/\Q$ENV{FROM}\E/$ENV{TO}/ or die "mutation text not found\n"' \

@@ -124,8 +124,8 @@ TEST_P(CudaBackendTest, GroupedQueryHeads) {
   }
 }
 
-// Sliding windows, soft-capping and ALiBi (ScoreMods) at device sizes: prefills on the generic
-// kernel (SelectFlashPath sends them there), decode steps, the plain path, against float64.
+// Sliding windows, soft-capping and ALiBi (ScoreMods) at device sizes: prefills on the
+// tensor-core kernel's kMods instantiation, decode steps, the plain path, against float64.
 TEST_P(CudaBackendTest, WindowsSoftCapAndAlibi) {
   std::mt19937 rng(12);
   Problem prefill = MakeProblem(rng, 2, 8, 2, 300, 1500, 64, 64);
@@ -535,17 +535,21 @@ TEST(FlashDispatchTest, GenericOrNaiveOtherwise) {
   EXPECT_EQ(SelectFlashPath(unaligned), FlashPath::kGeneric);
 }
 
-// The tensor-core kernel takes no ScoreMods (no register is left for them at hdim 64): a
-// window, a soft-cap or ALiBi sends a launch it would take to the generic kernel.
-TEST(FlashDispatchTest, ScoreModsTakeTheGenericKernel) {
+// A window, a soft-cap or ALiBi keeps a launch on the tensor-core kernel, whose kMods
+// instantiation FlashForward then runs (has_score_mods); a layout the tensor-core kernel cannot
+// take still goes to the generic kernel with them.
+TEST(FlashDispatchTest, ScoreModsKeepTheTensorCoreKernel) {
   static const float slopes[1] = {0.5f};
   for (int which = 0; which < 4; ++which) {
     FlashFwdParams p = DispatchParams(64, 64);
-    ASSERT_EQ(SelectFlashPath(p), FlashPath::kTensorCore);
+    ASSERT_FALSE(p.has_score_mods());
     if (which == 0) p.window.left = 8;
     if (which == 1) p.window.right = 0;
     if (which == 2) p.softcap = 30.0f;
     if (which == 3) p.alibi_slopes = slopes;
+    EXPECT_TRUE(p.has_score_mods()) << which;
+    EXPECT_EQ(SelectFlashPath(p), FlashPath::kTensorCore) << which;
+    p.q_row_stride = 7;
     EXPECT_EQ(SelectFlashPath(p), FlashPath::kGeneric) << which;
   }
 }

@@ -89,17 +89,25 @@ struct Shape {
   bool causal;
   int len;
   int iters;
+  int window_left = -1;  // a causal sliding window of window_left + 1 keys (the kMods kernel)
 };
 
 std::string Name(const Shape& s) {
   return std::string(s.naive ? "naive" : "flash") + "/" +
          (s.type == ComputeType::kFloat16 ? "fp16" : "bf16") + "/d" + std::to_string(s.d) +
-         "/causal" + (s.causal ? "1" : "0") + "/L" + std::to_string(s.len);
+         "/causal" + (s.causal ? "1" : "0") + "/L" + std::to_string(s.len) +
+         (s.window_left >= 0 ? "/window" + std::to_string(s.window_left) : "");
 }
 
+// The FLOPs of the scores each row attends to (a causal row i: i + 1 keys, or the window's).
 double Flops(const Shape& s) {
   const double batch = kTokens / s.len;
-  return 4.0 * batch * kHeads * double(s.len) * s.len * s.d / (s.causal ? 2.0 : 1.0);
+  if (s.window_left < 0) {
+    return 4.0 * batch * kHeads * double(s.len) * s.len * s.d / (s.causal ? 2.0 : 1.0);
+  }
+  double keys = 0;
+  for (int i = 0; i < s.len; ++i) keys += std::min(i, s.window_left) + 1;
+  return 4.0 * batch * kHeads * keys * s.d;
 }
 
 // One shape: 1 warm-up and s.iters timed calls. Appends a JSON line to `out`.
@@ -126,6 +134,7 @@ void RunShape(const Shape& s, const Operands& ops, float* o, cublasHandle_t blas
   p.scale = 1.0f / std::sqrt(static_cast<float>(s.d));
   p.scale_log2 = p.scale * 1.4426950408889634f;
   p.causal = s.causal;
+  p.window.left = s.window_left;
   void* ws = nullptr;
   if (s.naive) {
     CheckCuda(cudaMalloc(&ws, NaiveAttentionWorkspaceBytes(p, cu_host.data(), cu_host.data())),
@@ -259,6 +268,9 @@ std::vector<Shape> Sweep() {
   for (int d : {128, 64}) {
     for (ComputeType t : {f16, b16}) s.push_back({false, t, d, true, 4096, kFlashIters});
   }
+  // A causal sliding window of 1024 keys (Mistral's form) on the kMods instantiation, beside
+  // the causal figures above: its key blocks before the window are never loaded.
+  for (int d : {128, 64}) s.push_back({false, f16, d, true, 4096, kFlashIters, 1023});
   for (int len : {1024, 2048}) s.push_back({false, f16, 128, false, len, kFlashIters});
   // The other tensor-core instantiations (hdim 96, 256, 32, 160, 192), then the generic kernel
   // (d 100: not a multiple of 8).
@@ -269,7 +281,8 @@ std::vector<Shape> Sweep() {
 
 // Every kernel path once on a small problem, for compute-sanitizer: the tensor-core kernel at
 // hdim 32, 64, 96, 128, 256 (fp16/bf16) and the generic kernel (d 100), plain, causal with Lq > Lk,
-// key lengths (0 included), a mask with broadcast strides, GQA, and the naive path.
+// key lengths (0 included), a mask with broadcast strides, GQA, ScoreMods (a window with the
+// mask, soft-capped: the kMods instantiations), and the naive path.
 void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t blas) {
   const std::vector<int> cu_q = {0, 100, 101, 160}, cu_k = {0, 70, 200, 330};
   const std::vector<int> lengths = {70, 0, 65};
@@ -291,14 +304,14 @@ void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t bl
   for (ComputeType type : {ComputeType::kFloat16, ComputeType::kBFloat16}) {
     const Operands& ops = type == ComputeType::kFloat16 ? f16 : b16;
     for (int d : {64, 128, 96, 32, 256, 100}) {
-      for (int variant = 0; variant < 3; ++variant) {
+      for (int variant = 0; variant < 4; ++variant) {
         FlashFwdParams p;
         p.q = ops.q;
         p.k = ops.k;
         p.v = ops.v;
         p.o = o;
         p.num_heads = 8;
-        p.num_kv_heads = variant == 2 ? 2 : 8;  // GQA on the last
+        p.num_kv_heads = variant == 2 ? 2 : 8;  // GQA on the third
         p.q_row_stride = p.o_row_stride = int64_t{p.num_heads} * d;
         p.k_row_stride = p.v_row_stride = int64_t{p.num_kv_heads} * d;
         p.q_head_stride = p.k_head_stride = p.v_head_stride = p.o_head_stride = d;
@@ -311,10 +324,14 @@ void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t bl
         p.scale_log2 = 0.1f * 1.4426950408889634f;
         p.causal = variant != 0;
         p.key_lengths = variant == 1 ? kl : nullptr;
-        if (variant == 2) {  // [3, 1, 1, 130] key-padding mask, broadcast over heads and rows
+        if (variant >= 2) {  // [3, 1, 1, 130] key-padding mask, broadcast over heads and rows
           p.mask = mask;
           p.mask_batch_stride = 130;
           p.mask_col_stride = 1;
+        }
+        if (variant == 3) {  // a causal window of 41 keys, soft-capped
+          p.window = {40, 0};
+          p.softcap = 30.0f;
         }
         p.v_mean = v_mean;
         Check(FlashForward(p, type, nullptr));

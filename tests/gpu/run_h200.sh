@@ -21,8 +21,9 @@
 # 330 s in all). Each shape: 1 warm-up + 3 timed calls (fixed). FLOPs per call
 # 4 * 4096 * 16 * L * d (halved for causal): L4096 d128 1.37e11, d64 6.9e10; L1024 d128 3.4e10;
 # L2048 d128 6.9e10; the other tensor-core dims at L1024 (96, 256, 32, 160, 192) 2.0e11
-# together; the generic kernel's d100 L1024 2.7e10. (Earlier versions of this note wrote these
-# 1000x too large; the limits below were kept.) Over the 21 shapes, times 4 calls:
+# together; the generic kernel's d100 L1024 2.7e10; the two causal windows of 1024 keys at L4096
+# (d128, d64: the kMods kernel) 1.2e11 together. (Earlier versions of this note wrote these
+# 1000x too large; the limits below were kept.) Over the 23 shapes, times 4 calls:
 #   tensor-core flash  3.7e12 FLOPs   at a floor of  50 TFLOP/s: 0.1 s
 #   cuBLAS naive       8.2e11         at a floor of  20 TFLOP/s: 0.04 s
 #   generic kernel     1.1e11         at a floor of   2 TFLOP/s: 0.05 s
@@ -33,9 +34,9 @@
 # second at 100 TFLOP/s) plus about 15 s of torch start-up. After the sweep (budget or not) a
 # decode step, the fused kernel against the decode path (16 sequences x 4096 keys, GQA 8, d128:
 # 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
-# compute-sanitizer runs flash_bench --smoke: 36 fused (hdim 32, 64, 96, 128, 256 and the
-# generic d100, fp16 and bf16, 3 variants), 12 naive and 6 decode launches on at most 330 keys;
-# 25 s each leaves a 40x slowdown room over the earlier 18 + 6 + 6. Step 2 includes the paged attention of
+# compute-sanitizer runs flash_bench --smoke: 48 fused (hdim 32, 64, 96, 128, 256 and the
+# generic d100, fp16 and bf16, 4 variants, the last with ScoreMods), 12 naive and 6 decode
+# launches on at most 330 keys; 25 s each leaves a 30x slowdown room over the earlier 18 + 6 + 6. Step 2 includes the paged attention of
 # the decode sessions (CudaPagedAttentionTest: 6 small calls of at most 1300 keys, 8 heads,
 # d128, against the float64 reference, bitwise batch invariance, and the device page store:
 # WriteRows' scatter kernel, pages read back, PagedAttention on device pages bitwise equal to

@@ -53,7 +53,7 @@ def read_bench(path):
         print(f"sdpa_compare: no benchmark results ({e})")
         lines = []
     for bm in lines:
-        m = NAME.match(bm["name"])
+        m = NAME.fullmatch(bm["name"])  # not the windowed shapes: SDPA has no window
         if not m:
             continue
         impl, dt, d, causal, length = m.group(1), m.group(2), int(m.group(3)), m.group(4) == "1", int(m.group(5))

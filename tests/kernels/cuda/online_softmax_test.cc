@@ -44,11 +44,16 @@ TEST(OnlineSoftmaxTest, SkippedKeyBlocksHoldNoAllowedKey) {
     const int q_len = 1 + rng() % 300, kv_len = 1 + rng() % 300;
     const int key_length = rng() % 3 == 0 ? static_cast<int>(rng() % (kv_len + 1)) : kv_len;
     const bool causal = rng() % 2;
-    // A sliding window on a third of the trials (either side may stay open).
+    // A sliding window on a third of the trials (either side may stay open, or be as large as
+    // a caller may send: INT32_MAX must not overflow).
     KeyWindow window;
     if (rng() % 3 == 0) {
-      window.left = static_cast<int>(rng() % 90) - 1;
-      window.right = static_cast<int>(rng() % 90) - 1;
+      const auto bound = [&] {
+        return rng() % 8 == 0 ? std::numeric_limits<int>::max() - static_cast<int>(rng() % 2)
+                              : static_cast<int>(rng() % 90) - 1;
+      };
+      window.left = bound();
+      window.right = bound();
     }
     const int block_m = 64, block_n = rng() % 2 ? 64 : 128;
     for (int m0 = 0; m0 < q_len; m0 += block_m) {
