@@ -18,6 +18,18 @@ void ApplyFeatureMap(FeatureMap map, float* x, int n) {
   }
 }
 
+// The two loops over Dv below, compiled for AVX-512, AVX2 and the baseline, picked at load time
+// by the CPU (GCC's target_clones): wider vectors, the same bits. Each output element is still
+// computed as written, by one multiply and one add in the same order (no reassociation, and
+// -ffp-contract=off, kernels/CMakeLists.txt: no fused multiply-add), so every clone, the
+// sessions' steps and the CUDA kernel agree bit for bit (tests/cuda_emu/linear_attention_emu_test).
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define ATTNSERVE_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define ATTNSERVE_ISA_CLONES
+#endif
+
+ATTNSERVE_ISA_CLONES
 void LinearAddKey(const float* feature, const float* value, int d, int dv, float* s, float* z) {
   for (int i = 0; i < d; ++i) {
     const float f = feature[i];
@@ -27,6 +39,7 @@ void LinearAddKey(const float* feature, const float* value, int d, int dv, float
   }
 }
 
+ATTNSERVE_ISA_CLONES
 void LinearReadQuery(const float* feature, const float* s, const float* z, int d, int dv,
                      float* acc, float* out) {
   float norm = 0.0f;
