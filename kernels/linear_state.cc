@@ -23,7 +23,11 @@ void ApplyFeatureMap(FeatureMap map, float* x, int n) {
 // computed as written, by one multiply and one add in the same order (no reassociation, and
 // -ffp-contract=off, kernels/CMakeLists.txt: no fused multiply-add), so every clone, the
 // sessions' steps and the CUDA kernel agree bit for bit (tests/cuda_emu/linear_attention_emu_test).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// Not under the sanitizers: the clones' resolver runs while the dynamic loader relocates the
+// binary, before the sanitizer's runtime exists, and its instrumented entry crashed every
+// ThreadSanitizer test binary at start.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__) && !defined(__SANITIZE_ADDRESS__)
 #define ATTNSERVE_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define ATTNSERVE_ISA_CLONES
