@@ -7,13 +7,13 @@ namespace attnserve::kernels::cuda {
 template <>
 GpuStatus RunFlashFwdHdim<256, ComputeType::kBFloat16, false>(const FlashFwdParams& p,
                                                               cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim<256, ComputeType::kBFloat16>, false>(p, stream);
+  return RunFlashFwd<FlashFwdTraitsHdim<256, ComputeType::kBFloat16>>(p, stream);
 }
 
 template <>
 GpuStatus RunFlashFwdHdim<256, ComputeType::kBFloat16, true>(const FlashFwdParams& p,
                                                              cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim<256, ComputeType::kBFloat16, true>, true>(p, stream);
+  return RunFlashFwd<FlashFwdTraitsHdim<256, ComputeType::kBFloat16, true>>(p, stream);
 }
 
 }  // namespace attnserve::kernels::cuda

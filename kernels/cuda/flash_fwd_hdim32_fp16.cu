@@ -7,13 +7,13 @@ namespace attnserve::kernels::cuda {
 template <>
 GpuStatus RunFlashFwdHdim<32, ComputeType::kFloat16, false>(const FlashFwdParams& p,
                                                             cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim<32, ComputeType::kFloat16>, false>(p, stream);
+  return RunFlashFwd<FlashFwdTraitsHdim<32, ComputeType::kFloat16>>(p, stream);
 }
 
 template <>
 GpuStatus RunFlashFwdHdim<32, ComputeType::kFloat16, true>(const FlashFwdParams& p,
                                                            cudaStream_t stream) {
-  return RunFlashFwd<FlashFwdTraitsHdim<32, ComputeType::kFloat16, true>, true>(p, stream);
+  return RunFlashFwd<FlashFwdTraitsHdim<32, ComputeType::kFloat16, true>>(p, stream);
 }
 
 }  // namespace attnserve::kernels::cuda

@@ -9,7 +9,8 @@
 // the operand type. Key blocks past the last allowed key of the block's last row (causal, key
 // length) are never loaded. Rows with no allowed key get the mean of all values (v_mean).
 //
-// ScoreMods (windows, soft-capping, ALiBi) are taken by the kMods instantiation only: it starts
+// ScoreMods (windows, soft-capping, ALiBi) are taken by the Traits::kMods instantiation only: it
+// starts
 // at the first key block inside the block's windows (blocks wholly before every row's window
 // are never loaded, so a window of w keys costs O(L·w)), tests each score against its row's
 // window start as well as its limit, and modifies the scores in linear units before taking
@@ -128,10 +129,11 @@ __device__ __forceinline__ void LoadMaskTileAsync(uint8_t* s_mask, const uint8_t
 
 }  // namespace detail
 
-template <typename Traits, bool kMods = false>
+template <typename Traits>
 __global__ void __launch_bounds__(Traits::kNThreads)
     FlashFwdKernel(const FlashFwdParams p, const int num_m_blocks) {
   using Element = typename Traits::Element;
+  constexpr bool kMods = Traits::kMods;
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
@@ -161,10 +163,10 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   const int kv_head = head / (p.num_heads / p.num_kv_heads);
   const int row_end = min(m0 + kBlockM, q_len);
   // The key blocks [nb_begin, n_blocks) hold every key some row of the block may attend to.
+  const KeyWindow window = kMods ? p.window : KeyWindow{};
   const int n_blocks =
-      kMods ? NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN, p.window)
-            : NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN);
-  const int nb_begin = kMods ? FirstKeyBlock(m0, q_len, kv_len, kBlockN, p.window) : 0;
+      NumKeyBlocks(m0, row_end, q_len, kv_len, key_length, p.causal, kBlockN, window);
+  const int nb_begin = FirstKeyBlock(m0, q_len, kv_len, kBlockN, window);
 
   const auto [q_ptr, k_ptr, v_ptr] =
       detail::QkvRowsOf<Element>(p, q_begin + m0, head, k_begin, kv_head);
@@ -214,7 +216,6 @@ __global__ void __launch_bounds__(Traits::kNThreads)
   // This thread owns rows r0 = lane / 4 and r0 + 8 of its warp's 16 (accumulator elements 0-1
   // and 2-3), and columns 2 * (lane % 4) + {0, 1} of every 8-wide tile.
   const int row_in_seq[2] = {m0 + warp * 16 + lane / 4, m0 + warp * 16 + lane / 4 + 8};
-  const KeyWindow window = kMods ? p.window : KeyWindow{};
   const int limit[2] = {KeyLimit(row_in_seq[0], q_len, kv_len, key_length, p.causal, window),
                         KeyLimit(row_in_seq[1], q_len, kv_len, key_length, p.causal, window)};
   // Row r0's aligned position i' = i + kv_len - q_len (row r0 + 8's is 8 more): its window
@@ -272,9 +273,7 @@ __global__ void __launch_bounds__(Traits::kNThreads)
     // every row's allowed keys without a mask skip the per-element test.
     const bool check =
         mask_ptr != nullptr ||
-        !(kMods ? TileFullyAllowed(m0, row_end, n0, kBlockN, q_len, kv_len, key_length, p.causal,
-                                   p.window)
-                : TileFullyAllowed(m0, m0 + 1, n0, kBlockN, q_len, kv_len, key_length, p.causal));
+        !TileFullyAllowed(m0, row_end, n0, kBlockN, q_len, kv_len, key_length, p.causal, window);
     if constexpr (kMods) {
       // In log2 units here already (below, the plain kernel's scaling is skipped).
       if (p.modifies_scores()) {

@@ -11,11 +11,11 @@
 
 namespace attnserve::kernels::cuda {
 
-template <typename Traits, bool kMods>
+template <typename Traits>
 GpuStatus RunFlashFwd(const FlashFwdParams& p, cudaStream_t stream) {
   const int num_m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (num_m_blocks == 0 || p.num_seqs == 0 || p.num_heads == 0) return {};
-  auto* kernel = &FlashFwdKernel<Traits, kMods>;
+  auto* kernel = &FlashFwdKernel<Traits>;
   constexpr int kSmem = Traits::kSmemBytes;
   ATTNSERVE_GPU_RETURN_IF_ERROR(
       AllowSharedMemory(kernel, kSmem, "flash forward: raising the shared-memory limit"));

@@ -35,8 +35,9 @@ struct ElementOf<ComputeType::kBFloat16> {
 // zero-filled when loading (zero columns of q and k leave q.k unchanged; zero columns of v make
 // output columns that are never stored). One width for both: a separate v width would square the
 // number of instantiations for the rare D != Dv.
+// kMods_: the kernel takes ScoreMods (flash_fwd_kernel.h); its shapes are chosen for it below.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kNWarps_, ComputeType kType_,
-          bool kQInRegs_ = (kHeadDim_ <= 128)>
+          bool kQInRegs_ = (kHeadDim_ <= 128), bool kMods_ = false>
 struct FlashFwdTraits {
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr int kBlockM = kBlockM_;
@@ -44,6 +45,7 @@ struct FlashFwdTraits {
   static constexpr int kNWarps = kNWarps_;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr ComputeType kType = kType_;
+  static constexpr bool kMods = kMods_;
   using Element = typename ElementOf<kType>::type;
 
   // 16-byte chunks (8 elements) per shared-memory row. Chunks are XOR-swizzled so that the 8
@@ -115,7 +117,7 @@ constexpr bool FlashQInRegs(int head_dim, bool mods) {
 }
 template <int kHeadDim, ComputeType kType, bool kMods = false>
 using FlashFwdTraitsHdim = FlashFwdTraits<kHeadDim, 64, FlashBlockN(kHeadDim, kMods), 4, kType,
-                                          FlashQInRegs(kHeadDim, kMods)>;
+                                          FlashQInRegs(kHeadDim, kMods), kMods>;
 
 }  // namespace attnserve::kernels::cuda
 

@@ -36,14 +36,14 @@ constexpr bool Built(Kernel k) {
                                        : ATTNSERVE_EMU_ONLY_KERNEL == n;
 }
 
-template <typename Traits, bool kMods>
+template <typename Traits>
 void LaunchTensorCore(const FlashFwdParams& p) {
   const int num_m_blocks = (p.max_seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
   if (num_m_blocks == 0 || p.num_seqs == 0 || p.num_heads == 0) return;
   const int64_t blocks = FlashGridBlocks(num_m_blocks, p.num_seqs, p.num_heads);
   ASSERT_LE(blocks, kMaxGridX);
   emu::Launch(dim3(static_cast<unsigned>(blocks)), dim3(Traits::kNThreads), Traits::kSmemBytes,
-              [&] { FlashFwdKernel<Traits, kMods>(p, num_m_blocks); });
+              [&] { FlashFwdKernel<Traits>(p, num_m_blocks); });
 }
 
 template <typename Element>
@@ -105,11 +105,11 @@ void LaunchTensorCoreDim(ComputeType type, const FlashFwdParams& p) {
   // And the instantiation, plain or with ScoreMods, as FlashForward picks it.
   const bool fp16 = type == ComputeType::kFloat16;
   if (p.has_score_mods()) {
-    fp16 ? LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kFloat16, true>, true>(p)
-         : LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kBFloat16, true>, true>(p);
+    fp16 ? LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kFloat16, true>>(p)
+         : LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kBFloat16, true>>(p);
   } else {
-    fp16 ? LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kFloat16>, false>(p)
-         : LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kBFloat16>, false>(p);
+    fp16 ? LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kFloat16>>(p)
+         : LaunchTensorCore<FlashFwdTraitsHdim<kHeadDim, ComputeType::kBFloat16>>(p);
   }
 }
 

@@ -185,8 +185,8 @@ case "$name" in
     to="n0 + col - 8 * r - aligned > -p.window.left" ;;
   tc_first_block_of_last_row)  # key blocks skipped that the block's first rows' windows hold
     file=flash_fwd_kernel.h
-    from="FirstKeyBlock(m0, q_len, kv_len, kBlockN, p.window)"
-    to="FirstKeyBlock(row_end - 1, q_len, kv_len, kBlockN, p.window)" ;;
+    from="FirstKeyBlock(m0, q_len, kv_len, kBlockN, window)"
+    to="FirstKeyBlock(row_end - 1, q_len, kv_len, kBlockN, window)" ;;
   tc_window_mask_tile_from_zero)  # the first mask tile copied from key 0, not the window's block
     file=flash_fwd_kernel.h
     from="m0, n0, q_len, kv_len, tid);"
