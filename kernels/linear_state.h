@@ -5,9 +5,10 @@
 // Two callers step it with these functions, so their rows agree bit for bit: the CPU backend's
 // linear Attend (kernels/cpu/linear_attention.cc, the recurrent form over a request's keys) and
 // linear decode sessions (server/sessions/linear_extend.cc, the state kept between extends), so
-// a session's rows are those of a causal Attend over all its tokens on the CPU backend. Compiled
-// once, at -O3 for the baseline instruction set (no reassociation: the sums run in the order
-// written), whatever the backend.
+// a session's rows are those of a causal Attend over all its tokens on the CPU backend. The CUDA
+// kernel (kernels/cuda/linear_attention.h) repeats their roundings, so its rows have the same
+// bits too. Vectorised for the CPU's widest instruction set (picked at load time), with no
+// reassociation and no fused multiply-add: the same bits on every CPU, whatever the backend.
 //
 // Thread-safety: pure functions of their arguments.
 #ifndef ATTNSERVE_KERNELS_LINEAR_STATE_H_
@@ -17,7 +18,7 @@
 
 namespace attnserve::kernels {
 
-// x[0..n) = φ(x[0..n)).
+// x[0..n) = φ(x[0..n)): kernels/feature_map.h's Feature for each element.
 void ApplyFeatureMap(FeatureMap map, float* x, int n);
 
 // Takes one key into the state: z += φ(k), S += φ(k) vᵀ. `feature` is φ(k) [d], `value` v [dv];
@@ -25,9 +26,10 @@ void ApplyFeatureMap(FeatureMap map, float* x, int n);
 void LinearAddKey(const float* feature, const float* value, int d, int dv, float* s, float* z);
 
 // One query row against the state: out = φ(q)ᵀ S / (φ(q) · z), all zeros when the normaliser is
-// exactly 0 (the kind's definition). `feature` is φ(q) [d]; `acc` is scratch [dv]; out [dv].
+// exactly 0 (the kind's definition). `feature` is φ(q) [d]; out [dv]. Each sum runs over d in
+// index order, each product and sum rounded on its own: the order the CUDA kernel repeats.
 void LinearReadQuery(const float* feature, const float* s, const float* z, int d, int dv,
-                     float* acc, float* out);
+                     float* out);
 
 }  // namespace attnserve::kernels
 

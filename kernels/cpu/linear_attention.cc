@@ -25,7 +25,7 @@ void LinearAttentionHead(const AttentionParams& p, int b, int h) {
   const int dk = p.head_dim, dv = p.v_head_dim;
   const int kvh = h / p.group_size();
   std::vector<float> state(static_cast<size_t>(dk) * dv, 0.0f), z(dk, 0.0f);
-  std::vector<float> feature(dk), value(dv), acc(dv);
+  std::vector<float> feature(dk), value(dv);
   int added = 0;  // keys [0, added) are in the state
   for (int i = 0; i < p.q_len; ++i) {
     // Limits never fall as i grows (causality bottom-right aligned; key lengths fixed).
@@ -36,7 +36,7 @@ void LinearAttentionHead(const AttentionParams& p, int b, int h) {
       LinearAddKey(feature.data(), value.data(), dk, dv, state.data(), z.data());
     }
     Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, feature.data());
-    LinearReadQuery(feature.data(), state.data(), z.data(), dk, dv, acc.data(), p.out.row(b, h, i));
+    LinearReadQuery(feature.data(), state.data(), z.data(), dk, dv, p.out.row(b, h, i));
   }
 }
 

@@ -7,18 +7,11 @@
 #include "kernels/cuda/flash_grid.h"
 #include "kernels/cuda/linear_attention.h"
 #include "kernels/cuda/online_softmax.h"
+#include "kernels/feature_map.h"
 
 namespace attnserve::kernels::cuda {
-namespace {
 
-// φ of one element, as kernels::ApplyFeatureMap computes it.
-__device__ __forceinline__ float Feature(FeatureMap map, float x) {
-  if (map == FeatureMap::kEluPlusOne) return x > 0 ? __fadd_rn(x, 1.0f) : expf(x);
-  if (map == FeatureMap::kRelu) return x > 0 ? x : 0.0f;
-  return x;
-}
-
-}  // namespace
+using feature_map::Feature;  // φ of one element, as kernels::ApplyFeatureMap computes it
 
 // Outside the anonymous namespace: its `extern __shared__` array must name the one the
 // emulation defines (tests/cuda_emu/emu.cc) when this file runs there.

@@ -8,10 +8,10 @@
 //
 // One block (one warp) per (batch item, query head, 32 columns of Dv): its S tile [D][32] and z
 // live in shared memory; lane c owns column c of the tile and sums over D in index order. Every
-// product and sum is rounded on its own (no fused multiply-add), in the CPU backend's order, so
-// with the relu and identity feature maps a row has the CPU backend's bits; with elu_plus_one
-// the device's expf (within 2 ulp) may differ from the host's by an ulp of a feature. A row's
-// bits depend on its own (b, h) alone (batch invariance).
+// product and sum is rounded on its own (no fused multiply-add), in the CPU backend's order, and
+// the features are kernels/feature_map.h's (elu + 1's exp included: not the device's expf), so
+// a row has the CPU backend's bits with every feature map. A row's bits depend on its own
+// (b, h) alone (batch invariance).
 //
 // Float32 inputs and output on the device; the backend widens 16-bit inputs while it stages
 // them, as the CPU backend does.

@@ -104,7 +104,7 @@ void SessionManager::ComputeLinear(ExtendItem& item, const float* projected,
   const int64_t v_ld = module ? q_ld : v_row;
   const int64_t L = item.new_tokens;
   item.attention.resize(static_cast<size_t>(L * hq * dv));
-  std::vector<float> feature(d), value(dv), acc(dv);
+  std::vector<float> feature(d), value(dv);
   std::vector<uint8_t> tmp;
   for (int64_t t = 0; t < L; ++t) {
     for (int h = 0; h < hkv; ++h) {
@@ -120,7 +120,7 @@ void SessionManager::ComputeLinear(ExtendItem& item, const float* projected,
       kernels::ApplyFeatureMap(s.feature_map, feature.data(), d);
       const int kv = h / group;
       kernels::LinearReadQuery(feature.data(), S.data() + kv * state_s, z.data() + int64_t{kv} * d,
-                               d, dv, acc.data(), item.attention.data() + (t * hq + h) * dv);
+                               d, dv, item.attention.data() + (t * hq + h) * dv);
     }
   }
 

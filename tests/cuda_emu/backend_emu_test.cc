@@ -182,9 +182,9 @@ TEST_P(BackendEmuTest, ProjectMatchesTheReference) {
 // Linear attention (linear_attention.cu) through Attend: every feature map, causal with more
 // and fewer queries than keys, GQA, key lengths (one of 0: rows of zeros), Dv over one 32-column
 // tile and not a multiple of it. Against the float64 reference within the CPU backend's bound,
-// and, with relu and identity features (no exp), bit for bit the CPU backend's rows: the kernel
-// rounds every product and sum on its own in the CPU's order. A linear item beside a softmax
-// one and another linear one in the same call has its bits alone.
+// and bit for bit the CPU backend's rows: the kernel rounds every product and sum on its own in
+// the CPU's order, and takes the same features (kernels/feature_map.h). A linear item beside a
+// softmax one and another linear one in the same call has its bits alone.
 TEST(LinearAttentionEmuTest, AttendMatchesTheReferenceAndTheCpuBackend) {
   auto gpu = CudaBackend::Create(CudaBackendOptions{});
   ASSERT_TRUE(gpu.ok()) << gpu.status();
@@ -232,11 +232,9 @@ TEST(LinearAttentionEmuTest, AttendMatchesTheReferenceAndTheCpuBackend) {
     EXPECT_EQ(std::memcmp(together.data(), pr.out.data(), pr.out.size() * sizeof(float)), 0)
         << "batch invariance";
     const std::vector<float> device = pr.out;
-    if (c.map != FeatureMap::kEluPlusOne) {
-      const std::vector<float> cpu = LinearRowsOnHost(alone);
-      EXPECT_EQ(std::memcmp(device.data(), cpu.data(), cpu.size() * sizeof(float)), 0)
-          << "the CPU backend's bits";
-    }
+    const std::vector<float> cpu = LinearRowsOnHost(alone);
+    EXPECT_EQ(std::memcmp(device.data(), cpu.data(), cpu.size() * sizeof(float)), 0)
+        << "the CPU backend's bits";
     if (!c.key_lengths.empty() && c.key_lengths[1] == 0) {
       // Item 1 has no key: every row is zero (the normaliser rule).
       const size_t half = device.size() / 2;

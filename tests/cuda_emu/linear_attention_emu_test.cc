@@ -3,8 +3,9 @@
 // it takes (the three feature maps, causal with more and fewer queries than keys, GQA, key
 // lengths with a sequence of none, Dv over several 32-column tiles and not a multiple of 32, head
 // dims up to the largest), bit for bit against the CPU backend's recurrence (LinearRowsOnHost)
-// where no exp is involved, and batch invariance. The mutants of
-// CMakeLists.txt (make_mutant.sh) break it one way each; these tests must catch every one.
+// with every feature map (elu + 1's exp is kernels/feature_map.h's on both), and batch invariance.
+// The mutants of CMakeLists.txt (make_mutant.sh) break it one way each; these tests must catch
+// every one.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -111,9 +112,8 @@ TEST_P(LinearAttentionKernelEmuTest, MatchesTheReferenceAndTheCpuBackendsBits) {
     worst = std::max(worst, std::fabs(pr.out[n] - ref.out[n]));
   }
   EXPECT_LE(worst, 2e-5 * scale);  // the CPU backend's bound (linear_attention_test.cc)
-  if (GetParam().map != FeatureMap::kEluPlusOne) {  // no exp: the same roundings in the same order
-    EXPECT_EQ(std::memcmp(cpu.data(), pr.out.data(), cpu.size() * sizeof(float)), 0);
-  }
+  // The same roundings in the same order, the same exp.
+  EXPECT_EQ(std::memcmp(cpu.data(), pr.out.data(), cpu.size() * sizeof(float)), 0);
   // A sequence with no key (key length 0): every row exactly zero, never NaN.
   const Case& c = GetParam();
   for (int b = 0; b < c.batch; ++b) {

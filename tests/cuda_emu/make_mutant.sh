@@ -162,6 +162,10 @@ case "$name" in
     file=linear_attention.cu
     from="cell = __fadd_rn(cell, __fmul_rn(f[d], value));"
     to="cell = std::fma(f[d], value, cell);" ;;
+  linear_device_expf)  # elu + 1 of a query by the C library's expf, not FeatureExp: not the CPU's bits
+    file=linear_attention.cu
+    from="f[d] = Feature(p.feature_map, query[d]);"
+    to="f[d] = p.feature_map == FeatureMap::kEluPlusOne && query[d] <= 0 ? expf(query[d]) : Feature(p.feature_map, query[d]);" ;;
   paged_window_start_off_by_one)  # a session's sliding window one key shorter on its left
     # (the paged kernel takes the dense kernels' KeyStart: the same bug, the paged tests)
     file=online_softmax.h
