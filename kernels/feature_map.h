@@ -26,34 +26,19 @@
 
 namespace attnserve::kernels::feature_map {
 
-ATTNSERVE_FEATURE_HD float Mul(float a, float b) {
+// Single roundings, and a float's bits: the device's intrinsics, or plain operations on the host
+// (whose callers compile with -ffp-contract=off).
 #if defined(__CUDA_ARCH__)
-  return __fmul_rn(a, b);
+ATTNSERVE_FEATURE_HD float Mul(float a, float b) { return __fmul_rn(a, b); }
+ATTNSERVE_FEATURE_HD float Add(float a, float b) { return __fadd_rn(a, b); }
+ATTNSERVE_FEATURE_HD uint32_t BitsOf(float x) { return __float_as_uint(x); }
+ATTNSERVE_FEATURE_HD float FloatOf(uint32_t bits) { return __uint_as_float(bits); }
 #else
-  return a * b;
+ATTNSERVE_FEATURE_HD float Mul(float a, float b) { return a * b; }
+ATTNSERVE_FEATURE_HD float Add(float a, float b) { return a + b; }
+ATTNSERVE_FEATURE_HD uint32_t BitsOf(float x) { return __builtin_bit_cast(uint32_t, x); }
+ATTNSERVE_FEATURE_HD float FloatOf(uint32_t bits) { return __builtin_bit_cast(float, bits); }
 #endif
-}
-ATTNSERVE_FEATURE_HD float Add(float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __fadd_rn(a, b);
-#else
-  return a + b;
-#endif
-}
-ATTNSERVE_FEATURE_HD uint32_t BitsOf(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(x);
-#else
-  return __builtin_bit_cast(uint32_t, x);
-#endif
-}
-ATTNSERVE_FEATURE_HD float FloatOf(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#else
-  return __builtin_bit_cast(float, bits);
-#endif
-}
 
 // exp(x) for x <= 0 (elu + 1's negative side); any x is safe to pass (branch-free callers
 // evaluate it for every element), but only x <= 0 gives exp(x): above 0 it gives 1, NaN gives
