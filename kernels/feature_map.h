@@ -4,13 +4,15 @@
 //
 // elu(x) + 1 is x + 1 for x > 0 and exp(x) below. That exp is FeatureExp, not the C library's:
 // std::exp is a scalar call (it was most of a row's cost on the CPU), and the device's expf
-// differs from the host's by up to 2 ulp. FeatureExp is Cephes' expf (range reduction by
-// ln 2 in two parts, a degree-7 polynomial), written as single roundings (no fused multiply-add:
-// Mul and Add are __fmul_rn and __fadd_rn on the device; host callers compile with
+// differs from the host's by up to 2 ulp. FeatureExp is Cephes' expf (range reduction by ln 2 in
+// two parts, exp(r) = 1 + r + r² P(r) with P of degree 5), written as single roundings (no fused
+// multiply-add: Mul and Add are __fmul_rn and __fadd_rn on the device; host callers compile with
 // -ffp-contract=off) and branch-free, so the CPU vectorises it and every CPU, ISA and device
 // computes the same bits. Its error against exp rounded to float is at most 1 ulp over
-// (-inf, 0] (tests/kernels/feature_map_test.cc checks it exhaustively), subnormal results
-// included (2^n is applied in two exact halves, so a subnormal result is rounded once).
+// (-inf, 0] (tests/kernels/feature_map_test.cc), subnormal results included (2^n is applied in
+// two exact halves, so a subnormal result is rounded once). The softmax kernels' exp
+// (kernels/cpu/exp_cephes.h) is the same algorithm with fused multiply-adds on each ISA's
+// vectors: faster there, but its bits may differ between instruction sets, which these must not.
 #ifndef ATTNSERVE_KERNELS_FEATURE_MAP_H_
 #define ATTNSERVE_KERNELS_FEATURE_MAP_H_
 
