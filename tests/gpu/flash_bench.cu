@@ -7,15 +7,17 @@
 //                                             finished shape); no new shape starts after S
 //                                             seconds (default 100)
 //   flash_bench --smoke                       every kernel path once on a small problem (masks,
-//                                             key lengths, causal, GQA, generic, naive, decode),
-//                                             for compute-sanitizer memcheck and racecheck
+//                                             key lengths, causal, GQA, generic, naive, decode,
+//                                             linear attention), for compute-sanitizer memcheck
+//                                             and racecheck
 //
 // Inputs are generated once, on the device (a hash of the index, uniform with variance 1), at
 // the largest shape, and every shape reads a prefix: no host random numbers, no per-shape
 // uploads. Each shape runs 1 warm-up and a FIXED number of timed calls (kFlashIters, kNaiveIters),
 // each timed with its own CUDA events; the line records the median and the minimum.
 // Shapes: B * L = kTokens tokens, 16 heads; FLOPs 4 * B * H * L^2 * d, halved for causal.
-// Names: "<impl>/<dtype>/d<dim>/causal<0|1>/L<len>" (sdpa_compare.py parses them).
+// Names: "<impl>/<dtype>/d<dim>/causal<0|1>/L<len>" (sdpa_compare.py parses them). After the
+// sweep, a decode step and linear attention's kernel (their own names; sdpa_compare skips them).
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -29,6 +31,7 @@
 #include <vector>
 
 #include "kernels/cuda/flash_fwd.h"
+#include "kernels/cuda/linear_attention.h"
 
 namespace attnserve::kernels::cuda {
 namespace {
@@ -256,6 +259,88 @@ void RunDecodeShape(bool decode, const Operands& ops, float* o, FILE* out) {
   std::fflush(stdout);
 }
 
+// Linear attention's operands: q, k, v of kLinearElems float32 each (its kernel's only operand
+// type), generated on the device like the others.
+constexpr int64_t kLinearElems = int64_t{kTokens} * kHeads * 64;
+struct LinearOperands {
+  float* q = nullptr;
+  float* k = nullptr;
+  float* v = nullptr;
+};
+LinearOperands MakeLinearOperands() {
+  LinearOperands o;
+  float** dst[3] = {&o.q, &o.k, &o.v};
+  for (int t = 0; t < 3; ++t) {
+    CheckCuda(cudaMalloc(dst[t], kLinearElems * sizeof(float)), "cudaMalloc linear operand");
+    FillKernel<<<1024, 256>>>(*dst[t], kLinearElems, 4321u + 77u * t);
+    CheckCuda(cudaGetLastError(), "fill");
+  }
+  CheckCuda(cudaDeviceSynchronize(), "generating linear inputs");
+  return o;
+}
+
+// Linear attention (linear_attention.h) over packed [batch, heads, len, dim] operands.
+LinearAttentionParams LinearParams(const LinearOperands& ops, float* o, int batch, int heads,
+                                   int kv_heads, int q_len, int kv_len, int d, int dv) {
+  LinearAttentionParams p;
+  p.batch = batch;
+  p.num_heads = heads;
+  p.num_kv_heads = kv_heads;
+  p.q_len = q_len;
+  p.kv_len = kv_len;
+  p.head_dim = d;
+  p.v_head_dim = dv;
+  p.q = {ops.q, int64_t{heads} * q_len * d, int64_t{q_len} * d, d};
+  p.k = {ops.k, int64_t{kv_heads} * kv_len * d, int64_t{kv_len} * d, d};
+  p.v = {ops.v, int64_t{kv_heads} * kv_len * dv, int64_t{kv_len} * dv, dv};
+  p.o = o;
+  p.o_batch_stride = int64_t{heads} * q_len * dv;
+  p.o_head_stride = int64_t{q_len} * dv;
+  p.o_row_stride = dv;
+  p.causal = true;
+  p.feature_map = FeatureMap::kEluPlusOne;
+  return p;
+}
+
+// Linear attention's kernel, causal, elu + 1, D = Dv = 64, on kTokens x kHeads tokens' worth of
+// rows as 16 heads of L = 4096 (beside the flash figures at L 4096: which kernel serves that size
+// faster) and as one head of L = 65536 (the recurrence's keys taken one at a time by 2 blocks:
+// what a long sequence costs it). The figure is query rows a second; 1 warm-up + kLinearIters
+// timed calls.
+constexpr int kLinearIters = 3;
+void RunLinearShape(int heads, int len, const LinearOperands& ops, float* o, FILE* out) {
+  const LinearAttentionParams p = LinearParams(ops, o, 1, heads, heads, len, len, 64, 64);
+  Check(LinearAttentionForward(p, nullptr));
+  CheckCuda(cudaDeviceSynchronize(), "warm-up");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int i = 0; i < kLinearIters; ++i) {
+    cudaEventRecord(start);
+    Check(LinearAttentionForward(p, nullptr));
+    cudaEventRecord(stop);
+    CheckCuda(cudaEventSynchronize(stop), "timed call");
+    float t = 0.0f;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  const double median = ms[ms.size() / 2];
+  const double rows_per_s = double(heads) * len / (median / 1e3);
+  const std::string name =
+      "linear/fp32/d64/causal1/L" + std::to_string(len) + "/H" + std::to_string(heads);
+  std::fprintf(out,
+               "{\"name\": \"%s\", \"kernel\": \"linear\", \"B\": 1, \"H\": %d, \"iters\": %d, "
+               "\"median_ms\": %.4f, \"min_ms\": %.4f, \"Mrows_per_s\": %.2f}\n",
+               name.c_str(), heads, kLinearIters, median, ms.front(), rows_per_s / 1e6);
+  std::fflush(out);
+  std::printf("%-32s %9.3f ms  %7.2f M rows/s\n", name.c_str(), median, rows_per_s / 1e6);
+  std::fflush(stdout);
+}
+
 // The shapes in order of value: if the budget runs out, the most important figures exist.
 std::vector<Shape> Sweep() {
   const ComputeType f16 = ComputeType::kFloat16, b16 = ComputeType::kBFloat16;
@@ -282,8 +367,10 @@ std::vector<Shape> Sweep() {
 // Every kernel path once on a small problem, for compute-sanitizer: the tensor-core kernel at
 // hdim 32, 64, 96, 128, 256 (fp16/bf16) and the generic kernel (d 100), plain, causal with Lq > Lk,
 // key lengths (0 included), a mask with broadcast strides, GQA, ScoreMods (a window with the
-// mask, soft-capped: the kMods instantiations), and the naive path.
-void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t blas) {
+// mask, soft-capped: the kMods instantiations), the naive path, the decode path and linear
+// attention.
+void Smoke(const Operands& f16, const Operands& b16, const LinearOperands& f32, float* o,
+           cublasHandle_t blas) {
   const std::vector<int> cu_q = {0, 100, 101, 160}, cu_k = {0, 70, 200, 330};
   const std::vector<int> lengths = {70, 0, 65};
   int *cq = nullptr, *ck = nullptr, *kl = nullptr;
@@ -390,6 +477,16 @@ void Smoke(const Operands& f16, const Operands& b16, float* o, cublasHandle_t bl
       std::printf("smoke: %s decode d%d ok\n", ComputeTypeName(type), d);
     }
   }
+  // Linear attention: GQA 2, more keys than queries (causal, bottom-right), key lengths with a
+  // sequence of none, Dv over three 32-column tiles (the last partial), each feature map.
+  for (const FeatureMap map : {FeatureMap::kEluPlusOne, FeatureMap::kRelu, FeatureMap::kIdentity}) {
+    LinearAttentionParams p = LinearParams(f32, o, 3, 4, 2, 37, 70, 40, 72);
+    p.key_lengths = kl;  // 70, 0, 65
+    p.feature_map = map;
+    Check(LinearAttentionForward(p, nullptr));
+    CheckCuda(cudaDeviceSynchronize(), "smoke linear");
+    std::printf("smoke: linear feature map %d ok\n", static_cast<int>(map));
+  }
   cudaFree(cq1);
   cudaFree(cq);
   cudaFree(ck);
@@ -426,10 +523,11 @@ int main(int argc, char** argv) {
     const Operands f16 = MakeOperands(ComputeType::kFloat16, scratch);
     const Operands b16 = MakeOperands(ComputeType::kBFloat16, scratch);
     cudaFree(scratch);
+    const LinearOperands f32 = MakeLinearOperands();
     cublasHandle_t blas = nullptr;
     Check(CublasCheck(cublasCreate(&blas), "cublasCreate"));
     if (smoke) {
-      Smoke(f16, b16, o, blas);
+      Smoke(f16, b16, f32, o, blas);
       std::printf("smoke: done\n");
       return 0;
     }
@@ -447,6 +545,9 @@ int main(int argc, char** argv) {
     }
     // The decode step (milliseconds in all): the fused kernel, then the decode path.
     for (bool decode : {false, true}) RunDecodeShape(decode, f16, o, out);
+    // Linear attention's kernel (well under a second at any plausible speed; see run_h200.sh).
+    RunLinearShape(kHeads, kTokens, f32, o, out);
+    RunLinearShape(1, kTokens * kHeads, f32, o, out);
     std::fclose(out);
   } catch (const Fail& f) {
     std::fprintf(stderr, "flash_bench: %s\n", f.what.c_str());

@@ -33,10 +33,13 @@
 # SDPA repeats the flash shapes with 1 warm-up + 3 timed calls (about 4e12 FLOPs, under a
 # second at 100 TFLOP/s) plus about 15 s of torch start-up. After the sweep (budget or not) a
 # decode step, the fused kernel against the decode path (16 sequences x 4096 keys, GQA 8, d128:
-# 33.5 MB of K and V per call, 2 x 11 calls): well under a second.
+# 33.5 MB of K and V per call, 2 x 11 calls): well under a second. Then linear attention's
+# kernel (causal, elu + 1, d 64, float32), as 16 heads of L 4096 and as 1 head of L 65536,
+# 1 warm-up + 3 calls each: its recurrence takes the keys one at a time (never measured on a
+# device; even at 2 µs a key, 65536 keys x 4 calls is 0.5 s).
 # compute-sanitizer runs flash_bench --smoke: 48 fused (hdim 32, 64, 96, 128, 256 and the
-# generic d100, fp16 and bf16, 4 variants, the last with ScoreMods), 12 naive and 6 decode
-# launches on at most 330 keys; 25 s each leaves a 30x slowdown room over the earlier 18 + 6 + 6. Step 2 includes the paged attention of
+# generic d100, fp16 and bf16, 4 variants, the last with ScoreMods), 12 naive, 6 decode and 3
+# linear-attention launches on at most 330 keys; 25 s each leaves a 30x slowdown room over the earlier 18 + 6 + 6. Step 2 includes the paged attention of
 # the decode sessions (CudaPagedAttentionTest: 6 small calls of at most 1300 keys, 8 heads,
 # d128, against the float64 reference, bitwise batch invariance, and the device page store:
 # WriteRows' scatter kernel, pages read back, PagedAttention on device pages bitwise equal to
