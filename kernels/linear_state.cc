@@ -115,4 +115,61 @@ void LinearReadQuery(const float* feature, const float* s, const float* z, int d
   }
 }
 
+// LinearAddKey, then LinearReadQuery, in one pass over S: each row of S is read once, updated,
+// stored and read back from its register. Every element is computed as the two functions compute
+// it, in the same order.
+ATTNSERVE_ISA_CLONES
+void LinearAddKeyReadQuery(const float* key_feature, const float* value, const float* query_feature,
+                           int d, int dv, float* s, float* z, float* out) {
+  for (int i = 0; i < d; ++i) z[i] += key_feature[i];
+  float norm = 0.0f;
+  for (int i = 0; i < d; ++i) norm += query_feature[i] * z[i];
+  const float inv = norm != 0.0f ? 1.0f / norm : 0.0f;
+  int c = 0;
+  for (; c + 64 <= dv; c += 64) {
+    const Floats16* v = At(value + c);
+    const Floats16 v0 = v[0], v1 = v[1], v2 = v[2], v3 = v[3];
+    Floats16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
+    for (int i = 0; i < d; ++i) {
+      const float fk = key_feature[i], fq = query_feature[i];
+      Floats16* row = At(s + static_cast<int64_t>(i) * dv + c);
+      const Floats16 r0 = row[0] + fk * v0, r1 = row[1] + fk * v1, r2 = row[2] + fk * v2,
+                     r3 = row[3] + fk * v3;
+      row[0] = r0;
+      row[1] = r1;
+      row[2] = r2;
+      row[3] = r3;
+      a0 += fq * r0;
+      a1 += fq * r1;
+      a2 += fq * r2;
+      a3 += fq * r3;
+    }
+    Floats16* o = At(out + c);
+    o[0] = a0 * inv;
+    o[1] = a1 * inv;
+    o[2] = a2 * inv;
+    o[3] = a3 * inv;
+  }
+  for (; c + 16 <= dv; c += 16) {
+    const Floats16 v0 = *At(value + c);
+    Floats16 a0 = {};
+    for (int i = 0; i < d; ++i) {
+      Floats16* row = At(s + static_cast<int64_t>(i) * dv + c);
+      const Floats16 r0 = *row + key_feature[i] * v0;
+      *row = r0;
+      a0 += query_feature[i] * r0;
+    }
+    *At(out + c) = a0 * inv;
+  }
+  for (; c < dv; ++c) {
+    float a = 0.0f;
+    for (int i = 0; i < d; ++i) {
+      float& cell = s[static_cast<int64_t>(i) * dv + c];
+      cell += key_feature[i] * value[c];
+      a += query_feature[i] * cell;
+    }
+    out[c] = a * inv;
+  }
+}
+
 }  // namespace attnserve::kernels

@@ -31,6 +31,11 @@ void LinearAddKey(const float* feature, const float* value, int d, int dv, float
 void LinearReadQuery(const float* feature, const float* s, const float* z, int d, int dv,
                      float* out);
 
+// LinearAddKey(key_feature, value, ...) then LinearReadQuery(query_feature, ...), with the same
+// bits, in one pass over S (a causal row that brings exactly one new key: self-attention's).
+void LinearAddKeyReadQuery(const float* key_feature, const float* value, const float* query_feature,
+                           int d, int dv, float* s, float* z, float* out);
+
 }  // namespace attnserve::kernels
 
 #endif  // ATTNSERVE_KERNELS_LINEAR_STATE_H_

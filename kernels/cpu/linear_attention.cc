@@ -25,11 +25,20 @@ void LinearAttentionHead(const AttentionParams& p, int b, int h) {
   const int dk = p.head_dim, dv = p.v_head_dim;
   const int kvh = h / p.group_size();
   std::vector<float> state(static_cast<size_t>(dk) * dv, 0.0f), z(dk, 0.0f);
-  std::vector<float> feature(dk), value(dv);
+  std::vector<float> feature(dk), value(dv), query(dk);
   int added = 0;  // keys [0, added) are in the state
   for (int i = 0; i < p.q_len; ++i) {
     // Limits never fall as i grows (causality bottom-right aligned; key lengths fixed).
     const int limit = p.key_limit(b, i);
+    if (limit == added + 1) {  // one new key (causal self-attention's rows): one pass over S
+      Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, added), dk, feature.data());
+      ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, added), static_cast<size_t>(dv), value.data());
+      Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, query.data());
+      LinearAddKeyReadQuery(feature.data(), value.data(), query.data(), dk, dv, state.data(),
+                            z.data(), p.out.row(b, h, i));
+      ++added;
+      continue;
+    }
     for (; added < limit; ++added) {
       Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, added), dk, feature.data());
       ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, added), static_cast<size_t>(dv), value.data());
