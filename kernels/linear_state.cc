@@ -48,6 +48,25 @@ typedef float Floats16 __attribute__((vector_size(64), aligned(4), may_alias));
 Floats16* At(float* p) { return reinterpret_cast<Floats16*>(p); }
 const Floats16* At(const float* p) { return reinterpret_cast<const Floats16*>(p); }
 
+// 1 / (φ(q) · z), the sum in index order; 0 when the normaliser is exactly 0 (no key, φ(q) = 0,
+// or features that cancel), so that the row is zeros, as defined.
+float InverseNormaliser(const float* feature, const float* z, int d) {
+  float norm = 0.0f;
+  for (int i = 0; i < d; ++i) norm += feature[i] * z[i];
+  return norm != 0.0f ? 1.0f / norm : 0.0f;
+}
+
+// out[0, 64) = (a0, a1, a2, a3) · inv.
+inline __attribute__((always_inline)) void StoreScaled(float* out, const Floats16& a0,
+                                                       const Floats16& a1, const Floats16& a2,
+                                                       const Floats16& a3, float inv) {
+  Floats16* o = At(out);
+  o[0] = a0 * inv;
+  o[1] = a1 * inv;
+  o[2] = a2 * inv;
+  o[3] = a3 * inv;
+}
+
 }  // namespace
 
 // S's rows are updated 64 columns at a time (then 16, then one), v's columns held in registers
@@ -82,10 +101,7 @@ void LinearAddKey(const float* feature, const float* value, int d, int dv, float
 ATTNSERVE_ISA_CLONES
 void LinearReadQuery(const float* feature, const float* s, const float* z, int d, int dv,
                      float* out) {
-  float norm = 0.0f;
-  for (int i = 0; i < d; ++i) norm += feature[i] * z[i];
-  // A zero normaliser (no key, φ(q) = 0, or features that cancel): zeros, as defined.
-  const float inv = norm != 0.0f ? 1.0f / norm : 0.0f;
+  const float inv = InverseNormaliser(feature, z, d);
   int c = 0;
   for (; c + 64 <= dv; c += 64) {
     Floats16 a0 = {}, a1 = {}, a2 = {}, a3 = {};
@@ -97,11 +113,7 @@ void LinearReadQuery(const float* feature, const float* s, const float* z, int d
       a2 += f * row[2];
       a3 += f * row[3];
     }
-    Floats16* o = At(out + c);
-    o[0] = a0 * inv;
-    o[1] = a1 * inv;
-    o[2] = a2 * inv;
-    o[3] = a3 * inv;
+    StoreScaled(out + c, a0, a1, a2, a3, inv);
   }
   for (; c + 16 <= dv; c += 16) {
     Floats16 a0 = {};
@@ -122,9 +134,7 @@ ATTNSERVE_ISA_CLONES
 void LinearAddKeyReadQuery(const float* key_feature, const float* value, const float* query_feature,
                            int d, int dv, float* s, float* z, float* out) {
   for (int i = 0; i < d; ++i) z[i] += key_feature[i];
-  float norm = 0.0f;
-  for (int i = 0; i < d; ++i) norm += query_feature[i] * z[i];
-  const float inv = norm != 0.0f ? 1.0f / norm : 0.0f;
+  const float inv = InverseNormaliser(query_feature, z, d);
   int c = 0;
   for (; c + 64 <= dv; c += 64) {
     const Floats16* v = At(value + c);
@@ -144,11 +154,7 @@ void LinearAddKeyReadQuery(const float* key_feature, const float* value, const f
       a2 += fq * r2;
       a3 += fq * r3;
     }
-    Floats16* o = At(out + c);
-    o[0] = a0 * inv;
-    o[1] = a1 * inv;
-    o[2] = a2 * inv;
-    o[3] = a3 * inv;
+    StoreScaled(out + c, a0, a1, a2, a3, inv);
   }
   for (; c + 16 <= dv; c += 16) {
     const Floats16 v0 = *At(value + c);
