@@ -26,26 +26,27 @@ void LinearAttentionHead(const AttentionParams& p, int b, int h) {
   const int kvh = h / p.group_size();
   std::vector<float> state(static_cast<size_t>(dk) * dv, 0.0f), z(dk, 0.0f);
   std::vector<float> feature(dk), value(dv), query(dk);
+  // φ(k_j) into `feature`, v_j into `value`, in float32.
+  auto load_key = [&](int j) {
+    Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, j), dk, feature.data());
+    ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, j), static_cast<size_t>(dv), value.data());
+  };
   int added = 0;  // keys [0, added) are in the state
   for (int i = 0; i < p.q_len; ++i) {
     // Limits never fall as i grows (causality bottom-right aligned; key lengths fixed).
     const int limit = p.key_limit(b, i);
+    Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, query.data());
     if (limit == added + 1) {  // one new key (causal self-attention's rows): one pass over S
-      Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, added), dk, feature.data());
-      ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, added), static_cast<size_t>(dv), value.data());
-      Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, query.data());
+      load_key(added++);
       LinearAddKeyReadQuery(feature.data(), value.data(), query.data(), dk, dv, state.data(),
                             z.data(), p.out.row(b, h, i));
-      ++added;
       continue;
     }
     for (; added < limit; ++added) {
-      Features(p.feature_map, p.input_dtype, Row(p, p.k, b, kvh, added), dk, feature.data());
-      ToFloat32(p.input_dtype, Row(p, p.v, b, kvh, added), static_cast<size_t>(dv), value.data());
+      load_key(added);
       LinearAddKey(feature.data(), value.data(), dk, dv, state.data(), z.data());
     }
-    Features(p.feature_map, p.input_dtype, Row(p, p.q, b, h, i), dk, feature.data());
-    LinearReadQuery(feature.data(), state.data(), z.data(), dk, dv, p.out.row(b, h, i));
+    LinearReadQuery(query.data(), state.data(), z.data(), dk, dv, p.out.row(b, h, i));
   }
 }
 

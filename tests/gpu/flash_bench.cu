@@ -64,6 +64,31 @@ void Check(const GpuStatus& s) {
 }
 void CheckCuda(cudaError_t e, const char* what) { Check(CudaCheck(e, what)); }
 
+// `run` once to warm up, then `iters` timed calls, each between its own CUDA events: their times
+// in ms, sorted.
+template <class Run>
+std::vector<double> TimeCalls(int iters, Run run) {
+  run();
+  CheckCuda(cudaDeviceSynchronize(), "warm-up");
+  cudaEvent_t start, stop;
+  cudaEventCreate(&start);
+  cudaEventCreate(&stop);
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(start);
+    run();
+    cudaEventRecord(stop);
+    CheckCuda(cudaEventSynchronize(stop), "timed call");
+    float t = 0.0f;
+    cudaEventElapsedTime(&t, start, stop);
+    ms.push_back(t);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms;
+}
+
 struct Operands {
   void* q = nullptr;
   void* k = nullptr;
@@ -148,26 +173,9 @@ void RunShape(const Shape& s, const Operands& ops, float* o, cublasHandle_t blas
                                           nullptr, ws, blas, nullptr)
                   : FlashForward(p, s.type, nullptr));
   };
-  run();
-  CheckCuda(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> ms;
-  for (int i = 0; i < s.iters; ++i) {
-    cudaEventRecord(start);
-    run();
-    cudaEventRecord(stop);
-    CheckCuda(cudaEventSynchronize(stop), "timed call");
-    float t = 0.0f;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const std::vector<double> ms = TimeCalls(s.iters, run);
   cudaFree(cu);
   if (ws != nullptr) cudaFree(ws);
-  std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   const double tflops = Flops(s) / (median / 1e3) / 1e12;
   std::fprintf(out,
@@ -224,27 +232,10 @@ void RunDecodeShape(bool decode, const Operands& ops, float* o, FILE* out) {
     Check(decode ? FlashDecode(p, ComputeType::kFloat16, kLen, ws, nullptr)
                  : FlashForward(p, ComputeType::kFloat16, nullptr));
   };
-  run();
-  CheckCuda(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> ms;
-  for (int i = 0; i < kDecodeIters; ++i) {
-    cudaEventRecord(start);
-    run();
-    cudaEventRecord(stop);
-    CheckCuda(cudaEventSynchronize(stop), "timed call");
-    float t = 0.0f;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
+  const std::vector<double> ms = TimeCalls(kDecodeIters, run);
   cudaFree(dq);
   cudaFree(dk);
   if (ws != nullptr) cudaFree(ws);
-  std::sort(ms.begin(), ms.end());
   const double median = ms[ms.size() / 2];
   const double bytes = 2.0 * kDecodeSeqs * kLen * kD * 2;  // K and V, fp16, one kv head
   const std::string name = std::string(decode ? "decode" : "fused") + "/fp16/d128/gqa8/L4096";
@@ -310,24 +301,8 @@ LinearAttentionParams LinearParams(const LinearOperands& ops, float* o, int batc
 constexpr int kLinearIters = 3;
 void RunLinearShape(int heads, int len, const LinearOperands& ops, float* o, FILE* out) {
   const LinearAttentionParams p = LinearParams(ops, o, 1, heads, heads, len, len, 64, 64);
-  Check(LinearAttentionForward(p, nullptr));
-  CheckCuda(cudaDeviceSynchronize(), "warm-up");
-  cudaEvent_t start, stop;
-  cudaEventCreate(&start);
-  cudaEventCreate(&stop);
-  std::vector<double> ms;
-  for (int i = 0; i < kLinearIters; ++i) {
-    cudaEventRecord(start);
-    Check(LinearAttentionForward(p, nullptr));
-    cudaEventRecord(stop);
-    CheckCuda(cudaEventSynchronize(stop), "timed call");
-    float t = 0.0f;
-    cudaEventElapsedTime(&t, start, stop);
-    ms.push_back(t);
-  }
-  cudaEventDestroy(start);
-  cudaEventDestroy(stop);
-  std::sort(ms.begin(), ms.end());
+  const std::vector<double> ms =
+      TimeCalls(kLinearIters, [&] { Check(LinearAttentionForward(p, nullptr)); });
   const double median = ms[ms.size() / 2];
   const double rows_per_s = double(heads) * len / (median / 1e3);
   const std::string name =
