@@ -19,7 +19,10 @@ the demo module at L = 64, 16 KiB):
   3. after each open-loop phase: time from the end of the load to the first OK of lone calls
      sent one after another (each with a 1 s deadline);
   4. server RSS: fresh, after the capacity runs, peak during each overload phase (sampled every
-     100 ms); and the time SIGTERM takes after each phase.
+     100 ms); and the time SIGTERM takes after each phase;
+  5. the server's CPU seconds during each phase (under the quota: at most quota x seconds), and
+     how many calls it answered after the load had ended, before SIGTERM ("after": the calls
+     still in the connection's backlog, and the lone calls of 3.).
 
   sudo /usr/bin/python3 tests/bench/overload.py --build=build [--server=PATH] [--json=OUT]
 
@@ -36,6 +39,13 @@ import tempfile
 import threading
 import time
 import urllib.request
+
+
+def cpu_s(pid):
+    """The process's CPU seconds (user + system), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mb(pid):
@@ -69,7 +79,8 @@ class Cgroup:
 
 
 def counts_by_code(metrics_port, rpc):
-    """attnserve_requests_total of `rpc`, by code, as the server counts them."""
+    """attnserve_requests_total of `rpc`, by code, as the server counts them, and
+    attnserve_requests_dropped_total by reason."""
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
         text = r.read().decode()
     out = {}
@@ -78,6 +89,11 @@ def counts_by_code(metrics_port, rpc):
             continue
         code = re.search(r'code="([^"]+)"', labels).group(1)
         out[code] = out.get(code, 0) + int(float(value))
+    # Why calls were not computed (every rpc): "unmeetable" is the admission gate's refusal at
+    # the headers, "deadline" an expiry in the queue.
+    for reason, value in re.findall(
+            r'^attnserve_requests_dropped_total\{reason="([^"]+)"\} (\S+)$', text, re.M):
+        out[f"dropped:{reason}"] = int(float(value))
     return out
 
 
@@ -118,17 +134,22 @@ def main():
                   f"{c['failed']} failed, p99 {c['p99_ms']:.1f} ms")
         print(f"  capacity: {r['capacity']:.1f} OK/s ({r['capacity_from']})")
         print(f"  {'load':>5} {'throttle':>8} {'rate/s':>7} {'sent':>7} {'goodput/s':>9} "
-              f"{'of cap.':>7} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11}  client codes | "
+              f"{'of cap.':>7} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} {'after':>7}  client codes | "
               f"server codes")
         for o in r["overload"]:
             print(f"  {o['factor']:4g}x {o['throttle']:>8} {o['rate']:7.0f} {o['sent']:7d} "
                   f"{o['goodput_ok_per_s']:9.1f} {o['goodput_fraction']:7.2f} {o['p99_ms']:7.1f} "
-                  f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s  {o['client_codes']} | "
+                  f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s {o['server_cpu_s']:6.2f} "
+                  f"{o['answered_after_load']:7d}  "
+                  f"{o['client_codes']} | "
                   f"{o['server_codes_incl_lone_calls']}")
         print(f"  RSS fresh {r['rss_idle_mb']:.0f} MB, after the capacity runs "
               f"{r['rss_after_capacity_mb']:.0f} MB; each open-loop phase on a fresh server, "
               f"SIGTERM after it: " + ", ".join(f"{o['sigterm_exit_s']} s (code {o['exit_code']})"
                                                 for o in r["overload"]))
+        for o in r["overload"]:
+            for line in o["drain_log"]:
+                print(f"  {o['factor']:g}x {o['throttle']}: {line}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
@@ -170,6 +191,10 @@ class Server:
             self.process.wait()
             took = ">60"
         self.cgroup.close()
+        self.log.seek(0)
+        text = self.log.read()
+        # What the server said while it drained (from the signal on).
+        self.drain_log = text[text.find("received"):].splitlines()[1:] if "received" in text else []
         self.log.close()
         self.tmp.cleanup()
         return took, self.process.returncode
@@ -230,12 +255,15 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                     time.sleep(0.1)
             sampler = threading.Thread(target=sample)
             sampler.start()
+            cpu0 = cpu_s(server.process.pid)
             rate = factor * capacity
             p = run_bench(server, f"open{factor:g}{throttle}", "--mode=open",
                           f"--rate={rate:.0f}", "--warmup_s=0", f"--duration_s={args.overload_s}",
                           f"--timeout_ms={args.deadline_ms}",
                           f"--throttle={'true' if throttle == 'on' else 'false'}")
             stopped = time.monotonic()
+            cpu1 = cpu_s(server.process.pid)
+            at_end = counts_by_code(server.metrics_port, rpc_name)
             rss_at_end = rss_mb(server.process.pid)
             lone = first_lone_ok(server, stopped)
             done.set()
@@ -243,6 +271,10 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
             after = counts_by_code(server.metrics_port, rpc_name)
             server_counts = {k: after.get(k, 0) - before.get(k, 0) for k in after}
             server_counts = {k: v for k, v in server_counts.items() if v}
+            # Calls the server answered after the load had ended: the connection's backlog (and
+            # the lone calls, a few).
+            answered_after = sum(v for k, v in after.items() if ":" not in k) - sum(
+                v for k, v in at_end.items() if ":" not in k)
             goodput = p["ok"] / args.overload_s
             exit_s, code = server.stop()
             report["overload"].append({
@@ -252,7 +284,9 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                 "goodput_ok_per_s": goodput, "goodput_fraction": goodput / capacity,
                 "p99_ms": p["latency_ms"]["p99"], "rss_fresh_mb": server.rss_fresh_mb,
                 "rss_peak_mb": max(peak[0], rss_at_end), "rss_at_end_mb": rss_at_end,
-                "first_lone_ok_s": lone, "sigterm_exit_s": exit_s, "exit_code": code})
+                "server_cpu_s": round(cpu1 - cpu0, 2), "answered_after_load": answered_after,
+                "first_lone_ok_s": lone, "sigterm_exit_s": exit_s, "exit_code": code,
+                "drain_log": server.drain_log})
     tmp.cleanup()
     return report
 
