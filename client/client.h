@@ -109,8 +109,9 @@ struct ClientOptions {
   // MultiHeadAttention, ExtendSession and ExtendSessions, sync and async. A call it rejects
   // fails UNAVAILABLE at once, before anything is sent. Control calls (server info, modules,
   // creating, describing, forking, listing and closing sessions) and streams are neither
-  // throttled nor counted. Default: on, k = 2, a 30 s window; `throttle.enabled = false` turns
-  // it off (attnserve-bench does by default, to measure the server's own refusals).
+  // throttled nor counted. Default: on, k = 2, a 30 s window, p at most 0.95;
+  // `throttle.enabled = false` turns it off (attnserve-bench does by default, to measure the
+  // server's own refusals).
   ThrottleOptions throttle;
 
   // --- Security ---

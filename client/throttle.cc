@@ -1,5 +1,6 @@
 #include "client/throttle.h"
 
+#include <algorithm>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -35,6 +36,11 @@ absl::Status ValidateThrottleOptions(const ThrottleOptions& options) {
     // inf * 0 accepts is NaN: a throttle that never rejects is enabled = false.
     return absl::InvalidArgumentError(
         absl::StrCat("throttle.k must be finite; was ", Number(options.k)));
+  }
+  if (!(options.max_probability > 0 && options.max_probability <= 1)) {  // NaN too
+    return absl::InvalidArgumentError(
+        absl::StrCat("throttle.max_probability must be above 0 and at most 1; was ",
+                     Number(options.max_probability)));
   }
   if (options.window_seconds < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -114,8 +120,9 @@ std::pair<int64_t, int64_t> Throttle::CountsAt(int64_t second) const {
 }
 
 double Throttle::P(int64_t requests, int64_t accepts) const {
-  return std::max(0.0, (static_cast<double>(requests) - options_.k * static_cast<double>(accepts)) /
-                           static_cast<double>(requests + 1));
+  const double p = (static_cast<double>(requests) - options_.k * static_cast<double>(accepts)) /
+                   static_cast<double>(requests + 1);
+  return std::clamp(p, 0.0, options_.max_probability);
 }
 
 std::pair<int64_t, int64_t> Throttle::Counts() const {
@@ -134,8 +141,7 @@ std::optional<std::string> Throttle::Check() {
   MutexLock lock(&mu_);
   const double now = clock_();
   const int64_t second = static_cast<int64_t>(std::floor(now));
-  if (now < pushback_until_) {
-    Add(second, /*accepted=*/false);
+  if (now < pushback_until_) {  // not counted (throttle.h)
     return absl::StrCat("throttled by the client: the server asked for no calls for ", pushback_ms_,
                         " ms (", kPushbackKey, ")", kAdvice);
   }

@@ -6,11 +6,20 @@
 // every throttled call the application attempted, including those rejected here, and `accepts`:
 // those the server accepted. Before sending a call it rejects it locally with probability
 //
-//     p = max(0, (requests - k * accepts) / (requests + 1))
+//     p = min(max_probability, max(0, (requests - k * accepts) / (requests + 1)))
 //
-// (k = 2 by default). While the server accepts at least one call in k, p stays 0; when it
-// refuses most, the client sheds the excess itself, before it costs the server anything, yet
-// keeps sending a fraction, so that it notices the server's recovery.
+// (k = 2 and max_probability = 0.95 by default). While the server accepts at least one call in
+// k, p stays 0; when it refuses most, the client sheds the excess itself, before it costs the
+// server anything, yet keeps sending a fraction, so that it notices the server's recovery.
+//
+// That fraction is at least 1 - max_probability of the calls attempted (as in Envoy's admission
+// control). Without the cap (the SRE book's formula, max_probability = 1) a throttle that saw
+// most of its first calls fail (a fresh client's burst, a server's cold start) sent so few that
+// it took longer than a 15-20 s overload to learn that the server had recovered: goodput swung
+// between 0.01 and 0.8 of capacity from one run to the next (tests/bench/OVERLOAD.md). With it,
+// at least 5% go out, so a collapsed throttle reopens within seconds; the price is that beyond
+// 1 / (1 - max_probability) = 20 times a server's capacity the callers no longer shed enough by
+// themselves, and the server's own refusals take the rest.
 //
 // Accepted is every answer but UNAVAILABLE and DEADLINE_EXCEEDED (overload, shutdown, a
 // refusal at arrival, a deadline that passed): INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED
@@ -20,7 +29,10 @@
 // holds back every throttled call until that many milliseconds have passed.
 //
 // A sent call is counted when its answer comes (Record), so that calls in flight weigh
-// nothing; a locally rejected one when it is rejected (Check).
+// nothing; a call rejected by the ratio when it is rejected (Check). A call held back by a
+// pushback is not counted: the server never judged it, and counting it as refused made every
+// pushback raise p for the whole window after it (one pushback of seconds under a CPU quota
+// closed the throttle for the rest of the phase: OVERLOAD.md).
 #ifndef ATTNSERVE_CLIENT_THROTTLE_H_
 #define ATTNSERVE_CLIENT_THROTTLE_H_
 
@@ -49,6 +61,10 @@ struct ThrottleOptions {
   double k = 2.0;
   // The sliding window the counts cover, in whole seconds. REQUIRES: >= 1. Default: 30.
   int window_seconds = 30;
+  // The most p can be: at least 1 - max_probability of the calls are sent, so that a throttle
+  // that has closed notices the server's recovery. REQUIRES: 0 < max_probability <= 1 (1: the
+  // SRE book's formula, uncapped). Default: 0.95.
+  double max_probability = 0.95;
 };
 
 // INVALID_ARGUMENT naming the field and value when `options` break a REQUIRES above (checked
@@ -81,7 +97,8 @@ class Throttle {
   const ThrottleOptions& options() const { return options_; }
 
   // Before a throttled call: nullopt to send it, or why it is rejected locally (counted as a
-  // request). Draws from rand only when p > 0 and no pushback is in force.
+  // request when the ratio rejects it, not when a pushback holds it back). Draws from rand only
+  // when p > 0 and no pushback is in force.
   std::optional<std::string> Check() ABSL_LOCKS_EXCLUDED(mu_);
   // A sent call's answer: its code and, for a failure, the value of its grpc-retry-pushback-ms
   // trailer (empty: none).

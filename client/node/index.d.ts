@@ -274,7 +274,8 @@ export interface ListSessionsResult {
 
 /**
  * Client-side adaptive throttling (Google's SRE book): a compute call is rejected locally with
- * probability max(0, (requests - k * accepts) / (requests + 1)) over the last windowSeconds.
+ * probability min(maxProbability, max(0, (requests - k * accepts) / (requests + 1))) over the
+ * last windowSeconds.
  */
 export interface ThrottleOptions {
   /** Default true. */
@@ -283,6 +284,11 @@ export interface ThrottleOptions {
   k?: number;
   /** The window the counts cover, whole seconds; default 30. */
   windowSeconds?: number;
+  /**
+   * The most the probability can be, above 0 and at most 1 (1: uncapped); default 0.95, so that
+   * at least 5% of calls go out and a closed throttle notices the server's recovery.
+   */
+  maxProbability?: number;
 }
 
 /** For tests: a fake clock and fake random draws. */

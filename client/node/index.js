@@ -512,8 +512,8 @@ class Client {
    *   credentials: grpc.credentials (default insecure); timeoutMs: per call (default 60000);
    *   channelOptions: grpc-js channel options; loadBalancing: 'round_robin' or 'pick_first'
    *   (default: round_robin when the target lists addresses: a list, "ipv4:", "ipv6:", "dns:");
-   *   throttle: client-side adaptive throttling, { enabled, k, windowSeconds } (default: on,
-   *   k 2, 30 s), a Throttle (e.g. one shared by several clients), or false for none. One per
+   *   throttle: client-side adaptive throttling, { enabled, k, windowSeconds, maxProbability }
+   *   (default: on, k 2, 30 s, 0.95), a Throttle (e.g. one shared by several clients), or false for none. One per
    *   client, whatever the number of replicas.
    */
   constructor(target, options = {}) {

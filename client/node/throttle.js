@@ -5,18 +5,23 @@
 // every throttled call the application attempted, including those rejected here, and `accepts`:
 // those the server accepted. Before sending a call it rejects it locally with probability
 //
-//   p = max(0, (requests - k * accepts) / (requests + 1))        (k = 2 by default)
+//   p = min(maxProbability, max(0, (requests - k * accepts) / (requests + 1)))
 //
-// While the server accepts at least one call in k, p stays 0; when it refuses most, the client
-// sheds the excess itself, before it costs the server anything, yet keeps sending a fraction, so
-// that it notices the server's recovery.
+// (k = 2 and maxProbability = 0.95 by default). While the server accepts at least one call in k,
+// p stays 0; when it refuses most, the client sheds the excess itself, before it costs the server
+// anything, yet keeps sending a fraction, so that it notices the server's recovery: at least
+// 1 - maxProbability of the calls attempted (as in Envoy's admission control; uncapped, a
+// throttle that saw most of its first calls fail took longer than an overload lasted to reopen:
+// tests/bench/OVERLOAD.md). Beyond 1 / (1 - maxProbability) times a server's capacity the
+// callers no longer shed enough by themselves, and the server's own refusals take the rest.
 //
 // Accepted is every answer but UNAVAILABLE and DEADLINE_EXCEEDED (overload, shutdown, a refusal
 // at arrival, a deadline that passed): INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED and the
 // rest show a server able to take and judge the call, and a caller's own bad requests must
 // never make it throttle itself. A failed answer carrying the trailer grpc-retry-pushback-ms (a
 // non-negative integer; the server's overload refusals send it) also holds back every throttled
-// call until that many milliseconds have passed.
+// call until that many milliseconds have passed; a call held back so is not counted (the server
+// never judged it, and counting it as refused made each pushback raise p for a whole window).
 'use strict';
 const { performance } = require('node:perf_hooks');
 const grpc = require('@grpc/grpc-js');
@@ -26,7 +31,7 @@ const PUSHBACK_KEY = 'grpc-retry-pushback-ms';
 // The outcomes that are not accepts. Everything else, OK included, is.
 const NOT_ACCEPTED = new Set([grpc.status.UNAVAILABLE, grpc.status.DEADLINE_EXCEEDED]);
 const ADVICE = '; retry later or disable with {throttle: false}';
-const DEFAULTS = Object.freeze({ enabled: true, k: 2, windowSeconds: 30 });
+const DEFAULTS = Object.freeze({ enabled: true, k: 2, windowSeconds: 30, maxProbability: 0.95 });
 
 /** Whether an answer with `code` (a grpc.status value) counts as accepted by the server. */
 function isAccept(code) {
@@ -61,7 +66,8 @@ function checkOptions(options) {
   }
   for (const key of Object.keys(options)) {
     if (!(key in DEFAULTS)) {
-      throw new RangeError(`throttle.${key} is not an option (enabled, k, windowSeconds)`);
+      throw new RangeError(
+        `throttle.${key} is not an option (enabled, k, windowSeconds, maxProbability)`);
     }
   }
   const o = {};
@@ -73,6 +79,13 @@ function checkOptions(options) {
   if (!Number.isInteger(o.windowSeconds) || o.windowSeconds < 1) {
     throw new RangeError(
       `throttle.windowSeconds must be an integer >= 1; was ${show(o.windowSeconds)}`);
+  }
+  if (typeof o.maxProbability !== 'number') {
+    throw new TypeError(`throttle.maxProbability must be a number; was ${show(o.maxProbability)}`);
+  }
+  if (!(o.maxProbability > 0 && o.maxProbability <= 1)) {  // NaN too
+    throw new RangeError(
+      `throttle.maxProbability must be above 0 and at most 1; was ${show(o.maxProbability)}`);
   }
   o.enabled = !!o.enabled;
   return Object.freeze(o);
@@ -130,7 +143,8 @@ class Throttle {
   }
 
   p({ requests, accepts }) {
-    return Math.max(0, (requests - this.options.k * accepts) / (requests + 1));
+    const p = (requests - this.options.k * accepts) / (requests + 1);
+    return Math.min(this.options.maxProbability, Math.max(0, p));
   }
 
   /** { requests, accepts } in the window now. */
@@ -148,15 +162,14 @@ class Throttle {
 
   /**
    * Before a throttled call: null to send it, or why it is rejected locally (the message of its
-   * ThrottledError; the rejection is counted as a request). Draws from rand only when the
-   * probability is above 0 and no pushback is in force.
+   * ThrottledError; counted as a request when the ratio rejects it, not when a pushback holds it
+   * back). Draws from rand only when the probability is above 0 and no pushback is in force.
    */
   check() {
     if (!this.options.enabled) return null;
     const now = this.clock();
     const second = Math.floor(now / 1000);
-    if (now < this.pushbackUntil) {
-      this.add(second, false);
+    if (now < this.pushbackUntil) {  // not counted (the comment at the top)
       return 'throttled by the client: the server asked for no calls for ' +
         `${this.pushbackMs} ms (${PUSHBACK_KEY})${ADVICE}`;
     }

@@ -48,6 +48,7 @@ TEST(ThrottleTest, SharedCases) {
     options.enabled = c.value("enabled", true);
     options.k = c.value("k", 2.0);
     options.window_seconds = c.value("window_seconds", 30);
+    options.max_probability = c.value("max_probability", 0.95);
     auto throttle = Throttle::Create(
                         options, [&] { return now; },
                         [&] {
@@ -109,6 +110,15 @@ TEST(ThrottleTest, OptionsAreChecked) {
   options.k = HUGE_VAL;
   EXPECT_EQ(ValidateThrottleOptions(options).message(), "throttle.k must be finite; was Infinity");
   options.k = 2;
+  const std::pair<double, const char*> bad[] = {
+      {0.0, "0"}, {-0.5, "-0.5"}, {1.5, "1.5"}, {std::nan(""), "NaN"}};
+  for (const auto& [value, shown] : bad) {
+    options.max_probability = value;
+    EXPECT_EQ(ValidateThrottleOptions(options).message(),
+              std::string("throttle.max_probability must be above 0 and at most 1; was ") + shown);
+  }
+  options.max_probability = 1;
+  EXPECT_TRUE(ValidateThrottleOptions(options).ok());
   options.window_seconds = 0;
   options.enabled = false;  // checked all the same
   EXPECT_EQ(ValidateThrottleOptions(options).message(),

@@ -41,6 +41,7 @@ function sharedCases(file) {
     const rand = fakeRand();
     const throttle = new Throttle({
       enabled: c.enabled ?? true, k: c.k ?? 2, windowSeconds: c.window_seconds ?? 30,
+      maxProbability: c.max_probability ?? 0.95,
     }, { clock, rand });
     c.events.forEach((e, i) => {
       const where = `${c.name}: event ${i} ${JSON.stringify(e)}`;
@@ -77,7 +78,8 @@ function sharedCases(file) {
 function options() {
   const client = new attnserve.Client('127.0.0.1:1');
   assert.ok(client.throttle instanceof Throttle);
-  assert.deepEqual(client.throttle.options, { enabled: true, k: 2, windowSeconds: 30 });
+  assert.deepEqual(client.throttle.options,
+    { enabled: true, k: 2, windowSeconds: 30, maxProbability: 0.95 });
   client.close();
   for (const off of [false, null, { enabled: false }]) {
     const c = new attnserve.Client('127.0.0.1:1', { throttle: off });
@@ -97,7 +99,15 @@ function options() {
     [{ windowSeconds: 0 }, RangeError, 'throttle.windowSeconds must be an integer >= 1; was 0'],
     [{ windowSeconds: 1.5 }, RangeError,
       'throttle.windowSeconds must be an integer >= 1; was 1.5'],
-    [{ K: 3 }, RangeError, 'throttle.K is not an option (enabled, k, windowSeconds)'],
+    [{ maxProbability: 0 }, RangeError,
+      'throttle.maxProbability must be above 0 and at most 1; was 0'],
+    [{ maxProbability: 1.5 }, RangeError,
+      'throttle.maxProbability must be above 0 and at most 1; was 1.5'],
+    [{ maxProbability: NaN }, RangeError,
+      'throttle.maxProbability must be above 0 and at most 1; was NaN'],
+    [{ maxProbability: '1' }, TypeError, 'throttle.maxProbability must be a number; was "1"'],
+    [{ K: 3 }, RangeError,
+      'throttle.K is not an option (enabled, k, windowSeconds, maxProbability)'],
     ['on', TypeError, 'throttle must be an options object, a Throttle, true or false; was "on"'],
   ]) {
     assert.throws(() => new attnserve.Client('127.0.0.1:1', { throttle }), (err) => {
@@ -361,11 +371,11 @@ async function inProcessServer() {
     assert.equal(server.behaviour.calls, 1);
     clock.t = 20;
     server.behaviour.code = status.OK;
-    rand.queue.push(0.99);  // p = 4/5
+    rand.queue.push(0.99);  // p = 1/2: the calls held back were not counted
     await client.attend(Q, Q, Q);
     assert.deepEqual(rand.queue, []);
     assert.equal(server.behaviour.calls, 2);
-    assert.deepEqual(client.throttle.counts(), { requests: 5, accepts: 1 });
+    assert.deepEqual(client.throttle.counts(), { requests: 2, accepts: 1 });
     // INVALID_ARGUMENT with a value that is not a non-negative integer: never throttled.
     clock.t = 100;
     server.behaviour.code = status.INVALID_ARGUMENT;

@@ -64,7 +64,8 @@ class SharedCasesTest(unittest.TestCase):
     def run_case(self, case):
         clock, rand = FakeClock(), FakeRand()
         options = ThrottleOptions(enabled=case.get("enabled", True), k=case.get("k", 2.0),
-                                  window_seconds=case.get("window_seconds", 30))
+                                  window_seconds=case.get("window_seconds", 30),
+                                  max_probability=case.get("max_probability", 0.95))
         throttle = Throttle(options, clock=clock, rand=rand)
         for i, event in enumerate(case["events"]):
             where = f"event {i} {event}"
@@ -94,7 +95,8 @@ class SharedCasesTest(unittest.TestCase):
 class OptionsTest(unittest.TestCase):
     def test_defaults(self):
         self.assertEqual(ThrottleOptions(), ThrottleOptions(enabled=True, k=2.0,
-                                                            window_seconds=30))
+                                                            window_seconds=30,
+                                                            max_probability=0.95))
         client = attnserve.Client("127.0.0.1:1")
         self.assertIsInstance(client.throttle, Throttle)
         self.assertEqual(client.throttle.options, ThrottleOptions())
@@ -115,7 +117,15 @@ class OptionsTest(unittest.TestCase):
                 (ThrottleOptions(window_seconds=0),
                  "throttle.window_seconds must be an integer >= 1; was 0"),
                 (ThrottleOptions(window_seconds=1.5),
-                 "throttle.window_seconds must be an integer >= 1; was 1.5")]:
+                 "throttle.window_seconds must be an integer >= 1; was 1.5"),
+                (ThrottleOptions(max_probability=0),
+                 "throttle.max_probability must be above 0 and at most 1; was 0"),
+                (ThrottleOptions(max_probability=1.5),
+                 "throttle.max_probability must be above 0 and at most 1; was 1.5"),
+                (ThrottleOptions(max_probability=float("nan")),
+                 "throttle.max_probability must be above 0 and at most 1; was NaN"),
+                (ThrottleOptions(max_probability="1"),
+                 "throttle.max_probability must be a number; was '1'")]:
             with self.subTest(options=options):
                 with self.assertRaises(ValueError) as e:
                     attnserve.Client("127.0.0.1:1", throttle=options)
@@ -472,11 +482,11 @@ class InProcessServerTest(unittest.TestCase):
             self.assertEqual(self.servicer.calls, 1)
             self.clock.t = 20
             self.servicer.code = grpc.StatusCode.OK
-            self.rand.queue.append(0.99)  # p = 4/5
+            self.rand.queue.append(0.99)  # p = 1/2: the calls held back were not counted
             client.attend(Q, Q, Q)
             self.assertEqual(self.rand.queue, [])
             self.assertEqual(self.servicer.calls, 2)
-            self.assertEqual(client.throttle.counts(), (5, 1))
+            self.assertEqual(client.throttle.counts(), (2, 1))
 
     def test_sync_invalid_argument_and_ignored_pushback(self):
         # An unparseable value reaches the client as a negative one: ignored.

@@ -5,18 +5,23 @@ throttled call the application attempted, including those this module rejected l
 `accepts`: those the server accepted. Before sending a call it rejects it locally with
 probability
 
-    p = max(0, (requests - k * accepts) / (requests + 1))
+    p = min(max_probability, max(0, (requests - k * accepts) / (requests + 1)))
 
-(k = 2 by default). While the server accepts at least one call in k, p stays 0; when it refuses
-most, the client sheds the excess itself, before it costs the server anything, yet keeps
-sending a fraction, so that it notices the server's recovery.
+(k = 2 and max_probability = 0.95 by default). While the server accepts at least one call in k,
+p stays 0; when it refuses most, the client sheds the excess itself, before it costs the server
+anything, yet keeps sending a fraction, so that it notices the server's recovery: at least
+1 - max_probability of the calls attempted (as in Envoy's admission control; uncapped, a
+throttle that saw most of its first calls fail took longer than an overload lasted to reopen:
+tests/bench/OVERLOAD.md). Beyond 1 / (1 - max_probability) times a server's capacity the callers
+no longer shed enough by themselves, and the server's own refusals take the rest.
 
 Accepted is every answer but UNAVAILABLE and DEADLINE_EXCEEDED (overload, shutdown, a refusal
 at arrival, a deadline that passed): INVALID_ARGUMENT, NOT_FOUND, RESOURCE_EXHAUSTED and the
 rest show a server able to take and judge the call, and a caller's own bad requests must never
 make it throttle itself. A failed answer carrying the trailer grpc-retry-pushback-ms (a
 non-negative integer, the server's overload refusals send it) also holds back every throttled
-call until that many milliseconds have passed.
+call until that many milliseconds have passed; a call held back so is not counted (the server
+never judged it, and counting it as refused made each pushback raise p for a whole window).
 
 Client and AsyncClient own one Throttle each (ThrottleOptions: on by default; throttle=None
 turns it off) and apply it to the compute calls: attend, multi_head_attention, a session's
@@ -50,12 +55,14 @@ _ADVICE = "; retry later or disable with throttle=None"
 
 class ThrottleOptions(NamedTuple):
     """Client-side adaptive throttling: `enabled` (default True), `k` (a call is rejected
-    locally with probability max(0, (requests - k * accepts) / (requests + 1)); >= 1, default
-    2.0: lower sheds sooner) and `window_seconds` (the sliding window the counts cover, in whole
-    seconds, default 30)."""
+    locally with probability min(max_probability, max(0, (requests - k * accepts) / (requests +
+    1))); >= 1, default 2.0: lower sheds sooner), `window_seconds` (the sliding window the
+    counts cover, in whole seconds, default 30) and `max_probability` (above 0, at most 1: 1 is
+    the SRE book's formula, uncapped; default 0.95)."""
     enabled: bool = True
     k: float = 2.0
     window_seconds: int = 30
+    max_probability: float = 0.95
 
 
 def is_accept(code: grpc.StatusCode) -> bool:
@@ -109,6 +116,12 @@ def _check_options(options: ThrottleOptions) -> None:
         raise ValueError(f"throttle.k must be finite; was {_number(k)}")
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
         raise ValueError(f"throttle.window_seconds must be an integer >= 1; was {window!r}")
+    cap = options.max_probability
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)):
+        raise ValueError(f"throttle.max_probability must be a number; was {cap!r}")
+    if not 0 < cap <= 1:  # NaN too
+        raise ValueError(
+            f"throttle.max_probability must be above 0 and at most 1; was {_number(cap)}")
 
 
 class Throttle:
@@ -160,7 +173,8 @@ class Throttle:
         return requests, accepts
 
     def _p(self, requests: int, accepts: int) -> float:
-        return max(0.0, (requests - self.options.k * accepts) / (requests + 1))
+        p = (requests - self.options.k * accepts) / (requests + 1)
+        return min(self.options.max_probability, max(0.0, p))
 
     def counts(self) -> Tuple[int, int]:
         """(requests, accepts) in the window now."""
@@ -175,15 +189,15 @@ class Throttle:
 
     def check(self) -> Optional[str]:
         """Before a throttled call: None to send it, or why it is rejected locally (the
-        message of its ThrottledError; the rejection is counted as a request). Draws from rand
-        only when the probability is above 0 and no pushback is in force."""
+        message of its ThrottledError; counted as a request when the ratio rejects it, not when
+        a pushback holds it back). Draws from rand only when the probability is above 0 and no
+        pushback is in force."""
         if not self.options.enabled:
             return None
         with self._lock:
             now = self._clock()
             second = math.floor(now)
-            if now < self._pushback_until:
-                self._add(second, accepted=False)
+            if now < self._pushback_until:  # not counted (the module's docstring)
                 return ("throttled by the client: the server asked for no calls for "
                         f"{self._pushback_ms} ms ({PUSHBACK_KEY}){_ADVICE}")
             requests, accepts = self._counts(second)
