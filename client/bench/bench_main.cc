@@ -106,8 +106,8 @@ ABSL_FLAG(std::string, auth_token_file, "", "file holding a bearer token");
 ABSL_FLAG(bool, retries, false, "let gRPC retry UNAVAILABLE (off: errors are counted as such)");
 ABSL_FLAG(bool, throttle, false,
           "client-side adaptive throttling as the client libraries do by default (k 2, 30 s "
-          "window, client/throttle.h); off: every call reaches the server, whose own refusals "
-          "are measured. Rejections count as THROTTLED_BY_CLIENT");
+          "window, p at most 0.95, client/throttle.h); off: every call reaches the server, whose "
+          "own refusals are measured. Rejections count as THROTTLED_BY_CLIENT");
 
 namespace {
 
