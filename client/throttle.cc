@@ -37,14 +37,14 @@ absl::Status ValidateThrottleOptions(const ThrottleOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("throttle.k must be finite; was ", Number(options.k)));
   }
+  if (options.window_seconds < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "throttle.window_seconds must be an integer >= 1; was ", options.window_seconds));
+  }
   if (!(options.max_probability > 0 && options.max_probability <= 1)) {  // NaN too
     return absl::InvalidArgumentError(
         absl::StrCat("throttle.max_probability must be above 0 and at most 1; was ",
                      Number(options.max_probability)));
-  }
-  if (options.window_seconds < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "throttle.window_seconds must be an integer >= 1; was ", options.window_seconds));
   }
   return absl::OkStatus();
 }

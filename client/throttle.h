@@ -3,8 +3,9 @@
 // all three pass tests/testing/throttle_cases.json).
 //
 // A client keeps, over a sliding window (30 s by default, as 1-second buckets), `requests`:
-// every throttled call the application attempted, including those rejected here, and `accepts`:
-// those the server accepted. Before sending a call it rejects it locally with probability
+// every throttled call the application attempted, including those the ratio below rejected here
+// (not those a pushback held back), and `accepts`: those the server accepted. Before sending a
+// call it rejects it locally with probability
 //
 //     p = min(max_probability, max(0, (requests - k * accepts) / (requests + 1)))
 //

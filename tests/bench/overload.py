@@ -97,6 +97,11 @@ def counts_by_code(metrics_port, rpc):
     return out
 
 
+def answered(counts):
+    """The calls answered, whatever their code, in counts_by_code's result (drops left out)."""
+    return sum(v for k, v in counts.items() if not k.startswith("dropped:"))
+
+
 CASES = {
     "attend": ["--rpc=attend", "--shapes=1,8,128,64"],
     "tiny": ["--rpc=mha", "--module=demo", "--shapes=1,64"],
@@ -134,14 +139,13 @@ def main():
                   f"{c['failed']} failed, p99 {c['p99_ms']:.1f} ms")
         print(f"  capacity: {r['capacity']:.1f} OK/s ({r['capacity_from']})")
         print(f"  {'load':>5} {'throttle':>8} {'rate/s':>7} {'sent':>7} {'goodput/s':>9} "
-              f"{'of cap.':>7} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} {'after':>7}  client codes | "
-              f"server codes")
+              f"{'of cap.':>7} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} "
+              f"{'after':>7}  client codes | server codes")
         for o in r["overload"]:
             print(f"  {o['factor']:4g}x {o['throttle']:>8} {o['rate']:7.0f} {o['sent']:7d} "
                   f"{o['goodput_ok_per_s']:9.1f} {o['goodput_fraction']:7.2f} {o['p99_ms']:7.1f} "
-                  f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s {o['server_cpu_s']:6.2f} "
-                  f"{o['answered_after_load']:7d}  "
-                  f"{o['client_codes']} | "
+                  f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s "
+                  f"{o['server_cpu_s']:6.2f} {o['answered_after_load']:7d}  {o['client_codes']} | "
                   f"{o['server_codes_incl_lone_calls']}")
         print(f"  RSS fresh {r['rss_idle_mb']:.0f} MB, after the capacity runs "
               f"{r['rss_after_capacity_mb']:.0f} MB; each open-loop phase on a fresh server, "
@@ -273,8 +277,7 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
             server_counts = {k: v for k, v in server_counts.items() if v}
             # Calls the server answered after the load had ended: the connection's backlog (and
             # the lone calls, a few).
-            answered_after = sum(v for k, v in after.items() if ":" not in k) - sum(
-                v for k, v in at_end.items() if ":" not in k)
+            answered_after = answered(after) - answered(at_end)
             goodput = p["ok"] / args.overload_s
             exit_s, code = server.stop()
             report["overload"].append({

@@ -1,9 +1,9 @@
 """Client-side adaptive throttling (Google's SRE book, "Handling Overload").
 
 A client keeps, over a sliding window (30 s by default, as 1-second buckets), `requests`: every
-throttled call the application attempted, including those this module rejected locally, and
-`accepts`: those the server accepted. Before sending a call it rejects it locally with
-probability
+throttled call the application attempted, including those the ratio below rejected locally (not
+those a pushback held back), and `accepts`: those the server accepted. Before sending a call it
+rejects it locally with probability
 
     p = min(max_probability, max(0, (requests - k * accepts) / (requests + 1)))
 
