@@ -24,6 +24,8 @@ std::string Number(double x) {
 }
 
 constexpr char kAdvice[] = "; retry later or disable with ClientOptions::throttle.enabled = false";
+// How a rejection during a server's pushback begins (IsHeldByPushback).
+constexpr char kHeldPrefix[] = "throttled by the client: the server asked for no calls for ";
 
 }  // namespace
 
@@ -52,6 +54,10 @@ absl::Status ValidateThrottleOptions(const ThrottleOptions& options) {
 bool IsThrottledByClient(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable &&
          absl::StartsWith(status.message(), "throttled by the client:");
+}
+
+bool IsHeldByPushback(const absl::Status& status) {
+  return IsThrottledByClient(status) && absl::StartsWith(status.message(), kHeldPrefix);
 }
 
 bool IsAccept(absl::StatusCode code) {
@@ -142,8 +148,7 @@ std::optional<std::string> Throttle::Check() {
   const double now = clock_();
   const int64_t second = static_cast<int64_t>(std::floor(now));
   if (now < pushback_until_) {  // not counted (throttle.h)
-    return absl::StrCat("throttled by the client: the server asked for no calls for ", pushback_ms_,
-                        " ms (", kPushbackKey, ")", kAdvice);
+    return absl::StrCat(kHeldPrefix, pushback_ms_, " ms (", kPushbackKey, ")", kAdvice);
   }
   const auto [requests, accepts] = CountsAt(second);
   const double p = P(requests, accepts);

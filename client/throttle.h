@@ -85,6 +85,10 @@ std::optional<int64_t> ParsePushback(std::string_view value);
 // opposed to the server's.
 bool IsThrottledByClient(const absl::Status& status);
 
+// Whether `status` is one of those rejections made while a server's retry pushback lasts (the
+// call held back whatever the throttle's odds), as opposed to one drawn from the odds.
+bool IsHeldByPushback(const absl::Status& status);
+
 // Thread-safe: one per client, shared by its threads (with several replicas, one for all).
 class Throttle {
  public:

@@ -107,7 +107,8 @@ ABSL_FLAG(bool, retries, false, "let gRPC retry UNAVAILABLE (off: errors are cou
 ABSL_FLAG(bool, throttle, false,
           "client-side adaptive throttling as the client libraries do by default (k 2, 30 s "
           "window, p at most 0.95, client/throttle.h); off: every call reaches the server, whose "
-          "own refusals are measured. Rejections count as THROTTLED_BY_CLIENT");
+          "own refusals are measured. Rejections count as THROTTLED_BY_CLIENT (drawn from the "
+          "throttle's odds) or HELD_BY_PUSHBACK (while a server's retry pushback lasts)");
 
 namespace {
 

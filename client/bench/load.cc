@@ -39,8 +39,9 @@ void SleepUntilNs(int64_t t) {
 }
 
 // A call's Sample::code: its canonical code, or kThrottledCode when the client's own throttle
-// rejected it.
+// rejected it (kHeldByPushbackCode: during a server's pushback).
 int SampleCode(const absl::Status& status) {
+  if (IsHeldByPushback(status)) return kHeldByPushbackCode;
   return IsThrottledByClient(status) ? kThrottledCode : static_cast<int>(status.code());
 }
 

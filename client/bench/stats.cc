@@ -98,6 +98,7 @@ TimeSeries Bucketize(const std::vector<Sample>& samples, int64_t start_ns, int64
 
 std::string CodeName(int code) {
   if (code == kThrottledCode) return "THROTTLED_BY_CLIENT";
+  if (code == kHeldByPushbackCode) return "HELD_BY_PUSHBACK";
   const std::string_view name = StatusCodeName(code);
   if (!name.empty()) return std::string(name);
   return absl::StrCat("CODE_", code);

@@ -18,8 +18,8 @@ namespace attnserve::bench {
 // time, even when the client was late; closed loop: the actual send) to the completion.
 struct Sample {
   double latency_us = 0;
-  int code = 0;           // canonical gRPC code; 0 = OK; kThrottledCode: the client's own
-                          // throttle rejected it (--throttle), never sent
+  int code = 0;           // canonical gRPC code; 0 = OK; kThrottledCode, kHeldByPushbackCode:
+                          // the client's own throttle rejected it (--throttle), never sent
   int64_t queued_us = 0;  // the server's Timing (OK responses only)
   int64_t compute_us = 0;
   int64_t server_us = 0;
@@ -121,8 +121,13 @@ struct PhaseReport {
 // Sample::code of a call the client's throttle rejected (client/throttle.h): counted apart from
 // the server's UNAVAILABLE, as "THROTTLED_BY_CLIENT".
 inline constexpr int kThrottledCode = 100;
+// Sample::code of a call held back by that throttle while a server's retry pushback lasted
+// (client/throttle.h, IsHeldByPushback): "HELD_BY_PUSHBACK", apart from the rejections drawn
+// from the throttle's odds.
+inline constexpr int kHeldByPushbackCode = 101;
 
-// The canonical name of a gRPC code ("OK", "UNAVAILABLE", ...), or "THROTTLED_BY_CLIENT".
+// The canonical name of a gRPC code ("OK", "UNAVAILABLE", ...), "THROTTLED_BY_CLIENT" or
+// "HELD_BY_PUSHBACK".
 std::string CodeName(int code);
 
 // Summarises one phase. `tokens`/`flops` give each workload item's worth.

@@ -95,6 +95,11 @@ TEST(ThrottleTest, SharedCases) {
             EXPECT_EQ(*why, e["message"].get<std::string>() + kAdvice);
           }
           EXPECT_EQ(why->find("asked for no calls") != std::string::npos, want == "pushback");
+          // As a client answers it: throttled by the client either way, held by a pushback
+          // only during one.
+          const absl::Status answer = absl::UnavailableError(*why);
+          EXPECT_TRUE(IsThrottledByClient(answer));
+          EXPECT_EQ(IsHeldByPushback(answer), want == "pushback");
         }
       }
     }
@@ -197,6 +202,7 @@ TEST(ClientThrottleTest, PushbackHoldsComputeCallsBackWithoutSending) {
   for (int i = 0; i < 5; ++i) {
     const absl::Status s = client->MultiHeadAttention(v1::MultiHeadAttentionRequest()).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+    EXPECT_TRUE(IsHeldByPushback(s)) << s;
     EXPECT_EQ(s.message(),
               std::string("throttled by the client: the server asked for no calls for 3600000 ms "
                           "(grpc-retry-pushback-ms)") +
@@ -221,7 +227,8 @@ TEST(ClientThrottleTest, AnswersThatAreNotOverloadNeverThrottle) {
               absl::StatusCode::kInvalidArgument);
   }
   EXPECT_EQ(fake.service.calls(), 50);
-  EXPECT_EQ(client->throttle()->Counts(), std::make_pair(int64_t{50}, int64_t{50}));
+  EXPECT_FALSE(IsThrottledByClient(client->Attend(v1::AttendRequest()).status()));
+  EXPECT_EQ(client->throttle()->Counts(), std::make_pair(int64_t{51}, int64_t{51}));
   EXPECT_EQ(client->throttle()->Probability(), 0.0);
 }
 
