@@ -13,14 +13,16 @@ the demo module at L = 64, 16 KiB):
      backlog to the next), once with raw callers (every call reaches the server) and once with throttling
      callers (attnserve-bench --throttle: the clients' adaptive throttling, client/throttle.h,
      honouring the server's retry pushback): goodput (OK per second, all within their deadline)
-     as a fraction of capacity, counts by code as the callers saw them (THROTTLED_BY_CLIENT:
-     rejected by the caller's own throttle, never sent), the server's counts by code (from
-     /metrics) beside them;
+     as a fraction of capacity, counts by code as the callers saw them (THROTTLED_BY_CLIENT and
+     HELD_BY_PUSHBACK: rejected by the caller's own throttle, from its odds or during a server's
+     retry pushback, never sent), the server's counts by code (from /metrics) beside them;
   3. after each open-loop phase: time from the end of the load to the first OK of lone calls
      sent one after another (each with a 1 s deadline);
   4. server RSS: fresh, after the capacity runs, peak during each overload phase (sampled every
      100 ms); and the time SIGTERM takes after each phase;
-  5. the server's CPU seconds during each phase (under the quota: at most quota x seconds), and
+  5. the server's CPU seconds during each phase (under the quota: at most quota x seconds; "sys
+     s" the kernel's share of them), its minor page faults ("faults") and context switches (all
+     its threads', voluntary and involuntary: on a VM the costliest kernel work per call), and
      how many calls it answered after the load had ended, before SIGTERM ("after": the calls
      still in the connection's backlog, and the lone calls of 3.).
 
@@ -46,6 +48,22 @@ def cpu_s(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def kernel_costs(pid):
+    """The process's minor page faults, system CPU seconds and context switches (voluntary and
+    involuntary, summed over its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    switches = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                switches += sum(int(n) for n in re.findall(r"^\w*voluntary_ctxt_switches:\s+(\d+)",
+                                                           f.read(), re.M))
+        except FileNotFoundError:  # a thread that ended meanwhile
+            pass
+    return int(fields[7]), int(fields[12]) / os.sysconf("SC_CLK_TCK"), switches
 
 
 def rss_mb(pid):
@@ -117,6 +135,9 @@ def main():
     ap.add_argument("--cases", default="attend,tiny")
     ap.add_argument("--concurrencies", default="1,2,4,8")
     ap.add_argument("--capacity_s", type=int, default=8)
+    ap.add_argument("--capacity", type=float, default=0,
+                    help="OK/s: skip the closed-loop sweep and take this as the capacity (A/B "
+                         "runs of two servers against one offered rate)")
     ap.add_argument("--overload_s", type=int, default=20)
     ap.add_argument("--overloads", default="3,10")
     ap.add_argument("--throttling", default="off,on", help="callers without, with throttling")
@@ -140,12 +161,14 @@ def main():
         print(f"  capacity: {r['capacity']:.1f} OK/s ({r['capacity_from']})")
         print(f"  {'load':>5} {'throttle':>8} {'rate/s':>7} {'sent':>7} {'goodput/s':>9} "
               f"{'of cap.':>7} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} "
-              f"{'after':>7}  client codes | server codes")
+              f"{'sys s':>5} {'faults':>7} {'switches':>8} {'after':>7}  client codes | server codes")
         for o in r["overload"]:
             print(f"  {o['factor']:4g}x {o['throttle']:>8} {o['rate']:7.0f} {o['sent']:7d} "
                   f"{o['goodput_ok_per_s']:9.1f} {o['goodput_fraction']:7.2f} {o['p99_ms']:7.1f} "
                   f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s "
-                  f"{o['server_cpu_s']:6.2f} {o['answered_after_load']:7d}  {o['client_codes']} | "
+                  f"{o['server_cpu_s']:6.2f} {o['server_sys_s']:5.2f} {o['server_page_faults']:7d} "
+                  f"{o['server_context_switches']:8d} "
+                  f"{o['answered_after_load']:7d}  {o['client_codes']} | "
                   f"{o['server_codes_incl_lone_calls']}")
         print(f"  RSS fresh {r['rss_idle_mb']:.0f} MB, after the capacity runs "
               f"{r['rss_after_capacity_mb']:.0f} MB; each open-loop phase on a fresh server, "
@@ -230,7 +253,7 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
     server = Server(server_bin, args.cpu_quota, flags)
     report["rss_idle_mb"] = server.rss_fresh_mb
     runs = []
-    for n in [int(x) for x in args.concurrencies.split(",")]:
+    for n in [] if args.capacity else [int(x) for x in args.concurrencies.split(",")]:
         cap = run_bench(server, f"capacity{n}", "--mode=closed", f"--concurrency={n}",
                         "--warmup_s=2", f"--duration_s={args.capacity_s}",
                         f"--timeout_ms={args.deadline_ms}")
@@ -238,11 +261,15 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                      "sent": cap["sent"], "ok": cap["ok"], "failed": cap["sent"] - cap["ok"],
                      "errors": cap["errors"], "p99_ms": cap["latency_ms"]["p99"]})
     report["capacity_runs"] = runs
-    clean = [r for r in runs if r["failed"] == 0]
-    best = max(clean or runs, key=lambda r: r["ok_per_s"])
-    report["capacity"] = capacity = best["ok_per_s"]
-    report["capacity_from"] = (f"{best['concurrency']} callers, no call failed" if clean else
-                               f"{best['concurrency']} callers; EVERY run had failed calls")
+    if args.capacity:
+        report["capacity"] = capacity = args.capacity
+        report["capacity_from"] = "given: --capacity"
+    else:
+        clean = [r for r in runs if r["failed"] == 0]
+        best = max(clean or runs, key=lambda r: r["ok_per_s"])
+        report["capacity"] = capacity = best["ok_per_s"]
+        report["capacity_from"] = (f"{best['concurrency']} callers, no call failed" if clean else
+                                   f"{best['concurrency']} callers; EVERY run had failed calls")
     report["rss_after_capacity_mb"] = rss_mb(server.process.pid)
     report["sigterm_exit_s"], report["exit_code"] = server.stop()
     report["overload"] = []
@@ -260,6 +287,7 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
             sampler = threading.Thread(target=sample)
             sampler.start()
             cpu0 = cpu_s(server.process.pid)
+            faults0, sys0, switches0 = kernel_costs(server.process.pid)
             rate = factor * capacity
             p = run_bench(server, f"open{factor:g}{throttle}", "--mode=open",
                           f"--rate={rate:.0f}", "--warmup_s=0", f"--duration_s={args.overload_s}",
@@ -267,6 +295,7 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                           f"--throttle={'true' if throttle == 'on' else 'false'}")
             stopped = time.monotonic()
             cpu1 = cpu_s(server.process.pid)
+            faults1, sys1, switches1 = kernel_costs(server.process.pid)
             at_end = counts_by_code(server.metrics_port, rpc_name)
             rss_at_end = rss_mb(server.process.pid)
             lone = first_lone_ok(server, stopped)
@@ -287,7 +316,10 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                 "goodput_ok_per_s": goodput, "goodput_fraction": goodput / capacity,
                 "p99_ms": p["latency_ms"]["p99"], "rss_fresh_mb": server.rss_fresh_mb,
                 "rss_peak_mb": max(peak[0], rss_at_end), "rss_at_end_mb": rss_at_end,
-                "server_cpu_s": round(cpu1 - cpu0, 2), "answered_after_load": answered_after,
+                "server_cpu_s": round(cpu1 - cpu0, 2), "server_sys_s": round(sys1 - sys0, 2),
+                "server_page_faults": faults1 - faults0,
+                "server_context_switches": switches1 - switches0,
+                "answered_after_load": answered_after,
                 "first_lone_ok_s": lone, "sigterm_exit_s": exit_s, "exit_code": code,
                 "drain_log": server.drain_log})
     tmp.cleanup()
