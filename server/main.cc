@@ -55,7 +55,8 @@ ABSL_FLAG(
     "compute backend: auto (CUDA when a device is present, else CPU), cuda, cpu, reference, or "
     "sleep:US (cpu's answers, each batch at least US microseconds per request: for tests)");
 ABSL_FLAG(int, backend_threads, kDefaults.backend_threads,
-          "threads of the CPU backend; 0 = one per core");
+          "threads of the CPU backend; 0 = one per core this process may use (its CPU affinity "
+          "within its cgroup's CPU limit, rounded up: a Kubernetes CPU limit of 0.5 gives 1)");
 ABSL_FLAG(std::string, cpu_float32_precision, kDefaults.cpu_float32_precision,
           "CPU backend, FLOAT32 and FLOAT16 requests: fp32 (exact) or bf16 (bfloat16 operands, "
           "float32 accumulation, on CPUs with AVX512_BF16)");
@@ -367,6 +368,10 @@ int Run() {
     return 1;
   }
   std::fprintf(stderr, "attnserve: allocator %s\n", attnserve::AllocatorDescription().c_str());
+  // The CPU backend's threads among them: one per core the process may use (--backend_threads).
+  for (const attnserve::kernels::DeviceInfo& device : (*host)->backend().devices()) {
+    std::fprintf(stderr, "attnserve: device %s\n", device.name.c_str());
+  }
   std::vector<std::string> modules;
   for (const auto& m : (*host)->modules().List()) modules.push_back(m->name);
   std::fprintf(stderr,

@@ -6,11 +6,11 @@
 #include <cstdint>
 #include <memory>
 #include <new>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/available_cores.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/linear_attention.h"
 #include "kernels/cpu/projection.h"
@@ -135,7 +135,7 @@ absl::Status ValidateThreadsAndIsa(const CpuBackendOptions& options) {
 
 int ThreadsOf(const CpuBackendOptions& options) {
   if (options.num_threads != 0) return options.num_threads;
-  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return AvailableCores();
 }
 
 Isa IsaOf(const CpuBackendOptions& options) {

@@ -44,7 +44,8 @@ namespace attnserve::kernels::cpu {
 
 struct CpuBackendOptions {
   // Affects performance only.
-  // Threads computing a call, the calling thread included. 0 = one per hardware thread.
+  // Threads computing a call, the calling thread included. 0 = one per core this process may
+  // use (available_cores.h: its affinity mask within its cgroup's CPU limit).
   // Default: 0. REQUIRES: 0 <= num_threads <= 1024.
   int num_threads = 0;
 

@@ -1,10 +1,16 @@
 #include "kernels/cpu/cpu_backend.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <thread>
@@ -13,6 +19,7 @@
 #include "base/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/available_cores.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/reference.h"
 #include "model/module_weights.h"
@@ -1172,10 +1179,73 @@ TEST(CpuBackendTest, CreateRejectsBadOptions) {
   EXPECT_THAT(std::string(backend.status().message()), ::testing::HasSubstr("was -1"));
 }
 
-TEST(CpuBackendTest, DefaultsToHardwareThreadsAndBestIsa) {
+TEST(AvailableCoresTest, ParsesCgroupCpuLimits) {
+  EXPECT_EQ(ParseCgroupV2CpuMax("max 100000\n"), std::nullopt);
+  EXPECT_EQ(ParseCgroupV2CpuMax("50000 100000\n"), 0.5);
+  EXPECT_EQ(ParseCgroupV2CpuMax("150000 100000"), 1.5);
+  for (const char* bad : {"", "50000", "50000 100000 1", "0 100000", "50000 0", "-1 100000",
+                          "5e4 100000", "50000 100000x"}) {
+    EXPECT_EQ(ParseCgroupV2CpuMax(bad), std::nullopt) << bad;
+  }
+  EXPECT_EQ(ParseCgroupV1CpuQuota("-1\n", "100000\n"), std::nullopt);
+  EXPECT_EQ(ParseCgroupV1CpuQuota("10000\n", "100000\n"), 0.1);
+  EXPECT_EQ(ParseCgroupV1CpuQuota("200000", "100000"), 2.0);
+  EXPECT_EQ(ParseCgroupV1CpuQuota("", "100000"), std::nullopt);
+  EXPECT_EQ(ParseCgroupV1CpuQuota("10000", "abc"), std::nullopt);
+
+  EXPECT_EQ(ParseCgroupV1CpuPath("12:cpu,cpuacct:/a/b\n11:memory:/c\n0::/\n"), "/a/b");
+  EXPECT_EQ(ParseCgroupV1CpuPath("3:cpuacct:/x\n2:cpuset:/y\n"), std::nullopt);
+  EXPECT_EQ(ParseCgroupV1CpuPath("2:cpu:/p:q\n"), "/p:q");
+  EXPECT_EQ(ParseCgroupV1CpuPath("0::/user.slice\n"), std::nullopt);
+
+  EXPECT_EQ(CoresWithin(64, 1.0), 1);
+  EXPECT_EQ(CoresWithin(64, 0.1), 1);  // a tenth of a core is still one thread's worth
+  EXPECT_EQ(CoresWithin(64, 1.5), 2);
+  EXPECT_EQ(CoresWithin(2, 8.0), 2);  // the affinity mask is the tighter
+  EXPECT_EQ(CoresWithin(16, std::nullopt), 16);
+  EXPECT_EQ(CoresWithin(0, std::nullopt), 1);
+}
+
+// This process in a real cgroup v1 group with a CPU quota (root and a writable cgroup v1 `cpu`
+// hierarchy, as on the development machine; skipped elsewhere), then back in its own group.
+TEST(AvailableCoresTest, FollowsARealCgroupV1Quota) {
+  const std::string mount = "/sys/fs/cgroup/cpu";
+  const std::optional<std::string> home =
+      ParseCgroupV1CpuPath(ReadFileToString("/proc/self/cgroup").value_or(""));
+  if (!home.has_value() || access((mount + "/cgroup.procs").c_str(), W_OK) != 0) {
+    GTEST_SKIP() << "no writable cgroup v1 cpu hierarchy";
+  }
+  const std::string home_dir = mount + (*home == "/" ? "" : *home);
+  const std::string dir = home_dir + "/attnserve-cores-test-" + std::to_string(getpid());
+  auto write = [](const std::string& path, const std::string& text) {
+    FILE* f = std::fopen(path.c_str(), "w");
+    if (f == nullptr) return false;
+    const bool ok = std::fputs(text.c_str(), f) >= 0;
+    return std::fclose(f) == 0 && ok;
+  };
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0) << dir << ": " << std::strerror(errno);
+  const int outside = AvailableCores();
+  int tenth = 0, one_and_a_half = 0;
+  if (write(dir + "/cpu.cfs_period_us", "100000") && write(dir + "/cpu.cfs_quota_us", "10000") &&
+      write(dir + "/cgroup.procs", std::to_string(getpid()))) {
+    tenth = AvailableCores();
+    if (write(dir + "/cpu.cfs_quota_us", "150000")) one_and_a_half = AvailableCores();
+  }
+  const bool back = write(home_dir + "/cgroup.procs", std::to_string(getpid()));
+  const int again = AvailableCores();
+  rmdir(dir.c_str());
+  ASSERT_TRUE(back) << "could not move back to " << home_dir;
+  EXPECT_EQ(tenth, 1);
+  EXPECT_EQ(one_and_a_half, std::min(outside, 2));
+  EXPECT_EQ(again, outside);
+}
+
+TEST(CpuBackendTest, DefaultsToAvailableCoresAndBestIsa) {
   auto backend = CpuBackend::Create({});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  EXPECT_EQ((*backend)->num_threads(), static_cast<int>(std::thread::hardware_concurrency()));
+  EXPECT_EQ((*backend)->num_threads(), AvailableCores());
+  EXPECT_GE(AvailableCores(), 1);
+  EXPECT_LE(AvailableCores(), static_cast<int>(std::thread::hardware_concurrency()));
   EXPECT_EQ((*backend)->isa(), BestIsa());
   EXPECT_EQ((*backend)->bf16_isa(), BestBf16Isa());
   EXPECT_EQ((*backend)->name(), "cpu");
