@@ -13,7 +13,9 @@ the demo module at L = 64, 16 KiB):
      backlog to the next), once with raw callers (every call reaches the server) and once with throttling
      callers (attnserve-bench --throttle: the clients' adaptive throttling, client/throttle.h,
      honouring the server's retry pushback): goodput (OK per second, all within their deadline)
-     as a fraction of capacity, counts by code as the callers saw them (THROTTLED_BY_CLIENT and
+     as a fraction of capacity, over the phase and over its second half alone ("2nd half": a
+     fresh client's throttle starts from its first answers; the OKs of each second are printed
+     too), counts by code as the callers saw them (THROTTLED_BY_CLIENT and
      HELD_BY_PUSHBACK: rejected by the caller's own throttle, from its odds or during a server's
      retry pushback, never sent), the server's counts by code (from /metrics) beside them;
   3. after each open-loop phase: time from the end of the load to the first OK of lone calls
@@ -160,11 +162,12 @@ def main():
                   f"{c['failed']} failed, p99 {c['p99_ms']:.1f} ms")
         print(f"  capacity: {r['capacity']:.1f} OK/s ({r['capacity_from']})")
         print(f"  {'load':>5} {'throttle':>8} {'rate/s':>7} {'sent':>7} {'goodput/s':>9} "
-              f"{'of cap.':>7} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} "
+              f"{'of cap.':>7} {'2nd half':>8} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} "
               f"{'sys s':>5} {'faults':>7} {'switches':>8} {'after':>7}  client codes | server codes")
         for o in r["overload"]:
             print(f"  {o['factor']:4g}x {o['throttle']:>8} {o['rate']:7.0f} {o['sent']:7d} "
-                  f"{o['goodput_ok_per_s']:9.1f} {o['goodput_fraction']:7.2f} {o['p99_ms']:7.1f} "
+                  f"{o['goodput_ok_per_s']:9.1f} {o['goodput_fraction']:7.2f} "
+                  f"{o['second_half_fraction']:8.2f} {o['p99_ms']:7.1f} "
                   f"{o['rss_peak_mb']:6.0f}MB {o['first_lone_ok_s']:10.2f}s "
                   f"{o['server_cpu_s']:6.2f} {o['server_sys_s']:5.2f} {o['server_page_faults']:7d} "
                   f"{o['server_context_switches']:8d} "
@@ -175,6 +178,8 @@ def main():
               f"SIGTERM after it: " + ", ".join(f"{o['sigterm_exit_s']} s (code {o['exit_code']})"
                                                 for o in r["overload"]))
         for o in r["overload"]:
+            print(f"  {o['factor']:g}x {o['throttle']}: OK by second: "
+                  + " ".join(str(n) for n in o["ok_by_second"]))
             for line in o["drain_log"]:
                 print(f"  {o['factor']:g}x {o['throttle']}: {line}")
     if args.json:
@@ -308,12 +313,20 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
             # the lone calls, a few).
             answered_after = answered(after) - answered(at_end)
             goodput = p["ok"] / args.overload_s
+            # The phase's second half alone: a fresh client's throttle starts from its first
+            # answers, so the first seconds are a transient the whole-phase figure includes.
+            series = p.get("series", {})
+            half = args.overload_s / 2
+            late_ok = sum(ok for t, ok in zip(series.get("t_s", []), series.get("ok", []))
+                          if t >= half)
             exit_s, code = server.stop()
             report["overload"].append({
                 "factor": factor, "throttle": throttle, "rate": rate, "sent": p["sent"],
                 "client_codes": dict(p["errors"], OK=p["ok"]),
                 "server_codes_incl_lone_calls": server_counts,
                 "goodput_ok_per_s": goodput, "goodput_fraction": goodput / capacity,
+                "second_half_fraction": late_ok / (args.overload_s - half) / capacity,
+                "ok_by_second": series.get("ok", []),
                 "p99_ms": p["latency_ms"]["p99"], "rss_fresh_mb": server.rss_fresh_mb,
                 "rss_peak_mb": max(peak[0], rss_at_end), "rss_at_end_mb": rss_at_end,
                 "server_cpu_s": round(cpu1 - cpu0, 2), "server_sys_s": round(sys1 - sys0, 2),
