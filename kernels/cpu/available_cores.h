@@ -12,22 +12,19 @@
 #define ATTNSERVE_KERNELS_CPU_AVAILABLE_CORES_H_
 
 #include <optional>
-#include <string>
-#include <string_view>
+
+#include "absl/strings/string_view.h"
 
 namespace attnserve::kernels::cpu {
 
 // The CPU limit in cores of a cgroup v2 `cpu.max` ("50000 100000": 0.5). nullopt for "max ..."
 // (no limit) or text that does not parse.
-std::optional<double> ParseCgroupV2CpuMax(std::string_view cpu_max);
+std::optional<double> ParseCgroupV2CpuMax(absl::string_view cpu_max);
 
 // The CPU limit in cores of cgroup v1 `cpu.cfs_quota_us` and `cpu.cfs_period_us` ("10000",
 // "100000": 0.1). nullopt for a quota of -1 (no limit) or text that does not parse.
-std::optional<double> ParseCgroupV1CpuQuota(std::string_view quota_us, std::string_view period_us);
-
-// From /proc/self/cgroup, the path of this process's group in the v1 hierarchy that has the
-// `cpu` controller ("4:cpu,cpuacct:/a/b" gives "/a/b"); nullopt when there is none.
-std::optional<std::string> ParseCgroupV1CpuPath(std::string_view proc_self_cgroup);
+std::optional<double> ParseCgroupV1CpuQuota(absl::string_view quota_us,
+                                            absl::string_view period_us);
 
 // Cores from the affinity mask's CPU count and a cgroup limit in cores: the limit rounded up
 // (0.1 core is still one thread's worth), at most `affinity_cpus`, at least 1.
@@ -35,7 +32,7 @@ int CoresWithin(int affinity_cpus, std::optional<double> limit_cores);
 
 // This process's cores: its affinity mask (sched_getaffinity) within the tightest CPU limit of
 // its cgroup, v2 (`cpu.max` of its group) or v1 (`cpu.cfs_quota_us` of its `cpu` group, or of
-// the mount's root as a container sees its own group). At least 1.
+// the mount's root as a container sees its own group; base/cgroup.h finds them). At least 1.
 int AvailableCores();
 
 }  // namespace attnserve::kernels::cpu

@@ -8,6 +8,8 @@
 #include <sstream>
 #include <string>
 
+#include "base/cgroup.h"
+
 namespace attnserve::metrics {
 namespace {
 
@@ -66,18 +68,6 @@ std::optional<int64_t> ParseCgroupLimitBytes(std::string_view text) {
   return ParseInt(text);
 }
 
-std::optional<std::string_view> ParseCgroupV2Path(std::string_view proc_self_cgroup) {
-  size_t pos = 0;
-  while (pos < proc_self_cgroup.size()) {
-    size_t end = proc_self_cgroup.find('\n', pos);
-    if (end == std::string_view::npos) end = proc_self_cgroup.size();
-    std::string_view line = proc_self_cgroup.substr(pos, end - pos);
-    if (line.substr(0, 3) == "0::") return line.substr(3);
-    pos = end + 1;
-  }
-  return std::nullopt;
-}
-
 int64_t ReadResidentBytes() {
   return ParseStatmResidentBytes(ReadFile("/proc/self/statm"), sysconf(_SC_PAGESIZE)).value_or(0);
 }
@@ -89,8 +79,8 @@ int64_t ReadMemoryLimitBytes() {
     if (candidate && *candidate > 0) limit = limit ? std::min(*limit, *candidate) : *candidate;
   };
   const std::string cgroups = ReadFile("/proc/self/cgroup");
-  if (std::optional<std::string_view> path = ParseCgroupV2Path(cgroups)) {
-    std::string dir = "/sys/fs/cgroup" + std::string(*path);
+  if (std::optional<std::string> path = CgroupV2Path(cgroups)) {
+    std::string dir = "/sys/fs/cgroup" + *path;
     if (dir.back() != '/') dir += '/';
     tighten(ParseCgroupLimitBytes(ReadFile(dir + "memory.max")));
   }

@@ -22,10 +22,6 @@ std::optional<int64_t> ParseMeminfoTotalBytes(std::string_view meminfo);
 // for "max" (no limit) or text that does not parse.
 std::optional<int64_t> ParseCgroupLimitBytes(std::string_view text);
 
-// The path of this process's cgroup v2 group from /proc/self/cgroup ("0::/a/b" gives "/a/b");
-// nullopt on a cgroup v1-only host.
-std::optional<std::string_view> ParseCgroupV2Path(std::string_view proc_self_cgroup);
-
 // This process's resident set size in bytes (/proc/self/statm); 0 when unreadable.
 int64_t ReadResidentBytes();
 

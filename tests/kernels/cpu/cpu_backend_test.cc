@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/cgroup.h"
 #include "base/file.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -1193,10 +1194,10 @@ TEST(AvailableCoresTest, ParsesCgroupCpuLimits) {
   EXPECT_EQ(ParseCgroupV1CpuQuota("", "100000"), std::nullopt);
   EXPECT_EQ(ParseCgroupV1CpuQuota("10000", "abc"), std::nullopt);
 
-  EXPECT_EQ(ParseCgroupV1CpuPath("12:cpu,cpuacct:/a/b\n11:memory:/c\n0::/\n"), "/a/b");
-  EXPECT_EQ(ParseCgroupV1CpuPath("3:cpuacct:/x\n2:cpuset:/y\n"), std::nullopt);
-  EXPECT_EQ(ParseCgroupV1CpuPath("2:cpu:/p:q\n"), "/p:q");
-  EXPECT_EQ(ParseCgroupV1CpuPath("0::/user.slice\n"), std::nullopt);
+  EXPECT_EQ(CgroupV1Path("12:cpu,cpuacct:/a/b\n11:memory:/c\n0::/\n", "cpu"), "/a/b");
+  EXPECT_EQ(CgroupV1Path("3:cpuacct:/x\n2:cpuset:/y\n", "cpu"), std::nullopt);
+  EXPECT_EQ(CgroupV1Path("2:cpu:/p:q\n", "cpu"), "/p:q");
+  EXPECT_EQ(CgroupV1Path("0::/user.slice\n", "cpu"), std::nullopt);
 
   EXPECT_EQ(CoresWithin(64, 1.0), 1);
   EXPECT_EQ(CoresWithin(64, 0.1), 1);  // a tenth of a core is still one thread's worth
@@ -1211,7 +1212,7 @@ TEST(AvailableCoresTest, ParsesCgroupCpuLimits) {
 TEST(AvailableCoresTest, FollowsARealCgroupV1Quota) {
   const std::string mount = "/sys/fs/cgroup/cpu";
   const std::optional<std::string> home =
-      ParseCgroupV1CpuPath(ReadFileToString("/proc/self/cgroup").value_or(""));
+      CgroupV1Path(ReadFileToString("/proc/self/cgroup").value_or(""), "cpu");
   if (!home.has_value() || access((mount + "/cgroup.procs").c_str(), W_OK) != 0) {
     GTEST_SKIP() << "no writable cgroup v1 cpu hierarchy";
   }

@@ -1,5 +1,6 @@
 #include "server/metrics/host_memory.h"
 
+#include "base/cgroup.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -33,10 +34,10 @@ TEST(HostMemoryTest, CgroupLimit) {
 }
 
 TEST(HostMemoryTest, CgroupV2Path) {
-  EXPECT_THAT(ParseCgroupV2Path("0::/system.slice/attnserve.service\n"),
+  EXPECT_THAT(CgroupV2Path("0::/system.slice/attnserve.service\n"),
               Optional(Eq("/system.slice/attnserve.service")));
-  EXPECT_THAT(ParseCgroupV2Path("4:memory:/x\n1:cpu:/\n0::/\n"), Optional(Eq("/")));
-  EXPECT_EQ(ParseCgroupV2Path("4:memory:/x\n1:cpu:/\n"), std::nullopt);
+  EXPECT_THAT(CgroupV2Path("4:memory:/x\n1:cpu:/\n0::/\n"), Optional(Eq("/")));
+  EXPECT_EQ(CgroupV2Path("4:memory:/x\n1:cpu:/\n"), std::nullopt);
 }
 
 TEST(HostMemoryTest, ReadsThisProcess) {
