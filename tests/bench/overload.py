@@ -45,18 +45,12 @@ import time
 import urllib.request
 
 
-def cpu_s(pid):
-    """The process's CPU seconds (user + system), from /proc."""
+def process_costs(pid):
+    """The process's CPU seconds (user + system), system CPU seconds, minor page faults and
+    context switches (voluntary and involuntary, summed over its threads), from /proc."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def kernel_costs(pid):
-    """The process's minor page faults, system CPU seconds and context switches (voluntary and
-    involuntary, summed over its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
     switches = 0
     for task in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -65,7 +59,8 @@ def kernel_costs(pid):
                                                            f.read(), re.M))
         except FileNotFoundError:  # a thread that ended meanwhile
             pass
-    return int(fields[7]), int(fields[12]) / os.sysconf("SC_CLK_TCK"), switches
+    return {"cpu_s": (int(fields[11]) + int(fields[12])) / tick, "sys_s": int(fields[12]) / tick,
+            "page_faults": int(fields[7]), "context_switches": switches}
 
 
 def rss_mb(pid):
@@ -162,8 +157,9 @@ def main():
                   f"{c['failed']} failed, p99 {c['p99_ms']:.1f} ms")
         print(f"  capacity: {r['capacity']:.1f} OK/s ({r['capacity_from']})")
         print(f"  {'load':>5} {'throttle':>8} {'rate/s':>7} {'sent':>7} {'goodput/s':>9} "
-              f"{'of cap.':>7} {'2nd half':>8} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} {'CPU s':>6} "
-              f"{'sys s':>5} {'faults':>7} {'switches':>8} {'after':>7}  client codes | server codes")
+              f"{'of cap.':>7} {'2nd half':>8} {'p99 ms':>7} {'RSS peak':>8} {'1st lone OK':>11} "
+              f"{'CPU s':>6} {'sys s':>5} {'faults':>7} {'switches':>8} {'after':>7}  "
+              "client codes | server codes")
         for o in r["overload"]:
             print(f"  {o['factor']:4g}x {o['throttle']:>8} {o['rate']:7.0f} {o['sent']:7d} "
                   f"{o['goodput_ok_per_s']:9.1f} {o['goodput_fraction']:7.2f} "
@@ -291,16 +287,14 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                     time.sleep(0.1)
             sampler = threading.Thread(target=sample)
             sampler.start()
-            cpu0 = cpu_s(server.process.pid)
-            faults0, sys0, switches0 = kernel_costs(server.process.pid)
+            costs0 = process_costs(server.process.pid)
             rate = factor * capacity
             p = run_bench(server, f"open{factor:g}{throttle}", "--mode=open",
                           f"--rate={rate:.0f}", "--warmup_s=0", f"--duration_s={args.overload_s}",
                           f"--timeout_ms={args.deadline_ms}",
                           f"--throttle={'true' if throttle == 'on' else 'false'}")
             stopped = time.monotonic()
-            cpu1 = cpu_s(server.process.pid)
-            faults1, sys1, switches1 = kernel_costs(server.process.pid)
+            costs1 = process_costs(server.process.pid)
             at_end = counts_by_code(server.metrics_port, rpc_name)
             rss_at_end = rss_mb(server.process.pid)
             lone = first_lone_ok(server, stopped)
@@ -329,9 +323,7 @@ def run_case(args, bench, server_bin, case_flags, rpc_name):
                 "ok_by_second": series.get("ok", []),
                 "p99_ms": p["latency_ms"]["p99"], "rss_fresh_mb": server.rss_fresh_mb,
                 "rss_peak_mb": max(peak[0], rss_at_end), "rss_at_end_mb": rss_at_end,
-                "server_cpu_s": round(cpu1 - cpu0, 2), "server_sys_s": round(sys1 - sys0, 2),
-                "server_page_faults": faults1 - faults0,
-                "server_context_switches": switches1 - switches0,
+                **{f"server_{k}": round(costs1[k] - v, 2) for k, v in costs0.items()},
                 "answered_after_load": answered_after,
                 "first_lone_ok_s": lone, "sigterm_exit_s": exit_s, "exit_code": code,
                 "drain_log": server.drain_log})
