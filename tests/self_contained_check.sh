@@ -7,12 +7,6 @@
 set -euo pipefail
 root=$(cd "${1:-$(dirname "$0")/..}" && pwd)
 cd "$root"
-if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
-  mapfile -t files < <(git ls-files)
-else
-  mapfile -t files < <(find . -type f -not -path './build*' -not -path '*/node_modules/*' \
-    -not -path './.git/*' | sed 's|^\./||')
-fi
 self=tests/self_contained_check.sh
 # What escapes: the sibling folder every checkout of this project used to lean on, the
 # workplace's absolute paths, and the repository root's parent taken in CMake or shell.
@@ -23,18 +17,20 @@ patterns=(
   '\$(root|ROOT)/\.\.(/|$|")'
 )
 regex=$(IFS='|'; echo "${patterns[*]}")
-bad=0
-for f in "${files[@]}"; do
-  [[ $f == "$self" || ! -f $f ]] && continue
-  # Binary files (safetensors data, images) cannot name a path.
-  grep -Iq . "$f" 2> /dev/null || continue
-  if hits=$(grep -nE "$regex" "$f"); then
-    while IFS= read -r line; do echo "$f:$line"; done <<< "$hits"
-    bad=1
-  fi
-done
-if ((bad)); then
+# One grep over every file (binary files, which cannot name a path, skipped: -I); a grep per
+# file took 6-11 s of a CI run.
+if git rev-parse --is-inside-work-tree > /dev/null 2>&1; then
+  count=$(git ls-files | wc -l)
+  hits=$(git grep -nIE "$regex" -- . ":(exclude)$self") || true
+else
+  mapfile -t files < <(find . -type f -not -path './build*' -not -path '*/node_modules/*' \
+    -not -path './.git/*' -not -path "./$self" | sed 's|^\./||')
+  count=${#files[@]}
+  hits=$( ((count)) && grep -nIE "$regex" -- "${files[@]}") || true
+fi
+if [[ -n $hits ]]; then
+  echo "$hits"
   echo "FAIL: the lines above refer to paths outside the repository; keep what the project needs inside it"
   exit 1
 fi
-echo "self_contained_check: ${#files[@]} files, none refers outside the repository"
+echo "self_contained_check: $count files, none refers outside the repository"
