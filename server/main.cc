@@ -14,12 +14,9 @@
 // from .preinit_array, which the dynamic loader runs before any library constructor. (A thread
 // with the signals unblocked receives them whenever the main thread is not inside sigwait, and
 // the default action kills the process: that is how a second SIGTERM used to kill it at once.)
-#include <netdb.h>
 #include <pthread.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -188,40 +185,6 @@ __attribute__((section(".preinit_array"),
 // After a second signal, how long the drain may still take (the batch being computed) before the
 // process exits without it.
 constexpr absl::Duration kForcedExitWait = absl::Seconds(1);
-
-// Stops the /metrics endpoint and returns once it has. civetweb's listener thread notices the
-// stop only when its poll() returns, which takes up to 2 s on an idle socket; a connection
-// makes it return, so one is made every few milliseconds until the stop is done.
-void StopMetricsEndpoint(std::unique_ptr<attnserve::metrics::Metrics> metrics,
-                         const std::string& address) {
-  const int port = metrics->listening_port();
-  if (port <= 0) return;  // no endpoint
-  std::string host = address.substr(0, address.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-  addrinfo hints = {};
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* addresses = nullptr;
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(), &hints,
-                  &addresses) != 0) {
-    addresses = nullptr;  // cannot poke: the stop takes its time
-  }
-  std::atomic<bool> stopped{false};
-  std::thread poke([&] {
-    while (addresses != nullptr && !stopped.load()) {
-      const int fd = socket(addresses->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      if (fd >= 0) {
-        connect(fd, addresses->ai_addr, addresses->ai_addrlen);
-        close(fd);
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-  });
-  metrics.reset();
-  stopped.store(true);
-  poke.join();
-  if (addresses != nullptr) freeaddrinfo(addresses);
-}
 
 int Run() {
   using attnserve::server::ServerOptions;
@@ -426,7 +389,7 @@ int Run() {
   }
   drain.join();
   host->reset();
-  StopMetricsEndpoint(*std::move(metrics), metrics_options.listen_address);
+  metrics->reset();  // stops /metrics at once (Metrics::~Metrics)
   std::fprintf(stderr, "attnserve: stopped\n");
   return exit_code;
 }

@@ -1,11 +1,18 @@
 #include "server/metrics/metrics.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <exception>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "prometheus/collectable.h"
 #include "prometheus/counter.h"
 #include "prometheus/exposer.h"
@@ -79,6 +86,42 @@ class Metrics::Scraped : public prometheus::Collectable {
   const Metrics* metrics_;
 };
 
+namespace {
+
+// Stops an endpoint and returns once it has. civetweb's listener thread notices the stop only
+// when its poll() returns, which takes up to 2 s on an idle socket (SOCKET_TIMEOUT_QUANTUM); a
+// connection makes it return, so one is made every few milliseconds until the stop is done.
+void StopPromptly(std::unique_ptr<prometheus::Exposer> exposer, const std::string& address,
+                  int port) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  addrinfo hints = {};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* addresses = nullptr;
+  if (port <= 0 || getaddrinfo(host.empty() ? nullptr : host.c_str(), std::to_string(port).c_str(),
+                               &hints, &addresses) != 0) {
+    addresses = nullptr;  // cannot poke: the stop takes its time
+  }
+  std::atomic<bool> stopped{false};
+  std::thread poke([&] {
+    while (addresses != nullptr && !stopped.load()) {
+      const int fd = socket(addresses->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0) {
+        connect(fd, addresses->ai_addr, addresses->ai_addrlen);
+        close(fd);
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  exposer.reset();
+  stopped.store(true);
+  poke.join();
+  if (addresses != nullptr) freeaddrinfo(addresses);
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& options) {
   if (options.http_threads < 1) {
     return absl::InvalidArgumentError(
@@ -97,6 +140,7 @@ absl::StatusOr<std::unique_ptr<Metrics>> Metrics::Create(const MetricsOptions& o
     metrics->exposer_->RegisterCollectable(metrics->scraped_);
     const std::vector<int> ports = metrics->exposer_->GetListeningPorts();
     metrics->listening_port_ = ports.empty() ? 0 : ports.front();
+    metrics->listen_address_ = options.listen_address;
   }
   return metrics;
 }
@@ -247,7 +291,7 @@ Metrics::Metrics(const MetricsOptions& options)
 
 Metrics::~Metrics() {
   // Stop the HTTP threads before the families they read are destroyed.
-  exposer_.reset();
+  if (exposer_ != nullptr) StopPromptly(std::move(exposer_), listen_address_, listening_port_);
 }
 
 prometheus::Counter& Metrics::RequestCounter(Rpc rpc, int code) {

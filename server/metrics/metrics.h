@@ -227,6 +227,8 @@ class Metrics {
   // Errors: INVALID_ARGUMENT for http_threads < 1; UNAVAILABLE when the address cannot be
   // bound (in use, bad host), with the address in the message.
   static absl::StatusOr<std::unique_ptr<Metrics>> Create(const MetricsOptions& options);
+  // Stops the endpoint, if any, and returns once its threads have (within milliseconds:
+  // civetweb's listener, which would notice the stop only after up to 2 s, is woken up).
   ~Metrics();
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
@@ -377,6 +379,7 @@ class Metrics {
   std::shared_ptr<Scraped> scraped_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   int listening_port_ = 0;
+  std::string listen_address_;  // options.listen_address, with an endpoint
 };
 
 // Unregisters its callback when destroyed (see Metrics::OnScrape).
