@@ -315,61 +315,75 @@ Reference64 ReferencePagedAttention64(const PagedAttentionParams& p) {
   r.out.assign(rows * p.v_head_dim, 0.0);
   std::vector<double> lse(rows, 0.0);
   const int group = p.num_heads / p.num_kv_heads;
-  std::vector<double> scores;
+  std::vector<double> scores, q, k, v;
   for (int s = 0; s < p.num_seqs; ++s) {
     const int32_t* pages = p.page_table + int64_t{s} * p.max_pages_per_seq;
     const int kv_len = p.kv_lens[s];
-    for (int i = 0; i < p.q_lens[s]; ++i) {
-      const int64_t t = p.q_offsets[s] + i;
-      const int pos = kv_len - p.q_lens[s] + i;
-      const int keys = pos + 1;  // causal, bottom-right aligned
-      // Keys before the window are blocked: the allowed ones are [start, keys).
-      const int start = p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0;
-      for (int h = 0; h < p.num_heads; ++h) {
-        const int kvh = h / group;
-        scores.assign(keys, -INFINITY);
-        double max_score = -INFINITY;
-        bool any_nan = false;  // std::max skips NaN: a NaN score must not look like -Inf
-        for (int j = start; j < keys; ++j) {
-          const int64_t k0 = p.k_offset(pages[j / p.page_size], kvh, j % p.page_size);
-          double dot = 0;
+    for (int kvh = 0; kvh < p.num_kv_heads; ++kvh) {
+      // The sequence's keys and values of this KV head, widened once (exactly) for the query
+      // heads of its group: k[j * head_dim + d], v[j * v_head_dim + d]. With a window, only
+      // those some row may see: the pages before them may be gone.
+      const int first = p.window_left >= 0 ? std::max(0, kv_len - p.q_lens[s] - p.window_left) : 0;
+      k.resize(int64_t{kv_len} * p.head_dim);
+      v.resize(int64_t{kv_len} * p.v_head_dim);
+      for (int j = first; j < kv_len; ++j) {
+        const int64_t k0 = p.k_offset(pages[j / p.page_size], kvh, j % p.page_size);
+        const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
+        for (int d = 0; d < p.head_dim; ++d) {
+          k[int64_t{j} * p.head_dim + d] = Element(p.dtype, p.k_pages, k0 + d);
+        }
+        for (int d = 0; d < p.v_head_dim; ++d) {
+          v[int64_t{j} * p.v_head_dim + d] = Element(p.dtype, p.v_pages, v0 + d);
+        }
+      }
+      for (int i = 0; i < p.q_lens[s]; ++i) {
+        const int64_t t = p.q_offsets[s] + i;
+        const int pos = kv_len - p.q_lens[s] + i;
+        const int keys = pos + 1;  // causal, bottom-right aligned
+        // Keys before the window are blocked: the allowed ones are [start, keys).
+        const int start = p.window_left >= 0 ? std::max(0, pos - p.window_left) : 0;
+        for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+          q.resize(p.head_dim);
           for (int d = 0; d < p.head_dim; ++d) {
-            dot += Element(p.q_dtype, p.q, (t * p.num_heads + h) * p.head_dim + d) *
-                   Element(p.dtype, p.k_pages, k0 + d);
+            q[d] = Element(p.q_dtype, p.q, (t * p.num_heads + h) * p.head_dim + d);
           }
-          double score = static_cast<double>(p.scale) * dot;
-          if (p.softcap != 0.0f) score = p.softcap * std::tanh(score / p.softcap);
-          if (p.alibi_slopes != nullptr) score -= double{p.alibi_slopes[h]} * (pos - j);
-          scores[j] = score;
-          max_score = std::max(max_score, scores[j]);
-          any_nan |= std::isnan(scores[j]);
-        }
-        double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
-        if (max_score == -INFINITY && !any_nan) {
-          // Every allowed score is -Inf: the row is treated as fully blocked and attends
-          // uniformly to every key of the sequence, as a dense causal Attend's row does (the NaN
-          // rule, attention_params.h), or with a window to every key of its window; its
-          // log-sum-exp is -Inf.
-          const int from = p.window_left >= 0 ? start : 0;
-          const int to = p.window_left >= 0 ? keys : kv_len;
-          for (int j = from; j < to; ++j) {
-            const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
-            for (int d = 0; d < p.v_head_dim; ++d) {
-              out[d] += Element(p.dtype, p.v_pages, v0 + d) / (to - from);
+          scores.assign(keys, -INFINITY);
+          double max_score = -INFINITY;
+          bool any_nan = false;  // std::max skips NaN: a NaN score must not look like -Inf
+          for (int j = start; j < keys; ++j) {
+            const double* kj = k.data() + int64_t{j} * p.head_dim;
+            double dot = 0;
+            for (int d = 0; d < p.head_dim; ++d) dot += q[d] * kj[d];
+            double score = static_cast<double>(p.scale) * dot;
+            if (p.softcap != 0.0f) score = p.softcap * std::tanh(score / p.softcap);
+            if (p.alibi_slopes != nullptr) score -= double{p.alibi_slopes[h]} * (pos - j);
+            scores[j] = score;
+            max_score = std::max(max_score, scores[j]);
+            any_nan |= std::isnan(scores[j]);
+          }
+          double* out = r.out.data() + (t * p.num_heads + h) * p.v_head_dim;
+          if (max_score == -INFINITY && !any_nan) {
+            // Every allowed score is -Inf: the row is treated as fully blocked and attends
+            // uniformly to every key of the sequence, as a dense causal Attend's row does (the
+            // NaN rule, attention_params.h), or with a window to every key of its window; its
+            // log-sum-exp is -Inf.
+            const int from = p.window_left >= 0 ? start : 0;
+            const int to = p.window_left >= 0 ? keys : kv_len;
+            for (int j = from; j < to; ++j) {
+              const double* vj = v.data() + int64_t{j} * p.v_head_dim;
+              for (int d = 0; d < p.v_head_dim; ++d) out[d] += vj[d] / (to - from);
             }
+            lse[t * p.num_heads + h] = -INFINITY;
+            continue;
           }
-          lse[t * p.num_heads + h] = -INFINITY;
-          continue;
-        }
-        double sum = 0;
-        for (int j = start; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
-        for (int j = start; j < keys; ++j) {
-          const int64_t v0 = p.v_offset(pages[j / p.page_size], kvh, j % p.page_size);
-          for (int d = 0; d < p.v_head_dim; ++d) {
-            out[d] += scores[j] / sum * Element(p.dtype, p.v_pages, v0 + d);
+          double sum = 0;
+          for (int j = start; j < keys; ++j) sum += scores[j] = std::exp(scores[j] - max_score);
+          for (int j = start; j < keys; ++j) {
+            const double* vj = v.data() + int64_t{j} * p.v_head_dim;
+            for (int d = 0; d < p.v_head_dim; ++d) out[d] += scores[j] / sum * vj[d];
           }
+          lse[t * p.num_heads + h] = max_score + std::log(sum);
         }
-        lse[t * p.num_heads + h] = max_score + std::log(sum);
       }
     }
   }
