@@ -30,6 +30,7 @@
 #include "kernels/cpu/cpu_backend.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/projection.h"
+#include "kernels/cpu/thread_pool.h"
 #include "kernels/multi_head.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
@@ -437,6 +438,28 @@ BENCHMARK(BM_Sgemm)
     ->Args({4096, 1536, 512, 0})
     ->Args({4096, 512, 512, 0})
     ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->MeasureProcessCPUTime();
+
+// The pool's hand-off alone: ParallelFor of a loop of n indices with next to no work, on a pool
+// of `threads` (16: what a 16-core node gave a process before the backend's threads followed its
+// cgroup CPU limit, kernels/cpu/available_cores.h). Wall time and the process's CPU (every
+// thread's) per loop: the CPU counts the workers that were woken for nothing.
+void BM_ParallelForSmallLoop(benchmark::State& state) {
+  ThreadPool pool(static_cast<int>(state.range(0)));
+  const int64_t n = state.range(1);
+  std::atomic<int64_t> sum{0};
+  for (auto _ : state) pool.ParallelFor(n, [&](int64_t i) { sum.fetch_add(i); });
+  benchmark::DoNotOptimize(sum.load());
+  state.counters["threads"] = static_cast<double>(state.range(0));
+}
+BENCHMARK(BM_ParallelForSmallLoop)
+    ->Args({2, 2})
+    ->Args({16, 2})
+    ->Args({16, 4})
+    ->Args({16, 8})
+    ->Args({16, 64})
+    ->Unit(benchmark::kMicrosecond)
     ->UseRealTime()
     ->MeasureProcessCPUTime();
 

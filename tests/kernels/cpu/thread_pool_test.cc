@@ -1,0 +1,82 @@
+// ThreadPool (kernels/cpu/thread_pool.h): every index of a loop runs exactly once, on the
+// workers and the calling thread, also with several loops at once; a loop wakes the workers it
+// can use. Events, not timing: a test that waits does so for a condition, with a generous bound
+// that only a broken pool reaches.
+#include "kernels/cpu/thread_pool.h"
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/mutex.h"
+#include "gtest/gtest.h"
+
+namespace attnserve::kernels::cpu {
+namespace {
+
+// Runs fn(i) for i in [0, n) on `pool` and counts how often each index ran.
+std::vector<int> Counts(ThreadPool& pool, int64_t n) {
+  std::vector<std::atomic<int>> runs(static_cast<size_t>(n));
+  pool.ParallelFor(n, [&](int64_t i) { runs[static_cast<size_t>(i)].fetch_add(1); });
+  std::vector<int> out;
+  for (auto& r : runs) out.push_back(r.load());
+  return out;
+}
+
+TEST(ThreadPoolTest, EveryIndexRunsOnce) {
+  for (int threads : {1, 2, 5}) {
+    ThreadPool pool(threads);
+    EXPECT_EQ(pool.num_threads(), threads);
+    for (int64_t n : {0, 1, 2, 3, 7, 100, 1000}) {
+      EXPECT_EQ(Counts(pool, n), std::vector<int>(static_cast<size_t>(n), 1))
+          << threads << " threads, n " << n;
+    }
+  }
+}
+
+// Loops from several threads at once share the workers; each finishes with its own indices run
+// once each.
+TEST(ThreadPoolTest, ConcurrentLoopsEachRunEveryIndexOnce) {
+  ThreadPool pool(3);
+  constexpr int kCallers = 4;
+  constexpr int kLoops = 200;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < kCallers; ++c) {
+    callers.emplace_back([&, c] {
+      for (int l = 0; l < kLoops; ++l) {
+        const int64_t n = 1 + (c * 7 + l) % 13;
+        if (Counts(pool, n) != std::vector<int>(static_cast<size_t>(n), 1)) wrong.fetch_add(1);
+      }
+    });
+  }
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+}
+
+// A loop of two on a large pool gets a worker beside its caller: each index waits until both
+// have started, which only two threads at once can satisfy. (A pool that woke no worker for it
+// would leave the caller waiting here until the bound, and the test would fail.)
+TEST(ThreadPoolTest, ALoopOfTwoWakesAWorker) {
+  ThreadPool pool(8);
+  for (int round = 0; round < 50; ++round) {
+    Mutex mu;
+    CondVar both_started;
+    int started = 0;
+    std::atomic<int> alone{0};
+    pool.ParallelFor(2, [&](int64_t) {
+      MutexLock lock(&mu);
+      if (++started == 2) both_started.NotifyAll();
+      const absl::Time bound = absl::Now() + absl::Seconds(60);
+      while (started < 2 && absl::Now() < bound) both_started.WaitWithDeadline(&mu, bound);
+      if (started < 2) alone.fetch_add(1);
+    });
+    ASSERT_EQ(alone.load(), 0) << "round " << round << ": an index ran without a second thread";
+  }
+}
+
+}  // namespace
+}  // namespace attnserve::kernels::cpu
