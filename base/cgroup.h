@@ -25,6 +25,17 @@ inline std::optional<std::string> CgroupV2Path(absl::string_view proc_self_cgrou
   return std::nullopt;
 }
 
+// The directory of the process's cgroup v2 group, with its trailing '/' ("0::/a/b" gives
+// "/sys/fs/cgroup/a/b/", where its cpu.max and memory.max are); nullopt on a cgroup v1-only
+// host.
+inline std::optional<std::string> CgroupV2Dir(absl::string_view proc_self_cgroup) {
+  std::optional<std::string> path = CgroupV2Path(proc_self_cgroup);
+  if (!path) return std::nullopt;
+  std::string dir = "/sys/fs/cgroup" + *path;
+  if (dir.back() != '/') dir += '/';
+  return dir;
+}
+
 // The path of the process's group in the cgroup v1 hierarchy that has `controller`
 // ("4:cpu,cpuacct:/a/b" gives "/a/b" for "cpu", not for "cpuset"; the path may hold ':');
 // nullopt when no hierarchy has it.

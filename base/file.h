@@ -1,5 +1,5 @@
 // Reading a whole file into memory: module weights at start-up, TLS keys and tokens, seed
-// vectors in tests and the cli.
+// vectors in tests and the cli, /proc and /sys files.
 //
 // Thread-safety: a pure function of the file system.
 #ifndef ATTNSERVE_BASE_FILE_H_
@@ -24,6 +24,12 @@ inline absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   ss << in.rdbuf();
   if (!in.good() && !in.eof()) return absl::DataLossError(absl::StrCat("cannot read '", path, "'"));
   return std::move(ss).str();
+}
+
+// The bytes of the file at `path`, or "" when it cannot be read: for /proc and /sys files,
+// where a file that is not there (no cgroup limit, no such controller) means nothing to add.
+inline std::string ReadFileOrEmpty(const std::string& path) {
+  return ReadFileToString(path).value_or("");
 }
 
 }  // namespace attnserve

@@ -27,11 +27,6 @@ std::optional<double> Cores(absl::string_view quota, absl::string_view period) {
   return static_cast<double>(q) / static_cast<double>(p);
 }
 
-std::string ReadOrEmpty(const std::string& path) {
-  absl::StatusOr<std::string> text = ReadFileToString(path);
-  return text.ok() ? *std::move(text) : std::string();
-}
-
 std::optional<double> Tightest(std::optional<double> a, std::optional<double> b) {
   if (!a) return b;
   if (!b) return a;
@@ -40,8 +35,8 @@ std::optional<double> Tightest(std::optional<double> a, std::optional<double> b)
 
 // The group's cgroup v1 CPU limit, from the files in `dir`.
 std::optional<double> V1Limit(const std::string& dir) {
-  return ParseCgroupV1CpuQuota(ReadOrEmpty(dir + "/cpu.cfs_quota_us"),
-                               ReadOrEmpty(dir + "/cpu.cfs_period_us"));
+  return ParseCgroupV1CpuQuota(ReadFileOrEmpty(dir + "/cpu.cfs_quota_us"),
+                               ReadFileOrEmpty(dir + "/cpu.cfs_period_us"));
 }
 
 }  // namespace
@@ -72,12 +67,10 @@ int AvailableCores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) affinity = CPU_COUNT(&set);
 
-  const std::string cgroups = ReadOrEmpty("/proc/self/cgroup");
+  const std::string cgroups = ReadFileOrEmpty("/proc/self/cgroup");
   std::optional<double> limit;
-  if (std::optional<std::string> path = CgroupV2Path(cgroups)) {
-    std::string dir = "/sys/fs/cgroup" + *path;
-    if (dir.back() != '/') dir += '/';
-    limit = ParseCgroupV2CpuMax(ReadOrEmpty(dir + "cpu.max"));
+  if (std::optional<std::string> dir = CgroupV2Dir(cgroups)) {
+    limit = ParseCgroupV2CpuMax(ReadFileOrEmpty(*dir + "cpu.max"));
   }
   // cgroup v1: the group this process is in, and the mount's root, which is the group itself
   // inside a container (whose /proc/self/cgroup names the host's path).

@@ -4,11 +4,10 @@
 
 #include <algorithm>
 #include <charconv>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "base/cgroup.h"
+#include "base/file.h"
 
 namespace attnserve::metrics {
 namespace {
@@ -29,14 +28,6 @@ std::optional<int64_t> ParseInt(std::string_view s) {
 }
 
 // Whole file, or empty when it cannot be opened. /proc files report size 0, so read by stream.
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return {};
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 }  // namespace
 
 std::optional<int64_t> ParseStatmResidentBytes(std::string_view statm, int64_t page_bytes) {
@@ -69,23 +60,22 @@ std::optional<int64_t> ParseCgroupLimitBytes(std::string_view text) {
 }
 
 int64_t ReadResidentBytes() {
-  return ParseStatmResidentBytes(ReadFile("/proc/self/statm"), sysconf(_SC_PAGESIZE)).value_or(0);
+  return ParseStatmResidentBytes(ReadFileOrEmpty("/proc/self/statm"), sysconf(_SC_PAGESIZE))
+      .value_or(0);
 }
 
 int64_t ReadMemoryLimitBytes() {
-  std::optional<int64_t> limit = ParseMeminfoTotalBytes(ReadFile("/proc/meminfo"));
+  std::optional<int64_t> limit = ParseMeminfoTotalBytes(ReadFileOrEmpty("/proc/meminfo"));
   auto tighten = [&limit](std::optional<int64_t> candidate) {
     // v1 reports "no limit" as a huge number (PAGE_COUNTER_MAX pages); min() discards it.
     if (candidate && *candidate > 0) limit = limit ? std::min(*limit, *candidate) : *candidate;
   };
-  const std::string cgroups = ReadFile("/proc/self/cgroup");
-  if (std::optional<std::string> path = CgroupV2Path(cgroups)) {
-    std::string dir = "/sys/fs/cgroup" + *path;
-    if (dir.back() != '/') dir += '/';
-    tighten(ParseCgroupLimitBytes(ReadFile(dir + "memory.max")));
+  const std::string cgroups = ReadFileOrEmpty("/proc/self/cgroup");
+  if (std::optional<std::string> dir = CgroupV2Dir(cgroups)) {
+    tighten(ParseCgroupLimitBytes(ReadFileOrEmpty(*dir + "memory.max")));
   }
   // cgroup v1, as mounted inside a container (the group is the root of the mount).
-  tighten(ParseCgroupLimitBytes(ReadFile("/sys/fs/cgroup/memory/memory.limit_in_bytes")));
+  tighten(ParseCgroupLimitBytes(ReadFileOrEmpty("/sys/fs/cgroup/memory/memory.limit_in_bytes")));
   return limit.value_or(0);
 }
 
