@@ -111,11 +111,11 @@ absl::StatusOr<std::unique_ptr<Backend>> LoadCudaBackend() {
       absl::StrCat("the CUDA backend plugin cannot be loaded (", absl::StrJoin(errors, "; "), ")"));
 }
 
-absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name, int threads,
-                                                     absl::string_view cpu_float32_precision) {
-  if (cpu_float32_precision != "fp32" && cpu_float32_precision != "bf16") {
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
+                                                     const CpuSettings& cpu) {
+  if (cpu.float32_precision != "fp32" && cpu.float32_precision != "bf16") {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--cpu_float32_precision must be fp32 or bf16; was '", cpu_float32_precision, "'"));
+        "--cpu_float32_precision must be fp32 or bf16; was '", cpu.float32_precision, "'"));
   }
   if (name == "reference") return std::make_unique<ReferenceBackend>();
   if (absl::StartsWith(name, "sleep:")) {
@@ -124,9 +124,9 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name, int
       return absl::InvalidArgumentError(absl::StrCat(
           "--backend=sleep:US needs a whole number of microseconds >= 0; was '", name, "'"));
     }
-    auto cpu = MakeBackend("cpu", threads, cpu_float32_precision);
-    if (!cpu.ok()) return cpu.status();
-    return std::make_unique<SleepBackend>(*std::move(cpu), absl::Microseconds(us));
+    auto inner = MakeBackend("cpu", cpu);
+    if (!inner.ok()) return inner.status();
+    return std::make_unique<SleepBackend>(*std::move(inner), absl::Microseconds(us));
   }
   if (name == "cuda") return LoadCudaBackend();
   if (name == "auto") {
@@ -137,11 +137,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name, int
   }
   if (name == "auto" || name == "cpu") {
     cpu::CpuBackendOptions options;
-    options.num_threads = threads;
-    options.float32_as_bf16 = cpu_float32_precision == "bf16";
-    auto cpu = cpu::CpuBackend::Create(options);
-    if (!cpu.ok()) return cpu.status();
-    return std::unique_ptr<Backend>(*std::move(cpu));
+    options.num_threads = cpu.threads;
+    options.min_flops_per_thread = cpu.min_flops_per_thread;
+    options.float32_as_bf16 = cpu.float32_precision == "bf16";
+    auto backend = cpu::CpuBackend::Create(options);
+    if (!backend.ok()) return backend.status();
+    return std::unique_ptr<Backend>(*std::move(backend));
   }
   return absl::InvalidArgumentError(
       absl::StrCat("--backend must be auto, cuda, cpu, reference or sleep:US; was '", name, "'"));

@@ -57,6 +57,10 @@ ABSL_FLAG(int, backend_threads, kDefaults.backend_threads,
 ABSL_FLAG(std::string, cpu_float32_precision, kDefaults.cpu_float32_precision,
           "CPU backend, FLOAT32 and FLOAT16 requests: fp32 (exact) or bf16 (bfloat16 operands, "
           "float32 accumulation, on CPUs with AVX512_BF16)");
+ABSL_FLAG(double, cpu_min_flops_per_thread, kDefaults.cpu_min_flops_per_thread,
+          "CPU backend: a parallel step gets one thread per this many floating-point operations "
+          "(at least 1, at most --backend_threads): smaller shares do not pay for waking a "
+          "thread; 0 = every step on every thread");
 ABSL_FLAG(std::vector<std::string>, module, {},
           "modules to load at start-up, NAME=PATH[:NUM_HEADS] (safetensors), comma-separated");
 ABSL_FLAG(bool, demo_module, kDefaults.demo_module,
@@ -193,6 +197,7 @@ int Run() {
   options.backend = absl::GetFlag(FLAGS_backend);
   options.backend_threads = absl::GetFlag(FLAGS_backend_threads);
   options.cpu_float32_precision = absl::GetFlag(FLAGS_cpu_float32_precision);
+  options.cpu_min_flops_per_thread = absl::GetFlag(FLAGS_cpu_min_flops_per_thread);
   options.demo_module = absl::GetFlag(FLAGS_demo_module);
   options.allow_module_rpc = absl::GetFlag(FLAGS_allow_module_rpc);
   options.limits.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
@@ -307,8 +312,7 @@ int Run() {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   const pthread_t main_thread = pthread_self();
 
-  auto backend = attnserve::kernels::MakeBackend(options.backend, options.backend_threads,
-                                                 options.cpu_float32_precision);
+  auto backend = attnserve::kernels::MakeBackend(options.backend, options.cpu_settings());
   if (!backend.ok()) {
     std::fprintf(stderr, "attnserve: %s\n", backend.status().ToString().c_str());
     return 2;

@@ -136,8 +136,7 @@ std::string SessionOwner(const std::string& listen_address, const std::string& p
 
 absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(const ServerOptions& options,
                                                               metrics::Metrics* metrics) {
-  auto backend =
-      kernels::MakeBackend(options.backend, options.backend_threads, options.cpu_float32_precision);
+  auto backend = kernels::MakeBackend(options.backend, options.cpu_settings());
   if (!backend.ok()) return backend.status();
   return Start(options, *std::move(backend), metrics);
 }
@@ -208,7 +207,7 @@ absl::StatusOr<std::unique_ptr<ServerHost>> ServerHost::Start(
   if (!host->backend_->supports_linear_attention()) {
     // Linear attention, which the backend lacks, on the CPU (its recurrent form is O(L) and
     // memory-bound: a host's CPU cores do it well).
-    auto cpu = kernels::MakeBackend("cpu", options.backend_threads, options.cpu_float32_precision);
+    auto cpu = kernels::MakeBackend("cpu", options.cpu_settings());
     if (!cpu.ok()) return cpu.status();
     host->fallback_ = *std::move(cpu);
   }

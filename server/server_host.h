@@ -53,6 +53,13 @@ struct ServerOptions {
   // "bf16" (bfloat16 operands, float32 accumulation, where the CPU has AVX512_BF16; BFLOAT16
   // requests always are). Reported in GetServerInfo.float32_precision.
   std::string cpu_float32_precision = "fp32";
+  // The CPU backend's work per thread of a parallel step (CpuBackendOptions::min_flops_per_thread;
+  // 0 = every step on every thread).
+  double cpu_min_flops_per_thread = kernels::CpuSettings{}.min_flops_per_thread;
+  // The three above, as MakeBackend takes them.
+  kernels::CpuSettings cpu_settings() const {
+    return {backend_threads, cpu_float32_precision, cpu_min_flops_per_thread};
+  }
   Limits limits;
   // The batcher's defaults, except that a batch waits for no companions: max_queue_delay 0
   // (measured in tests/bench/BATCHING.md).
@@ -121,8 +128,7 @@ class ServerHost {
   static absl::StatusOr<std::unique_ptr<ServerHost>> Start(
       const ServerOptions& options, std::unique_ptr<kernels::Backend> backend,
       metrics::Metrics* metrics);
-  // As above, with the backend MakeBackend(options.backend, options.backend_threads,
-  // options.cpu_float32_precision) makes.
+  // As above, with the backend MakeBackend(options.backend, options.cpu_settings()) makes.
   static absl::StatusOr<std::unique_ptr<ServerHost>> Start(const ServerOptions& options,
                                                            metrics::Metrics* metrics);
   ~ServerHost();

@@ -79,11 +79,19 @@ void AddGemm(const void* x, DType x_type, int64_t ldx, int64_t rows, int k, cons
   }
 }
 
-// Runs projection tasks on the pool, one task per chunk of rows (GemmRowChunk). `bf16_kernel`
-// rounds inputs to bfloat16 for tasks with w16 set (REQUIRES it then).
-void RunGemms(ThreadPool& pool, const Bf16AttentionKernel* bf16_kernel,
+// The arithmetic of a set of projection tasks, for CpuBackend::ThreadsFor.
+double GemmFlops(const std::vector<GemmTask>& tasks) {
+  double flops = 0;
+  for (const GemmTask& g : tasks) flops += 2.0 * static_cast<double>(g.rows) * g.k * g.n;
+  return flops;
+}
+
+// Runs projection tasks on `threads` threads of the pool, one task per chunk of rows
+// (GemmRowChunk). `bf16_kernel` rounds inputs to bfloat16 for tasks with w16 set (REQUIRES it
+// then).
+void RunGemms(ThreadPool& pool, int threads, const Bf16AttentionKernel* bf16_kernel,
               const std::vector<GemmTask>& tasks) {
-  pool.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+  pool.ParallelFor(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t) {
     const GemmTask& g = tasks[t];
     const size_t x_size = DTypeSize(g.x_type);
     const char* x = static_cast<const char*>(g.x);
@@ -126,6 +134,10 @@ absl::Status ValidateThreadsAndIsa(const CpuBackendOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_threads must be in [0, 1024]; was ", options.num_threads));
   }
+  if (!(options.min_flops_per_thread >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("min_flops_per_thread must be >= 0; was ", options.min_flops_per_thread));
+  }
   if (!CpuSupports(options.isa)) {
     return absl::FailedPreconditionError(
         absl::StrCat("isa ", IsaName(options.isa), " is not supported by this CPU"));
@@ -152,9 +164,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const CpuBackendO
   }
   const Bf16Isa bf16_isa = options.bf16_isa == Bf16Isa::kAuto ? BestBf16Isa() : options.bf16_isa;
   SetBlasSingleThreaded();
-  return std::unique_ptr<CpuBackend>(new CpuBackend(
-      ThreadsOf(options), KernelFor(IsaOf(options)), bf16_isa,
-      bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa), options.float32_as_bf16));
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(options, KernelFor(IsaOf(options)), bf16_isa,
+                     bf16_isa == Bf16Isa::kNone ? nullptr : &Bf16KernelFor(bf16_isa)));
 }
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::CreateWithBf16Kernel(
@@ -170,19 +182,19 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::CreateWithBf16Kernel(
                                                       " needs AVX512_BF16, which this CPU lacks"));
   }
   SetBlasSingleThreaded();
-  return std::unique_ptr<CpuBackend>(new CpuBackend(ThreadsOf(options), KernelFor(IsaOf(options)),
-                                                    bf16_kernel.isa, &bf16_kernel,
-                                                    options.float32_as_bf16));
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(options, KernelFor(IsaOf(options)), bf16_kernel.isa, &bf16_kernel));
 }
 
-CpuBackend::CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
-                       const Bf16AttentionKernel* bf16_kernel, bool float32_as_bf16)
+CpuBackend::CpuBackend(const CpuBackendOptions& options, const AttentionKernel& kernel,
+                       Bf16Isa bf16_isa, const Bf16AttentionKernel* bf16_kernel)
     : kernel_(kernel),
       paged_kernel_(PagedKernelFor(kernel.isa, bf16_isa != Bf16Isa::kNone)),
       bf16_isa_(bf16_isa),
       bf16_kernel_(bf16_kernel),
-      float32_as_bf16_(float32_as_bf16),
-      pool_(num_threads) {}
+      float32_as_bf16_(options.float32_as_bf16),
+      min_flops_per_thread_(options.min_flops_per_thread),
+      pool_(ThreadsOf(options)) {}
 
 bool CpuBackend::ComputesInBf16(DType dtype) const {
   if (bf16_kernel_ == nullptr) return false;
@@ -229,15 +241,20 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
   };
 
   std::vector<AttentionTask> tasks;
+  double flops = 0;  // for ThreadsFor: every key counted (masks, windows and causality ignored)
   for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
     const AttentionParams& p = batch[item];
+    const double heads = static_cast<double>(p.batch) * p.num_heads;
+    const double widths = static_cast<double>(p.head_dim) * p.v_head_dim;
     if (p.kind == AttentionKind::kLinear) {  // one task per (b, h): i0 = -1 marks them
+      flops += 2.0 * heads * (p.q_len + p.kv_len) * widths;  // φ(K)ᵀV, then φ(Q)·that
       for (int b = 0; b < p.batch; ++b) {
         for (int h = 0; h < p.num_heads; ++h)
           tasks.push_back(AttentionTask{item, b, h, -1, nullptr});
       }
       continue;
     }
+    flops += 2.0 * heads * p.q_len * p.kv_len * (p.head_dim + p.v_head_dim);  // Q·Kᵀ, P·V
     const bool bf16 = pack_offset[item] >= 0;
     const int blocks = (p.q_len + kQueryBlock - 1) / kQueryBlock;
     for (int b = 0; b < p.batch; ++b) {
@@ -257,13 +274,15 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
       }
     }
   }
+  // The packing's threads follow the attention's: it is a small part of the same step.
+  const int threads = ThreadsFor(flops);
   if (!packs.empty()) {
-    pool_.ParallelFor(static_cast<int64_t>(packs.size()), [&](int64_t t) {
+    pool_.ParallelFor(static_cast<int64_t>(packs.size()), threads, [&](int64_t t) {
       const PackTask& task = packs[t];
       bf16_kernel_->pack(batch[task.item], task.b, task.kvh, task.packed);
     });
   }
-  pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+  pool_.ParallelFor(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t) {
     const AttentionTask& task = tasks[t];
     const AttentionParams& p = batch[task.item];
     if (task.i0 < 0) {
@@ -278,6 +297,12 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
       kernel_.run(p, task.b, task.h, task.i0, scratch.floats());
     }
   });
+}
+
+int CpuBackend::ThreadsFor(double flops) const {
+  const int all = pool_.num_threads();
+  if (min_flops_per_thread_ == 0) return all;
+  return static_cast<int>(std::clamp<double>(flops / min_flops_per_thread_, 1, all));
 }
 
 absl::Status CpuBackend::Attend(absl::Span<const AttentionParams> batch) {
@@ -373,9 +398,9 @@ absl::Status CpuBackend::MultiHead(absl::Span<const MultiHeadParams> batch) {
             &outputs);
   }
 
-  RunGemms(pool_, bf16_kernel_, projections);
+  RunGemms(pool_, ThreadsFor(GemmFlops(projections)), bf16_kernel_, projections);
   RunAttention(attention);
-  RunGemms(pool_, bf16_kernel_, outputs);
+  RunGemms(pool_, ThreadsFor(GemmFlops(outputs)), bf16_kernel_, outputs);
   return absl::OkStatus();
 }
 
@@ -392,7 +417,7 @@ absl::Status CpuBackend::Project(absl::Span<const ProjectionParams> batch) {
     AddGemm(p.x, p.x_type, w.d_model, p.rows, w.d_model, p.w(), w16, p.bias(), p.n(), p.y,
             DType::kFloat32, p.n(), &tasks);
   }
-  RunGemms(pool_, bf16_kernel_, tasks);
+  RunGemms(pool_, ThreadsFor(GemmFlops(tasks)), bf16_kernel_, tasks);
   return absl::OkStatus();
 }
 

@@ -49,6 +49,16 @@ struct CpuBackendOptions {
   // Default: 0. REQUIRES: 0 <= num_threads <= 1024.
   int num_threads = 0;
 
+  // Affects performance only.
+  // A parallel step (an attention, a set of projections, a paged attention) is given one thread
+  // per this many floating-point operations, at least 1 and at most num_threads: waking a worker
+  // costs CPU on both sides and time before it helps, which a smaller share of work does not pay
+  // back (tests/bench/RESULTS.md, "Small steps on one thread"), so a tiny call runs on its
+  // calling thread alone. 0 = every step on all threads (tests use it to run tiny steps in
+  // parallel). Default: 4e6 (about 60 µs of float32 attention for one AVX-512 core).
+  // REQUIRES: >= 0.
+  double min_flops_per_thread = 4e6;
+
   // Affects results (the last bits) and performance.
   // The attention kernel's instruction set. kAuto = the widest this CPU supports; the others
   // force one (tests compare them; kGeneric is the plain portable path). Default: kAuto.
@@ -102,6 +112,10 @@ class CpuBackend final : public Backend {
   int64_t ReleaseIdleMemory() override;
 
   int num_threads() const { return pool_.num_threads(); }
+  // The threads a parallel step of `flops` floating-point operations in all is given
+  // (CpuBackendOptions::min_flops_per_thread). Which thread runs a task never changes its bits
+  // (above).
+  int ThreadsFor(double flops) const;
   Isa isa() const { return kernel_.isa; }
   // The paged attention kernel in use ("avx512_bf16", "avx512", "avx2" or "generic").
   const char* paged_kernel_name() const { return paged_kernel_.name; }
@@ -112,8 +126,8 @@ class CpuBackend final : public Backend {
 
  private:
   // bf16_kernel: nullptr when bf16_isa is kNone.
-  CpuBackend(int num_threads, const AttentionKernel& kernel, Bf16Isa bf16_isa,
-             const Bf16AttentionKernel* bf16_kernel, bool float32_as_bf16);
+  CpuBackend(const CpuBackendOptions& options, const AttentionKernel& kernel, Bf16Isa bf16_isa,
+             const Bf16AttentionKernel* bf16_kernel);
 
   // Runs the attention of every item of `batch` on the pool.
   void RunAttention(absl::Span<const AttentionParams> batch);
@@ -123,6 +137,7 @@ class CpuBackend final : public Backend {
   const Bf16Isa bf16_isa_;
   const Bf16AttentionKernel* const bf16_kernel_;  // nullptr when bf16_isa_ is kNone
   const bool float32_as_bf16_;
+  const double min_flops_per_thread_;
   ThreadPool pool_;
 };
 

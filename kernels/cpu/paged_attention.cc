@@ -102,13 +102,20 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
     }
   }
 
-  pool_.ParallelFor(static_cast<int64_t>(tasks.size()), [&](int64_t t) {
+  // Every cached key counted (a window ignored): a decode step of a short
+  // sequence stays on the calling thread (ThreadsForFlops).
+  double flops = 0;
+  for (int s = 0; s < p.num_seqs; ++s) {
+    flops += 2.0 * p.num_heads * p.q_lens[s] * p.kv_lens[s] * (p.head_dim + p.v_head_dim);
+  }
+  const int threads = ThreadsFor(flops);
+  pool_.ParallelFor(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t) {
     const PagedTask& task = tasks[t];
     ScratchBuffer scratch(ScratchUse::kTask, k.scratch_floats(p, task.rows) * int64_t{4});
     k.run(p, task, scratch.floats());
   });
   if (!combines.empty()) {
-    pool_.ParallelFor(static_cast<int64_t>(combines.size()), [&](int64_t t) {
+    pool_.ParallelFor(static_cast<int64_t>(combines.size()), threads, [&](int64_t t) {
       const CombineTask& c = combines[t];
       ScratchBuffer scratch(ScratchUse::kTask, k.scratch_floats(p, p.q_lens[c.seq]) * int64_t{4});
       k.combine(p, c.seq, c.kv_head, c.partials, scratch.floats());

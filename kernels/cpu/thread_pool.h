@@ -35,7 +35,13 @@ class ThreadPool {
 
   // Runs fn(i) for every i in [0, n), on the workers and the calling thread, and returns when
   // all have finished. fn must not throw.
-  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn);
+  void ParallelFor(int64_t n, absl::FunctionRef<void(int64_t)> fn) {
+    ParallelFor(n, num_threads(), fn);
+  }
+  // The same on at most `max_threads` threads, the calling thread included (1: all on the
+  // caller, no worker woken): for loops whose work would not pay for waking more (CpuBackend's
+  // ThreadsForFlops). REQUIRES: max_threads >= 1.
+  void ParallelFor(int64_t n, int max_threads, absl::FunctionRef<void(int64_t)> fn);
 
  private:
   struct Loop;

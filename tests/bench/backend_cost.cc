@@ -29,6 +29,8 @@ ABSL_FLAG(std::string, shapes, "1,8,128,64", "one attnserve-bench --shapes entry
 ABSL_FLAG(std::string, dtype, "float32", "float32, float16 or bfloat16");
 ABSL_FLAG(std::string, backend, "cpu", "the backend, as the server's --backend");
 ABSL_FLAG(int, threads, 0, "the backend's threads, as the server's --backend_threads");
+ABSL_FLAG(double, min_flops_per_thread, attnserve::kernels::CpuSettings{}.min_flops_per_thread,
+          "the CPU backend's work per thread, as the server's --cpu_min_flops_per_thread");
 ABSL_FLAG(double, min_time_s, 1.0, "time the calls for at least this long");
 ABSL_FLAG(uint64_t, seed, 1, "attnserve-bench's --seed");
 
@@ -76,8 +78,10 @@ int main(int argc, char** argv) {
   auto job = mha ? server::BuildMultiHeadJob(*request.mha, modules, limits)
                  : server::BuildAttendJob(*request.attend, limits);
   if (!job.ok()) return Fail(std::string(job.status().message()));
-  auto backend =
-      attnserve::kernels::MakeBackend(absl::GetFlag(FLAGS_backend), absl::GetFlag(FLAGS_threads));
+  auto backend = attnserve::kernels::MakeBackend(
+      absl::GetFlag(FLAGS_backend),
+      {.threads = absl::GetFlag(FLAGS_threads),
+       .min_flops_per_thread = absl::GetFlag(FLAGS_min_flops_per_thread)});
   if (!backend.ok()) return Fail(std::string(backend.status().message()));
 
   auto call = [&]() -> absl::Status {

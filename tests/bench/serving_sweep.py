@@ -17,14 +17,16 @@ For Attend and MultiHeadAttention requests from about 1 KiB to 16 MiB, with 1 an
 After the sweep every server idles --idle_s seconds (30 by default) and its RSS then is given
 beside its RSS when fresh (started, one tiny call answered): memory the load left behind.
 With --baseline=BINARY a second attnserve (e.g. a build of an older commit) runs the same loads
-beside it, for figures taken side by side in one run.
+beside it, for figures taken side by side in one run; --baseline_flags adds flags to that one
+(without --baseline: the same binary with other flags, e.g. --cpu_min_flops_per_thread=0).
 
 Each (size, callers) point runs every server back to back, each after a warm-up run of its own;
 the CPU and faults are read right around the measured run. The JSON (--json) is what
 `attnserve-bench --sweep_from=FILE --html=PAGE` draws; the table goes to stdout.
 
   /usr/bin/python3 tests/bench/serving_sweep.py [--build=build] [--duration_s=3]
-      [--baseline=PATH --baseline_name=a0c8747] [--json=sweep.json] [--html=sweep.html]
+      [--baseline=PATH --baseline_name=a0c8747] [--baseline_flags='--flag=value ...']
+      [--json=sweep.json] [--html=sweep.html]
       [--rpcs=attend,mha] [--callers=1,8] [--sizes=all|1k,64k,...]
 
 Not run by CI. Figures: tests/bench/SERVING.md.
@@ -114,6 +116,8 @@ def main():
     ap.add_argument("--server", help="attnserve binary (default BUILD/server/attnserve)")
     ap.add_argument("--baseline", help="a second attnserve binary, run beside the first")
     ap.add_argument("--baseline_name", default="baseline")
+    ap.add_argument("--baseline_flags", default="",
+                    help="flags for the baseline (without --baseline: the same binary)")
     ap.add_argument("--duration_s", type=float, default=3)
     ap.add_argument("--rpcs", default="attend,mha")
     ap.add_argument("--callers", default="1,8")
@@ -140,8 +144,9 @@ def main():
     # built the plugin, which no request uses on a machine without a GPU.
     flags = ["--backend=cpu", "--metrics_address="]
     servers = [Server("attnserve", [server_bin] + flags, tmp)]
-    if args.baseline:
-        servers.append(Server(args.baseline_name, [args.baseline] + flags, tmp))
+    if args.baseline or args.baseline_flags:
+        servers.append(Server(args.baseline_name, [args.baseline or server_bin] + flags +
+                              shlex.split(args.baseline_flags), tmp))
     servers.append(Server("echo", [echo], tmp))
     names = [s.name for s in servers]
     fresh = {}

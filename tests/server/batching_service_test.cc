@@ -124,7 +124,7 @@ TEST_F(BatchingServiceTest, OutputBitsAreTheSameBatchedOrAloneOnTheDefaultBacken
   server::ServerOptions options;
   options.batching.batcher.max_batch_requests = 32;
   options.batching.batcher.max_queue_delay = absl::Milliseconds(1);
-  auto inner = kernels::MakeBackend("auto", 2);
+  auto inner = kernels::MakeBackend("auto", {.threads = 2});
   ASSERT_TRUE(inner.ok());
   auto gated = std::make_unique<testing::GatedBackend>(*std::move(inner));
   gate_ = gated.get();

@@ -54,6 +54,7 @@ using ::attnserve::model::WeightsFromSafetensors;
 std::unique_ptr<CpuBackend> MakeBackend(Isa isa, int threads = 2, Bf16Isa bf16_isa = Bf16Isa::kNone,
                                         bool float32_as_bf16 = false) {
   auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = threads,
+                                                      .min_flops_per_thread = 0,
                                                       .isa = isa,
                                                       .bf16_isa = bf16_isa,
                                                       .float32_as_bf16 = float32_as_bf16});
@@ -709,10 +710,12 @@ std::unique_ptr<CpuBackend> MakeBf16Backend(const Bf16Path& path, int threads,
                                             bool float32_as_bf16) {
   if (!path.emulated) return MakeBackend(BestIsa(), threads, path.isa, float32_as_bf16);
 #if defined(ATTNSERVE_HAVE_AMX_EMULATION)
-  auto backend = CpuBackend::CreateWithBf16Kernel(
-      CpuBackendOptions{
-          .num_threads = threads, .isa = BestIsa(), .float32_as_bf16 = float32_as_bf16},
-      kAmxEmulatedAttentionKernel);
+  auto backend =
+      CpuBackend::CreateWithBf16Kernel(CpuBackendOptions{.num_threads = threads,
+                                                         .min_flops_per_thread = 0,
+                                                         .isa = BestIsa(),
+                                                         .float32_as_bf16 = float32_as_bf16},
+                                       kAmxEmulatedAttentionKernel);
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? *std::move(backend) : nullptr;
 #else
@@ -1178,6 +1181,52 @@ TEST(CpuBackendTest, CreateRejectsBadOptions) {
   auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = -1});
   EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(backend.status().message()), ::testing::HasSubstr("was -1"));
+  for (double bad : {-1.0, std::nan("")}) {
+    backend = CpuBackend::Create(CpuBackendOptions{.min_flops_per_thread = bad});
+    EXPECT_EQ(backend.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_THAT(std::string(backend.status().message()),
+                ::testing::HasSubstr("min_flops_per_thread must be >= 0"));
+  }
+}
+
+// A step gets one thread per min_flops_per_thread of its arithmetic, at least one, at most the
+// pool; 0 gives every step the whole pool.
+TEST(CpuBackendTest, ThreadsFollowTheStepsArithmetic) {
+  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = 4}).value();
+  EXPECT_EQ(backend->ThreadsFor(0), 1);
+  EXPECT_EQ(backend->ThreadsFor(1.05e6), 1);  // Attend [1,4,32,64]
+  EXPECT_EQ(backend->ThreadsFor(3.99e6), 1);
+  EXPECT_EQ(backend->ThreadsFor(8.4e6), 2);   // Attend [1,8,64,64]
+  EXPECT_EQ(backend->ThreadsFor(16.8e6), 4);  // Attend [1,4,128,64]
+  EXPECT_EQ(backend->ThreadsFor(1e12), 4);
+  auto all = CpuBackend::Create(CpuBackendOptions{.num_threads = 4, .min_flops_per_thread = 0});
+  EXPECT_EQ(all.value()->ThreadsFor(0), 4);
+  EXPECT_EQ(all.value()->ThreadsFor(1e3), 4);
+  auto custom = CpuBackend::Create(CpuBackendOptions{.num_threads = 3, .min_flops_per_thread = 10});
+  EXPECT_EQ(custom.value()->ThreadsFor(25), 2);
+  EXPECT_EQ(custom.value()->ThreadsFor(35), 3);
+}
+
+// The threads a step is given change no bit of its answer: the same calls, small (one thread
+// under the default) and large, on a backend that splits every step and one that does not.
+TEST(CpuBackendTest, TheStepsThreadsChangeNoBit) {
+  auto split = MakeBackend(BestIsa(), 3);  // min_flops_per_thread 0
+  auto defaults = CpuBackend::Create(CpuBackendOptions{.num_threads = 3}).value();
+  for (int len : {8, 200}) {
+    const AttentionSpec spec{.batch = 2,
+                             .num_heads = 4,
+                             .num_kv_heads = 4,
+                             .q_len = len,
+                             .kv_len = len,
+                             .head_dim = 32,
+                             .v_head_dim = 32,
+                             .seed = 11};
+    AttentionCase a(spec);
+    AttentionCase b(spec);
+    ASSERT_TRUE(split->Attend({a.params()}).ok());
+    ASSERT_TRUE(defaults->Attend({b.params()}).ok());
+    EXPECT_EQ(a.DenseOut(), b.DenseOut()) << "L " << len;
+  }
 }
 
 TEST(AvailableCoresTest, ParsesCgroupCpuLimits) {

@@ -102,7 +102,7 @@ class LinearAttentionTest : public ::testing::TestWithParam<LinearCase> {};
 
 TEST_P(LinearAttentionTest, ReferenceAndCpuMatchThePapersForm) {
   const LinearCase& c = GetParam();
-  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = 2});
+  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = 2, .min_flops_per_thread = 0});
   ASSERT_TRUE(backend.ok()) << backend.status();
   for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     AttentionSpec spec = c.spec;
@@ -158,7 +158,7 @@ TEST(LinearAttentionRuleTest, ZeroNormalisersGiveZerosAndTheKindMatters) {
 // MultiHead with linear heads (the CPU backend's projections, then its linear kernel) against
 // the float64 reference module.
 TEST(LinearAttentionMultiHeadTest, MatchesTheReferenceModule) {
-  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = 2});
+  auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = 2, .min_flops_per_thread = 0});
   ASSERT_TRUE(backend.ok()) << backend.status();
   const MultiHeadWeights w = testing::RandomWeights(32, 4, 7);
   const std::vector<float> x = testing::RandomVector(2 * 9 * 32, 8);

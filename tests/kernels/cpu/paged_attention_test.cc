@@ -37,7 +37,10 @@ struct Path {
 
 std::unique_ptr<CpuBackend> MakeBackend(Path path, int threads) {
   auto backend = CpuBackend::Create(
-      CpuBackendOptions{.num_threads = threads, .isa = path.isa, .bf16_isa = path.bf16});
+      CpuBackendOptions{.num_threads = threads,
+                        .min_flops_per_thread = 0,  // the tests' small steps on every thread
+                        .isa = path.isa,
+                        .bf16_isa = path.bf16});
   EXPECT_TRUE(backend.ok()) << backend.status();
   return backend.ok() ? *std::move(backend) : nullptr;
 }

@@ -140,7 +140,8 @@ TEST_P(ScoreModsTest, CpuBackendMatchesTheDefinition) {
   const ModsCase& c = GetParam();
   for (const Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512}) {
     if (!CpuSupports(isa)) continue;
-    auto backend = CpuBackend::Create(CpuBackendOptions{.num_threads = 2, .isa = isa});
+    auto backend = CpuBackend::Create(
+        CpuBackendOptions{.num_threads = 2, .min_flops_per_thread = 0, .isa = isa});
     ASSERT_TRUE(backend.ok()) << backend.status();
     for (const DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
       for (const bool with_weights : {false, true}) {

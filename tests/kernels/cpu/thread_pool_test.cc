@@ -1,9 +1,10 @@
 // ThreadPool (kernels/cpu/thread_pool.h): every index of a loop runs exactly once, on the
 // workers and the calling thread, also with several loops at once; a loop wakes the workers it
-// can use. Events, not timing: a test that waits does so for a condition, with a generous bound
-// that only a broken pool reaches.
+// can use, and no more threads than a capped loop may have. Events, not timing: a test that waits
+// does so for a condition, with a generous bound that only a broken pool reaches.
 #include "kernels/cpu/thread_pool.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -75,6 +76,52 @@ TEST(ThreadPoolTest, ALoopOfTwoWakesAWorker) {
       if (started < 2) alone.fetch_add(1);
     });
     ASSERT_EQ(alone.load(), 0) << "round " << round << ": an index ran without a second thread";
+  }
+}
+
+// A loop capped at one thread runs every index on its caller; one capped at k never runs on
+// more than k threads, however many workers are idle, and still runs each index once.
+TEST(ThreadPoolTest, ALoopRunsOnAtMostItsMaxThreads) {
+  ThreadPool pool(8);
+  for (int max_threads : {1, 2, 3, 8, 100}) {
+    for (int round = 0; round < 20; ++round) {
+      Mutex mu;
+      std::vector<std::thread::id> ids;
+      std::vector<int> runs(64, 0);
+      pool.ParallelFor(64, max_threads, [&](int64_t i) {
+        MutexLock lock(&mu);
+        ++runs[static_cast<size_t>(i)];
+        if (std::find(ids.begin(), ids.end(), std::this_thread::get_id()) == ids.end()) {
+          ids.push_back(std::this_thread::get_id());
+        }
+      });
+      ASSERT_EQ(runs, std::vector<int>(64, 1)) << "max_threads " << max_threads;
+      ASSERT_LE(static_cast<int>(ids.size()), max_threads) << "round " << round;
+      if (max_threads == 1) {
+        ASSERT_EQ(ids, std::vector<std::thread::id>{std::this_thread::get_id()});
+      }
+    }
+  }
+}
+
+// A capped loop still gets the helpers it may have: with max_threads 3 on a pool of 8, three
+// indices that each wait for the other two to start can finish (only three threads at once can
+// satisfy them; a pool that woke no worker or one would leave them waiting until the bound).
+TEST(ThreadPoolTest, ACappedLoopWakesAsManyAsItMayUse) {
+  ThreadPool pool(8);
+  for (int round = 0; round < 50; ++round) {
+    Mutex mu;
+    CondVar all_started;
+    int started = 0;
+    std::atomic<int> short_handed{0};
+    pool.ParallelFor(3, 3, [&](int64_t) {
+      MutexLock lock(&mu);
+      if (++started == 3) all_started.NotifyAll();
+      const absl::Time bound = absl::Now() + absl::Seconds(60);
+      while (started < 3 && absl::Now() < bound) all_started.WaitWithDeadline(&mu, bound);
+      if (started < 3) short_handed.fetch_add(1);
+    });
+    ASSERT_EQ(short_handed.load(), 0) << "round " << round;
   }
 }
 
