@@ -54,8 +54,9 @@ struct CpuBackendOptions {
   // per this many floating-point operations, at least 1 and at most num_threads: waking a worker
   // costs CPU on both sides and time before it helps, which a smaller share of work does not pay
   // back (tests/bench/RESULTS.md, "Small steps on one thread"), so a tiny call runs on its
-  // calling thread alone. 0 = every step on all threads (tests use it to run tiny steps in
-  // parallel). Default: 4e6 (about 60 µs of float32 attention for one AVX-512 core).
+  // calling thread alone (a paged attention counts its reads of the cache as work too:
+  // paged_attention.cc). 0 = every step on all threads (tests use it to run tiny steps in
+  // parallel). Default: 4e6 (30-60 µs of float32 attention for one AVX-512 core).
   // REQUIRES: >= 0.
   double min_flops_per_thread = 4e6;
 

@@ -38,6 +38,11 @@ struct CombineTask {
   const float* partials;
 };
 
+// A cached byte read counts as this many floating-point operations of work (ThreadsFor): one
+// thread streams a decode step's cache at about 12 GB/s and computes attention at 65-125 GFLOP/s
+// (2-vCPU Zen 5 VM; tests/bench/RESULTS.md, "Small steps on one thread").
+constexpr double kPagedFlopsPerByte = 8;
+
 }  // namespace
 
 absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
@@ -102,13 +107,18 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
     }
   }
 
-  // Every cached key counted (a window ignored): a decode step of a short
-  // sequence stays on the calling thread (ThreadsForFlops).
-  double flops = 0;
+  // The step's work for ThreadsFor, every cached key counted (a window ignored): its arithmetic,
+  // and its reads of the cache at kPagedFlopsPerByte, for a decode step is bound by memory, not
+  // arithmetic (a step over 1,024 float32 keys of 8 heads of 64 reads 4 MiB for 2.1 MFLOP). A
+  // decode step of a short sequence stays on the calling thread.
+  const double widths = p.head_dim + p.v_head_dim;
+  double work = 0;
   for (int s = 0; s < p.num_seqs; ++s) {
-    flops += 2.0 * p.num_heads * p.q_lens[s] * p.kv_lens[s] * (p.head_dim + p.v_head_dim);
+    work += 2.0 * p.num_heads * p.q_lens[s] * p.kv_lens[s] * widths;
+    work += kPagedFlopsPerByte * p.num_kv_heads * p.kv_lens[s] * widths *
+            static_cast<double>(DTypeSize(p.dtype));
   }
-  const int threads = ThreadsFor(flops);
+  const int threads = ThreadsFor(work);
   pool_.ParallelFor(static_cast<int64_t>(tasks.size()), threads, [&](int64_t t) {
     const PagedTask& task = tasks[t];
     ScratchBuffer scratch(ScratchUse::kTask, k.scratch_floats(p, task.rows) * int64_t{4});
