@@ -39,9 +39,11 @@ struct CombineTask {
 };
 
 // A cached byte read counts as this many floating-point operations of work (ThreadsFor): one
-// thread streams a decode step's cache at about 12 GB/s and computes attention at 65-125 GFLOP/s
+// thread read a decode step's cache at 31-36 GB/s (steps over 1,024-2,524 float32 keys, 8 heads
+// of 64: 4-10 MiB in 200-237 µs, in L3) and computes attention at 65-125 GFLOP/s, so a byte takes
+// as long as 2-4 FLOP; with 4, a step reading 2 MiB or more (about 60 µs on one thread) is split
 // (2-vCPU Zen 5 VM; tests/bench/RESULTS.md, "Small steps on one thread").
-constexpr double kPagedFlopsPerByte = 8;
+constexpr double kPagedFlopsPerByte = 4;
 
 }  // namespace
 
@@ -110,7 +112,7 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionParams& p) {
   // The step's work for ThreadsFor, every cached key counted (a window ignored): its arithmetic,
   // and its reads of the cache at kPagedFlopsPerByte, for a decode step is bound by memory, not
   // arithmetic (a step over 1,024 float32 keys of 8 heads of 64 reads 4 MiB for 2.1 MFLOP). A
-  // decode step of a short sequence stays on the calling thread.
+  // decode step over a short cache stays on the calling thread.
   const double widths = p.head_dim + p.v_head_dim;
   double work = 0;
   for (int s = 0; s < p.num_seqs; ++s) {
