@@ -5,9 +5,16 @@
 // threads) costs. Never deploy it.
 //
 //   attnserve-bench-echo --listen=127.0.0.1:0 --port_file=/tmp/port [--stream_unary]
+//       [--work_us=N]
 //
 // --stream_unary serves Attend as attnserve does (a stream of one message that the handler
 // reads), to tell what that structure costs from what attnserve itself does (SERVING.md).
+// --work_us spends N µs of CPU on every Attend and MultiHeadAttention before answering, on the
+// thread that received it, as attnserve computes a small request: what holding gRPC's thread
+// costs beyond the work itself (SERVING.md).
+#include <time.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
@@ -25,10 +32,31 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:0", "address; port 0 picks a free one"
 ABSL_FLAG(std::string, port_file, "", "write the bound port here once listening");
 ABSL_FLAG(bool, stream_unary, false,
           "serve Attend as attnserve does: a stream of one message, read by the handler");
+ABSL_FLAG(bool, bdp_probe, true,
+          "grow flow-control windows with BDP probes (gRPC's default); attnserve turns them off "
+          "(server_host.cc), so a request over 64 KiB waits a round trip for its window");
+ABSL_FLAG(int64_t, work_us, 0,
+          "CPU microseconds spent on every Attend and MultiHeadAttention before answering, on "
+          "the thread that received it (a stand-in for computing a small request)");
 
 namespace {
 
 namespace v1 = attnserve::v1;
+
+int64_t ThreadCpuNs() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Spends --work_us of this thread's CPU time (not wall time: a preempted thread spends none).
+void Work() {
+  static const int64_t work_ns = absl::GetFlag(FLAGS_work_us) * 1000;
+  if (work_ns <= 0) return;
+  const int64_t end = ThreadCpuNs() + work_ns;
+  while (ThreadCpuNs() < end) {
+  }
+}
 
 // Attend served as attnserve serves it (server/transport/attention_service.cc): a bidi stream of
 // one request and one response, the request read after the handler sees the call.
@@ -46,6 +74,7 @@ class StreamEchoReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer,
       Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "not an AttendRequest"));
       return;
     }
+    Work();
     v1::AttendResponse response;
     *response.mutable_output() = request.query();
     response.mutable_timing()->set_batch_size(1);
@@ -78,6 +107,7 @@ class EchoService final : public v1::AttentionService::CallbackService {
   template <typename Request, typename Response>
   static grpc::ServerUnaryReactor* Echo(grpc::CallbackServerContext* context,
                                         const Request& request, Response* response) {
+    Work();
     *response->mutable_output() = request.query();
     response->mutable_timing()->set_batch_size(1);
     response->mutable_timing()->set_backend("echo");
@@ -132,6 +162,7 @@ int main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(256 << 20);
+  if (!absl::GetFlag(FLAGS_bdp_probe)) builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   builder.RegisterService(&service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (!server || port == 0) {
