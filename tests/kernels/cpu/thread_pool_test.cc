@@ -58,24 +58,31 @@ TEST(ThreadPoolTest, ConcurrentLoopsEachRunEveryIndexOnce) {
   EXPECT_EQ(wrong.load(), 0);
 }
 
-// A loop of two on a large pool gets a worker beside its caller: each index waits until both
-// have started, which only two threads at once can satisfy. (A pool that woke no worker for it
-// would leave the caller waiting here until the bound, and the test would fail.)
+// Runs a loop of n indices on at most max_threads threads of `pool`, each index waiting until
+// all n have started: a condition only n threads at once can meet. The wait is bounded (60 s),
+// which only a pool that gave the loop fewer threads reaches. Returns the indices that did.
+int IndicesLeftShortHanded(ThreadPool& pool, int n, int max_threads) {
+  Mutex mu;
+  CondVar all_started;
+  int started = 0;
+  std::atomic<int> short_handed{0};
+  pool.ParallelFor(n, max_threads, [&](int64_t) {
+    MutexLock lock(&mu);
+    if (++started == n) all_started.NotifyAll();
+    const absl::Time bound = absl::Now() + absl::Seconds(60);
+    while (started < n && absl::Now() < bound) all_started.WaitWithDeadline(&mu, bound);
+    if (started < n) short_handed.fetch_add(1);
+  });
+  return short_handed.load();
+}
+
+// A loop of two on a large pool gets a worker beside its caller. (A pool that woke no worker for
+// it would leave the caller waiting until the bound, and the test would fail.)
 TEST(ThreadPoolTest, ALoopOfTwoWakesAWorker) {
   ThreadPool pool(8);
   for (int round = 0; round < 50; ++round) {
-    Mutex mu;
-    CondVar both_started;
-    int started = 0;
-    std::atomic<int> alone{0};
-    pool.ParallelFor(2, [&](int64_t) {
-      MutexLock lock(&mu);
-      if (++started == 2) both_started.NotifyAll();
-      const absl::Time bound = absl::Now() + absl::Seconds(60);
-      while (started < 2 && absl::Now() < bound) both_started.WaitWithDeadline(&mu, bound);
-      if (started < 2) alone.fetch_add(1);
-    });
-    ASSERT_EQ(alone.load(), 0) << "round " << round << ": an index ran without a second thread";
+    ASSERT_EQ(IndicesLeftShortHanded(pool, 2, pool.num_threads()), 0)
+        << "round " << round << ": an index ran without a second thread";
   }
 }
 
@@ -105,23 +112,12 @@ TEST(ThreadPoolTest, ALoopRunsOnAtMostItsMaxThreads) {
 }
 
 // A capped loop still gets the helpers it may have: with max_threads 3 on a pool of 8, three
-// indices that each wait for the other two to start can finish (only three threads at once can
-// satisfy them; a pool that woke no worker or one would leave them waiting until the bound).
+// indices that each wait for the other two to start can finish (a pool that woke no worker or
+// one would leave them waiting until the bound).
 TEST(ThreadPoolTest, ACappedLoopWakesAsManyAsItMayUse) {
   ThreadPool pool(8);
   for (int round = 0; round < 50; ++round) {
-    Mutex mu;
-    CondVar all_started;
-    int started = 0;
-    std::atomic<int> short_handed{0};
-    pool.ParallelFor(3, 3, [&](int64_t) {
-      MutexLock lock(&mu);
-      if (++started == 3) all_started.NotifyAll();
-      const absl::Time bound = absl::Now() + absl::Seconds(60);
-      while (started < 3 && absl::Now() < bound) all_started.WaitWithDeadline(&mu, bound);
-      if (started < 3) short_handed.fetch_add(1);
-    });
-    ASSERT_EQ(short_handed.load(), 0) << "round " << round;
+    ASSERT_EQ(IndicesLeftShortHanded(pool, 3, 3), 0) << "round " << round;
   }
 }
 
