@@ -117,6 +117,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(absl::string_view name,
     return absl::InvalidArgumentError(absl::StrCat(
         "--cpu_float32_precision must be fp32 or bf16; was '", cpu.float32_precision, "'"));
   }
+  if (!(cpu.min_flops_per_thread >= 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cpu_min_flops_per_thread must be >= 0; was ", cpu.min_flops_per_thread));
+  }
   if (name == "reference") return std::make_unique<ReferenceBackend>();
   if (absl::StartsWith(name, "sleep:")) {
     int64_t us = 0;

@@ -39,8 +39,8 @@ class ThreadPool {
     ParallelFor(n, num_threads(), fn);
   }
   // The same on at most `max_threads` threads, the calling thread included (1: all on the
-  // caller, no worker woken): for loops whose work would not pay for waking more (CpuBackend's
-  // ThreadsForFlops). REQUIRES: max_threads >= 1.
+  // caller, no worker woken): for loops whose work would not pay for waking more
+  // (CpuBackend::ThreadsFor). REQUIRES: max_threads >= 1.
   void ParallelFor(int64_t n, int max_threads, absl::FunctionRef<void(int64_t)> fn);
 
  private:

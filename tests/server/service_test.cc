@@ -213,6 +213,20 @@ TEST_F(ServiceTest, CpuFloat32PrecisionIsReportedAndChecked) {
   EXPECT_THAT(bad.status().message(), HasSubstr("'fp16'"));
 }
 
+TEST_F(ServiceTest, CpuMinFlopsPerThreadIsChecked) {
+  server::ServerOptions options;
+  options.backend = "cpu";
+  options.listen_address = "127.0.0.1:0";
+  options.cpu_min_flops_per_thread = -1;
+  auto bad = server::ServerHost::Start(options, metrics_.get());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("--cpu_min_flops_per_thread must be >= 0; was -1"));
+  options.cpu_min_flops_per_thread = 0;  // every step on every thread: a valid setting
+  auto good = server::ServerHost::Start(options, metrics_.get());
+  EXPECT_TRUE(good.ok()) << good.status();
+}
+
 TEST_F(ServiceTest, HealthIsServingUntilShutdown) {
   EXPECT_EQ(HealthStatus(), 1);
   host_->Shutdown(absl::Seconds(1));
