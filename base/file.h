@@ -28,6 +28,7 @@ inline absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
 
 // The bytes of the file at `path`, or "" when it cannot be read: for /proc and /sys files,
 // where a file that is not there (no cgroup limit, no such controller) means nothing to add.
+// Read by stream, as ReadFileToString reads, so /proc files (which report size 0) come whole.
 inline std::string ReadFileOrEmpty(const std::string& path) {
   return ReadFileToString(path).value_or("");
 }

@@ -27,7 +27,6 @@ std::optional<int64_t> ParseInt(std::string_view s) {
   return value;
 }
 
-// Whole file, or empty when it cannot be opened. /proc files report size 0, so read by stream.
 }  // namespace
 
 std::optional<int64_t> ParseStatmResidentBytes(std::string_view statm, int64_t page_bytes) {
