@@ -245,9 +245,9 @@ void CpuBackend::RunAttention(absl::Span<const AttentionParams> batch) {
   for (int item = 0; item < static_cast<int>(batch.size()); ++item) {
     const AttentionParams& p = batch[item];
     const double heads = static_cast<double>(p.batch) * p.num_heads;
-    const double widths = static_cast<double>(p.head_dim) * p.v_head_dim;
     if (p.kind == AttentionKind::kLinear) {  // one task per (b, h): i0 = -1 marks them
-      flops += 2.0 * heads * (p.q_len + p.kv_len) * widths;  // φ(K)ᵀV, then φ(Q)·that
+      // φ(K)ᵀV, then φ(Q)·that: D·Dv per key and per query.
+      flops += 2.0 * heads * (p.q_len + p.kv_len) * p.head_dim * p.v_head_dim;
       for (int b = 0; b < p.batch; ++b) {
         for (int h = 0; h < p.num_heads; ++h)
           tasks.push_back(AttentionTask{item, b, h, -1, nullptr});
