@@ -1158,7 +1158,7 @@ std::string SweepToHtml(const Sweep& sweep) {
     const std::string& n = sweep.servers[i];
     roles.push_back(i == 0       ? absl::StrCat(n, " (under test)")
                     : n == kEcho ? absl::StrCat(n, " (the echo server)")
-                                 : absl::StrCat(n, " (baseline)"));
+                                 : absl::StrCat(n, " (run beside it)"));
   }
   const std::vector<SweepGroup> groups = Groups(sweep);
   std::vector<std::string> group_names;

@@ -19,6 +19,15 @@ beside its RSS when fresh (started, one tiny call answered): memory the load lef
 With --baseline=BINARY a second attnserve (e.g. a build of an older commit) runs the same loads
 beside it, for figures taken side by side in one run; --baseline_flags adds flags to that one
 (without --baseline: the same binary with other flags, e.g. --cpu_min_flops_per_thread=0).
+With --stream the first attnserve is also measured answering the same requests over its
+AttentionStream rpc ("attnserve stream": each caller one stream on a channel of its own, one
+request in flight on it), the route for callers with many small requests: a stream's requests
+share its HTTP/2 stream, so they do not pay a call's setup, headers and end each.
+
+With --rounds=N every point is measured N times, the servers interleaved within each round; a
+server's figures are the medians over the rounds, the overhead is the median of the rounds'
+overheads, and "overhead_range" gives their lowest and highest (on a VM whose speed moves from
+minute to minute, one round of a small request can be off by a third).
 
 Each (size, callers) point runs every server back to back, each after a warm-up run of its own;
 the CPU and faults are read right around the measured run. The JSON (--json) is what
@@ -27,7 +36,7 @@ the CPU and faults are read right around the measured run. The JSON (--json) is 
   /usr/bin/python3 tests/bench/serving_sweep.py [--build=build] [--duration_s=3]
       [--baseline=PATH --baseline_name=a0c8747] [--baseline_flags='--flag=value ...']
       [--json=sweep.json] [--html=sweep.html]
-      [--rpcs=attend,mha] [--callers=1,8] [--sizes=all|1k,64k,...]
+      [--rpcs=attend,mha] [--callers=1,8] [--sizes=all|1k,64k,...] [--rounds=1] [--stream]
 
 Not run by CI. Figures: tests/bench/SERVING.md.
 """
@@ -37,6 +46,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -126,7 +136,13 @@ def main():
     ap.add_argument("--html")
     ap.add_argument("--notes", default="")
     ap.add_argument("--idle_s", type=float, default=30)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="measurements per point, servers interleaved; medians are reported")
+    ap.add_argument("--stream", action="store_true",
+                    help="also measure the first attnserve over its AttentionStream rpc")
     args = ap.parse_args()
+    if args.rounds < 1:
+        sys.exit(f"--rounds must be at least 1; was {args.rounds}")
     build = os.path.abspath(args.build)
     server_bin = args.server or f"{build}/server/attnserve"
     bench = f"{build}/client/bench/attnserve-bench"
@@ -148,7 +164,12 @@ def main():
         servers.append(Server(args.baseline_name, [args.baseline or server_bin] + flags +
                               shlex.split(args.baseline_flags), tmp))
     servers.append(Server("echo", [echo], tmp))
-    names = [s.name for s in servers]
+    # What is measured at each point: (name, server process, rpc=stream?). The stream column
+    # is the first attnserve's process, asked through the other rpc.
+    measured = [(s.name, s, False) for s in servers]
+    if args.stream:
+        measured.insert(1, ("attnserve stream", servers[0], True))
+    names = [name for name, _, _ in measured]
     fresh = {}
     for s in servers:
         subprocess.run([bench, f"--target={s.target}", "--rpc=attend", "--shapes=1,1,1,8",
@@ -159,10 +180,14 @@ def main():
                       if "allocator " in line), "?")
     print(f"machine: {machine()}\nattnserve allocator: {allocator}\n", flush=True)
 
-    def load(server, rpc, shape, n, duration_s):
+    def load(server, stream, rpc, shape, n, duration_s):
         before = cpu_and_faults(server.process.pid)
         out = f"{tmp}/run.json"
-        subprocess.run([bench, f"--target={server.target}", f"--rpc={rpc}", f"--shapes={shape}",
+        # A stream per caller, each on a channel of its own (the bench opens one stream per
+        # connection and spreads the closed loop's calls over them).
+        route = (["--rpc=stream", f"--stream_payload={rpc}", f"--connections={n}"] if stream
+                 else [f"--rpc={rpc}"])
+        subprocess.run([bench, f"--target={server.target}", *route, f"--shapes={shape}",
                         "--mode=closed", f"--concurrency={n}", "--progress=off", "--warmup_s=0",
                         f"--duration_s={duration_s}", "--timeout_ms=120000", f"--json={out}"],
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -188,22 +213,36 @@ def main():
                     point = {"rpc": rpc, "shape": shape, "request_bytes": cost["request_bytes"],
                              "callers": n, "backend_cpu_us": cost["cpu_us_per_call"],
                              "servers": {}}
-                    for s in servers:
-                        load(s, rpc, shape, n, min(1.0, args.duration_s))  # warm-up
-                        point["servers"][s.name] = load(s, rpc, shape, n, args.duration_s)
-                    first, e = point["servers"][names[0]], point["servers"]["echo"]
+                    rounds = {name: [] for name in names}
+                    overheads = []
+                    for _ in range(args.rounds):
+                        for name, s, stream in measured:
+                            load(s, stream, rpc, shape, n, min(1.0, args.duration_s))  # warm-up
+                            rounds[name].append(load(s, stream, rpc, shape, n, args.duration_s))
+                        overheads.append(rounds[names[0]][-1]["cpu_us_per_call"] / (
+                            point["backend_cpu_us"] + rounds["echo"][-1]["cpu_us_per_call"]))
+                    for name in names:
+                        # Counts stay whole (the lower median); the rest are medians.
+                        point["servers"][name] = {
+                            key: (statistics.median_low if isinstance(value, int)
+                                  else statistics.median)(r[key] for r in rounds[name])
+                            for key, value in rounds[name][0].items()}
+                        if args.rounds > 1:
+                            point["servers"][name]["rounds"] = rounds[name]
                     # The answer is as large as the query for both rpcs (Attend: [B,H,L,D] as q).
                     point["response_bytes"] = (cost["request_bytes"] // 3 if rpc == "attend"
                                                else cost["request_bytes"])
-                    point["overhead"] = first["cpu_us_per_call"] / (
-                        point["backend_cpu_us"] + e["cpu_us_per_call"])
+                    point["overhead"] = statistics.median(overheads)
+                    point["overhead_range"] = [min(overheads), max(overheads)]
                     points.append(point)
                     row = "  ".join(
                         f"{name} {x['req_per_s']:8.1f}/s {x['cpu_us_per_call']:8.1f}us "
                         f"{x['faults_per_call']:7.1f}f" for name, x in point["servers"].items())
+                    spread = (f" ({min(overheads):.2f}-{max(overheads):.2f})"
+                              if args.rounds > 1 else "")
                     print(f"{rpc:6s} {shape:10s} {point['request_bytes']:>9d} B  c={n}  backend "
                           f"{point['backend_cpu_us']:8.1f}us  {row}  overhead "
-                          f"{point['overhead']:.2f}", flush=True)
+                          f"{point['overhead']:.2f}{spread}", flush=True)
         time.sleep(args.idle_s)
         idle = {s.name: {"fresh_mib": fresh[s.name], "after_idle_mib": rss_mib(s.process.pid)}
                 for s in servers}
@@ -217,7 +256,8 @@ def main():
               "title": "attnserve: serving overhead across request sizes",
               "command": " ".join(shlex.quote(a) for a in sys.argv),
               "machine": {**machine(), "notes": args.notes},
-              "settings": {"duration_s": args.duration_s, "allocator": allocator,
+              "settings": {"duration_s": args.duration_s, "rounds": args.rounds,
+                           "allocator": allocator,
                            "target_overhead": 1.25, "idle_s": args.idle_s, "rss": idle},
               "servers": names, "points": points}
     worst = max(points, key=lambda p: p["overhead"])
