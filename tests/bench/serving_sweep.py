@@ -20,9 +20,10 @@ With --baseline=BINARY a second attnserve (e.g. a build of an older commit) runs
 beside it, for figures taken side by side in one run; --baseline_flags adds flags to that one
 (without --baseline: the same binary with other flags, e.g. --cpu_min_flops_per_thread=0).
 With --stream the first attnserve is also measured answering the same requests over its
-AttentionStream rpc ("attnserve stream": each caller one stream on a channel of its own, one
-request in flight on it), the route for callers with many small requests: a stream's requests
-share its HTTP/2 stream, so they do not pay a call's setup, headers and end each.
+AttentionStream rpc ("attnserve stream": as many streams as callers, each on a channel of its
+own, the closed loop's calls dealt to them by request id), the route for callers with many small
+requests: a stream's requests share its HTTP/2 stream, so they do not pay a call's setup,
+headers and end each.
 
 With --rounds=N every point is measured N times, the servers interleaved within each round; a
 server's figures are the medians over the rounds, the overhead is the median of the rounds'
@@ -183,8 +184,8 @@ def main():
     def load(server, stream, rpc, shape, n, duration_s):
         before = cpu_and_faults(server.process.pid)
         out = f"{tmp}/run.json"
-        # A stream per caller, each on a channel of its own (the bench opens one stream per
-        # connection and spreads the closed loop's calls over them).
+        # As many streams as callers, each on a channel of its own (the bench opens one stream
+        # per connection and deals the closed loop's calls to them by request id).
         route = (["--rpc=stream", f"--stream_payload={rpc}", f"--connections={n}"] if stream
                  else [f"--rpc={rpc}"])
         subprocess.run([bench, f"--target={server.target}", *route, f"--shapes={shape}",
