@@ -717,6 +717,24 @@ SweepPoint ReadSweepPoint(SweepReader& r, const Json& j, const std::string& at,
   if (auto it = j.find("overhead"); it != j.end() && !it->is_null()) {
     p.overhead = r.Number(*it, FieldPath(at, "overhead"), 0);
   }
+  if (auto it = j.find("overhead_range"); it != j.end() && !it->is_null()) {
+    const std::string rat = FieldPath(at, "overhead_range");
+    if (!it->is_array() || it->size() != 2) {
+      r.Fail(rat, absl::StrCat("expected [lowest, highest], got ",
+                               it->is_array() ? Dump(*it) : TypeName(*it)));
+    } else {
+      const double lo = r.Number((*it)[0], rat + "[0]", 0);
+      const double hi = r.Number((*it)[1], rat + "[1]", 0);
+      if (!r.ok()) return p;
+      if (lo > hi || !p.overhead.has_value() || *p.overhead < lo || *p.overhead > hi) {
+        r.Fail(rat, absl::StrCat("must hold the overhead (",
+                                 p.overhead.has_value() ? Dump(j.at("overhead")) : "none",
+                                 ") between its lowest and highest; got ", Dump(*it)));
+      } else {
+        p.overhead_range = std::make_pair(lo, hi);
+      }
+    }
+  }
   return p;
 }
 
@@ -1063,11 +1081,15 @@ std::string SweepTable(const Sweep& sweep, const SweepGroup& g) {
                     "<th>errors</th>");
   }
   absl::StrAppend(&s, "</tr>\n");
-  auto ratio_cell = [&](std::optional<double> r) {
+  // `spread`: the rounds' lowest and highest, after the ratio ("1.75 (1.73-1.94)").
+  auto ratio_cell = [&](std::optional<double> r,
+                        std::optional<std::pair<double, double>> spread = std::nullopt) {
+    const std::string after =
+        spread.has_value() ? absl::StrFormat(" (%.2f-%.2f)", spread->first, spread->second) : "";
     if (r.has_value() && *r > sweep.target_overhead) {
-      return absl::StrFormat("<td class=\"over\">%.2f</td>", *r);
+      return absl::StrFormat("<td class=\"over\">%.2f%s</td>", *r, after);
     }
-    return absl::StrCat("<td>", Fixed(r, 2), "</td>");
+    return absl::StrCat("<td>", Fixed(r, 2), after, "</td>");
   };
   for (const SweepPoint* p : g.points) {
     absl::StrAppend(&s, "<tr><td class=\"key\">", HtmlEscape(p->shape), "</td><td>",
@@ -1084,7 +1106,7 @@ std::string SweepTable(const Sweep& sweep, const SweepGroup& g) {
                       "</td>", m->errors > 0 ? "<td class=\"over\">" : "<td>", m->errors, "</td>");
     }
     absl::StrAppend(&s, "<td>", absl::StrFormat("%.1f", p->backend_cpu_us), "</td>",
-                    ratio_cell(p->overhead));
+                    ratio_cell(p->overhead, p->overhead_range));
     for (const std::string& name : baselines) absl::StrAppend(&s, ratio_cell(Ratio(*p, name)));
     absl::StrAppend(&s, "</tr>\n");
   }

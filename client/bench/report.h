@@ -99,6 +99,10 @@ struct SweepPoint {
   // servers[0]'s cpu_us_per_call / (backend_cpu_us + echo's cpu_us_per_call), as the file gives
   // it; nullopt when the file has none (null or absent: no echo, or no server under test).
   std::optional<double> overhead;
+  // The lowest and highest of the rounds' overheads when the point was measured in several
+  // rounds (serving_sweep.py --rounds: overhead is then their median); nullopt when the file has
+  // none.
+  std::optional<std::pair<double, double>> overhead_range;
 };
 
 struct Sweep {

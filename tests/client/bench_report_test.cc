@@ -352,6 +352,7 @@ TEST(SweepTest, ReadsEveryField) {
   EXPECT_EQ(s.points[2].servers.count("a0c8747"), 0u);
   EXPECT_EQ(s.points[3].servers.count("echo"), 0u);
   EXPECT_FALSE(s.points[3].overhead.has_value());
+  EXPECT_FALSE(p.overhead_range.has_value());  // one round: no range
   // A measured value may be null (no call succeeded).
   Json doc = SweepDoc();
   doc["points"][0]["servers"]["echo"]["p50_ms"] = nullptr;
@@ -420,6 +421,31 @@ TEST(SweepHtmlTest, ChartsSentenceAndTable) {
   EXPECT_THAT(html, Not(HasSubstr("src=")));
   EXPECT_THAT(html, Not(HasSubstr("<script>")));
   EXPECT_THAT(html, HasSubstr("<script type=\"application/json\" id=\"attnserve-sweep-data\">"));
+}
+
+// serving_sweep.py --rounds=N: the overhead is the rounds' median, overhead_range their lowest
+// and highest, and each server's entry keeps its rounds (a field the page does not read).
+TEST(SweepTest, RoundsGiveTheOverheadsRange) {
+  Json doc = SweepDoc();
+  doc["settings"]["rounds"] = 3;
+  doc["points"][1]["overhead_range"] = {1.38, 1.52};
+  doc["points"][1]["servers"]["attnserve"]["rounds"] = {
+      SweepServerJson(3900, 0, 790, 1080, 0.7, 1.1),
+      SweepServerJson(4000, 0, 800.5, 1100.2, 0.7, 1.1),
+      SweepServerJson(4100, 0, 810, 1150, 0.7, 1.1)};
+  const Sweep s = ParseSweep(doc.dump()).value();
+  ASSERT_TRUE(s.points[1].overhead_range.has_value());
+  EXPECT_EQ(s.points[1].overhead_range->first, 1.38);
+  EXPECT_EQ(s.points[1].overhead_range->second, 1.52);
+  EXPECT_FALSE(s.points[0].overhead_range.has_value());
+  // In the table, after the median; the other points' cells as without rounds.
+  const std::string html = SweepToHtml(s);
+  EXPECT_THAT(html, HasSubstr("<td>290.1</td><td class=\"over\">1.43 (1.38-1.52)</td>"
+                              "<td class=\"over\">1.30</td></tr>"));
+  EXPECT_THAT(html, HasSubstr("<td>40.0</td><td>1.15</td><td>n/a</td></tr>"));
+  doc["points"][2]["overhead_range"] = {1.1, 1.2};
+  EXPECT_THAT(SweepToHtml(ParseSweep(doc.dump()).value()),
+              HasSubstr("<td>40.0</td><td>1.15 (1.10-1.20)</td><td>n/a</td></tr>"));
 }
 
 TEST(SweepHtmlTest, SaysWhatIsMissing) {
@@ -528,6 +554,26 @@ TEST(SweepTest, BadFilesNameTheField) {
   doc = SweepDoc();
   doc["points"][1]["overhead"] = "high";
   EXPECT_EQ(error(doc), "points[1].overhead: expected a number, got a string");
+  doc = SweepDoc();
+  doc["points"][1]["overhead_range"] = "wide";
+  EXPECT_EQ(error(doc), "points[1].overhead_range: expected [lowest, highest], got a string");
+  doc["points"][1]["overhead_range"] = {1.4};
+  EXPECT_EQ(error(doc), "points[1].overhead_range: expected [lowest, highest], got [1.4]");
+  doc["points"][1]["overhead_range"] = {"low", 1.5};
+  EXPECT_EQ(error(doc), "points[1].overhead_range[0]: expected a number, got a string");
+  doc["points"][1]["overhead_range"] = {1.5, 1.4};
+  EXPECT_EQ(error(doc),
+            "points[1].overhead_range: must hold the overhead (1.43) between its lowest and "
+            "highest; got [1.5,1.4]");
+  doc["points"][1]["overhead_range"] = {1.44, 1.5};  // the median outside its rounds
+  EXPECT_EQ(error(doc),
+            "points[1].overhead_range: must hold the overhead (1.43) between its lowest and "
+            "highest; got [1.44,1.5]");
+  doc = SweepDoc();
+  doc["points"][3]["overhead_range"] = {1.0, 1.1};  // a range without an overhead
+  EXPECT_EQ(error(doc),
+            "points[3].overhead_range: must hold the overhead (none) between its lowest and "
+            "highest; got [1.0,1.1]");
   doc = SweepDoc();
   doc["points"][1] = 7;
   EXPECT_EQ(error(doc), "points[1]: expected an object, got a number");
